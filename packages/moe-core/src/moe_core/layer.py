@@ -1,0 +1,79 @@
+"""`FusedMoE`: one MoE layer that owns its plan and its own kernel instance."""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core.config import MoEConfig
+from moe_core.oracle import Plan, select
+from moe_core.quant import MoEQuantConfig
+from moe_core.weights.canonical import ExpertWeights
+
+__all__ = ["FusedMoE"]
+
+
+class FusedMoE(torch.nn.Module):
+    """forward(hidden_states [M, K], router_logits [M, E]) -> [M, K] in `config.dtype`.
+
+    The backend is chosen at construction (see `plan.explain()`); weights come later through
+    `load_weights`, in canonical form, from any reader in `moe_core.weights`. Loading again replaces
+    the kernel's tensors, so the same weights always give the same output.
+    """
+
+    def __init__(self, config: MoEConfig, quant: MoEQuantConfig | None = None, device: object = None,
+                 prefer: str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.plan: Plan = select(config, quant, device, prefer)
+        self.quant = self.plan.quant
+        self.experts = self.plan.make_experts()
+        self._route = self.plan.router
+        self.correction_bias: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.plan.device.torch_device
+
+    def load_weights(self, weights: ExpertWeights, correction_bias: torch.Tensor | None = None) -> None:
+        routing = self.config.routing
+        if routing.has_correction_bias:
+            E = self.config.num_experts
+            if correction_bias is None or tuple(correction_bias.shape) != (E,):
+                got = None if correction_bias is None else list(correction_bias.shape)
+                raise ValueError(f"this layer's routing uses a correction bias: pass correction_bias of shape [{E}], "
+                                 f"got {got}")
+            self.correction_bias = correction_bias.detach().to(self.device, torch.float32).clone()
+        elif correction_bias is not None:
+            raise ValueError("correction_bias was given but the layer's routing has no correction bias")
+        self.experts.load_weights(weights)
+
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._route(router_logits, self.config.routing, self.config.top_k, self.correction_bias)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size:
+            raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(hidden_states.shape)}")
+        M = hidden_states.shape[0]
+        if tuple(router_logits.shape) != (M, cfg.num_experts):
+            raise ValueError(f"router_logits must be [{M}, {cfg.num_experts}] (tokens, global experts), "
+                             f"got {list(router_logits.shape)}")
+        if hidden_states.dtype != cfg.dtype:
+            raise ValueError(f"hidden_states dtype {hidden_states.dtype} differs from the layer dtype {cfg.dtype}")
+        if not router_logits.dtype.is_floating_point:
+            raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
+        for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
+            if t.device.type != self.device.type:
+                raise ValueError(f"{name} is on {t.device}, the layer on {self.device}")
+        if M > cfg.max_num_tokens:
+            raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
+                             "or build the layer with a larger max_num_tokens")
+        if M == 0:
+            return hidden_states.new_empty((0, cfg.hidden_size))
+        if self.experts.monolithic:
+            return self.experts.apply_monolithic(hidden_states, router_logits, self.correction_bias)
+        topk_weights, topk_ids = self.route(router_logits)
+        return self.experts.apply(hidden_states, topk_weights, topk_ids)
+
+    def extra_repr(self) -> str:
+        return f"{self.config.describe()}, {self.quant.name}, backend={self.plan.backend}/{self.plan.experts_cls.name()}"

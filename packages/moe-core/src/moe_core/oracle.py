@@ -1,0 +1,178 @@
+"""`select(config, quant, device, prefer) -> Plan`: the backend choice, with every candidate's reason.
+
+The plan is made before any weight is allocated and fixes the weight layout, so what was selected
+and what gets converted can never disagree. A forced backend (`prefer=` or `MOE_BACKEND`) is served
+or refused with its reason; it is never silently replaced by another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from moe_core.backends import DISTRIBUTION, PRIORITIES, Backend, DeviceInfo, detect_device
+from moe_core.config import MoEConfig
+from moe_core.experts import Experts
+from moe_core.plugins import ExpertsRef, PluginState, PluginStatus, Registry, registry
+from moe_core.quant import MoEQuantConfig, unquantized
+from moe_core.routing import route_torch
+
+__all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "select"]
+
+ENV_BACKEND = "MOE_BACKEND"
+_BUILTIN = (ExpertsRef(Backend.REFERENCE.value, "moe_core.reference:ReferenceExperts"),)
+
+
+class NoBackendError(RuntimeError):
+    """No installed backend can serve the layer; the message is the candidate table."""
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend the user asked for cannot serve the layer; the message says why."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str
+    experts: str  # class name, or "-" when the backend is not installed
+    source: str  # distribution that provides it
+    ok: bool
+    reason: str  # why refused ("" when ok)
+    chosen: bool = False
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "experts": self.experts, "source": self.source, "ok": self.ok,
+                "reason": self.reason, "chosen": self.chosen}
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: MoEConfig
+    quant: MoEQuantConfig
+    device: DeviceInfo
+    backend: str
+    experts_cls: type[Experts]
+    candidates: tuple[Candidate, ...]
+    forced: bool  # chosen because the user named it
+
+    @property
+    def weight_layout(self) -> str:
+        return self.experts_cls.weight_processor.layout
+
+    @property
+    def router(self) -> Callable:
+        path = self.experts_cls.router
+        if path is None:
+            return route_torch
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def make_experts(self) -> Experts:
+        """A fresh experts instance: one per layer, never shared."""
+        return self.experts_cls(self.config, self.quant, self.device)
+
+    def table(self) -> str:
+        return format_candidates(self.candidates)
+
+    def explain(self) -> str:
+        how = "forced by the user" if self.forced else "first supported backend in priority order"
+        return (f"layer:   {self.config.describe()}\nquant:   {self.quant.name} ({self.quant})\n"
+                f"device:  {self.device}\nchosen:  {self.backend} / {self.experts_cls.name()} ({how}); "
+                f"weight layout {self.weight_layout}\n\n{self.table()}")
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "experts": self.experts_cls.name(), "forced": self.forced,
+                "weight_layout": self.weight_layout, "device": str(self.device), "quant": self.quant.name,
+                "config": self.config.describe(), "candidates": [c.to_dict() for c in self.candidates]}
+
+
+def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
+    rows = [("", "backend", "experts", "from", "verdict")]
+    for c in candidates:
+        rows.append(("*" if c.chosen else "", c.backend, c.experts, c.source, "ok" if c.ok else c.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows).rstrip()
+
+
+def _backend_order(device: DeviceInfo, quant: MoEQuantConfig, reg: Registry) -> list[str]:
+    listed = [b.value for b in PRIORITIES.get(device.platform, {}).get(quant.family, ())]
+    extra = sorted(b for b in reg.backends() if b not in listed and b != Backend.REFERENCE.value)
+    return [*listed, *extra, Backend.REFERENCE.value]
+
+
+def _missing_reason(backend: str, reg: Registry) -> tuple[str, str]:
+    """(source, reason) for a listed backend that no ready plugin provides."""
+    dist = DISTRIBUTION.get(Backend(backend)) if backend in Backend._value2member_map_ else "?"
+    for s in reg.statuses.values():
+        if s.distribution == dist and s.state is not PluginState.READY:
+            return dist, f"plugin {s.name} is {s.state.value}: {s.reason}"
+    return dist, f"not installed (pip install {dist})"
+
+
+def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
+           device: object = None, prefer: str | None = None, *, plugins: Registry | None = None) -> Plan:
+    """Choose the experts class for a layer. `prefer` (or env MOE_BACKEND) forces a backend."""
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"select: config must be a MoEConfig, got {type(config).__name__}")
+    quant = quant if quant is not None else unquantized()
+    if not isinstance(quant, MoEQuantConfig):
+        raise TypeError(f"select: quant must be a MoEQuantConfig (see moe_core.quant factories), got {quant!r}")
+    dev = detect_device(device)
+    reg = plugins if plugins is not None else registry()
+    forced = prefer if prefer is not None else (os.environ.get(ENV_BACKEND) or None)
+    order = _backend_order(dev, quant, reg)
+    if forced is not None:
+        forced = forced.strip().lower()
+        known = sorted({b.value for b in Backend} | reg.backends())
+        if forced not in known:
+            src = "prefer" if prefer is not None else ENV_BACKEND
+            raise BackendUnavailableError(f"{src}={forced!r} names no backend; known backends: {', '.join(known)}")
+        if forced not in order:
+            order.append(forced)
+
+    refs_by_backend: dict[str, list[tuple[PluginStatus | None, ExpertsRef]]] = {}
+    for status, ref in [*((None, r) for r in _BUILTIN), *reg.refs()]:
+        refs_by_backend.setdefault(ref.backend, []).append((status, ref))
+
+    candidates: list[Candidate] = []
+    chosen: tuple[str, type[Experts]] | None = None
+    for backend in order:
+        entries = refs_by_backend.get(backend, [])
+        if not entries:
+            source, reason = _missing_reason(backend, reg)
+            candidates.append(Candidate(backend, "-", source, False, reason))
+            continue
+        for status, ref in entries:
+            source = status.distribution if status else "moe-core"
+            name = ref.path.rpartition(":")[2]
+            if status is not None and status.state is not PluginState.READY:
+                candidates.append(Candidate(backend, name, source, False,
+                                            f"plugin {status.name} is {status.state.value}: {status.reason}"))
+                continue
+            try:
+                cls = reg.resolve(ref)
+            except ImportError as exc:
+                candidates.append(Candidate(backend, name, source, False, f"import failed: {exc}"))
+                continue
+            support = cls.supports(config, quant, dev)
+            ok, reason = bool(support), support.reason
+            if ok and backend == Backend.REFERENCE.value and forced != backend:
+                ok, reason = False, "never chosen automatically (prefer='reference' to use it)"
+            take = ok and chosen is None and forced in (None, backend)
+            if ok and not take:
+                reason = f"supported; {forced!r} was forced" if forced not in (None, backend) else \
+                    "supported; a preferred candidate was chosen"
+            candidates.append(Candidate(backend, cls.name(), source, ok, reason, take))
+            if take:
+                chosen = (backend, cls)
+
+    if chosen is None:
+        table = format_candidates(candidates)
+        head = f"{config.describe()}, {quant.name}, on {dev}"
+        if forced:
+            why = [c.reason for c in candidates if c.backend == forced]
+            raise BackendUnavailableError(f"backend {forced!r} cannot serve {head}: {'; '.join(why)}\n\n{table}")
+        raise NoBackendError(f"no backend can serve {head}\n\n{table}")
+    return Plan(config, quant, dev, chosen[0], chosen[1], tuple(candidates), forced is not None)
