@@ -1,0 +1,155 @@
+"""Hugging Face `config.json` -> `MoEConfig` and `MoEQuantConfig`, exactly or not at all.
+
+Each supported `model_type` maps its router and expert fields to the descriptors; anything the
+descriptors cannot express raises `UnsupportedModelError` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "load_hf_config", "moe_config_from_hf", "quant_from_hf"]
+
+
+class UnsupportedModelError(ValueError):
+    """The model's MoE block cannot be expressed exactly by moe_core's descriptors."""
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_GATED = {"silu": Activation.silu, "swish": Activation.silu, "gelu": Activation.gelu,
+          "gelu_pytorch_tanh": Activation.gelu_tanh, "gelu_new": Activation.gelu_tanh}
+
+
+def load_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Read config.json from a file or a model directory."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        p = os.path.join(p, "config.json")
+    with open(p) as f:
+        cfg = json.load(f)
+    if "text_config" in cfg:  # multimodal wrappers keep the language model under text_config
+        text = dict(cfg["text_config"])
+        text.setdefault("quantization_config", cfg.get("quantization_config"))
+        return text
+    return cfg
+
+
+def _need(cfg: Mapping[str, Any], *names: str) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    raise UnsupportedModelError(f"{cfg.get('model_type')}: config has none of {names}")
+
+
+def _activation(cfg: Mapping[str, Any]) -> Activation:
+    act = cfg.get("hidden_act", "silu")
+    if act not in _GATED:
+        raise UnsupportedModelError(f"{cfg.get('model_type')}: hidden_act={act!r} is not supported "
+                                    f"(supported: {sorted(_GATED)})")
+    return _GATED[act]()
+
+
+def _softmax_model(cfg, experts_key: str, inter_key: str, renormalize: bool) -> dict[str, Any]:
+    return dict(num_experts=_need(cfg, experts_key), top_k=_need(cfg, "num_experts_per_tok"),
+                intermediate_size=_need(cfg, inter_key), activation=_activation(cfg),
+                routing=Routing.softmax_topk(renormalize))
+
+
+def _fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    mt = cfg.get("model_type")
+    if mt == "mixtral":
+        return _softmax_model(cfg, "num_local_experts", "intermediate_size", renormalize=True)
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        return _softmax_model(cfg, "num_experts", "moe_intermediate_size", bool(cfg.get("norm_topk_prob", False)))
+    if mt == "olmoe":
+        return _softmax_model(cfg, "num_experts", "intermediate_size", bool(cfg.get("norm_topk_prob", False)))
+    if mt == "deepseek_v3":
+        if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+            raise UnsupportedModelError("deepseek_v3: only scoring_func='sigmoid' with topk_method='noaux_tc' "
+                                        f"is supported, got {cfg.get('scoring_func')!r}/{cfg.get('topk_method')!r}")
+        return dict(num_experts=_need(cfg, "n_routed_experts"), top_k=_need(cfg, "num_experts_per_tok"),
+                    intermediate_size=_need(cfg, "moe_intermediate_size"), activation=_activation(cfg),
+                    routing=Routing.deepseek_v3(_need(cfg, "n_group"), _need(cfg, "topk_group"),
+                                                float(cfg.get("routed_scaling_factor", 1.0)),
+                                                renormalize=bool(cfg.get("norm_topk_prob", True))))
+    if mt == "gpt_oss":
+        # gpt-oss: top-k on the router logits, then softmax over the k kept ones == renormalized softmax.
+        return dict(num_experts=_need(cfg, "num_local_experts"),
+                    top_k=_need(cfg, "num_experts_per_tok", "experts_per_token"),
+                    intermediate_size=_need(cfg, "intermediate_size"),
+                    activation=Activation.swiglu_oai(1.702, float(cfg.get("swiglu_limit", 7.0))),
+                    routing=Routing.softmax_topk(True), has_bias=True)
+    raise UnsupportedModelError(f"model_type={mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
+SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
+
+
+def moe_config_from_hf(cfg: Mapping[str, Any], dtype: torch.dtype | None = None,
+                       parallel: ParallelConfig | None = None, max_num_tokens: int = 8192) -> MoEConfig:
+    """The MoEConfig of one routed-expert layer of the model (shared experts are the caller's)."""
+    fields = _fields(cfg)
+    if dtype is None:
+        dtype = _DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), torch.bfloat16)
+    return MoEConfig(hidden_size=_need(cfg, "hidden_size"), dtype=dtype,
+                     parallel=parallel or ParallelConfig(), max_num_tokens=max_num_tokens, **fields)
+
+
+def quant_from_hf(cfg: Mapping[str, Any]) -> MoEQuantConfig:
+    """The expert weights' scheme from `quantization_config`, or unquantized when there is none."""
+    qc = cfg.get("quantization_config")
+    if not qc:
+        return unquantized()
+    method = qc.get("quant_method")
+    if method in ("gptq", "awq"):
+        bits = qc.get("bits", qc.get("w_bit"))
+        group = qc.get("group_size", qc.get("q_group_size", -1))
+        zero_point = (not qc.get("sym", True)) if method == "gptq" else bool(qc.get("zero_point", True))
+        act_order = bool(qc.get("desc_act", False)) if method == "gptq" else False
+        if method == "awq" and qc.get("version", "gemm").lower() != "gemm":
+            raise UnsupportedModelError(f"awq version {qc.get('version')!r} is not supported; only 'gemm'")
+        return _int_scheme(bits, group, zero_point, act_order, method)
+    if method == "compressed-tensors":
+        if qc.get("format") != "pack-quantized":
+            raise UnsupportedModelError(f"compressed-tensors format {qc.get('format')!r} is not supported; "
+                                        "only 'pack-quantized'")
+        groups = list(qc.get("config_groups", {}).values())
+        if len(groups) != 1 or "weights" not in groups[0]:
+            raise UnsupportedModelError("compressed-tensors: exactly one config group with weights is supported, "
+                                        f"got {len(groups)}")
+        w = groups[0]["weights"]
+        if w.get("type", "int") != "int":
+            raise UnsupportedModelError(f"compressed-tensors weights type {w.get('type')!r}: only 'int' is supported")
+        strategy = w.get("strategy")
+        if strategy not in ("group", "channel"):
+            raise UnsupportedModelError(f"compressed-tensors strategy {strategy!r}: only 'group' and 'channel'")
+        group = w.get("group_size") if strategy == "group" else -1
+        act_order = w.get("actorder") in ("group", "dynamic")
+        return _int_scheme(w.get("num_bits"), group, not w.get("symmetric", True), act_order, method)
+    if method == "mxfp4":
+        return mxfp4_w4a16()
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        if block is None:
+            return fp8_w8a8("tensor")
+        if qc.get("activation_scheme", "dynamic") != "dynamic":
+            raise UnsupportedModelError("fp8 with static activation scales is not supported")
+        return fp8_w8a8("block", block=tuple(block))
+    raise UnsupportedModelError(f"quant_method={method!r} is not supported; supported: gptq, awq, "
+                                "compressed-tensors (pack-quantized), mxfp4, fp8")
+
+
+def _int_scheme(bits, group, zero_point: bool, act_order: bool, method: str) -> MoEQuantConfig:
+    if bits == 4:
+        return int4_w4a16(group, zero_point=zero_point, act_order=act_order)
+    if bits == 8:
+        return int8_w8a16(group, zero_point=zero_point, act_order=act_order)
+    raise UnsupportedModelError(f"{method}: {bits}-bit weights are not supported; only 4 and 8")
