@@ -1,0 +1,152 @@
+"""Triton kernels behind `moe_triton.align`.
+
+Ranks are computed with a one-hot [choices, experts] tile and a cumulative sum down the choices,
+which is stable and needs no atomics. Small inputs take one single-program launch (the decode
+case, where launch count is the cost); large inputs take three launches over chunks:
+count per chunk -> per-expert prefix over chunks + padded offsets -> scatter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# One program handles the whole input while its one-hot tile stays this small.
+_SINGLE_PROGRAM_TILE = 16384
+# Target one-hot tile of a chunk program in the multi-launch path.
+_CHUNK_TILE = 16384
+_FILL_TILE = 1024
+
+
+@triton.jit
+def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks,
+                   HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, TILE: tl.constexpr):
+    """expert_ids[b] = the expert whose padded segment holds block b (mapped), -1 past the total."""
+    end_blocks = ends // BLOCK_SIZE
+    total_blocks = total // BLOCK_SIZE
+    for start in range(0, max_blocks, TILE):
+        blocks = start + tl.arange(0, TILE)
+        expert = tl.sum((end_blocks[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
+        live = blocks < total_blocks
+        if HAS_MAP:
+            expert = tl.load(expert_map_ptr + expert, mask=live, other=-1)
+        expert = tl.where(live, expert, -1)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
+
+
+@triton.jit
+def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+                         numel, num_experts, max_padded, max_blocks,
+                         HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUMEL_P2: tl.constexpr,
+                         E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
+    offs = tl.arange(0, NUMEL_P2)
+    valid = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1)
+    experts = tl.arange(0, E_P2)
+    onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    counts = tl.sum(onehot, axis=0)
+    rank = tl.sum(tl.cumsum(onehot, axis=0) * onehot, axis=1) - 1
+    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(total_ptr, total)
+    for start in range(0, max_padded, FILL_TILE):
+        pos = start + tl.arange(0, FILL_TILE)
+        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=pos < max_padded)
+    # The sentinel fill and the scatter below touch the same addresses from different threads.
+    tl.debug_barrier()
+    my_start = tl.sum(onehot * starts[None, :], axis=1)
+    tl.store(sorted_ptr + my_start + rank, offs, mask=valid)
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 128)
+
+
+@triton.jit
+def _align_count_kernel(topk_ids_ptr, hist_ptr, sorted_ptr, numel, max_padded, fill_per_program,
+                        CHUNK: tl.constexpr, E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(topk_ids_ptr + offs, mask=offs < numel, other=-1)
+    experts = tl.arange(0, E_P2)
+    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(hist_ptr + pid * E_P2 + experts, counts)
+    # Each program also writes the sentinel over its stripe; the scatter runs in a later launch.
+    lo = pid * fill_per_program
+    for start in range(0, fill_per_program, FILL_TILE):
+        pos = lo + start + tl.arange(0, FILL_TILE)
+        keep = (pos < max_padded) & (start + tl.arange(0, FILL_TILE) < fill_per_program)
+        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=keep)
+
+
+@triton.jit
+def _align_offsets_kernel(hist_ptr, starts_ptr, expert_map_ptr, expert_ids_ptr, total_ptr,
+                          num_chunks, max_blocks,
+                          HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr,
+                          ROWS: tl.constexpr):
+    """Turns per-chunk counts into each chunk's exclusive base within its expert, in place."""
+    experts = tl.arange(0, E_P2)
+    running = tl.zeros([E_P2], tl.int32)
+    for start in range(0, num_chunks, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        ptrs = hist_ptr + rows[:, None] * E_P2 + experts[None, :]
+        live = rows[:, None] < num_chunks
+        counts = tl.load(ptrs, mask=live, other=0)
+        inclusive = tl.cumsum(counts, axis=0)
+        tl.store(ptrs, inclusive - counts + running[None, :], mask=live)
+        running += tl.sum(counts, axis=0)
+    padded = (running + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts_ptr + experts, ends - padded)
+    total = tl.sum(padded, axis=0)
+    tl.store(total_ptr, total)
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 64)
+
+
+@triton.jit
+def _align_scatter_kernel(topk_ids_ptr, hist_ptr, starts_ptr, sorted_ptr, numel,
+                          CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    pid = tl.program_id(0)
+    local = tl.arange(0, CHUNK)
+    offs = pid * CHUNK + local
+    valid = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1)
+    experts = tl.arange(0, E_P2)
+    onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    rank = tl.sum(tl.cumsum(onehot, axis=0) * onehot, axis=1) - 1
+    base = tl.load(starts_ptr + experts) + tl.load(hist_ptr + pid * E_P2 + experts)
+    my_base = tl.sum(onehot * base[None, :], axis=1)
+    tl.store(sorted_ptr + my_base + rank, offs, mask=valid)
+
+
+def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expert_map: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    device = topk_ids.device
+    numel = topk_ids.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    max_blocks = triton.cdiv(max_padded, block_size)
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    total = torch.empty(1, dtype=torch.int32, device=device)
+    e_p2 = triton.next_power_of_2(num_experts)
+    numel_p2 = triton.next_power_of_2(max(numel, 1))
+    has_map = expert_map is not None
+    map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
+    if numel_p2 * e_p2 <= _SINGLE_PROGRAM_TILE:
+        _align_single_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, num_experts,
+                                   max_padded, max_blocks, HAS_MAP=has_map, BLOCK_SIZE=block_size,
+                                   NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, num_warps=4)
+        return sorted_ids, expert_ids, total
+    chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
+    num_chunks = triton.cdiv(numel, chunk)
+    hist = torch.empty(num_chunks * e_p2, dtype=torch.int32, device=device)
+    starts = torch.empty(e_p2, dtype=torch.int32, device=device)
+    fill_per_program = triton.cdiv(max_padded, num_chunks)
+    _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, fill_per_program,
+                                       CHUNK=chunk, E_P2=e_p2, FILL_TILE=256, num_warps=4)
+    _align_offsets_kernel[(1,)](hist, starts, map_arg, expert_ids, total, num_chunks, max_blocks,
+                                HAS_MAP=has_map, BLOCK_SIZE=block_size, E_P2=e_p2,
+                                ROWS=max(1, min(64, 4096 // e_p2)), num_warps=8)
+    _align_scatter_kernel[(num_chunks,)](topk_ids, hist, starts, sorted_ids, numel, CHUNK=chunk, E_P2=e_p2,
+                                         num_warps=4)
+    return sorted_ids, expert_ids, total
