@@ -1,0 +1,98 @@
+"""The Triton routing kernel behind `moe_triton.routing.route`.
+
+Columns are laid out as [groups, experts per group], each padded to a power of two; an
+ungrouped router is one group. Padded columns hold -inf so they are never chosen.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_TILE = 4096  # scores held per program: BLOCK_M x padded experts
+
+
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m,
+                  renormalize_eps, scaling,
+                  TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
+                  TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    C: tl.constexpr = G_P2 * PG_P2
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, C)
+    group = cols // PG_P2
+    member = cols % PG_P2
+    expert = group * PER_GROUP + member
+    col_ok = (group < GROUPS) & (member < PER_GROUP)
+    row_ok = rows < M
+    ok = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(logits_ptr + rows[:, None] * stride_m + expert[None, :], mask=ok, other=0.0).to(tl.float32)
+    neg_inf = float("-inf")
+    if SOFTMAX:
+        x = tl.where(col_ok[None, :], x, neg_inf)
+        e = tl.exp(x - tl.max(x, axis=1)[:, None])
+        scores = e / tl.sum(e, axis=1)[:, None]
+    else:
+        scores = tl.sigmoid(x)
+    choice = scores
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + expert, mask=col_ok, other=0.0)[None, :]
+    choice = tl.where(col_ok[None, :], choice, neg_inf)
+    if GROUPS > 1:
+        grouped = tl.reshape(choice, [BLOCK_M, G_P2, PG_P2])
+        best = tl.max(grouped, axis=2)
+        if PER_GROUP > 1:
+            at = tl.argmax(grouped, axis=2)
+            lane = tl.arange(0, PG_P2)
+            second = tl.max(tl.where(lane[None, None, :] == at[:, :, None], neg_inf, grouped), axis=2)
+            group_score = best + second
+        else:
+            group_score = best
+        gids = tl.arange(0, G_P2)
+        group_score = tl.where(gids[None, :] < GROUPS, group_score, neg_inf)
+        keep = tl.zeros([BLOCK_M, G_P2], dtype=tl.int1)
+        for _ in tl.static_range(TOPK_GROUPS):
+            g = tl.argmax(group_score, axis=1)
+            hit = gids[None, :] == g[:, None]
+            keep = keep | hit
+            group_score = tl.where(hit, neg_inf, group_score)
+        keep_cols = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G_P2, PG_P2]), [BLOCK_M, C])
+        choice = tl.where(keep_cols, choice, neg_inf)
+    slots = tl.arange(0, K_P2)
+    top_w = tl.zeros([BLOCK_M, K_P2], dtype=tl.float32)
+    top_id = tl.zeros([BLOCK_M, K_P2], dtype=tl.int32)
+    for s in tl.static_range(TOP_K):
+        c = tl.argmax(choice, axis=1)
+        hit = cols[None, :] == c[:, None]
+        w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
+        eid = (c // PG_P2) * PER_GROUP + c % PG_P2
+        top_w = tl.where(slots[None, :] == s, w[:, None], top_w)
+        top_id = tl.where(slots[None, :] == s, eid[:, None], top_id)
+        choice = tl.where(hit, neg_inf, choice)
+    if RENORMALIZE:
+        top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + renormalize_eps)
+    if SCALE:
+        top_w = top_w * scaling
+    out = rows[:, None] * TOP_K + slots[None, :]
+    out_ok = row_ok[:, None] & (slots[None, :] < TOP_K)
+    tl.store(weights_ptr + out, top_w, mask=out_ok)
+    tl.store(ids_ptr + out, top_id, mask=out_ok)
+
+
+def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, *,
+                 top_k: int, softmax: bool, groups: int, topk_groups: int, renormalize: bool,
+                 renormalize_eps: float, scaling: float) -> None:
+    M, E = logits.shape
+    per_group = E // groups
+    g_p2, pg_p2 = triton.next_power_of_2(groups), triton.next_power_of_2(per_group)
+    block_m = max(1, min(64, _TILE // (g_p2 * pg_p2)))
+    block_m = min(block_m, triton.next_power_of_2(M))
+    _route_kernel[(triton.cdiv(M, block_m),)](
+        logits, bias if bias is not None else logits, weights, ids, M, logits.stride(0),
+        float(renormalize_eps), float(scaling),
+        TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
+        GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
+        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, num_warps=4 if g_p2 * pg_p2 <= 512 else 8)
