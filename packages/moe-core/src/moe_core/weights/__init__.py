@@ -1,6 +1,9 @@
 """Canonical expert weights, the weight-processor contract, and checkpoint readers."""
 
+from moe_core.weights._source import CheckpointError
 from moe_core.weights.canonical import ExpertWeights, quantize_expert_tensor
+from moe_core.weights.hf import experts_from_state_dict
 from moe_core.weights.processor import PackedWeights, WeightProcessor
 
-__all__ = ["ExpertWeights", "PackedWeights", "WeightProcessor", "quantize_expert_tensor"]
+__all__ = ["CheckpointError", "ExpertWeights", "PackedWeights", "WeightProcessor", "experts_from_state_dict",
+           "quantize_expert_tensor"]
