@@ -1,0 +1,116 @@
+"""The fused-MoE pipeline on sorted rows: align -> GEMM1 + activation -> GEMM2 + router weight -> reduce.
+
+`moe_gemm` launches one grouped GEMM; `moe_gemm_torch` is its twin over the same sorted ids.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from moe_core.config import Activation, ActivationKind
+from moe_triton._details import gemm_kernels as gk
+from moe_triton.align import align_block_size
+from moe_triton.configs import KernelConfig, TileConfig
+
+_ACT_CODE = {
+    ActivationKind.SILU: gk.ACT_SILU,
+    ActivationKind.GELU: gk.ACT_GELU,
+    ActivationKind.GELU_TANH: gk.ACT_GELU_TANH,
+    ActivationKind.SWIGLU_OAI: gk.ACT_SWIGLU_OAI,
+    ActivationKind.RELU2: gk.ACT_RELU2,
+}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+             topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor,
+             *, top_k: int, block_m: int, tile: TileConfig, activation: Activation | None,
+             mul_weight: bool, zero_foreign: bool) -> None:
+    """out[id] = epilogue(a[id // a_row_div] @ w[expert].T) for every valid sorted id.
+
+    activation None: GEMM2 (rows of `a` are choices, N = w.shape[1]); else GEMM1 (rows of `a` are
+    tokens, gated activations read w rows [0, N) as gate and [N, 2N) as up).
+    """
+    gated = activation is not None and activation.gated
+    N = w.shape[1] // 2 if gated else w.shape[1]
+    K = w.shape[2]
+    num_valid = topk_weights.numel()
+    # A row can only appear in one block, so at most num_valid blocks hold work.
+    EM = min(sorted_ids.numel(), num_valid * block_m)
+    grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, tile.block_n),)
+    gk.moe_gemm_kernel[grid](
+        a, w, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
+        N, K, EM, num_valid,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), bias.stride(0) if bias is not None else 0, out.stride(0),
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+        A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
+        ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
+        HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign,
+        EVEN_K=K % tile.block_k == 0, UPCAST=interpreting(),
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+
+
+def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                   topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
+                   total: torch.Tensor, *, top_k: int, block_m: int, activation: Activation | None,
+                   mul_weight: bool, zero_foreign: bool) -> None:
+    """The twin of `moe_gemm`, block by block in fp32."""
+    from moe_core.reference import apply_activation
+
+    num_valid = topk_weights.numel()
+    flat_w = topk_weights.flatten().float()
+    for b in range(int(total.item()) // block_m):
+        ids = sorted_ids[b * block_m:(b + 1) * block_m].long()
+        ids = ids[ids < num_valid]
+        if ids.numel() == 0:
+            continue
+        e = int(expert_ids[b])
+        if e == -1:
+            if zero_foreign:
+                out[ids] = 0
+            continue
+        rows = ids // top_k if activation is not None else ids
+        h = a[rows].float() @ w[e].float().T
+        if activation is not None:
+            if mul_weight:
+                h = h * flat_w[ids, None]
+            if bias is not None:
+                h = h + bias[e].float()
+            h = apply_activation(h, activation)
+        else:
+            if bias is not None:
+                h = h + bias[e].float()
+            if mul_weight:
+                h = h * flat_w[ids, None]
+        out[ids] = h.to(out.dtype)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+                  b2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                  num_experts: int, activation: Activation, weight_on_input: bool,
+                  expert_map: torch.Tensor | None, config: KernelConfig) -> torch.Tensor:
+    """[M, K] -> [M, K]: the whole expert computation for routed tokens (global ids in topk_ids)."""
+    M, K = x.shape
+    top_k = topk_ids.shape[1]
+    N = w2.shape[2]
+    sorted_ids, expert_ids, total = align_block_size(topk_ids, config.block_m, num_experts, expert_map)
+    inter = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)
+    common = dict(top_k=top_k, block_m=config.block_m)
+    moe_gemm(x, w13, b13, inter, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm1,
+             activation=activation, mul_weight=weight_on_input, zero_foreign=False, **common)
+    # With one choice per token the second GEMM writes the output rows directly.
+    out = torch.empty(M * top_k, K, dtype=x.dtype, device=x.device)
+    moe_gemm(inter, w2, b2, out, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm2,
+             activation=None, mul_weight=not weight_on_input, zero_foreign=True, **common)
+    if top_k == 1:
+        return out
+    return out.view(M, top_k, K).sum(dim=1)

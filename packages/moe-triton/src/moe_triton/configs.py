@@ -1,0 +1,190 @@
+"""Tuned launch configurations: a JSON database keyed by kernel, shape, dtype and device.
+
+A file holds the best configuration per token count M for one key; `lookup` picks the nearest
+tuned M. When no file matches the key exactly it falls back, in order, to the nearest tuned shape
+on the same device, then to the same shape tuned on another device, then to a heuristic default;
+the returned `Lookup.source` always says which, so nothing degrades silently.
+
+Files are read from the package's `configs/` folder and from `$MOE_TRITON_CONFIG_DIR` (searched
+first, so a user's own `moe tune` output wins).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["ConfigKey", "KernelConfig", "Lookup", "TileConfig", "config_dirs", "default_config",
+           "device_tag", "lookup", "reload", "write_configs"]
+
+ENV_DIR = "MOE_TRITON_CONFIG_DIR"
+PACKAGE_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One GEMM's tiling. Every size is a power of two; block_k >= 16 and block_n >= 16 (tl.dot)."""
+
+    block_n: int
+    block_k: int
+    group_m: int  # row blocks that share B tiles in the launch order (L2 reuse); >= 1
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the K loop; >= 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"TileConfig.{name}={v} must be a power of two >= 16")
+        if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"TileConfig: group_m, num_warps and num_stages must be >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int  # rows per block of the sorted token ids, shared by both GEMMs (one alignment); pow2 >= 16
+    gemm1: TileConfig
+    gemm2: TileConfig
+
+    def __post_init__(self) -> None:
+        if self.block_m < 16 or self.block_m & (self.block_m - 1):
+            raise ValueError(f"KernelConfig.block_m={self.block_m} must be a power of two >= 16")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> KernelConfig:
+        return KernelConfig(int(d["block_m"]), TileConfig(**d["gemm1"]), TileConfig(**d["gemm2"]))
+
+    def __str__(self) -> str:
+        def t(c: TileConfig) -> str:
+            return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
+        return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    kernel: str  # which kernel family the tiles are for, e.g. "bf16" (quantized kernels use their own names)
+    num_experts: int  # local experts E
+    intermediate: int  # N per partition
+    hidden: int  # K
+    top_k: int
+    dtype: str  # activation dtype, e.g. "bfloat16"
+    device: str  # device_tag() of the GPU, e.g. "NVIDIA_H100_80GB_HBM3"
+
+    def file_name(self) -> str:
+        return (f"{self.kernel},E={self.num_experts},N={self.intermediate},K={self.hidden},topk={self.top_k},"
+                f"dtype={self.dtype},device={self.device}.json")
+
+    def shape_distance(self, other: ConfigKey) -> float:
+        pairs = ((self.num_experts, other.num_experts), (self.intermediate, other.intermediate),
+                 (self.hidden, other.hidden), (self.top_k, other.top_k))
+        return sum(abs(math.log2(a / b)) for a, b in pairs)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    config: KernelConfig
+    source: str  # "tuned", "nearest-shape", "other-device" or "default"
+    detail: str  # the file and tuned M it came from, or why the default was used
+
+    def __str__(self) -> str:
+        return f"{self.config} [{self.source}: {self.detail}]"
+
+
+def device_tag(name: str) -> str:
+    """A file-name-safe device name: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA_H100_80GB_HBM3'."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name.strip()) or "unknown"
+
+
+def config_dirs() -> list[Path]:
+    extra = os.environ.get(ENV_DIR)
+    return ([Path(extra)] if extra else []) + [PACKAGE_DIR]
+
+
+_lock = threading.Lock()
+_db: dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]] | None = None
+
+
+def _parse_file(path: Path) -> tuple[ConfigKey, dict[int, KernelConfig]]:
+    data = json.loads(path.read_text())
+    try:
+        key = ConfigKey(**data["key"])
+        table = {int(m): KernelConfig.from_dict(c) for m, c in data["configs"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed tuned-config file {path}: {type(exc).__name__}: {exc}") from exc
+    if not table:
+        raise ValueError(f"tuned-config file {path} holds no configurations")
+    return key, table
+
+
+def _load() -> dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]]:
+    global _db
+    with _lock:
+        if _db is None:
+            db: dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]] = {}
+            for folder in config_dirs():
+                if not folder.is_dir():
+                    continue
+                for path in sorted(folder.glob("*.json")):
+                    key, table = _parse_file(path)
+                    db.setdefault(key, (path, table))  # earlier folders win
+            _db = db
+        return _db
+
+
+def reload() -> None:
+    """Forget the loaded files (after writing new ones or changing $MOE_TRITON_CONFIG_DIR)."""
+    global _db
+    with _lock:
+        _db = None
+
+
+def _nearest_m(table: dict[int, KernelConfig], M: int) -> int:
+    # Nearest in log space; ties go to the larger tuned M (more blocks, the safer tiling).
+    return min(table, key=lambda m: (abs(math.log2(m) - math.log2(max(M, 1))), -m))
+
+
+def default_config(key: ConfigKey, M: int) -> KernelConfig:
+    """A reasonable tiling when nothing was tuned, from tokens per expert."""
+    per_expert = M * key.top_k / key.num_experts
+    if per_expert <= 16:
+        small = TileConfig(64, 128, 1, 4, 3)
+        return KernelConfig(16, small, small)
+    if per_expert <= 64:
+        return KernelConfig(64, TileConfig(64, 128, 8, 4, 3), TileConfig(64, 128, 8, 4, 3))
+    return KernelConfig(128, TileConfig(128, 64, 8, 8, 3), TileConfig(128, 64, 8, 8, 3))
+
+
+def lookup(key: ConfigKey, M: int) -> Lookup:
+    db = _load()
+    if key in db:
+        path, table = db[key]
+        m = _nearest_m(table, M)
+        return Lookup(table[m], "tuned", f"{path.name} at M={m}")
+    same_family = [k for k in db if (k.kernel, k.dtype) == (key.kernel, key.dtype)]
+    for source, pool in (("nearest-shape", [k for k in same_family if k.device == key.device]),
+                         ("other-device", [k for k in same_family if k.device != key.device])):
+        if pool:
+            best = min(pool, key=lambda k: (key.shape_distance(k), k.file_name()))
+            if source == "other-device" and key.shape_distance(best) > 0:
+                continue
+            path, table = db[best]
+            m = _nearest_m(table, M)
+            return Lookup(table[m], source, f"{path.name} at M={m}")
+    return Lookup(default_config(key, M), "default", f"no tuned file for {key.file_name()}")
+
+
+def write_configs(key: ConfigKey, table: dict[int, KernelConfig], folder: Path, extra: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / key.file_name()
+    data = {"key": asdict(key), **(extra or {}),
+            "configs": {str(m): table[m].to_dict() for m in sorted(table)}}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path

@@ -1,0 +1,97 @@
+"""`TritonExperts`: the modular fused-MoE experts for bf16 / fp16 / fp32 weights, in Triton.
+
+Pipeline per call: align the routed choices into expert blocks (`moe_triton.align`), GEMM1 with
+the activation fused into its epilogue, GEMM2 with bias and router weight, then a top-k sum.
+Launch tiles come from the tuned-config database (`moe_triton.configs`); `config_for(M)` says
+which configuration a call of M tokens uses and where it came from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core.backends import Backend, DeviceInfo, Platform
+from moe_core.config import ActivationKind, MoEConfig
+from moe_core.experts import UNQUANTIZED, Capability, Experts
+from moe_core.quant import MoEQuantConfig
+from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.processor import PackedWeights
+from moe_triton._details.pipeline import fused_experts
+from moe_triton.configs import ConfigKey, KernelConfig, Lookup, device_tag, lookup
+
+__all__ = ["TritonExperts", "TritonWeightProcessor"]
+
+
+class TritonWeightProcessor:
+    """Canonical w13 [E, R, K] / w2 [E, K, N] are already the kernel's layout: cast and make contiguous.
+
+    Biases are kept in fp32 (the epilogue adds them in fp32).
+    """
+
+    layout = "triton.canonical"
+
+    def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
+        tensors = {
+            "w13": weights.w13.to(device=device, dtype=config.dtype).contiguous(),
+            "w2": weights.w2.to(device=device, dtype=config.dtype).contiguous(),
+        }
+        if weights.has_bias:
+            tensors["w13_bias"] = weights.w13_bias.to(device=device, dtype=torch.float32).contiguous()
+            tensors["w2_bias"] = weights.w2_bias.to(device=device, dtype=torch.float32).contiguous()
+        return PackedWeights(self.layout, tensors)
+
+
+class TritonExperts(Experts):
+    backend = Backend.TRITON
+    kernel_name = "bf16"  # the tuned-config family (fp16/fp32 layers use the same tiles, keyed by dtype)
+    weight_processor = TritonWeightProcessor()
+    router = "moe_triton.routing:route"
+    capability = Capability(
+        platforms=frozenset({Platform.CUDA, Platform.ROCM, Platform.XPU}),
+        schemes=(UNQUANTIZED,),
+        activations=frozenset(ActivationKind),
+        min_capability=(8, 0),
+        requires=("triton",),
+        validated_on=(),
+        limitations=(
+            "tuned configurations ship for NVIDIA H100 only; other GPUs use the nearest tuned shape or a default",
+            "no split-K: at one token a layer reads all touched experts with one program per output tile",
+        ),
+    )
+
+    def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
+        super().__init__(config, quant, device)
+        self.config_override: KernelConfig | None = None  # forces the tiles (tests, tuning)
+        self._key = ConfigKey(self.kernel_name, config.num_local_experts, config.intermediate_size_per_partition,
+                              config.hidden_size, config.top_k, str(config.dtype).removeprefix("torch."),
+                              device_tag(device.name))
+        self._lookups: dict[int, Lookup] = {}
+
+    def config_for(self, num_tokens: int) -> Lookup:
+        if self.config_override is not None:
+            return Lookup(self.config_override, "override", "set on this instance")
+        hit = self._lookups.get(num_tokens)
+        if hit is None:
+            hit = self._lookups[num_tokens] = lookup(self._key, num_tokens)
+        return hit
+
+    def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        packed = self._packed()
+        M = hidden_states.shape[0]
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size:
+            raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(hidden_states.shape)}")
+        if hidden_states.dtype != cfg.dtype:
+            raise ValueError(f"hidden_states dtype {hidden_states.dtype} differs from the layer dtype {cfg.dtype}")
+        if tuple(topk_ids.shape) != (M, cfg.top_k) or topk_ids.dtype != torch.int32:
+            raise ValueError(f"topk_ids must be int32 [{M}, {cfg.top_k}], got {topk_ids.dtype} {list(topk_ids.shape)}")
+        if tuple(topk_weights.shape) != (M, cfg.top_k) or topk_weights.dtype != torch.float32:
+            raise ValueError(f"topk_weights must be float32 [{M}, {cfg.top_k}], got {topk_weights.dtype} "
+                             f"{list(topk_weights.shape)}")
+        if M == 0:
+            return hidden_states.new_empty((0, cfg.hidden_size))
+        return fused_experts(
+            hidden_states.contiguous(), packed["w13"], packed["w2"], packed.get("w13_bias"), packed.get("w2_bias"),
+            topk_weights.contiguous(), topk_ids.contiguous(), num_experts=cfg.num_experts,
+            activation=cfg.activation, weight_on_input=cfg.routing.weight_on_input, expert_map=self.expert_map,
+            config=self.config_for(M).config)
