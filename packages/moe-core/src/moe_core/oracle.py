@@ -106,7 +106,8 @@ def _missing_reason(backend: str, reg: Registry) -> tuple[str, str]:
     """(source, reason) for a listed backend that no ready plugin provides."""
     dist = DISTRIBUTION.get(Backend(backend)) if backend in Backend._value2member_map_ else "?"
     for s in reg.statuses.values():
-        if s.distribution == dist and s.state is not PluginState.READY:
+        # A plugin that failed before returning its spec is matched by its distribution or its name.
+        if s.state is not PluginState.READY and (s.distribution == dist or s.name == backend):
             return dist, f"plugin {s.name} is {s.state.value}: {s.reason}"
     return dist, f"not installed (pip install {dist})"
 

@@ -66,8 +66,6 @@ def reference_moe(hidden_states: torch.Tensor, weights: ExpertWeights, config: M
     inputs of both GEMMs are quantize-dequantized as the kernel would.
     """
     M, K = hidden_states.shape
-    w13, w2 = weights.dequantize()
-    w13, w2 = w13.to(hidden_states.device), w2.to(hidden_states.device)
     b13 = weights.w13_bias.float().to(hidden_states.device) if weights.has_bias else None
     b2 = weights.w2_bias.float().to(hidden_states.device) if weights.has_bias else None
     act_key = quant.activation if quant is not None else None
@@ -77,22 +75,24 @@ def reference_moe(hidden_states: torch.Tensor, weights: ExpertWeights, config: M
         ids = expert_map.to(ids.device).long()[ids]
     tw = topk_weights.float()
     out = torch.zeros(M, K, dtype=torch.float32, device=hidden_states.device)
-    for e in range(w13.shape[0]):
+    for e in range(weights.num_experts):
         token, slot = (ids == e).nonzero(as_tuple=True)
         if token.numel() == 0:
             continue
+        # One expert at a time: the fp32 copy of a whole large layer would not fit in memory.
+        w13, w2 = (w[0].to(x.device) for w in weights.narrow(e, 1).dequantize())
         xe = x[token]
         if config.routing.weight_on_input:
             xe = xe * tw[token, slot, None]
         if act_key is not None:
             xe = fake_quantize_activation(xe, act_key)
-        h = xe @ w13[e].T
+        h = xe @ w13.T
         if b13 is not None:
             h = h + b13[e]
         a = apply_activation(h, config.activation)
         if act_key is not None:
             a = fake_quantize_activation(a, act_key)
-        y = a @ w2[e].T
+        y = a @ w2.T
         if b2 is not None:
             y = y + b2[e]
         if not config.routing.weight_on_input:

@@ -75,6 +75,10 @@ class ExpertWeights:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name != "key" and getattr(self, f.name) is not None}
 
+    def narrow(self, start: int, length: int) -> ExpertWeights:
+        """Experts [start, start + length) as views (no copy)."""
+        return dataclasses.replace(self, **{k: v.narrow(0, start, length) for k, v in self.tensors().items()})
+
     def to(self, device: torch.device | str) -> ExpertWeights:
         return dataclasses.replace(self, **{k: v.to(device) for k, v in self.tensors().items()})
 

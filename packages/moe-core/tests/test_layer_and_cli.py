@@ -1,0 +1,97 @@
+"""FusedMoE input checking and weight reloading, and the CLI commands that need only moe-core."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, int4_w4a16, reference_moe, route_torch
+from moe_core.cli import main
+
+CFG = MoEConfig(8, 2, 64, 32, max_num_tokens=16)
+
+
+def _layer(cfg=CFG, quant=None, seed=0):
+    layer = FusedMoE(cfg, quant, "cpu", prefer="reference")
+    weights = ExpertWeights.random(cfg, layer.quant, seed=seed)
+    bias = torch.randn(cfg.num_experts) if cfg.routing.has_correction_bias else None
+    layer.load_weights(weights, correction_bias=bias)
+    return layer, weights
+
+
+def test_forward_matches_reference_and_reload_is_stable():
+    layer, weights = _layer(quant=int4_w4a16(32))
+    x, logits = torch.randn(5, 64).bfloat16(), torch.randn(5, 8)
+    out = layer(x, logits)
+    tw, ids = route_torch(logits, CFG.routing, 2)
+    ref = reference_moe(x, weights, CFG, tw, ids, layer.quant)
+    assert float((out.float() - ref).norm() / ref.norm()) < 1e-2
+    layer.load_weights(weights)
+    assert torch.equal(layer(x, logits), out)
+    other, _ = _layer(quant=int4_w4a16(32), seed=1)
+    assert not torch.equal(other(x, logits), out) and torch.equal(layer(x, logits), out)
+
+
+@pytest.mark.parametrize("x, logits, match", [
+    (torch.randn(3, 63).bfloat16(), torch.randn(3, 8), r"hidden_states must be \[M, 64\], got \[3, 63\]"),
+    (torch.randn(3, 64).bfloat16(), torch.randn(3, 7), r"router_logits must be \[3, 8\]"),
+    (torch.randn(3, 64), torch.randn(3, 8), "hidden_states dtype torch.float32 differs from the layer dtype"),
+    (torch.randn(3, 64).bfloat16(), torch.randint(0, 3, (3, 8)), "router_logits must be floating point"),
+    (torch.randn(17, 64).bfloat16(), torch.randn(17, 8), "17 tokens exceed MoEConfig.max_num_tokens=16"),
+])
+def test_forward_input_errors(x, logits, match):
+    layer, _ = _layer()
+    with pytest.raises(ValueError, match=match):
+        layer(x, logits)
+
+
+def test_empty_batch_and_correction_bias_errors():
+    layer, _ = _layer()
+    assert layer(torch.randn(0, 64).bfloat16(), torch.randn(0, 8)).shape == (0, 64)
+    ds = MoEConfig(8, 2, 64, 32, routing=Routing.deepseek_v3(4, 2))
+    ds_layer = FusedMoE(ds, None, "cpu", prefer="reference")
+    w = ExpertWeights.random(ds, ds_layer.quant)
+    with pytest.raises(ValueError, match=r"pass correction_bias of shape \[8\], got None"):
+        ds_layer.load_weights(w)
+    with pytest.raises(ValueError, match="correction_bias was given but"):
+        layer.load_weights(w, correction_bias=torch.zeros(8))
+
+
+def test_doctor_json(capsys):
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["core"]["version"] and report["devices"][0]["platform"] == "cpu"
+    assert {"name", "state", "reason"} <= set(report["plugins"][0]) if report["plugins"] else True
+
+
+def test_doctor_require_missing_device(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert main(["doctor", "--require", "cuda"]) == 1
+    assert "require cuda: FAILED: no cuda device is visible to torch" in capsys.readouterr().out
+
+
+def test_explain_with_missing_forced_backend(capsys, monkeypatch):
+    monkeypatch.setenv("MOE_BACKEND", "flashinfer_cutlass")
+    assert main(["explain", "--preset", "qwen3-30b-a3b", "--quant", "int4", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "backend 'flashinfer_cutlass' cannot serve" in err and "pip install moe-cuda" in err
+
+
+def test_explain_hf_config(tmp_path, capsys):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_experts": 128, "num_experts_per_tok": 8,
+           "moe_intermediate_size": 768, "norm_topk_prob": True, "torch_dtype": "bfloat16",
+           "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                                   "sym": True}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["explain", "--config", str(tmp_path), "--device", "cpu", "--backend", "reference", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["quant"] == "int4_w4a16_g128" and plan["config"].startswith("E=128 top-8 K=2048 N=768")
+
+
+def test_run_tiny_on_the_reference(capsys):
+    assert main(["run", "--preset", "tiny", "--backend", "reference", "--tokens", "1", "4", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "reference / ReferenceExperts" in out and out.count(" ok") >= 2

@@ -1,0 +1,171 @@
+"""Discovery failure modes (quiet unless asked for, loud when asked for) and the oracle's choices."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import _fake_backends as fb
+from moe_core import (
+    Backend,
+    BackendUnavailableError,
+    DeviceInfo,
+    FusedMoE,
+    MoEConfig,
+    NoBackendError,
+    Platform,
+    int4_w4a16,
+    int8_w8a16,
+    select,
+    unquantized,
+)
+from moe_core.config import Activation
+from moe_core.plugins import PluginState, registry, reset_registry
+
+CFG = MoEConfig(8, 2, 256, 128, max_num_tokens=64)
+H100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100", (9, 0))
+
+
+@pytest.fixture
+def fake_registry():
+    """Install a registry from fake entry points; restore real discovery afterwards."""
+
+    def install(*eps):
+        return registry(fb.entry_points(*eps))
+
+    yield install
+    reset_registry()
+
+
+def core_dist(requires=("moe-core>=0.1,<0.2",), name="moe-fake"):
+    return fb.FakeDist(name, requires=requires)
+
+
+def test_import_does_not_discover_plugins():
+    code = ("import moe_core, moe_core.plugins as p; assert p._registry is None; "
+            "moe_core.MoEConfig(4, 2, 8, 8); assert p._registry is None")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_statuses_for_every_failure_mode(fake_registry):
+    reg = fake_registry(
+        fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()),
+        fb.FakeEntryPoint("triton", fb.gpu_spec, core_dist()),
+        fb.FakeEntryPoint("broken", ImportError("No module named 'moe_broken._plugin'"), core_dist()),
+        fb.FakeEntryPoint("raises", fb.raises_in_factory, core_dist()),
+        fb.FakeEntryPoint("future", fb.future_api_spec, core_dist()),
+        fb.FakeEntryPoint("oldmajor", fb.old_major_spec, core_dist()),
+        fb.FakeEntryPoint("stale", fb.cpu_spec, core_dist(requires=("moe-core>=0.2,<0.3", "torch>=2"))),
+        fb.FakeEntryPoint("garbage", fb.returns_garbage, core_dist()),
+        fb.FakeEntryPoint("misnamed", fb.wrong_name_spec, core_dist()),
+    )
+    state = {name: (s.state, s.reason) for name, s in reg.statuses.items()}
+    assert state["cpu"][0] is PluginState.READY
+    assert state["triton"] == (PluginState.DEVICE_ABSENT, "no CUDA device visible to torch")
+    assert state["broken"][0] is PluginState.IMPORT_ERROR and "moe_broken._plugin" in state["broken"][1]
+    assert state["raises"][0] is PluginState.IMPORT_ERROR and "libfoo.so.1" in state["raises"][1]
+    assert state["future"][0] is PluginState.INCOMPATIBLE and "1.99" in state["future"][1]
+    assert state["oldmajor"][0] is PluginState.INCOMPATIBLE and "0.3" in state["oldmajor"][1]
+    assert state["stale"] == (PluginState.INCOMPATIBLE, "requires moe-core<0.3,>=0.2, installed moe-core is 0.1.0")
+    assert state["garbage"][0] is PluginState.SPEC_ERROR and "dict" in state["garbage"][1]
+    assert state["misnamed"][0] is PluginState.SPEC_ERROR and "not-its-name" in state["misnamed"][1]
+
+
+def test_broken_plugins_are_quiet_when_not_asked_for(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()),
+                  fb.FakeEntryPoint("triton", ImportError("triton wheel is half-installed"), core_dist()))
+    plan = select(CFG, unquantized(), "cpu")
+    assert plan.backend == "cpu" and plan.experts_cls is fb.FakeCpuExperts and not plan.forced
+
+
+def test_broken_plugin_is_loud_when_asked_for(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()),
+                  fb.FakeEntryPoint("triton", ImportError("triton wheel is half-installed"), core_dist()))
+    with pytest.raises(BackendUnavailableError, match="half-installed"):
+        select(CFG, unquantized(), H100, prefer="triton")
+
+
+def test_forced_backend_that_is_not_installed(fake_registry, monkeypatch):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()))
+    monkeypatch.setenv("MOE_BACKEND", "aiter")
+    with pytest.raises(BackendUnavailableError, match=r"not installed \(pip install moe-rocm\)"):
+        select(CFG, unquantized(), "cpu")
+    monkeypatch.setenv("MOE_BACKEND", "no_such_backend")
+    with pytest.raises(BackendUnavailableError, match="MOE_BACKEND='no_such_backend' names no backend; known"):
+        select(CFG, unquantized(), "cpu")
+
+
+def test_forced_backend_that_cannot_serve_is_not_rebound(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()))
+    gelu = MoEConfig(8, 2, 256, 128, activation=Activation.gelu())
+    with pytest.raises(BackendUnavailableError, match=r"backend 'cpu' cannot serve .*activation gelu"):
+        select(gelu, unquantized(), "cpu", prefer="cpu")
+    # Forcing the reference works, and the table still explains the CPU refusal.
+    plan = select(gelu, unquantized(), "cpu", prefer="reference")
+    assert plan.forced and plan.backend == "reference"
+    assert any(c.backend == "cpu" and "activation gelu" in c.reason for c in plan.candidates)
+
+
+def test_candidate_table_lists_every_candidate_with_a_reason(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()),
+                  fb.FakeEntryPoint("triton", fb.gpu_spec, core_dist()))
+    plan = select(CFG, int4_w4a16(128), "cpu")
+    assert plan.experts_cls is fb.FakeCpuInt4Experts
+    rows = {(c.backend, c.experts): c for c in plan.candidates}
+    assert "weights int4" in rows[("cpu", "FakeCpuExperts")].reason
+    assert rows[("cpu", "FakeCpuInt4Experts")].chosen
+    assert "device_absent" in rows[("triton", "FakeGpuExperts")].reason
+    assert "never chosen automatically" in rows[("reference", "ReferenceExperts")].reason
+    assert all(c.ok or c.reason for c in plan.candidates)
+    assert "FakeCpuInt4Experts" in plan.explain()
+
+
+def test_no_backend_error_is_the_table(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()))
+    with pytest.raises(NoBackendError) as info:
+        select(CFG, int4_w4a16(64), "cpu")
+    msg = str(info.value)
+    assert "group size 64 (supported: {128})" in msg and "FakeCpuExperts" in msg and "backend" in msg
+
+
+def test_priorities_on_a_gpu_and_capability_limits(fake_registry):
+    fake_registry(fb.FakeEntryPoint("triton", fb.cpu_spec().__class__(
+        "triton", (1, 0), (Platform.CUDA,), fb.gpu_spec().experts), core_dist()))
+    plan = select(CFG, unquantized(), H100)
+    assert plan.backend == "triton"
+    order = [c.backend for c in plan.candidates]
+    assert order.index("flashinfer_trtllm") < order.index("triton") < order.index("torch_grouped_mm")
+    a100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA A100", (8, 0))
+    with pytest.raises(NoBackendError, match=r"compute capability >= \(9, 0\)"):
+        select(CFG, unquantized(), a100)
+
+
+def test_experts_classes_that_fail_to_import(fake_registry):
+    fake_registry(fb.FakeEntryPoint("badclass", fb.bad_class_spec, core_dist()))
+    with pytest.raises(BackendUnavailableError) as info:
+        select(CFG, unquantized(), "cpu", prefer="badclass")
+    assert "NotExperts is not an Experts subclass" in str(info.value)
+    assert "has no attribute 'Missing'" in str(info.value)
+
+
+def test_each_layer_owns_its_kernel_instance(fake_registry):
+    fake_registry(fb.FakeEntryPoint("cpu", fb.cpu_spec, core_dist()))
+    a, b = FusedMoE(CFG, device="cpu"), FusedMoE(CFG, device="cpu")
+    assert a.experts is not b.experts and a.plan.backend == "cpu"
+
+
+def test_real_plugins_never_break_import_and_report_status():
+    reset_registry()
+    reg = registry()
+    for status in reg.statuses.values():
+        assert status.state in PluginState
+
+
+def test_int8_and_weights_on_the_reference(fake_registry):
+    fake_registry()
+    plan = select(CFG, int8_w8a16(-1), "cpu", prefer="reference")
+    assert plan.backend == Backend.REFERENCE.value and plan.weight_layout == "canonical"
+    assert torch.__version__  # torch is importable alongside the registry
