@@ -65,7 +65,7 @@ def test_llama4_and_sigmoid():
     logits = torch.randn(5, 8)
     w, ids = route_torch(logits, Routing.llama4(), 1)
     torch.testing.assert_close(w[:, 0], torch.sigmoid(logits.max(-1).values))
-    w, ids = route_torch(logits, Routing.sigmoid_topk(True), 3)
+    w, _ids = route_torch(logits, Routing.sigmoid_topk(True), 3)
     torch.testing.assert_close(w.sum(-1), torch.ones(5))
 
 

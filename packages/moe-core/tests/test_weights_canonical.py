@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from moe_core import ExpertWeights, MoEConfig
 from moe_core.config import Activation
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
-from moe_core.weights.packing import E2M1_VALUES, decode_e2m1, decode_e8m0, encode_e2m1, pack_int4, unpack_int4
+from moe_core.weights.packing import (
+    E2M1_VALUES,
+    decode_e2m1,
+    decode_e8m0,
+    encode_e2m1,
+    pack_int4,
+    unpack_int4,
+)
 
 CFG = MoEConfig(4, 2, 256, 128)
 

@@ -6,7 +6,15 @@ first `select()` / `FusedMoE(...)` / `moe doctor`.
 
 from moe_core.__about__ import PLUGIN_API, __version__
 from moe_core.backends import Backend, DeviceInfo, Platform, detect_device
-from moe_core.config import Activation, ActivationKind, MoEConfig, ParallelConfig, Routing, RoutingMethod, Scoring
+from moe_core.config import (
+    Activation,
+    ActivationKind,
+    MoEConfig,
+    ParallelConfig,
+    Routing,
+    RoutingMethod,
+    Scoring,
+)
 from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.layer import FusedMoE
 from moe_core.oracle import BackendUnavailableError, Candidate, NoBackendError, Plan, select

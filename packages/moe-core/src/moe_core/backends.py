@@ -18,14 +18,14 @@ from moe_core.quant import QuantFamily
 __all__ = ["DISTRIBUTION", "PRIORITIES", "Backend", "DeviceInfo", "Platform", "detect_device"]
 
 
-class Platform(str, enum.Enum):
+class Platform(enum.StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
     ROCM = "rocm"
     XPU = "xpu"
 
 
-class Backend(str, enum.Enum):
+class Backend(enum.StrEnum):
     CPU = "cpu"  # moe-cpu: torch grouped GEMM, packed int4/int8 ATen kernels
     TRITON = "triton"  # moe-triton: portable Triton fused-MoE kernels
     TORCH_GROUPED_MM = "torch_grouped_mm"  # moe-cuda: torch._grouped_mm (sm90+)

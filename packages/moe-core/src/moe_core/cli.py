@@ -6,7 +6,6 @@ import argparse
 import importlib
 import importlib.metadata as md
 import json
-import os
 import platform
 import statistics
 import sys

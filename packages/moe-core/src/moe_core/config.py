@@ -39,7 +39,7 @@ def _check_positive_int(owner: str, name: str, value: object) -> None:
 # ---- activation -----------------------------------------------------------------------------
 
 
-class ActivationKind(str, enum.Enum):
+class ActivationKind(enum.StrEnum):
     SILU = "silu"  # gated: silu(gate) * up
     GELU = "gelu"  # gated: gelu(gate) * up (erf form)
     GELU_TANH = "gelu_tanh"  # gated: gelu(gate, approximate="tanh") * up
@@ -114,12 +114,12 @@ class Activation:
 # ---- routing --------------------------------------------------------------------------------
 
 
-class Scoring(str, enum.Enum):
+class Scoring(enum.StrEnum):
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
 
 
-class RoutingMethod(str, enum.Enum):
+class RoutingMethod(enum.StrEnum):
     """Coarse routing family, the unit in which monolithic (router-fused) kernels declare support."""
 
     SOFTMAX_TOPK = "softmax_topk"  # softmax over all experts, top-k, weights not renormalized

@@ -65,7 +65,7 @@ class FusedMoE(torch.nn.Module):
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
             if t.device.type != self.device.type:
                 raise ValueError(f"{name} is on {t.device}, the layer on {self.device}")
-        if M > cfg.max_num_tokens:
+        if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
         if M == 0:

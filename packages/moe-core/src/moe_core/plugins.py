@@ -68,7 +68,7 @@ class BackendSpec:
             raise ValueError("BackendSpec.experts must be ExpertsRef(backend, 'module:Class') entries")
 
 
-class PluginState(str, enum.Enum):
+class PluginState(enum.StrEnum):
     READY = "ready"
     DEVICE_ABSENT = "device_absent"  # installed and compatible; its hardware is not here
     INCOMPATIBLE = "incompatible"  # built for another moe-core (metadata or plugin API)

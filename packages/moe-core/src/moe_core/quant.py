@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class QuantDType(str, enum.Enum):
+class QuantDType(enum.StrEnum):
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
@@ -65,7 +65,7 @@ class QuantDType(str, enum.Enum):
             raise ValueError(f"no unquantized QuantDType for {dtype}; expected bf16, fp16 or fp32") from None
 
 
-class Granularity(str, enum.Enum):
+class Granularity(enum.StrEnum):
     TENSOR = "tensor"  # one scale per expert tensor
     CHANNEL = "channel"  # one per output row (weights)
     TOKEN = "token"  # one per row of activations
@@ -73,7 +73,7 @@ class Granularity(str, enum.Enum):
     BLOCK = "block"  # one per `block_shape` tile of a weight (rows, cols), e.g. (128, 128)
 
 
-class ZeroPoint(str, enum.Enum):
+class ZeroPoint(enum.StrEnum):
     NONE = "none"  # symmetric: value = (code - offset) * scale, offset = 2**(bits-1) for ints
     INTEGER = "integer"  # value = (code - zero) * scale, integer zero per scale group (GPTQ/AWQ/CT asym)
     FLOAT = "float"  # value = (code - offset) * scale + zero, float zero per group (tinygemm/HQQ style)
@@ -187,7 +187,7 @@ FP8_DYNAMIC_GROUP128 = QuantKey(QuantDType.FP8_E4M3, ScaleSpec(Granularity.GROUP
 MXFP4_WEIGHT = QuantKey(QuantDType.FP4_E2M1, ScaleSpec(Granularity.GROUP, group_size=32, dtype="e8m0"))
 
 
-class QuantFamily(str, enum.Enum):
+class QuantFamily(enum.StrEnum):
     """The unit in which backends are prioritised (vLLM keeps one oracle per family)."""
 
     UNQUANTIZED = "unquantized"

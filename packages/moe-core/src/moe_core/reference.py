@@ -104,7 +104,6 @@ def reference_moe(hidden_states: torch.Tensor, weights: ExpertWeights, config: M
 # ---- the reference as an experts class (never auto-selected; prefer="reference" to debug) ----
 
 from moe_core.backends import Backend, Platform  # noqa: E402
-from moe_core.config import ActivationKind  # noqa: E402
 from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport  # noqa: E402
 from moe_core.quant import ZeroPoint  # noqa: E402
 from moe_core.weights.processor import PackedWeights  # noqa: E402

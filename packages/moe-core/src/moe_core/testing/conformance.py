@@ -18,7 +18,7 @@ from moe_core.experts import Experts
 from moe_core.oracle import BackendUnavailableError, select
 from moe_core.plugins import PluginState, registry
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
-from moe_core.reference import reference_moe
+from moe_core.reference import ReferenceExperts, reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 
@@ -82,6 +82,8 @@ class Case:
 
 
 def _plugin_classes(plugin: str) -> list[type[Experts]]:
+    if plugin == "reference":  # moe-core's built-in experts, present in every installation
+        return [ReferenceExperts]
     status = registry().statuses.get(plugin)
     if status is None or status.spec is None:
         return []
@@ -138,6 +140,9 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def test_conformance_spec(request: pytest.FixtureRequest) -> None:
     plugin = request.module.CONFORMANCE_PLUGIN
+    if plugin == "reference":
+        assert ReferenceExperts.capability.platforms and ReferenceExperts.weight_processor.layout == "canonical"
+        return
     status = registry().statuses.get(plugin)
     assert status is not None, f"plugin {plugin!r} is not installed (entry point group moe_core.backends)"
     assert status.state in (PluginState.READY, PluginState.DEVICE_ABSENT), f"{plugin}: {status.state}: {status.reason}"
@@ -201,7 +206,7 @@ def test_conformance_refusals_are_enforced(request: pytest.FixtureRequest) -> No
     for cls in _plugin_classes(request.module.CONFORMANCE_PLUGIN):
         for device in _present_devices(cls):
             backend = _backend_name(cls)
-            for name, config, quant in SCENARIOS:
+            for _name, config, quant in SCENARIOS:
                 if any(c.supports(config, quant, device) for c in _plugin_classes(request.module.CONFORMANCE_PLUGIN)
                        if c.backend == cls.backend):
                     continue

@@ -1,0 +1,103 @@
+"""Build and test sessions for every distribution, and the device x package matrix.
+
+CPU sessions (lint, tests, wheels, bench) run anywhere; `device(cuda|rocm|xpu)` sessions need that
+hardware and fail, rather than pass vacuously, when it is absent. `nox -l --json` lists them; the
+GitHub workflow's device jobs call them by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["lint", "tests", "wheels"]
+
+ROOT = Path(__file__).parent
+PACKAGES = ("moe-core", "moe-cpu", "moe-triton")
+TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["integration"]
+# Which plugins each device runs, and the distributions that bring them.
+DEVICE_PLUGINS = {"cuda": ("triton",), "rocm": ("triton",), "xpu": ("triton",)}
+# Combinations of built wheels that must install and work on their own.
+COMBINATIONS = {"core": ("moe-core",), "core+cpu": ("moe-core", "moe-cpu"), "all": PACKAGES}
+PLUGIN_OF = {"moe-cpu": "cpu", "moe-triton": "triton"}
+TEST_DEPS = ("pytest>=8", "hypothesis>=6.100")
+
+
+def _sync(session: nox.Session) -> None:
+    """Install the locked workspace (all members, editable) into the session's venv."""
+    session.env["UV_PROJECT_ENVIRONMENT"] = session.virtualenv.location
+    session.run_install("uv", "sync", "--locked", "--all-packages", external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Run ruff over the whole repository."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run every distribution's tests and the cross-distribution integration tests on CPU."""
+    _sync(session)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *TEST_DIRS, *session.posargs)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every distribution, install each combination from the wheels alone, and test it."""
+    dist = ROOT / "dist"
+    for old in dist.glob("*"):
+        old.unlink()
+    session.run("uv", "build", "--all-packages", "--out-dir", str(dist), external=True)
+    built = {p: next(dist.glob(f"{p.replace('-', '_')}-*.whl")) for p in PACKAGES}
+    for name, members in COMBINATIONS.items():
+        venv = ROOT / ".nox" / f"wheels-{name}"
+        session.run("uv", "venv", "--quiet", "--clear", str(venv), external=True)
+        py = str(venv / "bin" / "python")
+        # The project comes from its built wheels only; third-party dependencies from the registry.
+        session.run("uv", "pip", "install", "--quiet", "--python", py, *[str(built[m]) for m in members],
+                    *TEST_DEPS, external=True)
+        _check_doctor(session, py, expected={PLUGIN_OF[m] for m in members if m in PLUGIN_OF})
+        for plugin in ["reference", *(PLUGIN_OF[m] for m in members if m in PLUGIN_OF)]:
+            session.run(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "moe_core.testing.pytest_plugin",
+                        "--rootdir", str(ROOT / "integration" / "installed"), "-c", os.devnull,
+                        str(ROOT / "integration" / "installed"), env={"MOE_CONFORMANCE_PLUGIN": plugin},
+                        external=True)
+
+
+def _check_doctor(session: nox.Session, python: str, expected: set[str]) -> None:
+    out = session.run(python, "-m", "moe_core", "doctor", "--json", silent=True, external=True)
+    report = json.loads(out)
+    states = {p["name"]: p["state"] for p in report["plugins"]}
+    if set(states) != expected:
+        session.error(f"doctor lists plugins {sorted(states)}, expected {sorted(expected)}")
+    broken = {n: s for n, s in states.items() if s not in ("ready", "device_absent")}
+    if broken:
+        session.error(f"plugins failed in a clean install: {broken}")
+    session.log(f"doctor: core {report['core']['version']}, plugins {states}")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmark the CPU backend on the presets and write results under benchmarks/results/."""
+    _sync(session)
+    session.run("moe", "bench", *(session.posargs or ["--preset", "qwen3-30b-a3b", "--preset", "tiny"]))
+
+
+@nox.session
+@nox.parametrize("device", list(DEVICE_PLUGINS))
+def device(session: nox.Session, device: str) -> None:
+    """Run the device-marked tests and the conformance suite on real hardware (self-hosted runners)."""
+    _sync(session)
+    session.run("moe", "doctor", "--require", device)
+    env = {"MOE_TEST_REQUIRE_DEVICE": device}
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *TEST_DIRS, env=env)
+    for plugin in DEVICE_PLUGINS[device]:
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "integration/installed",
+                    env={**env, "MOE_CONFORMANCE_PLUGIN": plugin})
