@@ -1,0 +1,248 @@
+"""`TritonExperts` against the fp32 reference, its GEMM against the torch twin, and the plugin glue."""
+
+import json
+
+import pytest
+import torch
+
+from moe_core.backends import DeviceInfo, Platform
+from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.experts import Support
+from moe_core.presets import get_preset
+from moe_core.quant import int4_w4a16, unquantized
+from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton import _plugin, _probe, configs
+from moe_triton._details.pipeline import moe_gemm, moe_gemm_torch
+from moe_triton.align import align_block_size
+from moe_triton.configs import ConfigKey, KernelConfig, TileConfig
+from moe_triton.experts import TritonExperts
+
+# Small tiles keep the CPU interpreter fast; the GPU tests use the tuned database.
+TINY = KernelConfig(16, TileConfig(16, 32, 2, 4, 1), TileConfig(32, 16, 1, 4, 1))
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all()
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def make_layer(cfg: MoEConfig, device: torch.device, gen: torch.Generator, tiles: KernelConfig | None = TINY):
+    E, R, K, N = cfg.num_local_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size_per_partition
+    w13 = torch.randn(E, R, K, generator=gen) / K**0.5
+    w2 = torch.randn(E, K, N, generator=gen) / N**0.5
+    b13 = torch.randn(E, R, generator=gen) * 0.1 if cfg.has_bias else None
+    b2 = torch.randn(E, K, generator=gen) * 0.1 if cfg.has_bias else None
+    weights = ExpertWeights.from_float(w13, w2, unquantized(), b13, b2, dtype=cfg.dtype).to(device)
+    info = DeviceInfo(Platform.CPU) if device.type == "cpu" else DeviceInfo(
+        Platform.CUDA, device.index or 0, torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    experts = TritonExperts(cfg, unquantized(), info)
+    experts.config_override = tiles
+    experts.load_weights(weights)
+    return experts, weights
+
+
+def run_and_compare(cfg: MoEConfig, M: int, device: torch.device, seed: int, tiles=TINY, tol=None) -> float:
+    gen = torch.Generator().manual_seed(seed)
+    experts, weights = make_layer(cfg, device, gen, tiles)
+    x = torch.randn(M, cfg.hidden_size, generator=gen).to(cfg.dtype).to(device)
+    logits = torch.randn(M, cfg.num_experts, generator=gen).to(device)
+    bias = torch.randn(cfg.num_experts, generator=gen).to(device) * 0.1 if cfg.routing.has_correction_bias else None
+    tw, ti = route_torch(logits, cfg.routing, cfg.top_k, bias)
+    out = experts.apply(x, tw, ti)
+    assert out.shape == (M, cfg.hidden_size) and out.dtype == cfg.dtype
+    ref = reference_moe(x, weights, cfg, tw, ti, expert_map=cfg.expert_map(device))
+    err = rel_l2(out, ref)
+    assert err < (tol or TOL[cfg.dtype]), err
+    return err
+
+
+def tiny(**kw) -> MoEConfig:
+    base = dict(num_experts=8, top_k=2, hidden_size=48, intermediate_size=40, dtype=torch.float32)
+    return MoEConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("activation", [Activation.silu(), Activation.gelu(), Activation.gelu_tanh(),
+                                        Activation.swiglu_oai(1.702, 7.0), Activation.relu2()], ids=str)
+def test_every_activation(activation, device):
+    run_and_compare(tiny(activation=activation), 21, device, seed=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_dtypes_with_bias(dtype, device):
+    run_and_compare(tiny(dtype=dtype, has_bias=True, activation=Activation.swiglu_oai()), 19, device, seed=2)
+
+
+@pytest.mark.parametrize("ep_rank", [0, 2])
+def test_expert_map(ep_rank, device):
+    # 3 ranks over 8 experts: local blocks of 3, 3 and 2; other ranks' choices contribute zero.
+    cfg = tiny(top_k=3, has_bias=True, parallel=ParallelConfig(ep_size=3, ep_rank=ep_rank))
+    run_and_compare(cfg, 23, device, seed=3)
+
+
+def test_weight_on_input_llama4(device):
+    run_and_compare(tiny(top_k=1, routing=Routing.llama4(), dtype=torch.float16), 17, device, seed=4)
+
+
+def test_grouped_routing_and_odd_sizes(device):
+    # K and N not multiples of the tiles exercise the masked K loop and wrapped columns.
+    cfg = tiny(num_experts=16, top_k=4, hidden_size=40, intermediate_size=24,
+               routing=Routing.deepseek_v3(4, 2, 2.5))
+    run_and_compare(cfg, 9, device, seed=5)
+
+
+def test_one_token(device):
+    run_and_compare(tiny(), 1, device, seed=6)
+
+
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+def test_gemm_matches_torch_twin(gemm, device):
+    gen = torch.Generator().manual_seed(7)
+    M, k, E, K, N = 13, 2, 4, 48, 40
+    act = Activation.gelu() if gemm == "gemm1" else None
+    rows_in = M if gemm == "gemm1" else M * k
+    w = (torch.randn(E, 2 * N if act else N, K, generator=gen) / K**0.5).to(device)
+    bias = torch.randn(E, w.shape[1], generator=gen).to(device)
+    a = torch.randn(rows_in, K, generator=gen).to(device)
+    tw = torch.rand(M, k, generator=gen).to(device)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(M)]).int().to(device)
+    expert_map = torch.tensor([0, -1, 1, 2], dtype=torch.int32, device=device)
+    sorted_ids, expert_ids, total = align_block_size(ids, 16, E, expert_map)
+    w_local = w[[0, 2, 3]]
+    b_local = bias[[0, 2, 3]]
+    out = torch.randn(M * k, N, generator=gen).to(device)
+    twin = out.clone()
+    kw = dict(top_k=k, block_m=16, activation=act, mul_weight=True, zero_foreign=True)
+    moe_gemm(a, w_local, b_local, out, tw, sorted_ids, expert_ids, total, tile=TileConfig(16, 16, 2, 4, 1), **kw)
+    moe_gemm_torch(a, w_local, b_local, twin, tw, sorted_ids, expert_ids, total, **kw)
+    torch.testing.assert_close(out, twin, atol=1e-4, rtol=1e-4)
+
+
+def test_reload_is_idempotent(device):
+    gen = torch.Generator().manual_seed(8)
+    cfg = tiny(has_bias=True)
+    experts, weights = make_layer(cfg, device, gen)
+    first = dict(experts.weights.tensors)
+    experts.load_weights(weights)
+    assert experts.weights.layout == "triton.canonical"
+    for name, t in experts.weights.tensors.items():
+        assert torch.equal(t, first[name])
+
+
+def test_rejects_bad_input(device):
+    experts, _ = make_layer(tiny(), device, torch.Generator().manual_seed(9))
+    x = torch.randn(3, 48, device=device)
+    tw, ti = torch.rand(3, 2, device=device), torch.zeros(3, 2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="hidden_states"):
+        experts.apply(x[:, :40], tw, ti)
+    with pytest.raises(ValueError, match="dtype"):
+        experts.apply(x.half(), tw, ti)
+    with pytest.raises(ValueError, match="topk_ids"):
+        experts.apply(x, tw, ti.long())
+    with pytest.raises(ValueError, match="topk_weights"):
+        experts.apply(x, tw.half(), ti)
+
+
+def test_capability_and_plugin_glue():
+    spec = _plugin.backend_spec()
+    assert spec.name == "triton" and spec.probe == "moe_triton._probe:probe"
+    assert "moe_triton.experts:TritonExperts" in {r.path for r in spec.experts}
+    assert isinstance(_probe.probe(), Support)
+    cfg = get_preset("qwen3-30b-a3b").config
+    h100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    assert TritonExperts.supports(cfg, unquantized(), h100)
+    assert not TritonExperts.supports(cfg, unquantized(), DeviceInfo(Platform.CPU))
+    assert not TritonExperts.supports(cfg, unquantized(), DeviceInfo(Platform.CUDA, 0, "V100", (7, 0)))
+    assert "int4" in TritonExperts.supports(cfg, int4_w4a16(128), h100).reason
+
+
+def test_config_lookup_sources(tmp_path, monkeypatch):
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    key = ConfigKey("bf16", 128, 768, 2048, 8, "bfloat16", "GPU_A")
+    small = KernelConfig(16, TileConfig(64, 128, 1, 4, 3), TileConfig(64, 128, 1, 4, 4))
+    big = KernelConfig(64, TileConfig(128, 64, 8, 8, 3), TileConfig(128, 64, 8, 8, 4))
+    configs.write_configs(key, {1: small, 512: big}, tmp_path)
+    configs.reload()
+    try:
+        got = configs.lookup(key, 2)
+        assert (got.config, got.source) == (small, "tuned") and "M=1" in got.detail
+        assert configs.lookup(key, 400).config == big
+        near = configs.lookup(ConfigKey("bf16", 128, 1536, 4096, 8, "bfloat16", "GPU_A"), 1)
+        assert (near.config, near.source) == (small, "nearest-shape") and key.file_name() in near.detail
+        other = configs.lookup(ConfigKey("bf16", 128, 768, 2048, 8, "bfloat16", "GPU_B"), 1)
+        assert other.source == "other-device"
+        assert configs.lookup(ConfigKey("bf16", 8, 14336, 4096, 2, "bfloat16", "GPU_B"), 1).source == "default"
+        assert configs.lookup(ConfigKey("fp8", 128, 768, 2048, 8, "bfloat16", "GPU_A"), 1).source == "default"
+        data = json.loads((tmp_path / key.file_name()).read_text())
+        assert data["key"]["device"] == "GPU_A"
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_malformed_config_file_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "broken.json").write_text(json.dumps({"key": {"kernel": "bf16"}, "configs": {}}))
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        with pytest.raises(ValueError, match="malformed"):
+            configs.lookup(ConfigKey("bf16", 8, 8, 8, 1, "bfloat16", "X"), 1)
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_shipped_configs_parse():
+    configs.reload()
+    db = configs._load()
+    for key, (path, table) in db.items():
+        assert path.name == key.file_name()
+        assert all(m >= 1 for m in table)
+
+
+# ---- real shapes on a GPU -----------------------------------------------------------------------
+
+GPU_SHAPES = {
+    # name: (preset, experts kept so the fp32 reference fits, M values)
+    "qwen3-30b-a3b": ("qwen3-30b-a3b", None, (1, 64, 2048)),
+    "mixtral-8x7b": ("mixtral-8x7b", None, (1, 300)),
+    "gpt-oss-120b": ("gpt-oss-120b", 32, (1, 512)),
+    "deepseek-v3": ("deepseek-v3", 32, (8, 1024)),
+}
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+def test_real_shapes_on_gpu(name):
+    preset, experts, ms = GPU_SHAPES[name]
+    cfg = get_preset(preset).config
+    if experts is not None:
+        r = cfg.routing
+        routing = Routing.deepseek_v3(8, 4, 2.5) if r.grouped else r
+        cfg = MoEConfig(num_experts=experts, top_k=cfg.top_k, hidden_size=cfg.hidden_size,
+                        intermediate_size=cfg.intermediate_size, activation=cfg.activation, routing=routing,
+                        has_bias=cfg.has_bias)
+    for M in ms:
+        run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=None)
+
+
+@pytest.mark.device("cuda")
+def test_fused_moe_layer_through_the_oracle():
+    from moe_core.layer import FusedMoE
+
+    cfg = get_preset("qwen3-30b-a3b").config
+    layer = FusedMoE(cfg, device="cuda", prefer="triton")
+    assert layer.plan.backend == "triton" and layer.plan.experts_cls is TritonExperts
+    gen = torch.Generator().manual_seed(11)
+    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
+    weights = ExpertWeights.from_float(torch.randn(E, R, K, generator=gen) / K**0.5,
+                                       torch.randn(E, K, N, generator=gen) / N**0.5, unquantized())
+    layer.load_weights(weights)
+    x = torch.randn(77, K, generator=gen).cuda().bfloat16()
+    logits = torch.randn(77, E, generator=gen).cuda()
+    out = layer(x, logits)
+    tw, ti = route_torch(logits, cfg.routing, cfg.top_k)
+    assert rel_l2(out, reference_moe(x, weights.to("cuda"), cfg, tw, ti)) < 1e-2

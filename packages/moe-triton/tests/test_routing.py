@@ -1,0 +1,66 @@
+"""The fused Triton router against `moe_core.routing.route_torch`, every routing method."""
+
+import pytest
+import torch
+
+from moe_core.config import Routing
+from moe_triton.routing import route, route_torch
+
+ROUTINGS = {
+    "softmax": (Routing.softmax_topk(False), 16, 4),
+    "softmax-renorm": (Routing.softmax_topk(True), 8, 2),
+    "softmax-non-pow2-experts": (Routing.softmax_topk(True), 60, 4),
+    "sigmoid": (Routing.sigmoid_topk(False), 16, 3),
+    "sigmoid-renorm": (Routing.sigmoid_topk(True), 16, 3),
+    "llama4": (Routing.llama4(), 16, 1),
+    "deepseek-v3": (Routing.deepseek_v3(8, 4, 2.5), 256, 8),
+    "grouped-no-renorm": (Routing.deepseek_v3(4, 2, 1.5, renormalize=False), 24, 3),
+    "grouped-softmax-no-bias": (Routing(num_expert_groups=6, topk_groups=2), 12, 2),
+    "one-expert-groups": (Routing(num_expert_groups=8, topk_groups=4, has_correction_bias=True), 8, 2),
+}
+
+
+@pytest.mark.parametrize("name", list(ROUTINGS))
+@pytest.mark.parametrize("M", [1, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_route_torch(name, M, dtype, device):
+    routing, E, k = ROUTINGS[name]
+    gen = torch.Generator().manual_seed(M * 7 + E)
+    if dtype == torch.float32:
+        logits = torch.randn(M, E, generator=gen) * 2
+    else:  # distinct, exactly representable 16-bit logits: no ties for the two sides to break differently
+        logits = torch.stack([torch.randperm(E, generator=gen) for _ in range(M)]).float().sub(E / 2).div(E / 8)
+    logits = logits.to(dtype).to(device)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(device) if routing.has_correction_bias else None
+    w, ids = route(logits, routing, k, bias)
+    w_ref, ids_ref = route_torch(logits, routing, k, bias)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+
+
+def test_rejects_bad_input(device):
+    logits = torch.randn(4, 8, device=device)
+    with pytest.raises(ValueError, match="top_k"):
+        route(logits, Routing.softmax_topk(True), 9)
+    with pytest.raises(ValueError, match=r"\[M, E\]"):
+        route(logits[0], Routing.softmax_topk(True), 2)
+    with pytest.raises(ValueError, match="correction_bias"):
+        route(logits, Routing.deepseek_v3(2, 1, 1.0), 2)
+    with pytest.raises(ValueError, match="has_correction_bias is False"):
+        route(logits, Routing.softmax_topk(True), 2, torch.zeros(8, device=device))
+    with pytest.raises(ValueError, match="floating point"):
+        route(logits.int(), Routing.softmax_topk(True), 2)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("M", [1, 8192])
+def test_deepseek_and_qwen_shapes_on_gpu(M):
+    gen = torch.Generator().manual_seed(M)
+    for routing, E, k in ((Routing.deepseek_v3(8, 4, 2.5), 256, 8), (Routing.softmax_topk(True), 128, 8)):
+        logits = torch.randn(M, E, generator=gen).cuda()  # fp32: no ties at this size
+        bias = torch.randn(E, generator=gen).cuda() * 0.1 if routing.has_correction_bias else None
+        w, ids = route(logits, routing, k, bias)
+        w_ref, ids_ref = route_torch(logits, routing, k, bias)
+        assert torch.equal(ids, ids_ref)
+        torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
