@@ -91,7 +91,7 @@ class Plan:
 def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
     rows = [("", "backend", "experts", "from", "verdict")]
     for c in candidates:
-        rows.append(("*" if c.chosen else "", c.backend, c.experts, c.source, "ok" if c.ok else c.reason))
+        rows.append(("*" if c.chosen else "", c.backend, c.experts, c.source, c.reason or "ok"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows).rstrip()
 
