@@ -6,15 +6,25 @@ names the tensor, what was found and what was expected. Nothing is guessed or si
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-__all__ = ["CheckpointError", "TensorSource", "join_key"]
+__all__ = ["CheckpointError", "TensorSource", "expert_ids", "join_key"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint that does not hold what its format requires (missing, mis-shaped or mistyped)."""
+
+
+def expert_ids(num_experts: int, experts: Sequence[int] | None) -> list[int]:
+    """The expert ids to read, validated: all of them by default, else the given distinct ids in order."""
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts={num_experts!r} is invalid: expected a positive int")
+    ids = list(range(num_experts)) if experts is None else [int(e) for e in experts]
+    if not ids or any(not 0 <= e < num_experts for e in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"experts={experts!r} is invalid: expected distinct ids in [0, {num_experts})")
+    return ids
 
 
 def join_key(prefix: str, name: str) -> str:
@@ -32,6 +42,9 @@ class TensorSource:
 
     def __contains__(self, key: str) -> bool:
         return key in self._tensors
+
+    def names(self) -> Iterator[str]:
+        return iter(self._tensors)
 
     def get(self, key: str, shape: Sequence[int | None] | None = None,
             dtypes: Sequence[torch.dtype] | None = None) -> torch.Tensor:

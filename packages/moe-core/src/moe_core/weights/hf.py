@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from moe_core.quant import unquantized
-from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, join_key
+from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.canonical import ExpertWeights
 
 __all__ = ["deinterleave_gate_up", "experts_from_state_dict", "unquantized_experts_from_source"]
@@ -62,7 +62,7 @@ def unquantized_experts_from_source(source: TensorSource, prefix: str, num_exper
                                     experts: Sequence[int] | None = None,
                                     dtype: torch.dtype | None = None) -> ExpertWeights:
     """`experts_from_state_dict` over a `TensorSource` (used by the directory loader)."""
-    ids = _expert_ids(num_experts, experts)
+    ids = expert_ids(num_experts, experts)
     if join_key(prefix, "gate_up_proj_blocks") in source:
         from moe_core.weights.mxfp4 import gpt_oss_mxfp4_experts
 
@@ -89,15 +89,6 @@ def deinterleave_gate_up(t: torch.Tensor, dim: int) -> torch.Tensor:
         raise CheckpointError(f"interleaved gate/up dimension {dim} has odd size {t.shape[dim]}")
     pairs = t.unflatten(dim, (-1, 2))
     return torch.cat((pairs.select(dim + 1, 0), pairs.select(dim + 1, 1)), dim)
-
-
-def _expert_ids(num_experts: int, experts: Sequence[int] | None) -> list[int]:
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts={num_experts!r} is invalid: expected a positive int")
-    ids = list(range(num_experts)) if experts is None else [int(e) for e in experts]
-    if not ids or any(not 0 <= e < num_experts for e in ids) or len(set(ids)) != len(ids):
-        raise ValueError(f"experts={experts!r} is invalid: expected distinct ids in [0, {num_experts})")
-    return ids
 
 
 def _result_dtype(found: list[tuple[str, torch.Tensor]], dtype: torch.dtype | None, what: str) -> torch.dtype:

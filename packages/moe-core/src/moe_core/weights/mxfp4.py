@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from moe_core.quant import MXFP4_WEIGHT
-from moe_core.weights._source import CheckpointError, TensorSource, join_key
+from moe_core.weights._source import CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.hf import deinterleave_gate_up
 
@@ -40,7 +40,7 @@ def gpt_oss_mxfp4_experts(source: TensorSource, prefix: str, num_experts: int,
                           experts: Sequence[int] | None = None) -> ExpertWeights:
     """Read a gpt-oss MXFP4 experts module; `experts` selects expert ids (default all)."""
     E = num_experts
-    sel = torch.tensor(list(range(E)) if experts is None else list(experts))
+    sel = torch.tensor(expert_ids(E, experts))
     k = {name: join_key(prefix, name) for name in (
         "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
         "down_proj_blocks", "down_proj_scales", "down_proj_bias")}

@@ -1,0 +1,112 @@
+"""Shared pieces of the integer-weight readers (GPTQ, AWQ, compressed-tensors).
+
+Each reader turns one checkpoint projection into a `QuantizedProjection` in canonical orientation
+([out, in] codes as unsigned integers, scales and zeros [out, groups]); `assemble_int_experts` then
+concatenates gate and up rows, stacks experts and packs int4 codes two per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_core.quant import Granularity, QuantDType, QuantKey, ScaleSpec, ZeroPoint
+from moe_core.weights._source import CheckpointError, TensorSource, join_key
+from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.packing import pack_int4
+
+__all__ = ["QuantizedProjection", "assemble_int_experts", "expert_projection_names", "unpack_int32"]
+
+_SCALE_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedProjection:
+    """One expert projection in canonical orientation (rows = outputs, columns = inputs)."""
+
+    codes: torch.Tensor  # uint8 [out, in], unsigned codes 0 .. 2**bits - 1
+    scale: torch.Tensor  # float [out, groups] (groups = 1 for per-channel)
+    zero: torch.Tensor | None  # uint8 [out, groups] unsigned zero codes, or None when implicit
+    g_idx: torch.Tensor | None  # int32 [in] group of each input column (act-order), or None
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """int32 words holding 32/bits codes each, packed along `dim` of a 2-D tensor -> uint8 codes.
+
+    Field i of a word (bits i*bits .. i*bits+bits-1, least significant first) is the word's element
+    `order[i]` (default i), so `order` undoes an interleaved packing such as AWQ's.
+    """
+    per_word = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    fields = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., per_word]
+    if order is not None:
+        fields = fields[..., torch.argsort(torch.tensor(order))]
+    if dim == 1:
+        return fields.reshape(packed.shape[0], packed.shape[1] * per_word).to(torch.uint8)
+    # Packed along rows: word (r, c) holds rows r*per_word + i of column c.
+    return fields.permute(0, 2, 1).reshape(packed.shape[0] * per_word, packed.shape[1]).to(torch.uint8)
+
+
+def expert_projection_names(source: TensorSource, prefix: str, first_expert: int, suffix: str
+                            ) -> tuple[str | None, str, str]:
+    """(gate, up, down) module names of per-expert projections: Mixtral w1/w3/w2 or *_proj."""
+    if join_key(prefix, f"{first_expert}.w2.{suffix}") in source:
+        return "w1", "w3", "w2"
+    if join_key(prefix, f"{first_expert}.down_proj.{suffix}") in source:
+        gated = join_key(prefix, f"{first_expert}.gate_proj.{suffix}") in source
+        return ("gate_proj" if gated else None), "up_proj", "down_proj"
+    raise CheckpointError(
+        f"{source.what}: no quantized experts under {prefix!r}: expected "
+        f"'{join_key(prefix, f'{first_expert}.gate_proj.{suffix}')}' or "
+        f"'{join_key(prefix, f'{first_expert}.w1.{suffix}')}' (Mixtral names)")
+
+
+def assemble_int_experts(experts: list[dict[str, QuantizedProjection]], names: tuple[str | None, str, str],
+                         *, bits: int, group_size: int, zero_point: bool, act_order: bool,
+                         where: str) -> ExpertWeights:
+    """Per-expert {module name: projection} -> canonical int4/int8 `ExpertWeights`.
+
+    group_size -1 means per channel. `where` names the layer in error messages.
+    """
+    gate, up, down = names
+    w13_names = [n for n in (gate, up) if n is not None]
+    scale_dtypes = {p.scale.dtype for ex in experts for p in ex.values()}
+    if len(scale_dtypes) != 1 or next(iter(scale_dtypes)) not in _SCALE_DTYPE_NAMES:
+        raise CheckpointError(f"{where}: scales have dtypes {sorted(map(str, scale_dtypes))}; expected one of "
+                              "bfloat16, float16, float32 shared by every projection")
+    fields: dict[str, list[torch.Tensor]] = {k: [] for k in ("w13", "w2", "w13_scale", "w2_scale", "w13_zero",
+                                                             "w2_zero", "w13_g_idx", "w2_g_idx")}
+    for e, ex in enumerate(experts):
+        first = ex[w13_names[0]]
+        if act_order and any(not torch.equal(ex[n].g_idx, first.g_idx) for n in w13_names[1:]):
+            raise CheckpointError(f"{where}: expert {e}: {gate} and {up} have different g_idx; the fused w13 "
+                                  "GEMM needs one input-channel grouping for both")
+        for name, parts in (("w13", [ex[n] for n in w13_names]), ("w2", [ex[down]])):
+            fields[name].append(torch.cat([p.codes for p in parts], 0))
+            fields[f"{name}_scale"].append(torch.cat([p.scale for p in parts], 0))
+            if zero_point:
+                fields[f"{name}_zero"].append(torch.cat([p.zero for p in parts], 0))
+            if act_order:
+                fields[f"{name}_g_idx"].append(parts[0].g_idx.to(torch.int32))
+    stacked = {k: torch.stack(v) for k, v in fields.items() if v}
+    if group_size == -1:
+        for k in ("w13_scale", "w2_scale", "w13_zero", "w2_zero"):
+            if k in stacked:
+                stacked[k] = stacked[k].squeeze(-1)
+        spec = ScaleSpec(Granularity.CHANNEL, dtype=_SCALE_DTYPE_NAMES[scale_dtypes.pop()])
+    else:
+        spec = ScaleSpec(Granularity.GROUP, group_size=group_size, dtype=_SCALE_DTYPE_NAMES[scale_dtypes.pop()])
+    dtype = {4: QuantDType.INT4, 8: QuantDType.INT8}[bits]
+    key = QuantKey(dtype, spec, ZeroPoint.INTEGER if zero_point else ZeroPoint.NONE, act_order)
+    if dtype is QuantDType.INT4:
+        stacked["w13"], stacked["w2"] = pack_int4(stacked["w13"]), pack_int4(stacked["w2"])
+    return ExpertWeights(key, **{k: v.contiguous() for k, v in stacked.items()})
+
+
+def check_trivial_g_idx(g_idx: torch.Tensor, group_size: int, key: str, what: str) -> None:
+    """A g_idx that a format writes without act-order must be the identity grouping i // group_size."""
+    expected = torch.arange(g_idx.numel(), dtype=torch.int64) // group_size if group_size > 0 else 0
+    if not torch.equal(g_idx.long(), torch.as_tensor(expected).expand_as(g_idx)):
+        raise CheckpointError(f"{what}: {key!r} is a permuted (act-order) grouping but the quantization "
+                              "config does not enable act-order; the config and tensors disagree")

@@ -1,0 +1,205 @@
+"""Load one MoE layer from a Hugging Face model directory (safetensors shards + config.json).
+
+    loaded = load_layer("path/to/model", layer_index=3)
+    layer = FusedMoE(config, loaded.quant)        # config: the model's MoEConfig
+    layer.load_weights(loaded.weights, loaded.correction_bias)
+
+The format comes from config.json's `quantization_config.quant_method` (none: unquantized; "gptq",
+"awq", "compressed-tensors", "mxfp4", "fp8"); the readers then demand exactly the tensors that format
+defines and fail naming any that is missing or mis-shaped. Only the requested layer's tensors are
+read: `model.safetensors.index.json` (or the shards' headers) says which file holds each key, and
+safetensors memory-maps the files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+
+from moe_core.quant import MoEQuantConfig
+from moe_core.weights._source import CheckpointError, TensorSource, expert_ids, join_key
+from moe_core.weights.awq import AWQFormat, awq_experts
+from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.compressed_tensors import compressed_tensors_experts, compressed_tensors_scheme_for
+from moe_core.weights.fp8 import BlockFP8Format, block_fp8_experts
+from moe_core.weights.gptq import GPTQFormat, gptq_experts
+from moe_core.weights.hf import unquantized_experts_from_source
+from moe_core.weights.mxfp4 import gpt_oss_mxfp4_experts
+
+__all__ = ["INTERLEAVED_GATE_UP_MODEL_TYPES", "LoadedLayer", "SafetensorsDirectory", "load_layer"]
+
+# model_type values whose fused gate_up_proj alternates gate and up rows: the transformers models
+# declared `use_experts_implementation(is_concatenated=False)` (5.23: gpt_oss only).
+INTERLEAVED_GATE_UP_MODEL_TYPES = frozenset({"gpt_oss"})
+_NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
+SUPPORTED_QUANT_METHODS = ("gptq", "awq", "compressed-tensors", "mxfp4", "fp8")
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedLayer:
+    """One MoE layer read from a checkpoint: canonical weights plus what a caller needs to build it."""
+
+    weights: ExpertWeights
+    quant: MoEQuantConfig  # the layer quantization the weights imply (pass it to FusedMoE)
+    format: str  # "unquantized", "gptq", "awq", "compressed-tensors", "mxfp4" or "fp8"
+    experts_prefix: str  # e.g. "model.layers.3.mlp.experts"
+    num_experts: int  # global experts of the layer (config.json)
+    top_k: int | None  # experts per token, from config.json when it says
+    router_weight: torch.Tensor | None  # [E, K] (`gate.weight` or gpt-oss `router.weight`)
+    router_bias: torch.Tensor | None  # [E] (gpt-oss `router.bias`)
+    correction_bias: torch.Tensor | None  # [E] DeepSeek-V3 `gate.e_score_correction_bias`
+    model_config: Mapping[str, object]  # config.json, read-only
+
+
+class SafetensorsDirectory(Mapping[str, torch.Tensor]):
+    """A lazy name -> tensor mapping over a directory's safetensors shards (tensors read on access)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        from safetensors import safe_open  # a dependency of moe-core; imported where it is used
+
+        self._safe_open = safe_open
+        self.root = Path(model_dir)
+        index = self.root / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text()).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index}: no 'weight_map' object")
+            self._where = {k: self.root / v for k, v in weight_map.items()}
+            missing = sorted({str(p) for p in self._where.values() if not p.exists()})
+            if missing:
+                raise CheckpointError(f"{index} names shards that do not exist: {', '.join(missing)}")
+        else:
+            shards = sorted(self.root.glob("*.safetensors"))
+            if not shards:
+                raise CheckpointError(f"{self.root}: no *.safetensors files and no model.safetensors.index.json")
+            self._where = {}
+            for shard in shards:
+                with safe_open(shard, framework="pt") as f:
+                    self._where.update(dict.fromkeys(f.keys(), shard))
+        self._open: dict[Path, object] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        path = self._where[key]
+        if path not in self._open:
+            self._open[path] = self._safe_open(path, framework="pt")
+        try:
+            return self._open[path].get_tensor(key)
+        except Exception as exc:  # the index named a key its shard lacks
+            raise CheckpointError(f"{path}: cannot read tensor {key!r} listed in the index: {exc}") from exc
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+
+def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int] | None = None,
+               dtype: torch.dtype | None = None) -> LoadedLayer:
+    """Read MoE layer `layer_index` of the checkpoint in `model_dir` into canonical form.
+
+    experts: expert ids to keep, in order (expert parallelism); default all.
+    dtype: cast unquantized expert weights (and router tensors) to this dtype; default as stored.
+    Raises CheckpointError for missing or mis-shaped tensors and ValueError for unsupported formats.
+    """
+    root = Path(model_dir)
+    config_path = root / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{root}: no config.json")
+    config = json.loads(config_path.read_text())
+    text = config.get("text_config") or {}
+    num_experts = _first_int(config, text, _NUM_EXPERTS_KEYS)
+    if num_experts is None:
+        raise CheckpointError(f"{config_path}: no expert count (looked for {', '.join(_NUM_EXPERTS_KEYS)}); "
+                              "is this a MoE model?")
+    tensors = SafetensorsDirectory(root)
+    source = TensorSource(tensors, str(root))
+    prefix = find_experts_prefix(tensors, layer_index, str(root))
+    qc = config.get("quantization_config")
+    method = None if qc is None else qc.get("quant_method")
+    fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
+    quant = MoEQuantConfig(weights.key) if fmt_name != "fp8" else BlockFP8Format.from_config(qc).quant_config()
+    mlp = prefix.removesuffix(".experts")
+    router_weight = _optional(source, (join_key(mlp, "gate.weight"), join_key(mlp, "router.weight")), dtype)
+    router_bias = _optional(source, (join_key(mlp, "router.bias"),), dtype)
+    correction = _optional(source, (join_key(mlp, "gate.e_score_correction_bias"),
+                                    join_key(mlp, "e_score_correction_bias")), None)
+    return LoadedLayer(weights=weights, quant=quant, format=fmt_name, experts_prefix=prefix,
+                       num_experts=num_experts, top_k=_first_int(config, text, _TOP_K_KEYS),
+                       router_weight=router_weight, router_bias=router_bias, correction_bias=correction,
+                       model_config=MappingProxyType(config))
+
+
+def find_experts_prefix(keys: Mapping[str, object] | Sequence[str], layer_index: int, what: str) -> str:
+    """The one experts module of decoder layer `layer_index`, e.g. 'model.layers.3.mlp.experts'."""
+    pattern = re.compile(rf"^((?:.*\.)?layers\.{int(layer_index)}\.(?:[^.]+\.)*?experts)\.")
+    prefixes = {m.group(1) for k in keys if (m := pattern.match(k))}
+    if not prefixes:
+        raise CheckpointError(f"{what}: layer {layer_index} has no experts (no key like "
+                              f"'model.layers.{layer_index}.mlp.experts.*'); dense layer or wrong index?")
+    if len(prefixes) > 1:
+        raise CheckpointError(f"{what}: layer {layer_index} has several experts modules: {sorted(prefixes)}")
+    return prefixes.pop()
+
+
+def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: Sequence[int] | None,
+                  config: Mapping, qc: Mapping | None, method: str | None, dtype: torch.dtype | None
+                  ) -> tuple[str, ExpertWeights]:
+    def unquantized() -> tuple[str, ExpertWeights]:
+        interleaved = config.get("model_type") in INTERLEAVED_GATE_UP_MODEL_TYPES
+        return "unquantized", unquantized_experts_from_source(
+            source, prefix, num_experts, interleaved_gate_up=interleaved, experts=experts, dtype=dtype)
+
+    ids = expert_ids(num_experts, experts)
+    if qc is None:
+        if join_key(prefix, "gate_up_proj_blocks") in source:
+            raise CheckpointError(f"{source.what}: MXFP4 expert tensors but config.json has no quantization_config")
+        return unquantized()
+    if method == "gptq":
+        return "gptq", gptq_experts(source, prefix, num_experts, GPTQFormat.from_config(qc), ids)
+    if method == "awq":
+        fmt = AWQFormat.from_config(qc)
+        if not fmt.converts(prefix):
+            return unquantized()
+        return "awq", awq_experts(source, prefix, num_experts, fmt, ids)
+    if method == "compressed-tensors":
+        modules = sorted({k.rsplit(".", 1)[0] for k in source.names() if k.startswith(prefix + ".")})
+        scheme = compressed_tensors_scheme_for(qc, modules)
+        if scheme is None:
+            return unquantized()
+        return "compressed-tensors", compressed_tensors_experts(source, prefix, num_experts, scheme, ids)
+    if method == "mxfp4":
+        if join_key(prefix, "gate_up_proj_blocks") not in source:
+            raise CheckpointError(f"{source.what}: quant_method mxfp4 but tensor "
+                                  f"'{join_key(prefix, 'gate_up_proj_blocks')}' is missing")
+        return "mxfp4", gpt_oss_mxfp4_experts(source, prefix, num_experts, ids)
+    if method == "fp8":
+        return "fp8", block_fp8_experts(source, prefix, num_experts, BlockFP8Format.from_config(qc), ids)
+    raise ValueError(f"quantization_config.quant_method={method!r} is not supported: expected none or one of "
+                     f"{', '.join(SUPPORTED_QUANT_METHODS)}")
+
+
+def _optional(source: TensorSource, keys: Sequence[str], dtype: torch.dtype | None) -> torch.Tensor | None:
+    for key in keys:
+        if key in source:
+            t = source.get(key)
+            return t.to(dtype) if dtype is not None and t.dtype.is_floating_point else t
+    return None
+
+
+def _first_int(config: Mapping, text: Mapping, keys: Sequence[str]) -> int | None:
+    for cfg in (config, text):
+        for k in keys:
+            if isinstance(cfg.get(k), int):
+                return cfg[k]
+    return None

@@ -1,0 +1,154 @@
+"""compressed-tensors `pack-quantized` int4/int8 weights -> canonical `ExpertWeights`.
+
+Per expert projection (an nn.Linear), N = out_features, K = in_features, G = K / group_size:
+
+| tensor | dtype | shape | layout |
+|---|---|---|---|
+| `weight_packed` | int32 | [N, ceil(K*bits/32)] | dense along K: element k at bit k*bits; code = q + 2**(bits-1) |
+| `weight_scale` | float | [N, G] ([N, 1] for channel) | |
+| `weight_zero_point` | int32 | [ceil(N*bits/32), G] | asymmetric only; packed along N (dim 0), offset like codes |
+| `weight_shape` | int | [2] | (N, K) before packing |
+| `weight_g_idx` | int32 | [K] | only with actorder "group"/"dynamic" (older releases) |
+
+Dequantization: w = (q - zp) * scale with signed q and zp; both carry the same offset in storage,
+so the stored unsigned codes and zeros are canonical as they are (symmetric: implicit zero 2**(bits-1)).
+Verified against compressed-tensors 0.20's own `compressors/pack_quantized/{base,helpers}.py`
+(`pack_to_int32` adds `1 << (bits - 1)` and packs densely; the zero point uses `packed_dim=0`;
+`decompress` unpacks with `weight_shape`) and its `ActivationOrdering` (only "group"/"dynamic" keep a
+runtime g_idx; "weight"/"static" only change calibration). The tests round-trip through that code.
+Refused: formats other than pack-quantized, strategies other than group/channel, float types,
+bits other than 4 and 8, quantized activations, and experts split over several config groups.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from moe_core.weights._intquant import (
+    QuantizedProjection,
+    assemble_int_experts,
+    check_trivial_g_idx,
+    expert_projection_names,
+    unpack_int32,
+)
+from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, expert_ids, join_key
+from moe_core.weights.canonical import ExpertWeights
+
+__all__ = ["CompressedTensorsScheme", "compressed_tensors_experts", "compressed_tensors_scheme_for"]
+
+_RUNTIME_ACTORDER = ("group", "dynamic")
+
+
+@dataclass(frozen=True)
+class CompressedTensorsScheme:
+    bits: int
+    symmetric: bool
+    group_size: int  # -1 = channel strategy
+    act_order: bool  # weight_g_idx carries a permuted grouping
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"compressed-tensors num_bits={self.bits} is not supported: expected 4 or 8")
+
+
+def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[str]) -> CompressedTensorsScheme | None:
+    """The weight scheme config.json's `quantization_config` gives `modules`, or None if all are ignored.
+
+    Every module must resolve to one scheme (or all to none): a layer cannot mix them.
+    """
+    if qc.get("quant_method") != "compressed-tensors":
+        raise ValueError(f"quantization_config.quant_method={qc.get('quant_method')!r}: expected 'compressed-tensors'")
+    ignore = list(qc.get("ignore") or ())
+    groups = qc.get("config_groups") or {}
+    found: dict[str, tuple[str, Mapping] | None] = {}
+    for module in modules:
+        match = None
+        if not any(_matches(module, pattern) for pattern in ignore):
+            for name, group in groups.items():
+                if any(t == "Linear" or _matches(module, t) for t in group.get("targets", ())):
+                    match = (name, group)
+                    break
+        found[module] = match
+    names = {m[0] if m else None for m in found.values()}
+    if len(names) != 1:
+        listing = ", ".join(f"{mod} -> {m[0] if m else 'unquantized'}" for mod, m in found.items())
+        raise CheckpointError(f"compressed-tensors: the layer's expert projections resolve to different schemes "
+                              f"({listing}); a fused layer needs one")
+    match = next(iter(found.values()))
+    if match is None:
+        return None
+    group_name, group = match
+    fmt = group.get("format") or qc.get("format")
+    if fmt != "pack-quantized":
+        raise ValueError(f"compressed-tensors format={fmt!r} (group {group_name!r}) is not supported here: "
+                         "expected 'pack-quantized' (int4/int8 weights)")
+    if group.get("input_activations"):
+        raise ValueError(f"compressed-tensors group {group_name!r} quantizes activations; only weight-only "
+                         "pack-quantized schemes are read")
+    w = group.get("weights") or {}
+    if w.get("type", "int") != "int":
+        raise ValueError(f"compressed-tensors weights type={w.get('type')!r} is not supported: expected 'int'")
+    if w.get("dynamic", False):
+        raise ValueError("compressed-tensors dynamic weight quantization has no stored scales to read")
+    strategy = w.get("strategy")
+    if strategy == "group":
+        group_size = int(w["group_size"])
+    elif strategy == "channel":
+        group_size = -1
+    else:
+        raise ValueError(f"compressed-tensors weight strategy={strategy!r} is not supported: expected "
+                         "'group' or 'channel'")
+    actorder = w.get("actorder")
+    return CompressedTensorsScheme(bits=int(w.get("num_bits", 8)), symmetric=bool(w.get("symmetric", True)),
+                                   group_size=group_size, act_order=actorder in _RUNTIME_ACTORDER)
+
+
+def compressed_tensors_experts(source: TensorSource, prefix: str, num_experts: int, scheme: CompressedTensorsScheme,
+                               experts: Sequence[int] | None = None) -> ExpertWeights:
+    ids = expert_ids(num_experts, experts)
+    names = expert_projection_names(source, prefix, ids[0], "weight_packed")
+    per_expert = [{n: _projection(source, join_key(prefix, f"{e}.{n}"), scheme) for n in names if n is not None}
+                  for e in ids]
+    return assemble_int_experts(per_expert, names, bits=scheme.bits, group_size=scheme.group_size,
+                                zero_point=not scheme.symmetric, act_order=scheme.act_order,
+                                where=f"{source.what}: {prefix}")
+
+
+def _matches(module: str, pattern: str) -> bool:
+    # compressed-tensors' match_name: "re:" patterns use re.match, others compare exactly.
+    if pattern.startswith("re:"):
+        return re.match(pattern.removeprefix("re:"), module) is not None
+    return pattern == module
+
+
+def _projection(source: TensorSource, module: str, scheme: CompressedTensorsScheme) -> QuantizedProjection:
+    bits = scheme.bits
+    shape_key = f"{module}.weight_shape"
+    shape = source.get(shape_key, (2,), (torch.int64, torch.int32))
+    N, K = (int(v) for v in shape.tolist())
+    if scheme.group_size != -1 and K % scheme.group_size:
+        raise CheckpointError(f"{source.what}: {shape_key!r} says in_features {K}, not a multiple of group_size "
+                              f"{scheme.group_size}")
+    G = 1 if scheme.group_size == -1 else K // scheme.group_size
+    packed = source.get(f"{module}.weight_packed", (N, -(-K * bits // 32)), (torch.int32,))
+    scale = source.get(f"{module}.weight_scale", (N, G), FLOAT_DTYPES)
+    # Dense packing: for 4 and 8 bits no code straddles a word, so plain fields are exact.
+    codes = unpack_int32(packed, bits, dim=1)[:, :K]
+    zero = None
+    if not scheme.symmetric:
+        zp = source.get(f"{module}.weight_zero_point", (-(-N * bits // 32), G), (torch.int32,))
+        zero = unpack_int32(zp, bits, dim=0)[:N]
+    g_idx = None
+    key = f"{module}.weight_g_idx"
+    if scheme.act_order:
+        g_idx = source.get(key, (K,), (torch.int32, torch.int64))
+        if int(g_idx.min()) < 0 or int(g_idx.max()) >= G:
+            raise CheckpointError(f"{source.what}: {key!r} holds groups outside [0, {G})")
+        g_idx = g_idx.to(torch.int32)
+    elif key in source:
+        check_trivial_g_idx(source.get(key, (K,), (torch.int32, torch.int64)), scheme.group_size, key, source.what)
+    return QuantizedProjection(codes.contiguous(), scale.contiguous(), zero, g_idx)
