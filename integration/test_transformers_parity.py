@@ -1,0 +1,227 @@
+"""Parity of `moe_core.integrations.transformers.fuse` against the models' own eager MoE blocks.
+
+Each architecture is a tiny model built from its real transformers config class and randomly
+initialized (initializer_range=0.1 so routing is far from uniform and the experts matter; the
+zero-initialized biases and DeepSeek-V3's correction bias are redrawn so they take part). The same
+model runs eager (`experts_implementation="eager"`: transformers' per-expert loop), is fused in place,
+and runs again on the same fresh random token ids. Two checks, both by relative L2 error
+||fused - eager|| / ||eager||:
+
+- every fused block against the eager block it replaced, on fresh random hidden states;
+- the model's logits.
+
+Tolerances per dtype (relative L2):
+- fp32: 1e-4. Both sides compute in fp32; only summation order differs (~1e-7 measured).
+- bf16: 2e-2. The eager blocks round each expert's weighted output to bf16 and accumulate in bf16
+  (Qwen/OLMoE also round the routing weights to bf16, gpt-oss takes its softmax in bf16), while
+  `FusedMoE` keeps routing weights in fp32 and the backends accumulate in fp32: each side carries
+  a few bf16 ulps (2**-8 = 3.9e-3 relative) per block, compounded over two or three layers and the
+  LM head. A routing slip would show as an error of order 1 for the affected tokens and is far
+  above this bound for a block; the fp32 runs pin the semantics.
+
+Backends: `prefer="reference"` (moe-core's fp32 reference, always available) and the oracle's
+default selection. The default case passes when the oracle picks a backend; when it picks none it
+fails if a distribution that should serve the device is installed (e.g. moe-cpu on CPU), with the
+candidate table, and otherwise skips with the reason. The cuda variant runs the same parity on a
+GPU (marker `device("cuda")`, see integration/conftest.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+import transformers
+from torch import nn
+
+from moe_core import BackendUnavailableError, NoBackendError
+from moe_core.backends import DISTRIBUTION, PRIORITIES, detect_device
+from moe_core.integrations.transformers import FusedMoEBlock, UnsupportedModelError, fuse
+from moe_core.plugins import registry
+from moe_core.quant import unquantized
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+VOCAB = 128
+_ATTENTION = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+_COMMON = {"hidden_size": 64, "vocab_size": VOCAB, "num_hidden_layers": 2, "initializer_range": 0.1}
+
+# model_type -> (model class, config); each covers a different router variant.
+ARCHITECTURES = {
+    "mixtral": lambda: (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+        **_COMMON, **_ATTENTION, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": lambda: (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig(
+        **_COMMON, **_ATTENTION, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=False)),
+    "qwen3_moe": lambda: (transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        **_COMMON, **_ATTENTION, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True)),
+    "olmoe": lambda: (transformers.OlmoeForCausalLM, transformers.OlmoeConfig(
+        **_COMMON, num_attention_heads=4, num_key_value_heads=4, intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=False)),
+    # Three layers, the first dense (first_k_dense_replace=1): it must stay the model's MLP.
+    "deepseek_v3": lambda: (transformers.DeepseekV3ForCausalLM, transformers.DeepseekV3Config(
+        **{**_COMMON, "num_hidden_layers": 3}, num_attention_heads=4, num_key_value_heads=4, intermediate_size=96,
+        moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4,
+        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=32,
+        kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)),
+    # swiglu_limit=1.0 instead of gpt-oss's 7.0 so the clamps are active at these magnitudes.
+    "gpt_oss": lambda: (transformers.GptOssForCausalLM, transformers.GptOssConfig(
+        **_COMMON, **_ATTENTION, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        swiglu_limit=1.0, sliding_window=8)),
+}
+
+_REDRAWN = ("gate_up_proj_bias", "down_proj_bias", "e_score_correction_bias")
+
+
+def build_model(model_type: str, dtype: torch.dtype, device: str, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model_cls, config = ARCHITECTURES[model_type]()
+    config.experts_implementation = "eager"
+    model = model_cls(config)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.rsplit(".", 1)[-1] in _REDRAWN:
+                tensor.normal_(0.0, 0.1)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+def _block_output(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    out = block(hidden)
+    return out[0] if isinstance(out, tuple) else out  # gpt-oss returns (hidden, router_scores)
+
+
+def _fuse_with_default_backend(model: nn.Module, device: str):
+    """fuse() with the oracle's own choice, or fail/skip as the module docstring says."""
+    try:
+        return fuse(model)
+    except NoBackendError as exc:
+        info = detect_device(device)
+        serving = {DISTRIBUTION[b] for b in PRIORITIES.get(info.platform, {}).get(unquantized().family, ())}
+        installed = [s for s in registry().statuses.values() if s.distribution in serving]
+        if installed:
+            states = "; ".join(f"{s.distribution}: {s.state.value} {s.reason}".strip() for s in installed)
+            pytest.fail(f"{', '.join(sorted(serving))} installed ({states}) but the oracle chose no backend "
+                        f"for {info}:\n{exc}")
+        pytest.skip(f"no automatic backend for {info}: none of {', '.join(sorted(serving))} is installed")
+
+
+def check_parity(model_type: str, dtype: torch.dtype, prefer: str | None, device: str) -> None:
+    model = build_model(model_type, dtype, device, seed=zlib.crc32(f"{model_type} {dtype}".encode()))
+    block_cls = type(model.model.layers[-1].mlp)
+    eager_blocks = {name: m for name, m in model.named_modules() if type(m) is block_cls}
+    token_ids = torch.randint(0, VOCAB, (2, 12), device=device)
+    with torch.no_grad():
+        eager_logits = model(token_ids).logits
+
+        report = fuse(model, prefer=prefer) if prefer else _fuse_with_default_backend(model, device)
+
+        assert report.model_type == model_type
+        assert [layer.name for layer in report.layers] == list(eager_blocks)
+        for layer in report.layers:
+            fused = model.get_submodule(layer.name)
+            assert isinstance(fused, FusedMoEBlock)
+            assert layer.backend == fused.plan.backend
+            assert layer.plan.backend in layer.plan.explain()
+            if prefer:
+                assert layer.backend == prefer
+            hidden = torch.randn(2, 12, model.config.hidden_size, device=device, dtype=dtype)
+            error = relative_l2(_block_output(fused, hidden), _block_output(eager_blocks[layer.name], hidden))
+            assert error < TOLERANCE[dtype], f"{layer.name} on {layer.backend}: relative L2 {error:.2e}"
+
+        fused_logits = model(token_ids).logits
+    error = relative_l2(fused_logits, eager_logits)
+    assert error < TOLERANCE[dtype], f"{model_type} {dtype} logits on {report.layers[0].backend}: relative L2 {error:.2e}"
+
+
+BACKENDS = [pytest.param("reference", id="reference"), pytest.param(None, id="default")]
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16")]
+
+
+@pytest.mark.parametrize("prefer", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_parity_cpu(model_type, dtype, prefer):
+    check_parity(model_type, dtype, prefer, "cpu")
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("prefer", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_parity_cuda(model_type, dtype, prefer):
+    check_parity(model_type, dtype, prefer, "cuda")
+
+
+def test_deepseek_v3_dense_layers_stay():
+    model = build_model("deepseek_v3", torch.float32, "cpu", seed=1)
+    dense = model.model.layers[0].mlp
+    report = fuse(model, prefer="reference")
+    assert model.model.layers[0].mlp is dense
+    assert [layer.name for layer in report.layers] == ["model.layers.1.mlp", "model.layers.2.mlp"]
+
+
+# ---- refusals: each names the model type and what is unsupported, and changes nothing --------------
+
+
+def _assert_untouched(model: nn.Module, block_cls: type) -> None:
+    assert not any(isinstance(m, FusedMoEBlock) for m in model.modules())
+    assert all(type(layer.mlp) is block_cls for layer in model.model.layers)
+
+
+def test_refuses_unsupported_model_type():
+    config = transformers.PhimoeConfig(**_COMMON, **_ATTENTION, intermediate_size=32, num_local_experts=4,
+                                       num_experts_per_tok=2)
+    model = transformers.PhimoeForCausalLM(config)
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'phimoe'.*not supported; supported: .*mixtral"):
+        fuse(model, prefer="reference")
+
+
+def test_refuses_inexpressible_activation():
+    model_cls, config = ARCHITECTURES["mixtral"]()
+    config.hidden_act = "relu"  # gated relu(gate) * up: no moe_core activation computes it
+    model = model_cls(config)
+    block_cls = type(model.model.layers[0].mlp)
+    with pytest.raises(UnsupportedModelError, match=r"mixtral: hidden_act='relu' has no exact moe_core activation"):
+        fuse(model, prefer="reference")
+    _assert_untouched(model, block_cls)
+
+
+def test_refuses_inexpressible_routing_value():
+    model_cls, config = ARCHITECTURES["deepseek_v3"]()
+    config.routed_scaling_factor = 0.0  # zeroes every routed expert; Routing requires a factor > 0
+    model = model_cls(config)
+    with pytest.raises(UnsupportedModelError, match=r"deepseek_v3 block 'model.layers.1.mlp'.*routed_scaling_factor"):
+        fuse(model, prefer="reference")
+    assert not any(isinstance(m, FusedMoEBlock) for m in model.modules())
+
+
+def test_refuses_quantized_experts():
+    model = build_model("qwen3_moe", torch.float32, "cpu", seed=2)
+    block_cls = type(model.model.layers[0].mlp)
+    experts = model.model.layers[1].mlp.experts
+    experts.gate_up_proj = nn.Parameter(torch.zeros(experts.gate_up_proj.shape, dtype=torch.int8),
+                                        requires_grad=False)
+    with pytest.raises(UnsupportedModelError, match=r"qwen3_moe block 'model.layers.1.mlp'.*gate_up_proj has dtype "
+                                                    r"torch.int8"):
+        fuse(model, prefer="reference")
+    _assert_untouched(model, block_cls)
+
+
+def test_forced_backend_that_cannot_serve_leaves_model_untouched():
+    model = build_model("olmoe", torch.float32, "cpu", seed=3)
+    block_cls = type(model.model.layers[0].mlp)
+    with pytest.raises(BackendUnavailableError, match="no-such-backend"):
+        fuse(model, prefer="no-such-backend")
+    _assert_untouched(model, block_cls)
+
+
+def test_refuses_already_fused_model():
+    model = build_model("mixtral", torch.float32, "cpu", seed=4)
+    fuse(model, prefer="reference")
+    with pytest.raises(UnsupportedModelError, match="has no MixtralSparseMoeBlock blocks"):
+        fuse(model, prefer="reference")
