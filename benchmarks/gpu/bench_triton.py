@@ -1,0 +1,313 @@
+"""Whole-layer benchmark of moe-triton on one GPU, with the anchors-h100.md protocol.
+
+Per model preset x M x {bf16, int4 W4A16}: routing (moe_triton.routing.route) + alignment + GEMM1
++ activation + GEMM2 + top-k reduce, captured in CUDA graphs (8 rotating input sets, 2 above 512
+tokens), timed with triton.testing.do_bench (L2 flushed before every call; median). Ceilings are
+measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
+8192^3 bf16 matmul rate. floor = max(expected distinct experts' weight bytes / bandwidth,
+2*M*topk*3*N*K / matmul rate), expected distinct experts = E*(1-(1-topk/E)^M).
+
+    python benchmarks/gpu/bench_triton.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
+MS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+def measure_ceilings() -> dict:
+    n = 1 << 30  # 2 GiB of bf16
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(23):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    copy_bw = 2 * src.numel() * 2 / statistics.median(times[3:])
+    del src, dst
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    times = []
+    for _ in range(23):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        x @ y
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    rate = 2 * 8192**3 / statistics.median(times[3:])
+    del x, y
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": copy_bw, "matmul_flop_per_s": rate}
+
+
+def floor_us(cfg, M: int, bytes_per_param: float, ceilings: dict) -> tuple[float, str]:
+    E, k, K, N = cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size
+    distinct = E * (1 - (1 - k / E) ** M)
+    mem = distinct * 3 * N * K * bytes_per_param / ceilings["copy_bytes_per_s"]
+    comp = 2 * M * k * 3 * N * K / ceilings["matmul_flop_per_s"]
+    return max(mem, comp) * 1e6, ("m" if mem >= comp else "c")
+
+
+def _int4_weights(cfg, group: int, dev):
+    from moe_core.quant import int4_w4a16
+    from moe_core.weights.canonical import ExpertWeights
+
+    quant = int4_w4a16(group)
+    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
+    # Random codes and positive scales are valid int4 checkpoints; quantizing float weights of
+    # the big presets would need tens of GB of fp32 scratch.
+    w = ExpertWeights(
+        quant.weight,
+        w13=torch.randint(0, 256, (E, R, K // 2), dtype=torch.uint8, device=dev),
+        w2=torch.randint(0, 256, (E, K, N // 2), dtype=torch.uint8, device=dev),
+        w13_scale=(torch.rand(E, R, K // group, device=dev) * 0.004 + 0.001).to(torch.bfloat16) * K**-0.5 * 8,
+        w2_scale=(torch.rand(E, K, N // group, device=dev) * 0.004 + 0.001).to(torch.bfloat16) * N**-0.5 * 8,
+        w13_bias=torch.randn(E, R, device=dev) * 0.1 if cfg.has_bias else None,
+        w2_bias=torch.randn(E, K, device=dev) * 0.1 if cfg.has_bias else None,
+    )
+    return quant, w
+
+
+def _bf16_weights(cfg, dev):
+    from moe_core.quant import unquantized
+    from moe_core.weights.canonical import ExpertWeights
+
+    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = ExpertWeights(
+        unquantized().weight,
+        w13=torch.randn(E, R, K, device=dev, generator=g, dtype=torch.bfloat16) * K**-0.5,
+        w2=torch.randn(E, K, N, device=dev, generator=g, dtype=torch.bfloat16) * N**-0.5,
+        w13_bias=torch.randn(E, R, device=dev, generator=g) * 0.1 if cfg.has_bias else None,
+        w2_bias=torch.randn(E, K, device=dev, generator=g) * 0.1 if cfg.has_bias else None,
+    )
+    return unquantized(), w
+
+
+def _reference_touched(x, w, cfg, tw, ti) -> torch.Tensor:
+    """fp32 reference over the experts the tokens touch (the full dequantized copy would not fit)."""
+    from moe_core.reference import apply_activation
+
+    out = torch.zeros(x.shape[0], cfg.hidden_size, device=x.device)
+    for e in ti.unique().tolist():
+        tok, slot = (ti == e).nonzero(as_tuple=True)
+        h = x[tok].float() @ w.w13[e].float().T
+        if w.has_bias:
+            h = h + w.w13_bias[e].float()
+        y = apply_activation(h, cfg.activation) @ w.w2[e].float().T
+        if w.has_bias:
+            y = y + w.w2_bias[e].float()
+        out.index_add_(0, tok, y * tw[tok, slot, None])
+    return out
+
+
+def bench_cell(layer_fn, cfg, M: int, dev, check) -> dict:
+    from triton.testing import do_bench
+
+    sets = 8 if M <= 512 else 2
+    gen = torch.Generator(device=dev).manual_seed(M)
+    inputs = [(torch.randn(M, cfg.hidden_size, device=dev, generator=gen, dtype=torch.bfloat16),
+               torch.randn(M, cfg.num_experts, device=dev, generator=gen)) for _ in range(sets)]
+    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 0.1 if cfg.routing.has_correction_bias else None
+    err = check(inputs[0][0], inputs[0][1], bias) if check is not None else None
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for x, logits in inputs[:1]:
+            layer_fn(x, logits, bias)  # compiles and warms up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for x, logits in inputs:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            layer_fn(x, logits, bias)
+        graphs.append(g)
+    turn = [0]
+
+    def replay():
+        graphs[turn[0] % sets].replay()
+        turn[0] += 1
+
+    t = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
+    del graphs
+    return {"us": t, "err": err}
+
+
+def run(args) -> dict:
+    import triton
+
+    from moe_core.backends import detect_device
+    from moe_core.presets import get_preset
+    from moe_core.routing import route_torch
+    from moe_triton.experts import TritonExperts
+    from moe_triton.routing import route
+
+    dev = torch.device("cuda")
+    info = detect_device(dev)
+    anchors = json.loads((HERE / "anchors_h100.json").read_text())["tables"]
+    ceilings = measure_ceilings()
+    print(f"device {info.name}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
+    try:
+        from moe_triton.quantized import TritonWna16Experts
+        int4_note = ""
+    except ImportError as exc:
+        TritonWna16Experts, int4_note = None, f"moe_triton.quantized.TritonWna16Experts not importable: {exc}"
+    cells = []
+    for name in args.preset:
+        preset = get_preset(name)
+        cfg = preset.config
+        for dtype in args.dtypes:
+            if dtype == "int4":
+                if TritonWna16Experts is None:
+                    cells.append({"model": name, "dtype": dtype, "skipped": int4_note})
+                    continue
+                quant, weights = _int4_weights(cfg, preset.int4_group_size, dev)
+                cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
+            else:
+                quant, weights = _bf16_weights(cfg, dev)
+                cls, bpp = TritonExperts, 2.0
+            support = cls.supports(cfg, quant, info)
+            if not support:
+                cells.append({"model": name, "dtype": dtype, "skipped": f"{cls.__name__}: {support.reason}"})
+                continue
+            experts = cls(cfg, quant, info)
+            experts.load_weights(weights)
+
+            def layer(x, logits, bias, experts=experts, cfg=cfg):
+                tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
+                return experts.apply(x, tw, ti)
+
+            def check(x, logits, bias, experts=experts, cfg=cfg, weights=weights, dtype=dtype):
+                if dtype != "bf16":
+                    return None
+                tw, ti = route_torch(logits, cfg.routing, cfg.top_k, bias)
+                ref = _reference_touched(x, weights, cfg, tw, ti)
+                out = experts.apply(x, tw, ti).float()
+                return float((out - ref).norm() / ref.norm())
+
+            for M in args.m:
+                floor, bound = floor_us(cfg, M, bpp, ceilings)
+                cell = {"model": name, "dtype": dtype, "M": M, "floor_us": floor, "bound": bound,
+                        "experts": cls.__name__}
+                try:
+                    cell.update(bench_cell(layer, cfg, M, dev, check if M <= 512 else None))
+                except Exception as exc:  # recorded in the results, never hidden
+                    cell["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                    print(f"{name} {dtype} M={M}: {cell['error']}", flush=True)
+                    cells.append(cell)
+                    continue
+                if hasattr(experts, "config_for"):
+                    cell["config"] = str(experts.config_for(M))
+                cell["floor_fraction"] = floor / cell["us"]
+                anchor = anchors.get(dtype, {}).get(name, {}).get(str(M))
+                if anchor:
+                    cell["anchor_us"] = anchor["us"]
+                    cell["anchor"] = anchor["anchor"]
+                    cell["speedup_vs_anchor"] = anchor["us"] / cell["us"]
+                cells.append(cell)
+                print(f"{name:16s} {dtype:5s} M={M:5d} {cell['us']:9.1f} us  floor {floor:8.1f} ({bound}) "
+                      f"frac {cell['floor_fraction']:.2f}  vs anchor {cell.get('speedup_vs_anchor', 0):.2f}x "
+                      f"err {cell['err'] if cell['err'] is not None else '-'}", flush=True)
+            del experts, weights
+            torch.cuda.empty_cache()
+    return {"device": info.name, "capability": list(info.capability or ()), "torch": torch.__version__,
+            "triton": triton.__version__, "started": args.started, "ceilings": ceilings, "cells": cells,
+            "int4_note": int4_note,
+            "protocol": __doc__.split("\n\n")[1].replace("\n", " ")}
+
+
+def write_markdown(result: dict, path: Path) -> None:
+    c = result["ceilings"]
+    lines = [f"# moe-triton whole-layer benchmark on {result['device']}", "",
+             f"torch {result['torch']}, triton {result['triton']}, started {result['started']}.", "",
+             f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
+             f"8192^3 bf16 matmul {c['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s.", "",
+             result["protocol"], "",
+             "Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
+             "fastest anchor of anchors-h100.md; only comparable on the same kind of device).", ""]
+    for dtype in ("bf16", "int4"):
+        rows = [x for x in result["cells"] if x["dtype"] == dtype]
+        if not rows:
+            continue
+        lines += [f"## {dtype}", ""]
+        skipped = [x for x in rows if "skipped" in x]
+        for x in skipped:
+            lines.append(f"- {x['model']}: skipped: {x['skipped']}")
+        rows = [x for x in rows if "skipped" not in x]
+        if rows:
+            lines += ["| model | M | floor us | time us (floor frac) | anchor us | vs anchor | err | config |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for x in rows:
+                if "error" in x:
+                    lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} | error: {x['error']} | | | | |")
+                    continue
+                err = f"{x['err']:.1e}" if x.get("err") is not None else ""
+                lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} | {x['us']:.1f} "
+                             f"({x['floor_fraction']:.2f}) | {x.get('anchor_us', '')} {x.get('anchor', '')} | "
+                             f"{x.get('speedup_vs_anchor', 0):.2f} | {err} | {x.get('config', '')} |")
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
+    for ax, dtype in zip(axes, ("bf16", "int4")):
+        for model in PRESETS:
+            rows = [x for x in result["cells"] if x["dtype"] == dtype and x["model"] == model and "us" in x]
+            if rows:
+                ax.plot([x["M"] for x in rows], [x["floor_fraction"] for x in rows], marker="o", label=model)
+            arows = [x for x in rows if "anchor_us" in x]
+            if arows:
+                ax.plot([x["M"] for x in arows], [x["floor_us"] / x["anchor_us"] for x in arows], ls=":",
+                        color=ax.lines[-1].get_color())
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype}: floor / time (solid: moe-triton, dotted: best anchor)")
+        ax.set_xlabel("tokens M")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of roofline floor")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"moe-triton whole MoE layer on {result['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--preset", nargs="*", default=list(PRESETS))
+    p.add_argument("--m", nargs="*", type=int, default=list(MS))
+    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4"])
+    args = p.parse_args(argv)
+    args.started = time.strftime("%Y-%m-%d %H:%M:%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run(args)
+    tag = result["device"].replace(" ", "_")
+    (args.out / f"bench_triton_{tag}.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, args.out / f"bench_triton_{tag}.md")
+    plot(result, args.out / f"bench_triton_{tag}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One device call: install the project from wheels, then run the requested phases.
+#
+#   here:       uv build --all-packages -o .carry/wheels
+#   on the GPU: bash benchmarks/gpu/run.sh .carry/wheels tests tune bench
+#
+# tests: the device-marked tests of packages/moe-triton (and moe-core's conformance suite if it
+#        ships one), with MOE_TEST_REQUIRE_DEVICE=cuda so a missing GPU fails instead of skipping.
+# tune:  python -m moe_triton.tune for the five presets -> $OUT/configs.tar (copy into moe_triton/configs/).
+# bench: benchmarks/gpu/bench_triton.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
+#        configs tuned in this same call when the tune phase ran first.
+# Everything printed also goes to $OUT/run.log. Each phase's exit status is reported; a failing
+# phase does not stop the later ones, and the script exits non-zero if any failed.
+set -uo pipefail
+WHEELS=${1:?usage: run.sh WHEEL_DIR PHASE...}
+shift
+OUT=${OUT:-/tmp/moe-gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run.log") 2>&1
+export PYTHONUNBUFFERED=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SITE=/tmp/moe-site
+rm -rf "$SITE"
+python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$WHEELS"/*.whl || exit 3
+export PYTHONPATH=$SITE
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+failed=0
+for phase in "$@"; do
+  start=$(date +%s)
+  case "$phase" in
+    tests)
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device "$ROOT/packages/moe-triton/tests"
+      rc=$?
+      if python3 -c "import moe_core.testing" 2>/dev/null; then
+        MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --pyargs moe_core.testing || rc=1
+      else
+        echo "moe_core.testing (conformance suite) is not installed: skipped"
+      fi ;;
+    tune)
+      python3 -m moe_triton.tune --out "$OUT/configs"
+      rc=$?
+      tar -C "$OUT" -cf "$OUT/configs.tar" configs && mv "$OUT/configs" "/tmp/moe-tuned" ;;
+    bench)
+      if [ -d /tmp/moe-tuned ]; then export MOE_TRITON_CONFIG_DIR=/tmp/moe-tuned; fi
+      python3 "$HERE/bench_triton.py" --out "$OUT"
+      rc=$? ;;
+    *) echo "unknown phase $phase (tests, tune, bench)"; rc=2 ;;
+  esac
+  echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"
+  [ "$rc" -eq 0 ] || failed=1
+done
+exit $failed
