@@ -159,7 +159,9 @@ def run(args) -> dict:
 
     dev = torch.device("cuda")
     info = detect_device(dev)
-    anchors = json.loads((HERE / "anchors_h100.json").read_text())["tables"]
+    # Anchors were measured on H100 and H200; compare only on the same kind of device.
+    anchor_file = HERE / ("anchors_h200.json" if "H200" in info.name else "anchors_h100.json")
+    anchors = json.loads(anchor_file.read_text())["tables"] if "H100" in info.name or "H200" in info.name else {}
     ceilings = measure_ceilings()
     print(f"device {info.name}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
@@ -228,7 +230,7 @@ def run(args) -> dict:
             torch.cuda.empty_cache()
     return {"device": info.name, "capability": list(info.capability or ()), "torch": torch.__version__,
             "triton": triton.__version__, "started": args.started, "ceilings": ceilings, "cells": cells,
-            "int4_note": int4_note,
+            "int4_note": int4_note, "anchors": anchor_file.name if anchors else "none for this device",
             "protocol": __doc__.split("\n\n")[1].replace("\n", " ")}
 
 
@@ -239,8 +241,8 @@ def write_markdown(result: dict, path: Path) -> None:
              f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
              f"8192^3 bf16 matmul {c['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s.", "",
              result["protocol"], "",
-             "Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
-             "fastest anchor of anchors-h100.md; only comparable on the same kind of device).", ""]
+             f"Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
+             f"fastest anchor; anchors from {result['anchors']}, measured on the same kind of device).", ""]
     for dtype in ("bf16", "int4"):
         rows = [x for x in result["cells"] if x["dtype"] == dtype]
         if not rows:
