@@ -206,8 +206,8 @@ def test_refuses_quantized_experts():
     experts = model.model.layers[1].mlp.experts
     experts.gate_up_proj = nn.Parameter(torch.zeros(experts.gate_up_proj.shape, dtype=torch.int8),
                                         requires_grad=False)
-    with pytest.raises(UnsupportedModelError, match=r"qwen3_moe block 'model.layers.1.mlp'.*gate_up_proj has dtype "
-                                                    r"torch.int8"):
+    with pytest.raises(UnsupportedModelError, match=r"qwen3_moe block 'model.layers.1.mlp'.*'gate_up_proj' has dtype "
+                                                    r"int8, expected bfloat16"):
         fuse(model, prefer="reference")
     _assert_untouched(model, block_cls)
 

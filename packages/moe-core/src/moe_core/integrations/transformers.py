@@ -68,11 +68,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from moe_core.config import SUPPORTED_DTYPES, Activation, ActivationKind, MoEConfig, Routing
+from moe_core.config import Activation, ActivationKind, MoEConfig, Routing
 from moe_core.layer import FusedMoE
 from moe_core.oracle import Plan
 from moe_core.quant import MoEQuantConfig, unquantized
 from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.hf import experts_from_state_dict
 
 __all__ = ["FuseReport", "FusedLayer", "FusedMoEBlock", "UnsupportedModelError", "fuse", "supported_model_types"]
 
@@ -190,48 +191,33 @@ def supported_model_types() -> tuple[str, ...]:
 # ---- expert tensors -> canonical ---------------------------------------------------------------
 
 
-def _canonical_expert_tensors(where: str, experts: nn.Module
-                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(w13 [E, 2N, K] gate rows then up rows, w2 [E, K, N], b13 [E, 2N] | None, b2 [E, K] | None).
+def _canonical_experts(where: str, experts: nn.Module) -> ExpertWeights:
+    """The experts module's float weights as canonical `ExpertWeights` (views where possible).
 
     The layout comes from the flags transformers' `use_experts_implementation` decorator sets on
-    the experts module; the tensors are views of the module's own parameters where possible.
+    the experts module; `moe_core.weights.hf` does the reading.
     """
     flags = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "has_post_expert_norm")
     missing = [f for f in flags if not hasattr(experts, f)]
     if missing:
         raise UnsupportedModelError(
             f"{where}: experts module {type(experts).__name__} does not declare its weight layout "
-            f"(no {', '.join(missing)}: not a use_experts_implementation experts class)"
+            f"(no {', '.join(missing)}: not a use_experts_implementation experts class; a transformers "
+            "quantizer or another integration may have replaced it)"
         )
     if not experts.has_gate:
         raise UnsupportedModelError(f"{where}: non-gated experts (up_proj only) are not supported")
     if experts.has_post_expert_norm:
         raise UnsupportedModelError(f"{where}: experts with a post-expert norm have no moe_core equivalent")
     gate_up = getattr(experts, "gate_up_proj", None)
-    down = getattr(experts, "down_proj", None)
-    for name, t in (("gate_up_proj", gate_up), ("down_proj", down)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            raise UnsupportedModelError(f"{where}: experts.{name} is not a 3-D tensor "
-                                        f"(got {type(t).__name__}); the experts were replaced or quantized")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise UnsupportedModelError(f"{where}: experts.{name} has dtype {t.dtype}; fuse converts float "
-                                        "experts (bf16/fp16/fp32), not weights quantized by a transformers quantizer")
-    w13, w2 = gate_up.detach(), down.detach()
-    b13 = experts.gate_up_proj_bias.detach() if experts.has_bias else None
-    b2 = experts.down_proj_bias.detach() if experts.has_bias else None
-    if experts.is_transposed:  # stored for x @ W: [E, K, 2N] and [E, N, K]
-        w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
-    if not experts.is_concatenated:  # rows alternate gate, up, gate, up, ...
-        w13 = torch.cat((w13[:, 0::2], w13[:, 1::2]), dim=1)
-        if b13 is not None:
-            b13 = torch.cat((b13[:, 0::2], b13[:, 1::2]), dim=1)
-    if w13.shape[1] % 2 or w13.shape[0] != w2.shape[0] or w13.shape[1] // 2 != w2.shape[2] \
-            or w13.shape[2] != w2.shape[1]:
-        raise UnsupportedModelError(f"{where}: expert shapes do not form an MoE: gate_up {list(w13.shape)} "
-                                    f"(canonical [E, 2N, K]) and down {list(w2.shape)} (canonical [E, K, N])")
-    return (w13.contiguous(), w2.contiguous(), None if b13 is None else b13.contiguous(),
-            None if b2 is None else b2.contiguous())
+    if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 3:
+        raise UnsupportedModelError(f"{where}: experts.gate_up_proj is not a 3-D tensor (got {type(gate_up).__name__})")
+    try:
+        return experts_from_state_dict(experts.state_dict(), "", gate_up.shape[0],
+                                       interleaved_gate_up=not experts.is_concatenated,
+                                       transposed=experts.is_transposed)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{where}: cannot read the experts' weights: {exc}") from exc
 
 
 # ---- the replacement block -----------------------------------------------------------------------
@@ -328,16 +314,19 @@ def _resolve_device(where: str, requested: object, weights: torch.Tensor) -> tor
 def _build_block(model_type: str, name: str, block: nn.Module, spec: _BlockSpec, quant: MoEQuantConfig,
                  device: object, prefer: str | None) -> FusedMoEBlock:
     where = f"{model_type} block {name!r}"
-    w13, w2, b13, b2 = _canonical_expert_tensors(where, block.experts)
+    canonical = _canonical_experts(where, block.experts)
     try:
-        config = MoEConfig(num_experts=w13.shape[0], top_k=int(spec.top_k), hidden_size=w2.shape[1],
-                           intermediate_size=w2.shape[2], activation=spec.activation, routing=spec.routing,
-                           dtype=w13.dtype, has_bias=b13 is not None)
+        config = MoEConfig(num_experts=canonical.num_experts, top_k=int(spec.top_k),
+                           hidden_size=canonical.hidden_size, intermediate_size=canonical.intermediate_size,
+                           activation=spec.activation, routing=spec.routing, dtype=canonical.w13.dtype,
+                           has_bias=canonical.has_bias)
     except ValueError as exc:
         raise UnsupportedModelError(f"{where}: not expressible as a MoEConfig: {exc}") from exc
-    moe = FusedMoE(config, quant, _resolve_device(where, device, w13), prefer)
-    moe.load_weights(ExpertWeights.from_float(w13, w2, moe.quant, b13, b2, dtype=config.dtype),
-                     spec.correction_bias)
+    moe = FusedMoE(config, quant, _resolve_device(where, device, canonical.w13), prefer)
+    # Identity for unquantized layers; round-to-nearest quantization when `quant` asks for it.
+    weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
+                                       canonical.w2_bias, dtype=config.dtype)
+    moe.load_weights(weights, spec.correction_bias)
     shared = getattr(block, spec.shared_expert_attr) if spec.shared_expert_attr else None
     shared_gate = getattr(block, spec.shared_expert_gate_attr) if spec.shared_expert_gate_attr else None
     return FusedMoEBlock(moe, getattr(block, spec.router_attr), spec, shared, shared_gate)
