@@ -67,11 +67,12 @@ def block_fp8_experts(source: TensorSource, prefix: str, num_experts: int, fmt: 
     br = fmt.block_shape[0]
     w13s, w2s, s13s, s2s = [], [], [], []
     for e in ids:
-        parts = {n: _projection(source, join_key(prefix, f"{e}.{n}"), fmt) for n in (gate, up, down) if n}
+        parts = {n: _projection(source, join_key(prefix, f"{e}.{n}"), fmt) for n in (gate, up) if n}
         N = parts[up][0].shape[0]
         if gate is not None and N % br:
             raise CheckpointError(f"{source.what}: {join_key(prefix, f'{e}.{up}.weight')} has {N} rows, not a "
                                   f"multiple of the block rows {br}: gate and up cannot share one block grid")
+        parts[down] = _projection(source, join_key(prefix, f"{e}.{down}"), fmt)
         w13s.append(torch.cat([parts[n][0] for n in (gate, up) if n], 0))
         s13s.append(torch.cat([parts[n][1] for n in (gate, up) if n], 0))
         w2s.append(parts[down][0])

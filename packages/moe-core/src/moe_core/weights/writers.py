@@ -93,7 +93,7 @@ def gptq_tensors(weights: ExpertWeights, prefix: str, v1_zeros: bool = True) -> 
         out[f"{module}.qweight"] = _pack_rows(codes.t().long(), bits)
         out[f"{module}.qzeros"] = _pack_rows(stored_zero.long(), bits).t().contiguous()  # along N
         out[f"{module}.scales"] = scale.t().contiguous()
-        out[f"{module}.g_idx"] = g_idx.to(torch.int32)
+        out[f"{module}.g_idx"] = g_idx.to(torch.int32).clone()  # gate and up share it: own copies
     return out
 
 
