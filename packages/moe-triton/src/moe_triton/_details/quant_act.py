@@ -1,0 +1,181 @@
+"""Row kernels between the quantized GEMMs: the expert activation, and dynamic fp8 quantization.
+
+`act_quant` reads GEMM1's output [pairs, R] (or the layer input for GEMM1's own fp8 operand),
+applies the activation in fp32 and writes either 16-bit values or fp8 codes with their scales.
+fp8 scales follow `moe_core.reference.fake_quantize_activation` exactly: per row (token), per
+(row, 128 columns) (group), or per tensor, where the reference's tensor is the rows one expert
+sees, so per-tensor takes two passes (an amax per expert, then the quantization).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_core.config import Activation
+from moe_core.reference import apply_activation
+
+__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch"]
+
+FP8_MAX = 448.0
+
+
+class ActKind(enum.IntEnum):
+    NONE = 0  # identity (quantizing the layer input)
+    SILU = 1
+    GELU = 2
+    GELU_TANH = 3
+    SWIGLU_OAI = 4
+    RELU2 = 5
+
+
+class QMode(enum.IntEnum):
+    NONE = 0  # 16-bit output
+    TOKEN = 1
+    GROUP128 = 2
+    TENSOR = 3  # per expert's rows (two passes)
+
+
+def act_kind(activation: Activation) -> ActKind:
+    return ActKind[activation.kind.name]
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        # The CPU interpreter's fp32 -> e4m3 cast loses the carry when rounding up to the next
+        # power of two; round to 3 mantissa bits here (subnormal spacing 2**-9) so its cast is exact.
+        step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.abs(q))), -6.0) - 3.0)
+        r = tl.floor(tl.abs(q) / step + 0.5) * step
+        q = tl.where(q < 0, -r, r)
+    return q.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
+                      alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
+                      BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    src = h_ptr + (row // in_div).to(tl.int64) * stride_h
+    x = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 1 or ACT == 2 or ACT == 3 or ACT == 4:
+        up = tl.load(src + N + offs, mask=mask, other=0.0).to(tl.float32)
+        if ACT == 1:
+            y = x * _sigmoid(x) * up
+        elif ACT == 2:
+            y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476)) * up
+        elif ACT == 3:
+            t = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            y = 0.5 * x * (1.0 + (2.0 * _sigmoid(2.0 * t) - 1.0)) * up
+        else:
+            g = tl.minimum(x, limit)
+            u = tl.minimum(tl.maximum(up, -limit), limit)
+            y = g * _sigmoid(alpha * g) * (u + 1.0)
+    elif ACT == 5:
+        r = tl.maximum(x, 0.0)
+        y = r * r
+    else:
+        y = x
+    y = tl.where(mask, y, 0.0)
+    dst = y_ptr + row.to(tl.int64) * stride_y + offs
+    if QMODE == 0:
+        tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=mask)
+    elif QMODE == 1:
+        s = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
+        q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -FP8_MAX, FP8_MAX)
+        tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
+        tl.store(s_ptr + row * stride_s, s)
+    elif QMODE == 2:
+        yg = tl.reshape(y, (BLOCK // 128, 128))
+        s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / FP8_MAX
+        q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -FP8_MAX, FP8_MAX)
+        tl.store(tl.reshape(dst, (BLOCK // 128, 128)), _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
+                 mask=tl.reshape(mask, (BLOCK // 128, 128)))
+        g_offs = tl.arange(0, BLOCK // 128)
+        tl.store(s_ptr + row * stride_s + g_offs, s, mask=g_offs * 128 < N)
+    else:
+        e = tl.load(pexp_ptr + row)
+        if e >= 0:
+            if PHASE == 0:
+                tl.atomic_max(amax_ptr + e, tl.max(tl.abs(y), axis=0))
+            else:
+                s = tl.maximum(tl.load(amax_ptr + e), 1e-12) / FP8_MAX
+                q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -FP8_MAX, FP8_MAX)
+                tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
+                tl.store(s_ptr + row * stride_s, s)
+
+
+def _out_width(h: torch.Tensor, kind: ActKind) -> int:
+    gated = kind in (ActKind.SILU, ActKind.GELU, ActKind.GELU_TANH, ActKind.SWIGLU_OAI)
+    if gated and h.shape[1] % 2:
+        raise ValueError(f"gated activation needs an even width, got {h.shape[1]}")
+    return h.shape[1] // 2 if gated else h.shape[1]
+
+
+def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
+              rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
+              num_experts: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """rows outputs from h rows (row // in_div): (values [rows, N], fp32 scales or None).
+
+    Scales: TOKEN and TENSOR [rows, 1], GROUP128 [rows, N/128]. TENSOR needs pair_expert (the
+    local expert of each output row, -1 to skip) and num_experts.
+    """
+    kind = ActKind.NONE if activation is None else act_kind(activation)
+    n = _out_width(h, kind)
+    if qmode is QMode.GROUP128 and n % 128:
+        raise ValueError(f"fp8 group-128 activation quantization needs a width divisible by 128, got {n}")
+    y = torch.empty(rows, n, dtype=out_dtype, device=h.device)
+    scales = None
+    if qmode in (QMode.TOKEN, QMode.TENSOR):
+        scales = torch.empty(rows, 1, dtype=torch.float32, device=h.device)
+    elif qmode is QMode.GROUP128:
+        scales = torch.empty(rows, n // 128, dtype=torch.float32, device=h.device)
+    if rows == 0:
+        return y, scales
+    alpha = activation.alpha if activation is not None and activation.alpha is not None else 0.0
+    limit = activation.limit if activation is not None and activation.limit is not None else 0.0
+    block = max(triton.next_power_of_2(n), 128)
+    warps = min(16, max(1, block // 512))
+    amax = torch.zeros(max(num_experts, 1), dtype=torch.float32, device=h.device)
+    pexp = pair_expert if pair_expert is not None else amax
+    s_arg = scales if scales is not None else amax
+    for phase in ((0, 1) if qmode is QMode.TENSOR else (0,)):
+        _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, h.stride(0), y.stride(0),
+                                   s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
+                                   ACT=int(kind), QMODE=int(qmode), PHASE=phase, BLOCK=block,
+                                   INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
+    return y, scales
+
+
+def act_quant_torch(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
+                    rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
+                    num_experts: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The twin of `act_quant`, from moe_core's reference activation."""
+    x = h.float()[torch.arange(rows, device=h.device) // in_div]
+    y = x if activation is None else apply_activation(x, activation)
+    if qmode is QMode.NONE:
+        return y.to(out_dtype), None
+    if qmode is QMode.TOKEN:
+        s = y.abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    elif qmode is QMode.GROUP128:
+        s = y.view(rows, -1, 128).abs().amax(-1).clamp(min=1e-12) / FP8_MAX
+    else:
+        s = torch.ones(rows, 1, dtype=torch.float32, device=h.device)
+        for e in range(num_experts):
+            sel = pair_expert == e
+            if bool(sel.any()):
+                s[sel] = y[sel].abs().amax().clamp(min=1e-12) / FP8_MAX
+    full = s.repeat_interleave(128, 1) if qmode is QMode.GROUP128 else s
+    q = (y / full).clamp(-FP8_MAX, FP8_MAX).to(out_dtype)
+    return q, s

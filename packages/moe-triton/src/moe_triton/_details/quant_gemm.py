@@ -1,0 +1,376 @@
+"""One Triton grouped GEMM for every quantized weight type, over align-sorted (token, k) pairs.
+
+A program owns one M-block of sorted pairs (all of one expert), one N-tile and one K-split. It
+streams the expert's weights once per (M-block, N-tile), dequantizes them in registers and feeds
+`tl.dot`; small M is parallelised over N and K (split-K with fp32 atomics) so that enough programs
+stream weights at once to saturate memory bandwidth.
+
+Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
+- INT4 / MXFP4: uint8 [E, K/2, N]. K is cut in tiles of `block_k`; within tile t, byte row
+  t*block_k/2 + i holds k = t*block_k + i in its low nibble and k = t*block_k + block_k/2 + i in
+  its high nibble. One 16-byte load along N then feeds two dots over contiguous K halves: no
+  nibble interleave needs undoing in registers.
+- INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
+Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
+canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_core.weights.packing import E2M1_VALUES
+
+__all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_torch", "pack_int4_tiles",
+           "pick_config", "unpack_int4_tiles"]
+
+
+class WType(enum.IntEnum):
+    INT4 = 0
+    INT8 = 1
+    FP8 = 2
+    MXFP4 = 3
+
+
+class AScale(enum.IntEnum):
+    """Scales of fp8 activations; weights: the matching fp8 weight scale granularity."""
+
+    NONE = 0  # 16-bit activations
+    ROW = 1  # one scale per A row (per-token, and per-tensor expanded to rows), weights per tensor or channel
+    GROUP = 2  # one per (row, 128 k), weights in 128x128 blocks
+
+
+@dataclass(frozen=True)
+class WeightOperand:
+    """One GEMM's weights in kernel layout.
+
+    Invariants: `codes` follows the module docstring's layout for `wtype`; `n`, `k` are the GEMM's
+    output and input sizes; `block_k` divides k, and for grouped int/mxfp4 scales each
+    block_k/2 (int4, mxfp4) or block_k (int8) slice of K lies inside one scale group;
+    `group` is the K extent of one scale row (k itself for per-channel).
+    """
+
+    wtype: WType
+    codes: torch.Tensor
+    scale: torch.Tensor  # see module docstring
+    zero: torch.Tensor | None  # uint8, like scale (INT4/INT8 with integer zero points)
+    n: int
+    k: int
+    group: int  # K per scale row; 0 for fp8 (granularity comes from AScale)
+    block_k: int
+    code_offset: int  # implicit zero when `zero` is None (8, 128), 0 otherwise
+
+    @property
+    def num_experts(self) -> int:
+        return self.codes.shape[0]
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch shape. Invariant: block_m is the align block size the sorted ids were built with."""
+
+    block_m: int
+    block_n: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---- int4/mxfp4 tile packing (pure torch, used by the processors and the twin) -----------------
+
+
+def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
+    """Canonical packed [E, R, K/2] (even k low) -> kernel layout uint8 [E, K/2, R]."""
+    E, R, half = codes.shape
+    K = half * 2
+    if K % block_k:
+        raise ValueError(f"block_k={block_k} does not divide K={K}")
+    lo, hi = codes & 0xF, codes >> 4
+    full = torch.stack((lo, hi), dim=-1).view(E, R, K // block_k, 2, block_k // 2)  # [.., tile, half, i]
+    packed = full[..., 0, :] | (full[..., 1, :] << 4)  # [E, R, tiles, block_k/2]
+    return packed.reshape(E, R, half).transpose(1, 2).contiguous()
+
+
+def unpack_int4_tiles(packed: torch.Tensor, block_k: int) -> torch.Tensor:
+    """Kernel layout uint8 [E, K/2, R] -> codes uint8 [E, R, K] (0..15)."""
+    E, half, R = packed.shape
+    K = half * 2
+    t = packed.transpose(1, 2).reshape(E, R, K // block_k, 1, block_k // 2)
+    return torch.cat((t & 0xF, t >> 4), dim=3).reshape(E, R, K)
+
+
+# ---- the kernel -----------------------------------------------------------------------------
+
+
+@triton.jit
+def _e2m1_to_f32(c):
+    # e2m1: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0; e == 0 is subnormal (0 or 0.5).
+    e = (c >> 1) & 3
+    m = (c & 1).to(tl.float32)
+    mag = tl.where(e == 0, m * 0.5, (2.0 + m) * (1 << e).to(tl.float32) * 0.25)
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
+             CODE_OFFSET: tl.constexpr, CT: tl.constexpr):
+    """codes [BK', BN] integer -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
+    if WTYPE == 3:
+        s = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32)
+        w = _e2m1_to_f32(codes.to(tl.int32)) * tl.exp2(s - 127.0)[None, :]
+        return w.to(CT)
+    # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
+    s = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT)
+    if HAS_ZP:
+        z = tl.load(zero_ptrs, mask=n_mask, other=0).to(CT)
+        # codes and zeros are small integers: exact in CT, so one rounding as in the reference.
+        return (codes.to(CT) - z[None, :]) * s[None, :]
+    return (codes.to(CT) - CODE_OFFSET) * s[None, :]
+
+
+@triton.jit
+def _moe_wgemm_kernel(
+    a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
+    N, K, num_valid,
+    stride_am, stride_ak, stride_asm, stride_ask,
+    stride_be, stride_bk, stride_bn,
+    stride_se, stride_sk, stride_sn,
+    stride_biase, stride_cm, stride_cn,
+    GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
+    HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
+    A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+        return
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if e < 0:  # expert owned by another rank: its pairs contribute nothing
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ids = tl.load(sorted_ids_ptr + offs_m)
+    row_mask = ids < num_valid
+    a_rows = (ids // A_ROWS_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+
+    k_tiles = K // BLOCK_K
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt0 = pid_k * per_split
+    kt1 = tl.minimum(kt0 + per_split, k_tiles)
+
+    # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
+    # whose bf16 dot is wrong.
+    CT: tl.constexpr = tl.float32 if UPCAST else a_ptr.dtype.element_ty
+    a_base = a_ptr + a_rows[:, None] * stride_am
+    b_base = b_ptr + e * stride_be + offs_n[None, :] * stride_bn
+    s_base = s_ptr + e * stride_se + offs_n * stride_sn
+    z_base = z_ptr + e * stride_se + offs_n * stride_sn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    if WTYPE == 0 or WTYPE == 3:
+        HALF: tl.constexpr = BLOCK_K // 2
+        offs_h = tl.arange(0, HALF)
+        for kt in range(kt0, kt1):
+            k0 = kt * BLOCK_K
+            packed = tl.load(b_base + (kt * HALF + offs_h)[:, None] * stride_bk, mask=n_mask[None, :], other=0)
+            a_lo = tl.load(a_base + (k0 + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
+            a_hi = tl.load(a_base + (k0 + HALF + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
+            g_lo = (k0 // GROUP) * stride_sk
+            g_hi = ((k0 + HALF) // GROUP) * stride_sk
+            w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
+                            CODE_OFFSET, CT)
+            w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
+                            CODE_OFFSET, CT)
+            acc = tl.dot(a_lo.to(CT), w_lo, acc)
+            acc = tl.dot(a_hi.to(CT), w_hi, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        for kt in range(kt0, kt1):
+            k0 = kt * BLOCK_K
+            # No fill values: masked rows and columns are never stored, and an fp8 fill is not allowed.
+            codes = tl.load(b_base + (k0 + offs_k)[:, None] * stride_bk, mask=n_mask[None, :])
+            a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
+            if WTYPE == 1:
+                g = (k0 // GROUP) * stride_sk
+                w = _dequant(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT)
+                acc = tl.dot(a.to(CT), w, acc)
+            elif A_SCALE == 2:
+                # 128x128 weight blocks, 1x128 activation groups: BLOCK_K divides 128.
+                kb = k0 // 128
+                a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
+                w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
+                              mask=n_mask, other=0.0)
+                acc += tl.dot(a, codes) * a_s[:, None] * w_s[None, :]
+            else:
+                acc = tl.dot(a, codes, acc)
+
+    if A_SCALE == 1:
+        a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
+        if W_SCALE_PER_N:
+            w_s = tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_mask, other=0.0)
+            acc = acc * a_s[:, None] * w_s[None, :]
+        else:
+            acc = acc * (a_s * tl.load(s_ptr + e * stride_se))[:, None]
+    if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, pid_k a run-time value)
+        if pid_k == 0:  # once per output, not once per K-split
+            acc += tl.load(bias_ptr + e * stride_biase + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if MUL_ROUTED:
+        acc *= tl.load(topk_w_ptr + ids, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
+    c_ptrs = c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = row_mask[:, None] & n_mask[None, :]
+    if ATOMIC:
+        tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- launch configuration ---------------------------------------------------------------------
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torch.device) -> GemmConfig:
+    """Tile shape and split-K for one GEMM: memory-bound at small M (stream weights from many
+    programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights."""
+    per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    if per_expert <= 16:
+        bm, bn, warps, stages = 16, 128 if w.n >= 1024 else 64, 4, 4
+    elif per_expert <= 48:
+        bm, bn, warps, stages = 32, 128, 4, 4
+    elif per_expert <= 192:
+        bm, bn, warps, stages = 64, 128, 4, 3
+    else:
+        bm, bn, warps, stages = 128, 128, 8, 3
+    m_blocks = min(num_pairs, -(-num_pairs // bm) + min(num_experts, num_pairs))
+    programs = m_blocks * -(-w.n // bn)
+    k_tiles = w.k // w.block_k
+    target = 4 * _num_sms(device)
+    split = 1
+    while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
+        split *= 2
+    return GemmConfig(bm, bn, split, warps, stages)
+
+
+# ---- launcher -------------------------------------------------------------------------------
+
+
+def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
+             expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int, cfg: GemmConfig, *,
+             a_rows_div: int = 1, a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+             bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+             reduce_topk: int = 1, atomic: bool = False) -> None:
+    """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
+
+    row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
+    of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype.
+    """
+    if w.k % w.block_k:
+        raise ValueError(f"block_k={w.block_k} does not divide K={w.k}")
+    if a.shape[1] != w.k:
+        raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
+    if (cfg.split_k > 1 or reduce_topk > 1) and not (atomic and out.dtype == torch.float32):
+        raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
+    grid_m = min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid)
+    grid = (grid_m, triton.cdiv(w.n, cfg.block_n), cfg.split_k)
+    s = w.scale
+    if w.wtype is WType.FP8:
+        sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
+            (s.stride(0), 0, s.stride(1)) if s.dim() == 2 else (s.stride(0), s.stride(2), s.stride(1)))
+    else:
+        sst = (s.stride(0), s.stride(1), s.stride(2))
+    codes = w.codes
+    if w.wtype in (WType.INT4, WType.MXFP4):
+        bst = (codes.stride(0), codes.stride(1), codes.stride(2))
+    else:  # canonical [E, N, K]
+        bst = (codes.stride(0), codes.stride(2), codes.stride(1))
+    a_scale_t = a_scale if a_scale is not None else a
+    ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
+    _moe_wgemm_kernel[grid](
+        a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
+        topk_weights if topk_weights is not None else s, sorted_ids, expert_ids, num_post,
+        w.n, w.k, num_valid,
+        a.stride(0), a.stride(1), ast[0], ast[1],
+        *bst, *sst,
+        bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
+        GROUP=max(w.group, 1), WTYPE=int(w.wtype), A_SCALE=int(a_scale_mode),
+        W_SCALE_PER_N=s.dim() >= 2, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset,
+        HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None,
+        REDUCE_TOPK=reduce_topk, ATOMIC=atomic, SPLIT_K=cfg.split_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
+        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+# ---- torch twin -----------------------------------------------------------------------------
+
+
+def dequantize_operand(w: WeightOperand) -> torch.Tensor:
+    """fp32 [E, N, K] from the kernel layout (fp8 weights: codes times weight scales)."""
+    E, N, K = w.num_experts, w.n, w.k
+    if w.wtype is WType.FP8:
+        c, s = w.codes.float(), w.scale.float()
+        if s.dim() == 1:
+            return c * s.view(E, 1, 1)
+        if s.dim() == 2:
+            return c * s.view(E, N, 1)
+        return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
+    if w.wtype in (WType.INT4, WType.MXFP4):
+        codes = unpack_int4_tiles(w.codes, w.block_k)
+    else:
+        codes = w.codes
+    scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, K]
+    if w.wtype is WType.MXFP4:
+        return E2M1_VALUES.to(codes.device)[codes.long()] * torch.exp2(scale.float() - 127)
+    zero = (w.zero.transpose(1, 2).repeat_interleave(w.group, 2).float() if w.zero is not None
+            else float(w.code_offset))
+    return (codes.float() - zero) * scale.float()
+
+
+def moe_gemm_torch(a: torch.Tensor, w: WeightOperand, pair_expert: torch.Tensor, *, a_rows_div: int = 1,
+                   a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+                   bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 [num_pairs, N]: the kernel's per-pair result (before any top-k reduce).
+
+    pair_expert: local expert of each pair (-1: skipped, row left zero).
+    """
+    wf = dequantize_operand(w)
+    P = pair_expert.numel()
+    rows = torch.arange(P, device=a.device) // a_rows_div
+    x = a.float()[rows]
+    if a_scale_mode is AScale.ROW:
+        x = x * a_scale.float()[rows].view(P, 1)
+    elif a_scale_mode is AScale.GROUP:
+        x = x * a_scale.float()[rows].repeat_interleave(128, 1)[:, : w.k]
+    out = torch.zeros(P, w.n, dtype=torch.float32, device=a.device)
+    for e in pair_expert.unique().tolist():
+        if e < 0:
+            continue
+        sel = pair_expert == e
+        y = x[sel] @ wf[e].T
+        if bias is not None:
+            y = y + bias[e].float()
+        out[sel] = y
+    if topk_weights is not None:
+        out = out * topk_weights.float().reshape(P, 1)
+    return out

@@ -1,0 +1,275 @@
+"""Quantized Triton fused experts: WNA16 (int4/int8 weights), fp8 W8A8 and MXFP4 (gpt-oss).
+
+All three run the same pipeline: align the (token, k) pairs by expert, GEMM1 with the weights
+dequantized in registers, the activation (fused with the fp8 quantization of GEMM2's input), and
+GEMM2 whose epilogue applies the router weight and sums the top-k choices atomically into [M, K].
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+import torch
+
+from moe_core.backends import Backend, Platform
+from moe_core.config import ActivationKind, MoEConfig
+from moe_core.experts import Capability, Experts, SchemeSupport, Support
+from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
+from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.processor import PackedWeights
+from moe_triton._details.quant_act import QMode, act_quant
+from moe_triton._details.quant_gemm import (
+    AScale,
+    WeightOperand,
+    WType,
+    moe_gemm,
+    pack_int4_tiles,
+    pick_config,
+)
+from moe_triton.align import align_block_size
+
+__all__ = ["TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
+
+_GATED_AND_RELU2 = frozenset(ActivationKind)
+_GPUS = frozenset({Platform.CUDA, Platform.ROCM})
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _block_k(wtype: WType, cols: int, group: int) -> int:
+    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for 4-bit
+    codes) must sit inside one scale group."""
+    for bk in (128, 64, 32):
+        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
+        if cols % bk == 0 and group % piece == 0 and piece >= 16:
+            return bk
+    raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
+
+
+def _group(key: QuantKey, cols: int) -> int:
+    return key.group_size if key.scale.granularity is Granularity.GROUP else cols
+
+
+def _wtype(key: QuantKey) -> WType:
+    return {QuantDType.INT4: WType.INT4, QuantDType.INT8: WType.INT8, QuantDType.FP8_E4M3: WType.FP8,
+            QuantDType.FP4_E2M1: WType.MXFP4}[key.dtype]
+
+
+def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
+    """Scales/zeros [E, rows, groups] (or [E, rows] per channel) -> [E, groups, rows] contiguous."""
+    if key.scale.granularity is Granularity.CHANNEL:
+        t = t.unsqueeze(-1)
+    return t.transpose(1, 2).contiguous()
+
+
+class _Processor:
+    """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors."""
+
+    def __init__(self, layout: str) -> None:
+        self.layout = layout
+
+    def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
+        key = weights.key
+        wt = _wtype(key)
+        out: dict[str, torch.Tensor] = {}
+        for name in ("w13", "w2"):
+            codes = getattr(weights, name).to(device)
+            cols = codes.shape[2] * (2 if wt in (WType.INT4, WType.MXFP4) else 1)
+            scale = getattr(weights, f"{name}_scale").to(device)
+            zero = getattr(weights, f"{name}_zero")
+            if wt is WType.FP8:
+                out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
+                continue
+            bk = _block_k(wt, cols, _group(key, cols))
+            out[name] = pack_int4_tiles(codes, bk) if wt in (WType.INT4, WType.MXFP4) else codes.contiguous()
+            out[f"{name}_scale"] = _rows_first(scale, key)
+            if zero is not None:
+                out[f"{name}_zero"] = _rows_first(zero.to(device), key)
+        if weights.has_bias:
+            out["w13_bias"] = weights.w13_bias.to(device).float().contiguous()
+            out["w2_bias"] = weights.w2_bias.to(device).float().contiguous()
+        return PackedWeights(self.layout, out)
+
+
+class _QuantTritonExperts(Experts):
+    backend = Backend.TRITON
+    _qmode: ClassVar[QMode] = QMode.NONE
+
+    def _operand(self, name: str, n: int, k: int) -> WeightOperand:
+        p = self._packed()
+        key = self.quant.weight
+        wt = _wtype(key)
+        if wt is WType.FP8:
+            return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, k, 0,
+                                 128 if key.scale.granularity is Granularity.BLOCK else _block_k(wt, k, k), 0)
+        group = _group(key, k)
+        return WeightOperand(wt, p[name], p[f"{name}_scale"], p.get(f"{name}_zero"), n, k, group,
+                             _block_k(wt, k, group), key.code_offset)
+
+    def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+              ) -> torch.Tensor:
+        cfg = self.config
+        K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
+        _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
+        M, topk = topk_ids.shape
+        P = M * topk
+        out = torch.zeros(M, K, dtype=torch.float32, device=hidden_states.device)
+        if M == 0:
+            return out.to(cfg.dtype)
+        w13, w2 = self._operand("w13", R, K), self._operand("w2", K, N)
+        E_local = w13.num_experts
+        c1 = pick_config(P, E_local, w13, hidden_states.device)
+        c2 = pick_config(P, E_local, w2, hidden_states.device)
+        sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
+                                                            self.expert_map)
+        pair_expert = topk_ids.flatten().long()
+        if self.expert_map is not None:
+            pair_expert = self.expert_map.long()[pair_expert]
+        pair_expert = pair_expert.to(torch.int32)
+        x = hidden_states
+        if cfg.routing.weight_on_input:  # Llama4 (top-1): scale the input, not the output
+            x = (x.float() * topk_weights.float()).to(cfg.dtype)
+        packed = self._packed()
+        qm = self._qmode
+        fp8 = torch.float8_e4m3fn
+        a_mode = AScale.GROUP if qm is QMode.GROUP128 else (AScale.ROW if qm is not QMode.NONE else AScale.NONE)
+
+        # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
+        a1, a1_scale, a1_div = x, None, topk
+        if qm in (QMode.TOKEN, QMode.GROUP128):
+            a1, a1_scale = act_quant(x, None, qm, fp8, M)
+        elif qm is QMode.TENSOR:
+            a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local)
+            a1_div = 1
+        # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
+        # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
+        inter = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
+        h_dtype = torch.float32 if (c1.split_k > 1 or qm is not QMode.NONE) else inter
+        h = (torch.zeros if c1.split_k > 1 else torch.empty)(P, R, dtype=h_dtype, device=x.device)
+        moe_gemm(a1, w13, h, sorted_ids, expert_ids, num_post, P, c1, a_rows_div=a1_div, a_scale=a1_scale,
+                 a_scale_mode=a_mode, bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
+        a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter, P,
+                                 1, pair_expert, E_local)
+        moe_gemm(a2, w2, out, sorted_ids, expert_ids, num_post, P, c2, a_scale=a2_scale, a_scale_mode=a_mode,
+                 bias=packed.get("w2_bias"),
+                 topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
+                 reduce_topk=topk, atomic=True)
+        return out.to(cfg.dtype)
+
+
+def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:
+    if x.dim() != 2 or x.shape[1] != cfg.hidden_size:
+        raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(x.shape)}")
+    if x.dtype != cfg.dtype:
+        raise ValueError(f"hidden_states dtype {x.dtype} differs from the layer dtype {cfg.dtype}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] != cfg.top_k:
+        raise ValueError(f"topk_ids must be [{x.shape[0]}, {cfg.top_k}], got {list(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_weights shape {list(topk_weights.shape)} differs from topk_ids {list(topk_ids.shape)}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not (x.device == topk_ids.device == topk_weights.device):
+        raise ValueError("hidden_states, topk_weights and topk_ids must be on one device")
+    if not x.is_contiguous():
+        raise ValueError("hidden_states must be contiguous")
+
+
+_INT_GRANS = frozenset({Granularity.GROUP, Granularity.CHANNEL})
+_INT_ZP = frozenset({ZeroPoint.NONE, ZeroPoint.INTEGER})
+_GROUPS = frozenset({32, 64, 128})
+
+
+class TritonWna16Experts(_QuantTritonExperts):
+    """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
+
+    weight_processor = _Processor("triton.wna16.ktiles")
+    capability = Capability(
+        platforms=_GPUS,
+        schemes=(
+            SchemeSupport(QuantDType.INT4, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
+            SchemeSupport(QuantDType.INT8, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
+        ),
+        activations=_GATED_AND_RELU2,
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        min_capability=(8, 0),
+        hidden_multiple=64,
+        intermediate_multiple=64,
+        requires=("triton",),
+        limitations=(
+            "act-order (g_idx) is refused: its per-expert channel permutation would need a per-k scale "
+            "gather (or a permuted copy of the activations per expert) inside the GEMM",
+            "float zero points (HQQ/tinygemm) are refused",
+        ),
+    )
+
+    @classmethod
+    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
+        g = quant.weight.group_size
+        n = config.intermediate_size_per_partition
+        if g is not None and (config.hidden_size % g or n % g):
+            return Support.no(f"group size {g} must divide K={config.hidden_size} and N={n}")
+        return Support.yes()
+
+
+class TritonFp8Experts(_QuantTritonExperts):
+    """fp8 e4m3 weights and dynamically quantized fp8 activations."""
+
+    weight_processor = _Processor("triton.fp8.canonical")
+    capability = Capability(
+        platforms=frozenset({Platform.CUDA}),
+        schemes=(
+            SchemeSupport(QuantDType.FP8_E4M3, frozenset({Granularity.TENSOR, Granularity.CHANNEL}),
+                          activation=QuantDType.FP8_E4M3),
+            SchemeSupport(QuantDType.FP8_E4M3, frozenset({Granularity.BLOCK}),
+                          block_shapes=frozenset({(128, 128)}), activation=QuantDType.FP8_E4M3),
+        ),
+        activations=_GATED_AND_RELU2,
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        min_capability=(8, 9),
+        hidden_multiple=64,
+        intermediate_multiple=64,
+        requires=("triton",),
+        limitations=("e4m3fn only (ROCm's fnuz fp8 is not handled)",),
+    )
+
+    @classmethod
+    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
+        w, a = quant.weight, quant.activation
+        g, ag = w.scale.granularity, a.scale.granularity
+        want = {Granularity.TENSOR: Granularity.TENSOR, Granularity.CHANNEL: Granularity.TOKEN,
+                Granularity.BLOCK: Granularity.GROUP}[g]
+        if ag is not want:
+            return Support.no(f"{g.value} fp8 weights with {ag.value} activation scales (needs {want.value})")
+        if g is Granularity.BLOCK:
+            if a.scale.group_size != 128:
+                return Support.no(f"activation group {a.scale.group_size} with 128x128 weight blocks (needs 128)")
+            n = config.intermediate_size_per_partition
+            if config.hidden_size % 128 or n % 128:
+                return Support.no(f"block fp8 needs K and N divisible by 128 (K={config.hidden_size}, N={n})")
+        return Support.yes()
+
+    @property
+    def _qmode(self) -> QMode:  # type: ignore[override]
+        g = self.quant.activation.scale.granularity
+        return {Granularity.TENSOR: QMode.TENSOR, Granularity.TOKEN: QMode.TOKEN,
+                Granularity.GROUP: QMode.GROUP128}[g]
+
+
+class TritonMxfp4Experts(_QuantTritonExperts):
+    """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
+
+    weight_processor = _Processor("triton.mxfp4.ktiles")
+    capability = Capability(
+        platforms=_GPUS,
+        schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),
+        activations=_GATED_AND_RELU2,
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        min_capability=(8, 0),
+        hidden_multiple=64,
+        intermediate_multiple=64,
+        requires=("triton",),
+        limitations=("weights are dequantized in registers (no native fp4 tensor-core path)",),
+    )

@@ -1,0 +1,168 @@
+"""Quantized Triton experts against the fp32 reference and against their torch twins.
+
+On a machine without a GPU the kernels run under TRITON_INTERPRET=1 at tiny shapes.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from moe_core.backends import DeviceInfo, Platform
+from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
+from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton._details.quant_act import QMode, act_quant, act_quant_torch
+from moe_triton._details.quant_gemm import (
+    GemmConfig,
+    moe_gemm,
+    moe_gemm_torch,
+    pack_int4_tiles,
+    unpack_int4_tiles,
+)
+from moe_triton.align import align_block_size
+from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# What `supports` is asked about (a Hopper GPU), and where the kernels run (the interpreter on CPU).
+DEVICE = DeviceInfo(Platform.CUDA, 0, "H100", (9, 0))
+RUN_ON = DEVICE if DEV.type == "cuda" else DeviceInfo(Platform.CPU)
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all()
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def _run(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, topk=2, M=7, bias=False,
+         parallel=None, seed=0, routing=None):
+    cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=K, intermediate_size=N,
+                    activation=activation or Activation.silu(), routing=routing or Routing.softmax_topk(True),
+                    dtype=dtype, parallel=parallel or ParallelConfig(), has_bias=bias)
+    assert cls.supports(cfg, quant, DEVICE), cls.supports(cfg, quant, DEVICE).reason
+    weights = ExpertWeights.random(cfg, quant, seed=seed)
+    experts = cls(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(M, K, generator=gen).to(dtype).to(DEV)
+    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, topk)
+    out = experts.apply(x, tw, ids)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert out.shape == (M, K) and out.dtype == dtype
+    return out, ref
+
+
+@pytest.mark.parametrize(("quant", "activation", "dtype"), [
+    (int4_w4a16(128), Activation.silu(), torch.float16),
+    (int4_w4a16(64, zero_point=True), Activation.gelu(), torch.bfloat16),
+    (int4_w4a16(32), Activation.gelu_tanh(), torch.float16),
+    (int4_w4a16(-1, zero_point=True), Activation.relu2(), torch.float16),
+    (int8_w8a16(-1), Activation.silu(), torch.bfloat16),
+    (int8_w8a16(32, zero_point=True), Activation.swiglu_oai(), torch.float16),
+])
+def test_wna16_matches_reference(quant, activation, dtype):
+    out, ref = _run(TritonWna16Experts, quant, activation, dtype)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_wna16_bias_expert_map_and_weight_on_input():
+    out, ref = _run(TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai(), torch.float16, bias=True,
+                    E=6, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    assert rel_l2(out, ref) < 1e-2
+    out, ref = _run(TritonWna16Experts, int4_w4a16(128), topk=1, routing=Routing.llama4())
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("gran", "activation"), [
+    ("tensor", Activation.silu()), ("channel", Activation.relu2()), ("block", Activation.gelu())])
+def test_fp8_matches_reference(gran, activation):
+    out, ref = _run(TritonFp8Experts, fp8_w8a8(gran), activation, torch.bfloat16, K=256, N=128, M=9)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_mxfp4_gpt_oss_style():
+    out, ref = _run(TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai(), torch.bfloat16, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_refusals_name_the_reason():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    s = TritonWna16Experts.supports(cfg, int4_w4a16(128, act_order=True), DEVICE)
+    assert not s and "act-order" in s.reason
+    odd = MoEConfig(num_experts=4, top_k=2, hidden_size=96, intermediate_size=64, dtype=torch.float16)
+    assert "multiple of 64" in TritonWna16Experts.supports(odd, int4_w4a16(32), DEVICE).reason
+    assert "group size 128" in TritonWna16Experts.supports(
+        MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64), int4_w4a16(128), DEVICE).reason
+    blk = MoEConfig(num_experts=4, top_k=2, hidden_size=192, intermediate_size=128, dtype=torch.bfloat16)
+    assert "divisible by 128" in TritonFp8Experts.supports(blk, fp8_w8a8("block"), DEVICE).reason
+    experts = TritonWna16Experts(cfg, int4_w4a16(128), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(128)))
+    x = torch.randn(3, 100, dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="hidden_states must be"):
+        experts.apply(x, torch.rand(3, 2, device=DEV), torch.zeros(3, 2, dtype=torch.int32, device=DEV))
+
+
+def test_int4_tile_packing_roundtrip():
+    codes = torch.randint(0, 256, (2, 3, 64), dtype=torch.uint8)
+    packed = pack_int4_tiles(codes, 64)
+    assert packed.shape == (2, 64, 3)
+    unpacked = unpack_int4_tiles(packed, 64)
+    assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
+    # Tile 1 of row 0: its first byte holds k=64 (low) and k=96 (high).
+    assert int(packed[0, 32, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_gemm_matches_twin(split_k):
+    """GEMM1 kernel vs its twin on a layout-converted int4 operand, split-K included."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    q = int4_w4a16(32, zero_point=True)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, q, seed=3))
+    w = experts._operand("w13", 128, 128)
+    M, topk = 5, 2
+    ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
+    x = torch.randn(M, 128, dtype=torch.float16, device=DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
+    out = torch.zeros(M * topk, 128, dtype=torch.float32, device=DEV)
+    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, 64, split_k, 4, 2),
+             a_rows_div=topk, atomic=True)
+    twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
+    assert rel_l2(out, twin) < 1e-3
+
+
+@pytest.mark.parametrize("qmode", [QMode.NONE, QMode.TOKEN, QMode.GROUP128, QMode.TENSOR])
+def test_act_quant_matches_twin(qmode):
+    rows, pexp = 6, torch.tensor([0, 1, 1, -1, 0, 2], dtype=torch.int32, device=DEV)
+    h = torch.randn(rows, 512, device=DEV) * 3
+    act = Activation.gelu_tanh()
+    dt = torch.float16 if qmode is QMode.NONE else torch.float8_e4m3fn
+    y, s = act_quant(h, act, qmode, dt, rows, 1, pexp, 3)
+    yt, st = act_quant_torch(h, act, qmode, dt, rows, 1, pexp, 3)
+    keep = pexp >= 0
+    if s is not None:
+        torch.testing.assert_close(s[keep], st[keep], rtol=1e-6, atol=0)
+    assert rel_l2(y.float()[keep], yt.float()[keep]) < 1e-3
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "K", "N", "activation"), [
+    (int4_w4a16(128), 2048, 768, Activation.silu()),
+    (int4_w4a16(64, zero_point=True), 2880, 2880, Activation.swiglu_oai()),
+    (int8_w8a16(-1), 2048, 768, Activation.silu()),
+    (fp8_w8a8("block"), 2048, 768, Activation.silu()),
+    (fp8_w8a8("channel"), 2048, 768, Activation.silu()),
+    (mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai()),
+])
+@pytest.mark.parametrize("M", [1, 64, 1024])
+def test_real_shapes_on_gpu(quant, K, N, activation, M):
+    cls = {"int4": TritonWna16Experts, "int8": TritonWna16Experts, "fp8e4m3": TritonFp8Experts,
+           "fp4e2m1": TritonMxfp4Experts}[quant.weight.dtype.value]
+    out, ref = _run(cls, quant, activation, torch.bfloat16, K=K, N=N, E=32, topk=4, M=M,
+                    bias=activation.kind.value == "swiglu_oai")
+    assert rel_l2(out, ref) < 1e-2
