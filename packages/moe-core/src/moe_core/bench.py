@@ -1,0 +1,373 @@
+"""`moe bench`: time whole MoE layers against the machine's own ceilings and a naive per-expert loop.
+
+For each preset, scheme and token count it times `FusedMoE` (routing + experts) and reports the
+fraction of the roofline floor it reaches:
+
+    floor = max(distinct experts touched * bytes per expert / copy bandwidth,
+                2 * M * top_k * (R * K + K * N) / matmul rate)
+
+with the expected number of distinct experts E * (1 - (1 - top_k / E) ** M) for uniform routing and
+the bytes per expert read from the kernel's packed tensors (the real stored size of the scheme).
+Bandwidth (read + write bytes of a large copy) and the matmul rate (a large matmul in the layer
+dtype) are measured in the same run, at the same thread count. The naive baseline is the loop of
+transformers' eager MoE blocks: route, then `F.linear` per expert that got tokens, in the layer dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from moe_core.backends import detect_device
+from moe_core.config import MoEConfig
+from moe_core.layer import FusedMoE
+from moe_core.presets import PRESETS, Preset, get_preset
+from moe_core.quant import MoEQuantConfig, int4_w4a16, parse_scheme, unquantized
+from moe_core.reference import apply_activation
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+
+__all__ = ["add_arguments", "main"]
+
+DEFAULT_PRESETS = ("tiny", "qwen3-30b-a3b")
+DEFAULT_TOKENS = (1, 8, 32, 128)
+DEFAULT_SCHEMES = ("bf16", "int4")
+# Fraction of the available memory a preset may plan to use; the rest is for torch and the OS.
+MEMORY_HEADROOM = 0.8
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_gbps: float  # read + write bytes per second of a large tensor copy, in GB/s
+    matmul_tflops: float  # large square matmul in the layer dtype
+    matmul_dtype: str
+    copy_bytes: int
+    matmul_size: int
+
+
+@dataclass(frozen=True)
+class Row:
+    preset: str
+    scheme: str
+    tokens: int
+    experts: str  # the experts class the oracle chose
+    time_ms: float  # median
+    min_ms: float
+    tokens_per_s: float
+    floor_ms: float
+    floor_bound: str  # "memory" or "compute"
+    floor_fraction: float  # floor / median time
+    naive_ms: float  # median of the naive per-expert loop
+    speedup_vs_naive: float
+    bytes_per_expert: int
+    expected_distinct_experts: float
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", action="append", metavar="NAME",
+                        help=f"model preset, repeatable (default: {', '.join(DEFAULT_PRESETS)}; "
+                             f"available: {', '.join(PRESETS)})")
+    parser.add_argument("--tokens", type=int, nargs="+", metavar="M",
+                        help=f"token counts per forward (default: {' '.join(map(str, DEFAULT_TOKENS))})")
+    parser.add_argument("--scheme", action="append", metavar="SCHEME",
+                        help="bf16 (the preset's dtype, unquantized), int4 (the preset's group size) or any "
+                             "`moe run` scheme: int4:G[:zp], int8[:G[:zp]], fp8-tensor, fp8-channel, fp8-block, "
+                             f"mxfp4; repeatable (default: {', '.join(DEFAULT_SCHEMES)})")
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xpu")
+    parser.add_argument("--out", default="benchmarks/results", help="output folder for JSON and PNG")
+    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's own choice, reported in the output)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG (matplotlib not needed then)")
+
+
+def _scheme(text: str, preset: Preset) -> MoEQuantConfig:
+    if text == "bf16":
+        return unquantized()
+    if text == "int4":
+        return int4_w4a16(preset.int4_group_size)
+    return parse_scheme(text)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def _time(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Seconds per call, one sample per call."""
+    return _time_interleaved([fn], device, warmup, repeats)[0]
+
+
+def _time_interleaved(fns: list[Callable[[], object]], device: torch.device, warmup: int, repeats: int
+                      ) -> list[list[float]]:
+    """Samples of several functions taken in turn, so that load from other processes on a shared
+    machine falls on all of them alike instead of on whichever ran during the busy spell."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _synchronize(device)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples):
+            start = time.perf_counter()
+            fn()
+            _synchronize(device)
+            out.append(time.perf_counter() - start)
+    return samples
+
+
+def _best_copy_seconds(nbytes: int, device: torch.device, repeats: int) -> float:
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return min(_time(lambda: dst.copy_(src), device, 2, repeats))
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int) -> Ceilings:
+    """Best observed copy bandwidth and matmul rate: ceilings are peaks, so the fastest sample counts."""
+    copy_bytes = 256 << 20
+    copy_s = _best_copy_seconds(copy_bytes, device, max(repeats // 2, 5))
+    n = 2048 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    mm_s = min(_time(lambda: torch.matmul(a, b), device, 2, max(repeats // 2, 5)))
+    return Ceilings(copy_gbps=2 * copy_bytes / copy_s / 1e9, matmul_tflops=2 * n ** 3 / mm_s / 1e12,
+                    matmul_dtype=str(dtype).removeprefix("torch."), copy_bytes=copy_bytes, matmul_size=n)
+
+
+def _available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _stored_bytes_per_param(quant: MoEQuantConfig, dtype: torch.dtype) -> float:
+    """Canonical bytes per weight parameter (scales included) for the memory plan."""
+    w = quant.weight
+    if not w.quantized:
+        return torch.empty((), dtype=dtype).element_size()
+    per_param = w.bits / 8
+    if w.scale.group_size:
+        per_param += 4 / w.scale.group_size  # scale and zero point, up to 2 bytes each
+    return per_param
+
+
+def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig]) -> int:
+    """Peak memory of benchmarking `config`: the layer-dtype weights (bf16 layer and naive loop share
+    them) plus, per quantized scheme, its canonical form and a packed copy, loaded one at a time."""
+    params = config.num_local_experts * (config.w13_rows * config.hidden_size
+                                         + config.hidden_size * config.intermediate_size_per_partition)
+    dense = params * _stored_bytes_per_param(unquantized(), config.dtype)
+    # Quantized processors that dequantize hold the layer dtype (or fp32): bound them by 4 bytes/param.
+    quantized = [params * (_stored_bytes_per_param(q, config.dtype) + 4) for q in quants if q.weight.quantized]
+    return int(dense + max(quantized, default=0))
+
+
+def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+              b2: torch.Tensor | None, correction_bias: torch.Tensor | None
+              ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """transformers' eager MoE block: route, then one F.linear pair per expert that got tokens."""
+
+    def forward(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = route_torch(logits, config.routing, config.top_k, correction_bias)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(ids.long(), config.num_experts).permute(2, 1, 0)  # [E, k, M]
+        for e in (mask.sum(dim=(1, 2)) > 0).nonzero().flatten().tolist():
+            slot, token = torch.where(mask[e])
+            h = F.linear(x[token], w13[e], None if b13 is None else b13[e])
+            y = F.linear(apply_activation(h, config.activation), w2[e], None if b2 is None else b2[e])
+            out.index_add_(0, token, (y * weights[token, slot, None]).to(x.dtype))
+        return out
+
+    return forward
+
+
+def _machine(device: torch.device, threads: int) -> dict:
+    info = detect_device(device)
+    return {"hostname": platform.node(), "device": str(info), "cpu_model": detect_device("cpu").name,
+            "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], device: torch.device,
+                  ceilings: Ceilings, args: argparse.Namespace) -> list[Row]:
+    config = preset.config
+    E, K = config.num_experts, config.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    correction_bias = torch.randn(E, generator=gen).to(device) * 0.1 if config.routing.has_correction_bias else None
+    dense = ExpertWeights.random(config, unquantized()).to(device)
+    naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
+    inputs = {m: (torch.randn(m, K, generator=gen).to(device, config.dtype), torch.randn(m, E, generator=gen).to(device))
+              for m in tokens}
+    rows = []
+    for scheme in schemes:
+        rows.extend(_bench_scheme(preset, scheme, dense, correction_bias, inputs, naive, device, ceilings, args))
+    return rows
+
+
+def _bench_scheme(preset: Preset, scheme: str, dense: ExpertWeights, correction_bias: torch.Tensor | None,
+                  inputs: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                  naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                  device: torch.device, ceilings: Ceilings, args: argparse.Namespace) -> list[Row]:
+    config = preset.config
+    E, k, K = config.num_experts, config.top_k, config.hidden_size
+    N, R = config.intermediate_size_per_partition, config.w13_rows
+    quant = _scheme(scheme, preset)
+    layer = FusedMoE(config, quant, device)
+    layer.load_weights(dense if not quant.weight.quantized else ExpertWeights.random(config, quant).to(device),
+                       correction_bias)
+    packed = layer.experts.weights
+    stored = sum(t.numel() * t.element_size() for n, t in packed.tensors.items() if not n.endswith("bias"))
+    bytes_per_expert = stored // config.num_local_experts
+    rows = []
+    with torch.inference_mode():  # the naive loop runs under it too: neither pays for autograd
+        for m in inputs:
+            samples, naive_samples = _time_interleaved(
+                [lambda m=m: layer(*inputs[m]), lambda m=m: naive(*inputs[m])], device, args.warmup, args.repeats)
+            median, best = statistics.median(samples), min(samples)
+            naive_ms = statistics.median(naive_samples) * 1e3
+            distinct = E * (1 - (1 - k / E) ** m)
+            memory_s = distinct * bytes_per_expert / (ceilings.copy_gbps * 1e9)
+            compute_s = 2 * m * k * (R * K + K * N) / (ceilings.matmul_tflops * 1e12)
+            floor = max(memory_s, compute_s)
+            row = Row(preset.name, scheme, m, layer.plan.experts_cls.name(), median * 1e3, best * 1e3, m / median,
+                      floor * 1e3, "memory" if memory_s >= compute_s else "compute", floor / median,
+                      naive_ms, naive_ms / (median * 1e3), bytes_per_expert, distinct)
+            rows.append(row)
+            print(_format_row(row), flush=True)
+    return rows
+
+
+_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'experts':<24} {'ms':>9} {'min ms':>9} {'tok/s':>9} "
+           f"{'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7}")
+
+
+def _format_row(r: Row) -> str:
+    return (f"{r.preset:<16} {r.scheme:<8} {r.tokens:>5} {r.experts:<24} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
+            f"{r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.floor_fraction:>7.2f} "
+            f"{r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f}")
+
+
+def _plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = list(dict.fromkeys(r.preset for r in rows))
+    fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
+    for ax, name in zip(axes[0], presets):
+        mine = [r for r in rows if r.preset == name]
+        for i, scheme in enumerate(dict.fromkeys(r.scheme for r in mine)):
+            pts = [r for r in mine if r.scheme == scheme]
+            color = f"C{i}"
+            ax.plot([r.tokens for r in pts], [r.time_ms for r in pts], "o-", color=color, label=f"{scheme} layer")
+            ax.plot([r.tokens for r in pts], [r.floor_ms for r in pts], "--", color=color, label=f"{scheme} floor")
+        base = [r for r in mine if r.scheme == mine[0].scheme]
+        ax.plot([r.tokens for r in base], [r.naive_ms for r in base], ":", color="gray", label="naive loop (dtype)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per forward")
+        ax.set_ylabel("ms per layer (median)")
+        ax.set_title(name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        presets = [get_preset(p) for p in (args.preset or DEFAULT_PRESETS)]
+        device = detect_device(args.device).torch_device
+    except ValueError as exc:
+        print(f"moe bench: {exc}")
+        return 2
+    tokens = list(args.tokens or DEFAULT_TOKENS)
+    schemes = list(args.scheme or DEFAULT_SCHEMES)
+    if any(m < 1 for m in tokens) or args.repeats < 1 or args.warmup < 0:
+        print(f"moe bench: --tokens must be >= 1 (got {tokens}), --repeats >= 1 (got {args.repeats}), "
+              f"--warmup >= 0 (got {args.warmup})")
+        return 2
+    for preset in presets:
+        for scheme in schemes:
+            try:
+                _scheme(scheme, preset)
+            except ValueError as exc:
+                print(f"moe bench: --scheme {scheme!r}: {exc}")
+                return 2
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"moe bench: --threads must be >= 1, got {args.threads}")
+            return 2
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+
+    machine = _machine(device, threads)
+    dtype = presets[0].config.dtype
+    ceilings = measure_ceilings(device, dtype, args.repeats)
+    print(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads")
+    print(f"ceilings: copy {ceilings.copy_gbps:.1f} GB/s (read+write), {ceilings.matmul_dtype} matmul "
+          f"{ceilings.matmul_tflops * 1e3:.1f} GFLOP/s\n")
+    print(_HEADER)
+
+    rows: list[Row] = []
+    refused: list[dict] = []
+    available = _available_memory_bytes(device)
+    for preset in presets:
+        quants = [_scheme(s, preset) for s in schemes]
+        need = planned_bytes(preset.config, quants)
+        if need > MEMORY_HEADROOM * available:
+            reason = (f"needs about {need / 2**30:.1f} GiB for its weights ({', '.join(schemes)}), "
+                      f"{MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB available is "
+                      f"{MEMORY_HEADROOM * available / 2**30:.1f} GiB; not run")
+            print(f"{preset.name}: {reason}")
+            refused.append({"preset": preset.name, "reason": reason})
+            continue
+        rows.extend(_bench_preset(preset, schemes, tokens, device, ceilings, args))
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = (f"bench-{_slug(machine['device'])}-{machine['cpu_count']}cpu-{threads}t-torch{_slug(torch.__version__)}-"
+            f"{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}")
+    payload = {"machine": machine, "ceilings": asdict(ceilings), "repeats": args.repeats, "warmup": args.warmup,
+               "rows": [asdict(r) for r in rows], "refused": refused,
+               "method": "median of repeats per point; floor = max(expected distinct experts * stored bytes per "
+                         "expert / copy bandwidth, flops / matmul rate); naive = per-expert F.linear loop"}
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {out / f'{stem}.json'}")
+    if rows and not args.no_plot:
+        _plot(rows, out / f"{stem}.png", f"{machine['device']} {threads} threads, torch {torch.__version__}, "
+                                         f"{machine['date']}")
+        print(f"wrote {out / f'{stem}.png'}")
+    return 0 if rows or not presets else 1
