@@ -39,7 +39,9 @@ def candidates(block_m: int, gated: bool) -> list[TileConfig]:
     """Tiles worth trying for one GEMM; gated GEMM1 holds two accumulators, so it avoids the widest."""
     if block_m <= 32:
         tiles = [TileConfig(32, 256, 1, 4, 4), TileConfig(64, 128, 1, 4, 3), TileConfig(64, 128, 1, 4, 5),
-                 TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4)]
+                 TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4),
+                 # narrow tiles put more programs on the SMs when few experts are touched
+                 TileConfig(16, 256, 1, 4, 4), TileConfig(16, 512, 1, 4, 3), TileConfig(32, 512, 1, 4, 2)]
     else:
         tiles = [TileConfig(64, 64, 8, 4, 4), TileConfig(64, 128, 8, 4, 3), TileConfig(128, 64, 8, 8, 4),
                  TileConfig(128, 64, 8, 4, 3), TileConfig(128, 128, 8, 8, 3)]
