@@ -1,8 +1,8 @@
 """Golden AWQ (GEMM) fixture for moe-core's checkpoint reader, packed by AutoAWQ's own code.
 
-Writes packages/moe-core/tests/fixtures/awq/: a two-expert Qwen3-MoE-style layer whose expert
-projections were packed by `awq.modules.linear.gemm.WQLinear_GEMM.from_linear`, its config.json
-(the `quantization_config` AutoAWQ's `to_transformers_dict` writes), and reference.safetensors with
+Writes packages/moe-core/tests/fixtures/awq/: model/ (a two-expert Qwen3-MoE-style layer whose expert
+projections were packed by `awq.modules.linear.gemm.WQLinear_GEMM.from_linear`, and its config.json
+with the `quantization_config` AutoAWQ's `to_transformers_dict` writes), and reference.safetensors with
 the fp32 weights AutoAWQ's own `awq.utils.packing_utils.dequantize_gemm` recovers from the packed
 tensors, which the reader's tests compare against.
 
@@ -52,8 +52,8 @@ def main() -> None:
             reference[f"{name}.weight"] = packed.pop("reference").t().contiguous()  # nn.Linear [out, in]
             tensors.update({f"{name}.{k}": v.contiguous() for k, v in packed.items()})
     tensors[f"{PREFIX}.gate.weight"] = (torch.randn(NUM_EXPERTS, HIDDEN, generator=gen) * 0.1).half()
-    OUT.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, OUT / "model.safetensors")
+    (OUT / "model").mkdir(parents=True, exist_ok=True)
+    save_file(tensors, OUT / "model" / "model.safetensors")
     save_file(reference, OUT / "reference.safetensors")
     config = {
         "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1,
@@ -62,7 +62,7 @@ def main() -> None:
         "quantization_config": {"quant_method": "awq", "zero_point": True, "group_size": GROUP, "bits": BITS,
                                 "version": "gemm", "modules_to_not_convert": None},
     }
-    (OUT / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (OUT / "model" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     print(f"wrote {OUT}")
 
 

@@ -166,3 +166,22 @@ def test_mxfp4_tensors_without_quantization_config(tmp_path):
     d = write_model_dir(tmp_path / "m", tensors, {"model_type": "gpt_oss", "num_local_experts": E})
     with pytest.raises(CheckpointError, match=r"MXFP4 expert tensors but config\.json has no quantization_config"):
         load_layer(d, 0)
+
+
+def test_tensors_no_reader_understands_are_refused(tmp_path):
+    """A bias on a GPTQ projection or a static input scale would be silently dropped: refused instead."""
+    prefix = "model.layers.0.mlp.experts"
+    config = MoEConfig(num_experts=E, top_k=2, hidden_size=K, intermediate_size=N)
+    ref = ExpertWeights.random(config, int4_w4a16(32, scale_dtype="fp16"), seed=12)
+    tensors = gptq_tensors(ref, prefix)
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True}
+    hf = {"num_experts": E, "quantization_config": qc}
+    tensors[f"{prefix}.3.down_proj.bias"] = torch.randn(K).half()
+    d = write_model_dir(tmp_path / "bias", tensors, hf)
+    with pytest.raises(CheckpointError, match=r"not part of the gptq expert format .*experts\.3\.down_proj\.bias"):
+        load_layer(d, 0)
+    assert load_layer(d, 0, experts=[0, 1]).weights.num_experts == 2  # expert 3 is not read
+    del tensors[f"{prefix}.3.down_proj.bias"]
+    tensors[f"{prefix}.1.up_proj.qzeros"] = torch.zeros(3, 4, dtype=torch.int32)
+    with pytest.raises(CheckpointError, match=r"up_proj\.qzeros' has shape \[3, 4\], expected \[2, 4\]"):
+        load_layer(write_model_dir(tmp_path / "zeros", tensors, hf), 0)

@@ -148,10 +148,10 @@ def test_gptq_gate_and_up_g_idx_must_agree(tmp_path):
 
 
 def test_awq_fixture_from_autoawq_matches_its_dequantization():
-    """tests/fixtures/awq was packed by AutoAWQ 0.2.9's WQLinear_GEMM.from_linear; reference.safetensors
+    """tests/fixtures/awq/model was packed by AutoAWQ 0.2.9's WQLinear_GEMM.from_linear; reference.safetensors
     holds what AutoAWQ's own dequantize_gemm recovers (computed in fp16, hence the tolerance)."""
     d = FIXTURES / "awq"
-    loaded = load_layer(d, 0)
+    loaded = load_layer(d / "model", 0)
     assert loaded.format == "awq" and loaded.quant == int4_w4a16(32, zero_point=True, scale_dtype="fp16")
     ref = load_file(d / "reference.safetensors")
     w13, w2 = loaded.weights.dequantize()

@@ -39,6 +39,7 @@ class TensorSource:
     def __init__(self, tensors: Mapping[str, torch.Tensor], what: str = "checkpoint") -> None:
         self._tensors = tensors
         self.what = what  # used in messages: "checkpoint", "state dict", a directory path
+        self.consumed: set[str] = set()  # keys read through get(), to find tensors no reader understood
 
     def __contains__(self, key: str) -> bool:
         return key in self._tensors
@@ -53,6 +54,7 @@ class TensorSource:
             want = f" (expected shape {_shape_text(shape)})" if shape is not None else ""
             raise CheckpointError(f"{self.what}: tensor {key!r} is missing{want}")
         t = self._tensors[key]
+        self.consumed.add(key)
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{self.what}: {key!r} is a {type(t).__name__}, expected a torch.Tensor")
         if shape is not None and (t.dim() != len(shape)

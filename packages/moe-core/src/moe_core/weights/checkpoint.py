@@ -128,6 +128,7 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     qc = config.get("quantization_config")
     method = None if qc is None else qc.get("quant_method")
     fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
+    _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name)
     quant = MoEQuantConfig(weights.key) if fmt_name != "fp8" else BlockFP8Format.from_config(qc).quant_config()
     mlp = prefix.removesuffix(".experts")
     router_weight = _optional(source, (join_key(mlp, "gate.weight"), join_key(mlp, "router.weight")), dtype)
@@ -187,6 +188,18 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
         return "fp8", block_fp8_experts(source, prefix, num_experts, BlockFP8Format.from_config(qc), ids)
     raise ValueError(f"quantization_config.quant_method={method!r} is not supported: expected none or one of "
                      f"{', '.join(SUPPORTED_QUANT_METHODS)}")
+
+
+def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: str) -> None:
+    """Tensors of the read experts that the format's reader did not use (biases of quantized
+    projections, static input scales, ...) would be silently dropped: refuse instead."""
+    wanted = {str(e) for e in ids}
+    unread = [k for k in source.names() if k.startswith(prefix + ".") and k not in source.consumed
+              and (not (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() or head in wanted)]
+    if unread:
+        shown = ", ".join(repr(k) for k in sorted(unread)[:5]) + (" ..." if len(unread) > 5 else "")
+        raise CheckpointError(f"{source.what}: {len(unread)} tensor(s) under {prefix!r} are not part of the "
+                              f"{fmt_name} expert format and would be ignored: {shown}")
 
 
 def _optional(source: TensorSource, keys: Sequence[str], dtype: torch.dtype | None) -> torch.Tensor | None:

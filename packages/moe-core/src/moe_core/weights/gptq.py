@@ -94,6 +94,9 @@ def _projection(source: TensorSource, module: str, fmt: GPTQFormat, act_order: b
     scales = source.get(f"{module}.scales", (G, N), FLOAT_DTYPES)
     codes = unpack_int32(qweight, fmt.bits, dim=0).t()  # [N, K]
     zero = None
+    if fmt.sym and f"{module}.qzeros" in source:
+        # Symmetric checkpoints still carry qzeros (the implicit zero, stored); checked, then unused.
+        source.get(f"{module}.qzeros", (G, -(-N // per_word)), (torch.int32,))
     if not fmt.sym:
         if N % per_word:
             raise CheckpointError(f"{source.what}: {module}: out_features {N} is not a multiple of {per_word}, "
