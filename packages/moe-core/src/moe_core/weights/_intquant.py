@@ -16,7 +16,7 @@ from moe_core.weights._source import CheckpointError, TensorSource, join_key
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4
 
-__all__ = ["QuantizedProjection", "assemble_int_experts", "expert_projection_names", "unpack_int32"]
+__all__ = ["QuantizedProjection", "assemble_int_experts", "check_trivial_g_idx", "expert_projection_names", "unpack_int32"]
 
 _SCALE_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
