@@ -244,6 +244,8 @@ class MoEQuantConfig:
         return "mxfp4_w4a16"
 
     def __str__(self) -> str:
+        if not self.weight.quantized:
+            return "weights and activations in the layer dtype"
         return f"w={self.weight} a={self.activation or '16-bit'}"
 
 
