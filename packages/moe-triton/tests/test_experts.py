@@ -174,7 +174,7 @@ def test_config_lookup_sources(tmp_path, monkeypatch):
         assert (near.config, near.source) == (small, "nearest-shape") and key.file_name() in near.detail
         other = configs.lookup(ConfigKey("bf16", 128, 768, 2048, 8, "bfloat16", "GPU_B"), 1)
         assert other.source == "other-device"
-        assert configs.lookup(ConfigKey("bf16", 8, 14336, 4096, 2, "bfloat16", "GPU_B"), 1).source == "default"
+        assert configs.lookup(ConfigKey("bf16", 3, 1000, 100, 2, "bfloat16", "GPU_B"), 1).source == "default"
         assert configs.lookup(ConfigKey("fp8", 128, 768, 2048, 8, "bfloat16", "GPU_A"), 1).source == "default"
         data = json.loads((tmp_path / key.file_name()).read_text())
         assert data["key"]["device"] == "GPU_A"
