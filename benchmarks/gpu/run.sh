@@ -41,7 +41,7 @@ for phase in "$@"; do
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?
-      tar -C "$OUT" -cf "$OUT/configs.tar" configs && mv "$OUT/configs" "/tmp/moe-tuned" ;;
+      tar -C "$OUT" -cf "$OUT/configs.tar" configs && rm -rf /tmp/moe-tuned && mv "$OUT/configs" /tmp/moe-tuned ;;
     bench)
       if [ -d /tmp/moe-tuned ]; then export MOE_TRITON_CONFIG_DIR=/tmp/moe-tuned; fi
       python3 "$HERE/bench_triton.py" --out "$OUT"
