@@ -150,7 +150,7 @@ def bench_cell(layer_fn, cfg, M: int, dev, check) -> dict:
         turn[0] += 1
 
     t = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
-    del graphs
+    graphs.clear()  # free the captured memory before the next cell
     return {"us": t, "err": err, "distinct_experts": distinct}
 
 

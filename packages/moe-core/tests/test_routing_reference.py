@@ -63,7 +63,7 @@ def test_softmax_topk_is_softmax_of_the_topk_logits(m, e, k, renorm, seed):
 
 def test_llama4_and_sigmoid():
     logits = torch.randn(5, 8)
-    w, ids = route_torch(logits, Routing.llama4(), 1)
+    w, _ = route_torch(logits, Routing.llama4(), 1)
     torch.testing.assert_close(w[:, 0], torch.sigmoid(logits.max(-1).values))
     w, _ids = route_torch(logits, Routing.sigmoid_topk(True), 3)
     torch.testing.assert_close(w.sum(-1), torch.ones(5))

@@ -11,7 +11,7 @@ put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into `moe_triton/configs/` 
 from __future__ import annotations
 
 import argparse
-import math
+import functools
 import sys
 import time
 from pathlib import Path
@@ -55,9 +55,9 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
     from triton.testing import do_bench
 
     from moe_core.config import Routing
+    from moe_core.routing import route_torch as route
     from moe_triton._details.pipeline import moe_gemm
     from moe_triton.align import align_block_size
-    from moe_core.routing import route_torch as route
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -83,13 +83,11 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
             timings = []
             for tile in candidates(bm, gated):
                 if gemm == "gemm1":
-                    def fn(tile=tile):
-                        moe_gemm(x, w13, b13, inter, tw, sorted_ids, expert_ids, total, tile=tile,
-                                 activation=activation, mul_weight=False, **common)
+                    fn = functools.partial(moe_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total,
+                                           tile=tile, activation=activation, mul_weight=False, **common)
                 else:
-                    def fn(tile=tile):
-                        moe_gemm(inter, w2, b2, out, tw, sorted_ids, expert_ids, total, tile=tile,
-                                 activation=None, mul_weight=True, **common)
+                    fn = functools.partial(moe_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total,
+                                           tile=tile, activation=None, mul_weight=True, **common)
                 try:
                     t_us = do_bench(fn, warmup=5, rep=rep_ms) * 1e3
                 except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
