@@ -24,9 +24,9 @@ import moe_triton.quantized as qmod
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16
-from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton.quantized import TritonWna16Experts
+from moe_triton.routing import route
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
@@ -80,7 +80,7 @@ def time_layer(experts, cfg, M: int, correction) -> float:
     logits = torch.randn(M, cfg.num_experts, device="cuda", generator=gen)
 
     def layer():
-        tw, ids = route_torch(logits, cfg.routing, cfg.top_k, correction)
+        tw, ids = route(logits, cfg.routing, cfg.top_k, correction)
         return experts.apply(x, tw, ids)
 
     layer()
@@ -129,6 +129,9 @@ def main() -> None:
                     "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
                     "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
                     "stages5w8": lambda c: dataclasses.replace(c, num_stages=5, num_warps=8),
+                    "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
+                    "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
+                    "stages2": lambda c: dataclasses.replace(c, num_stages=2),
                 })
             best = None
             for vname, tweak in variants.items():

@@ -22,6 +22,7 @@ from moe_core.reference import apply_activation
 __all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch"]
 
 FP8_MAX = 448.0
+_FP8_MAX = tl.constexpr(FP8_MAX)  # the kernels' copy: jit code reads only constexpr globals
 
 
 class ActKind(enum.IntEnum):
@@ -92,14 +93,14 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
     if QMODE == 0:
         tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=mask)
     elif QMODE == 1:
-        s = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / FP8_MAX
-        q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -FP8_MAX, FP8_MAX)
+        s = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / _FP8_MAX
+        q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
         tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
         tl.store(s_ptr + row * stride_s, s)
     elif QMODE == 2:
         yg = tl.reshape(y, (BLOCK // 128, 128))
-        s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / FP8_MAX
-        q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -FP8_MAX, FP8_MAX)
+        s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / _FP8_MAX
+        q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -_FP8_MAX, _FP8_MAX)
         tl.store(tl.reshape(dst, (BLOCK // 128, 128)), _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
                  mask=tl.reshape(mask, (BLOCK // 128, 128)))
         g_offs = tl.arange(0, BLOCK // 128)
@@ -110,8 +111,8 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
             if PHASE == 0:
                 tl.atomic_max(amax_ptr + e, tl.max(tl.abs(y), axis=0))
             else:
-                s = tl.maximum(tl.load(amax_ptr + e), 1e-12) / FP8_MAX
-                q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -FP8_MAX, FP8_MAX)
+                s = tl.maximum(tl.load(amax_ptr + e), 1e-12) / _FP8_MAX
+                q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
                 tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
                 tl.store(s_ptr + row * stride_s, s)
 
