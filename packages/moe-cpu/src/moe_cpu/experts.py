@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from moe_core.backends import Backend, Platform
 from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.reference import apply_activation, fake_quantize_activation
 from moe_core.weights import ExpertWeights, PackedWeights
-
 from moe_cpu._details.dispatch import run_experts
 from moe_cpu._details.packing import act_order_permutation, dequantized, int4_tinygemm, int8_per_channel
 
@@ -52,20 +52,15 @@ class _CpuExperts(Experts):
         packed = self._packed()
         return run_experts(hidden_states, topk_weights, topk_ids, self.config.num_local_experts,
                            self.expert_map, self.config.routing.weight_on_input,
-                           lambda expert, rows: self._expert_mlp(packed, expert, rows))
+                           lambda name, expert, x: self._gemm(packed, name, expert, x), self._activate)
 
     @abstractmethod
-    def _expert_mlp(self, packed: PackedWeights, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        """One local expert on its rows [m, K] (layer dtype) -> [m, K], before the router weight."""
+    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """x [m, in] @ weight `name` ("w13" or "w2") of one local expert, plus its bias: [m, out]."""
 
     def _activate(self, h: torch.Tensor) -> torch.Tensor:
         # fp32 for the nonlinearity: the GEMM output is small next to the weights, the accuracy is not
         return apply_activation(h.float(), self.config.activation).to(h.dtype)
-
-
-def _plus_bias(y: torch.Tensor, packed: PackedWeights, name: str, expert: int) -> torch.Tensor:
-    bias = packed.get(name)
-    return y if bias is None else y + bias[expert]
 
 
 def _bias_of(packed: PackedWeights, name: str, expert: int) -> torch.Tensor | None:
@@ -103,9 +98,8 @@ class CpuUnquantizedExperts(_CpuExperts):
                      "one GEMM pair per active expert: tokens per expert are not padded or batched across experts"),
     )
 
-    def _expert_mlp(self, packed: PackedWeights, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        h = F.linear(rows, packed["w13"][expert], _bias_of(packed, "w13_bias", expert))
-        return F.linear(self._activate(h), packed["w2"][expert], _bias_of(packed, "w2_bias", expert))
+    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, packed[name][expert], _bias_of(packed, f"{name}_bias", expert))
 
 
 # ---- dequantized at load: fp8, mxfp4, and int4/int8 forms the packed kernels refuse -------------
@@ -174,12 +168,10 @@ class CpuFp8EmulatedExperts(_CpuExperts):
                      "GEMMs; no fp8 arithmetic and no speed benefit",),
     )
 
-    def _expert_mlp(self, packed: PackedWeights, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        key = self.quant.activation
-        x = fake_quantize_activation(rows.float(), key)
-        h = F.linear(x, packed["w13"][expert], _bias_of(packed, "w13_bias", expert))
-        a = fake_quantize_activation(apply_activation(h, self.config.activation), key)
-        return F.linear(a, packed["w2"][expert], _bias_of(packed, "w2_bias", expert)).to(rows.dtype)
+    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        # the key's activation quantization applies to each expert's own rows, as in the reference
+        xq = fake_quantize_activation(x.float(), self.quant.activation)
+        return F.linear(xq, packed[name][expert], _bias_of(packed, f"{name}_bias", expert))
 
 
 # ---- int4 weight-only: ATen tinygemm -----------------------------------------------------------
@@ -232,18 +224,15 @@ class CpuInt4Experts(_CpuExperts):
                 return Support.no(f"group size {g} does not divide the {what} {size}")
         return Support.yes()
 
-    def _expert_mlp(self, packed: PackedWeights, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        g = self.quant.weight.group_size
-        out = rows
-        for name in ("w13", "w2"):
-            if name == "w2":
-                out = self._activate(out)
-            perm = packed.get(f"{name}_perm")
-            x = out if perm is None else out.index_select(1, perm[expert])
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.contiguous(), packed[name][expert], g, packed[f"{name}_scale_and_zeros"][expert])
-            out = _plus_bias(out, packed, f"{name}_bias", expert)
-        return out
+    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        perm = packed.get(f"{name}_perm")
+        if perm is not None:
+            x = x.index_select(1, perm[expert])
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed[name][expert],
+                                                       self.quant.weight.group_size,
+                                                       packed[f"{name}_scale_and_zeros"][expert])
+        bias = _bias_of(packed, f"{name}_bias", expert)
+        return y if bias is None else y + bias
 
 
 # ---- int8 weight-only: ATen per-channel int8 GEMM ----------------------------------------------
@@ -285,15 +274,11 @@ class CpuInt8Experts(_CpuExperts):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int8pack_mm")
         return Support.yes()
 
-    def _expert_mlp(self, packed: PackedWeights, expert: int, rows: torch.Tensor) -> torch.Tensor:
-        out = rows
-        for name in ("w13", "w2"):
-            if name == "w2":
-                out = self._activate(out)
-            x = out.contiguous()
-            out = torch.ops.aten._weight_int8pack_mm(x, packed[name][expert], packed[f"{name}_scale"][expert])
-            correction = packed.get(f"{name}_zero_correction")
-            if correction is not None:
-                out = (out.float() + x.float().sum(-1, keepdim=True) * correction[expert].float()).to(x.dtype)
-            out = _plus_bias(out, packed, f"{name}_bias", expert)
-        return out
+    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.ops.aten._weight_int8pack_mm(x, packed[name][expert], packed[f"{name}_scale"][expert])
+        correction = packed.get(f"{name}_zero_correction")
+        if correction is not None:
+            y = (y.float() + x.float().sum(-1, keepdim=True) * correction[expert].float()).to(x.dtype)
+        bias = _bias_of(packed, f"{name}_bias", expert)
+        return y if bias is None else y + bias

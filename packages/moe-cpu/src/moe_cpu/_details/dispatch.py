@@ -5,13 +5,16 @@ Shared by every CPU experts class: only the per-expert MLP differs between schem
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-# expert_mlp(local_expert_id, rows [m, K] in the layer dtype) -> [m, K] in the layer dtype
-ExpertMLP = Callable[[int, torch.Tensor], torch.Tensor]
+# gemm(weight name "w13" or "w2", local expert id, rows [m, in]) -> [m, out]
+ExpertGemm = Callable[[str, int, torch.Tensor], torch.Tensor]
+# activation over the GEMM1 outputs of every expert at once: [S, R] -> [S, N]
+Activate = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,12 @@ def dispatch(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_local_exper
 
 def run_experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 num_local_experts: int, expert_map: torch.Tensor | None, weight_on_input: bool,
-                expert_mlp: ExpertMLP) -> torch.Tensor:
-    """[M, K] -> [M, K]: sum over top-k of router weight * expert(x); loops over experts, never tokens."""
+                gemm: ExpertGemm, activate: Activate) -> torch.Tensor:
+    """[M, K] -> [M, K]: sum over top-k of router weight * expert(x); loops over experts, never tokens.
+
+    GEMMs run per expert on contiguous row slices; the activation runs once over all rows, which
+    matters at a few tokens, where per-op overhead is a visible share of the layer.
+    """
     M, K = hidden_states.shape
     if topk_ids.dim() != 2 or topk_ids.shape[0] != M or tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_ids and topk_weights must both be [{M}, top_k] for {M} tokens, got "
@@ -53,15 +60,17 @@ def run_experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_id
     out = torch.zeros(M, K, dtype=torch.float32)
     if rows.shape[0] == 0:
         return out.to(hidden_states.dtype)
-    results = []
-    start = 0
-    for expert, count in enumerate(d.counts):
-        if count:
-            results.append(expert_mlp(expert, rows[start:start + count]))
-            start += count
-    y = torch.cat(results).float() if len(results) > 1 else results[0].float()
+    ends = list(itertools.accumulate(d.counts))
+    active = [(e, end - c, end) for e, (c, end) in enumerate(zip(d.counts, ends)) if c]
+    h = _concat([gemm("w13", e, rows[lo:hi]) for e, lo, hi in active])
+    a = activate(h)
+    y = _concat([gemm("w2", e, a[lo:hi]) for e, lo, hi in active]).float()
     if not weight_on_input:
         y = y * d.weight.unsqueeze(1)
     # fp32 accumulation of the top-k contributions, one rounding to the layer dtype at the end
     out.index_add_(0, d.token, y)
     return out.to(hidden_states.dtype)
+
+
+def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

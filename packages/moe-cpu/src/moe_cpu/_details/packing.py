@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
 from moe_core.quant import ZeroPoint
 from moe_core.weights import ExpertWeights
 from moe_core.weights.packing import unpack_int4
