@@ -217,7 +217,9 @@ def _moe_wgemm_kernel(
                               mask=n_mask, other=0.0)
                 acc += tl.dot(a, codes) * a_s[:, None] * w_s[None, :]
             else:
-                acc = tl.dot(a, codes, acc)
+                # Summed outside the dot: Hopper's fp8 MMA accumulates in reduced precision, so each
+                # K tile's partial result is promoted to the fp32 accumulator (as DeepSeek-V3 does).
+                acc += tl.dot(a, codes)
 
     if A_SCALE == 1:
         a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
