@@ -4,8 +4,8 @@
 #   here:       uv build --all-packages -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run.sh .carry/wheels tests tune bench
 #
-# tests: the device-marked tests of packages/moe-triton (and moe-core's conformance suite if it
-#        ships one), with MOE_TEST_REQUIRE_DEVICE=cuda so a missing GPU fails instead of skipping.
+# tests: the device-marked tests (moe-triton, transformers parity) and moe-core's conformance suite
+#        for moe-triton, with MOE_TEST_REQUIRE_DEVICE=cuda so a missing GPU fails instead of skipping.
 # tune:  python -m moe_triton.tune for the five presets -> $OUT/configs.tar (copy into moe_triton/configs/).
 # bench: benchmarks/gpu/bench_triton.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
 #        configs tuned in this same call when the tune phase ran first.
@@ -31,13 +31,13 @@ for phase in "$@"; do
   start=$(date +%s)
   case "$phase" in
     tests)
-      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device "$ROOT/packages/moe-triton/tests"
+      # Device-marked tests (Triton kernels at real shapes, transformers parity on cuda), then the
+      # moe-core conformance suite against every moe-triton experts class on this GPU.
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device \
+        "$ROOT/packages/moe-triton/tests" "$ROOT/integration/test_transformers_parity.py"
       rc=$?
-      if python3 -c "import moe_core.testing" 2>/dev/null; then
-        MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --pyargs moe_core.testing || rc=1
-      else
-        echo "moe_core.testing (conformance suite) is not installed: skipped"
-      fi ;;
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+        "$ROOT/packages/moe-triton/tests/test_conformance.py" || rc=1 ;;
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?
