@@ -32,6 +32,7 @@ from moe_cpu.experts import (
     CpuFp8EmulatedExperts,
     CpuInt4Experts,
     CpuInt8Experts,
+    CpuOneDnnExperts,
     CpuUnquantizedExperts,
 )
 
@@ -49,20 +50,28 @@ def _config(E=8, k=2, K=256, N=128, dtype=torch.bfloat16, activation=None, routi
 
 
 def _relative_error(config: MoEConfig, quant: MoEQuantConfig, tokens: int, seed: int,
-                    expected_cls: type) -> float:
-    layer = FusedMoE(config, quant, "cpu", prefer="cpu")
-    assert layer.plan.experts_cls is expected_cls, layer.plan.explain()
+                    expected_cls: type, via_oracle: bool = True) -> float:
+    """Relative L2 error of `expected_cls` against the fp32 reference. via_oracle: run it as the
+    FusedMoE layer the oracle builds (and check that the oracle chose it); else call it directly."""
     weights = ExpertWeights.random(config, quant, seed=seed)
     bias = None
     gen = torch.Generator().manual_seed(seed + 1)
     if config.routing.has_correction_bias:
         bias = torch.randn(config.num_experts, generator=gen) * 0.2
-    layer.load_weights(weights, bias)
     x = torch.randn(tokens, config.hidden_size, generator=gen).to(config.dtype)
     logits = torch.randn(tokens, config.num_experts, generator=gen)
-    out = layer(x, logits)
-    assert out.dtype == config.dtype and out.shape == x.shape
     topk_weights, topk_ids = route_torch(logits, config.routing, config.top_k, bias)
+    if via_oracle:
+        layer = FusedMoE(config, quant, "cpu", prefer="cpu")
+        assert layer.plan.experts_cls is expected_cls, layer.plan.explain()
+        layer.load_weights(weights, bias)
+        out = layer(x, logits)
+    else:
+        assert expected_cls.supports(config, quant, CPU)
+        experts = expected_cls(config, quant, CPU)
+        experts.load_weights(weights)
+        out = experts.apply(x, topk_weights, topk_ids)
+    assert out.dtype == config.dtype and out.shape == x.shape
     ref = reference_moe(x, weights, config, topk_weights, topk_ids, quant, config.expert_map())
     assert ref.norm() > 0
     return float((out.float() - ref).norm() / ref.norm())
@@ -74,22 +83,34 @@ ROUTINGS = [Routing.softmax_topk(True), Routing.softmax_topk(False), Routing.sig
             Routing.deepseek_v3(4, 2, 2.5)]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+UNQUANTIZED_CLASSES = [(CpuOneDnnExperts, torch.bfloat16), (CpuOneDnnExperts, torch.float32),
+                       (CpuUnquantizedExperts, torch.bfloat16), (CpuUnquantizedExperts, torch.float16),
+                       (CpuUnquantizedExperts, torch.float32)]
+
+
+@pytest.mark.parametrize(("cls", "dtype"), UNQUANTIZED_CLASSES, ids=lambda v: getattr(v, "__name__", str(v)))
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
-def test_unquantized_every_activation_and_dtype(dtype, activation):
-    err = _relative_error(_config(dtype=dtype, activation=activation), unquantized(), 13, 0, CpuUnquantizedExperts)
+def test_unquantized_every_activation_and_dtype(cls, dtype, activation):
+    config = _config(dtype=dtype, activation=activation, bias=activation.kind.value == "swiglu_oai")
+    err = _relative_error(config, unquantized(), 13, 0, cls, via_oracle=False)
     assert err < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [(torch.bfloat16, CpuOneDnnExperts), (torch.float32, CpuOneDnnExperts),
+                                               (torch.float16, CpuUnquantizedExperts)], ids=str)
+def test_oracle_prefers_onednn_and_falls_back_for_fp16(dtype, expected):
+    assert _relative_error(_config(dtype=dtype), unquantized(), 10, 12, expected) < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("routing", ROUTINGS, ids=str)
 def test_unquantized_every_routing(routing):
-    err = _relative_error(_config(routing=routing), unquantized(), 11, 1, CpuUnquantizedExperts)
+    err = _relative_error(_config(routing=routing), unquantized(), 11, 1, CpuOneDnnExperts)
     assert err < TOLERANCE[torch.bfloat16]
 
 
 def test_llama4_weight_on_input():
     config = _config(k=1, routing=Routing.llama4())
-    assert _relative_error(config, unquantized(), 9, 2, CpuUnquantizedExperts) < 1e-2
+    assert _relative_error(config, unquantized(), 9, 2, CpuOneDnnExperts) < 1e-2
 
 
 @pytest.mark.parametrize("ep_rank", [0, 2])
@@ -167,7 +188,7 @@ def test_random_shapes_match_reference(E, k_frac, K_groups, N_groups, tokens, sc
     k = 1 + int(k_frac * (E - 1))
     K, N = 32 * K_groups, 32 * N_groups
     dtype = torch.float32 if scheme == "fp32" else torch.bfloat16
-    quant, cls = {"bf16": (unquantized(), CpuUnquantizedExperts), "fp32": (unquantized(), CpuUnquantizedExperts),
+    quant, cls = {"bf16": (unquantized(), CpuOneDnnExperts), "fp32": (unquantized(), CpuOneDnnExperts),
                   "int4": (int4_w4a16(32), CpuInt4Experts), "int8": (int8_w8a16(), CpuInt8Experts)}[scheme]
     err = _relative_error(_config(E, k, K, N, dtype), quant, tokens, seed, cls)
     assert err < TOLERANCE[dtype]
@@ -184,6 +205,8 @@ def test_random_shapes_match_reference(E, k_frac, K_groups, N_groups, tokens, sc
     (CpuInt8Experts, _config(), int8_w8a16(64), "group weight scales"),
     (CpuInt8Experts, _config(), int4_w4a16(64), "weights int4"),
     (CpuUnquantizedExperts, _config(), int4_w4a16(64), "weights int4"),
+    (CpuOneDnnExperts, _config(), int8_w8a16(), "weights int8"),
+    (CpuOneDnnExperts, _config(dtype=torch.float16), unquantized(), "activation dtype torch.float16"),
     (CpuDequantizedExperts, _config(), fp8_w8a8("tensor"), "activations fp8e4m3"),
     (CpuFp8EmulatedExperts, _config(), MoEQuantConfig(moe_core.quant.FP8_TENSOR_WEIGHT), "activations 16-bit"),
 ])
@@ -195,7 +218,8 @@ def test_refusals_name_the_reason(cls, config, quant, reason):
 
 def test_non_cpu_device_is_refused():
     cuda = moe_core.DeviceInfo(moe_core.Platform.CUDA, 0, "H100", (9, 0))
-    for cls in (CpuUnquantizedExperts, CpuInt4Experts, CpuInt8Experts, CpuDequantizedExperts, CpuFp8EmulatedExperts):
+    for cls in (CpuOneDnnExperts, CpuUnquantizedExperts, CpuInt4Experts, CpuInt8Experts, CpuDequantizedExperts,
+                CpuFp8EmulatedExperts):
         support = cls.supports(_config(), unquantized(), cuda)
         assert not support.ok and "not cuda" in support.reason
 
@@ -234,7 +258,8 @@ def test_plugin_is_registered_and_ready():
     assert status.state is PluginState.READY, status.reason
     spec = backend_spec()
     assert spec.name == "cpu" and spec.platforms == (moe_core.Platform.CPU,)
-    assert [r.path.rpartition(":")[2] for r in spec.experts][:2] == ["CpuUnquantizedExperts", "CpuInt4Experts"]
+    assert [r.path.rpartition(":")[2] for r in spec.experts][:3] == [
+        "CpuOneDnnExperts", "CpuUnquantizedExperts", "CpuInt4Experts"]
 
 
 def test_select_picks_int4_for_a_qwen3_shaped_layer():
@@ -245,6 +270,19 @@ def test_select_picks_int4_for_a_qwen3_shaped_layer():
     assert plan.weight_layout == "cpu.int4pack"
     reference_row = [c for c in plan.candidates if c.backend == "reference"]
     assert reference_row and not reference_row[0].chosen
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.to_dense() if t.layout == torch._mkldnn else t
+
+
+def test_onednn_prepacked_weights_hold_the_canonical_values():
+    config = _config()
+    weights = ExpertWeights.random(config, unquantized(), seed=13)
+    packed = CpuOneDnnExperts.weight_processor(weights, config, torch.device("cpu"))
+    for e in range(config.num_experts):
+        assert torch.equal(_dense(packed[f"w13.{e}"]), weights.w13[e])
+        assert torch.equal(_dense(packed[f"w2.{e}"]), weights.w2[e])
 
 
 @pytest.mark.parametrize("quant", [unquantized(), int4_w4a16(64, True, True), int8_w8a16(-1, True),
@@ -259,6 +297,6 @@ def test_processors_are_pure_and_idempotent(quant):
     assert first.layout == second.layout == cls.weight_processor.layout
     assert first.tensors.keys() == second.tensors.keys()
     for name in first.tensors:
-        assert torch.equal(first[name], second[name]), name
+        assert torch.equal(_dense(first[name]), _dense(second[name])), name
     for name, t in weights.tensors().items():
         assert torch.equal(t, before[name]), f"processor mutated {name}"

@@ -6,6 +6,7 @@ from moe_core.backends import Platform
 from moe_core.plugins import BackendSpec, ExpertsRef
 
 _CLASSES = (
+    "CpuOneDnnExperts",
     "CpuUnquantizedExperts",
     "CpuInt4Experts",
     "CpuInt8Experts",
