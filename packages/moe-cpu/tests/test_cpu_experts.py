@@ -206,6 +206,7 @@ def test_random_shapes_match_reference(E, k_frac, K_groups, N_groups, tokens, sc
     (CpuInt8Experts, _config(), int4_w4a16(64), "weights int4"),
     (CpuUnquantizedExperts, _config(), int4_w4a16(64), "weights int4"),
     (CpuOneDnnExperts, _config(), int8_w8a16(), "weights int8"),
+    (CpuDequantizedExperts, _config(K=192, N=96), int4_w4a16(128), "group size 128 does not divide the hidden size 192"),
     (CpuOneDnnExperts, _config(dtype=torch.float16), unquantized(), "activation dtype torch.float16"),
     (CpuDequantizedExperts, _config(), fp8_w8a8("tensor"), "activations fp8e4m3"),
     (CpuFp8EmulatedExperts, _config(), MoEQuantConfig(moe_core.quant.FP8_TENSOR_WEIGHT), "activations 16-bit"),

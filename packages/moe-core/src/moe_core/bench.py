@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from moe_core.backends import detect_device
 from moe_core.config import MoEConfig
 from moe_core.layer import FusedMoE
+from moe_core.oracle import NoBackendError, select
 from moe_core.presets import PRESETS, Preset, get_preset
 from moe_core.quant import MoEQuantConfig, int4_w4a16, parse_scheme, unquantized
 from moe_core.reference import apply_activation
@@ -330,10 +331,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for preset in presets:
         for scheme in schemes:
-            try:
-                _scheme(scheme, preset)
-            except ValueError as exc:
-                print(f"moe bench: --scheme {scheme!r}: {exc}")
+            try:  # the plan is made before any weight exists: a scheme no backend serves stops here
+                select(preset.config, _scheme(scheme, preset), device)
+            except (ValueError, NoBackendError) as exc:
+                print(f"moe bench: {preset.name} with --scheme {scheme!r}: {exc}")
                 return 2
     if args.threads is not None:
         if args.threads < 1:

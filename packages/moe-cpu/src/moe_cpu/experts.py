@@ -65,6 +65,18 @@ class _CpuExperts(Experts):
         return apply_activation(h.float(), self.config.activation).to(h.dtype)
 
 
+def _groups_divide(config: MoEConfig, quant: MoEQuantConfig) -> Support:
+    """GROUP weight scales must tile both GEMMs' input dimensions exactly."""
+    g = quant.weight.group_size
+    if g is None:
+        return Support.yes()
+    for what, size in (("hidden size", config.hidden_size),
+                       ("intermediate size", config.intermediate_size_per_partition)):
+        if size % g:
+            return Support.no(f"group size {g} does not divide the {what} {size}")
+    return Support.yes()
+
+
 def _bias_of(packed: PackedWeights, name: str, expert: int) -> torch.Tensor | None:
     bias = packed.get(name)
     return None if bias is None else bias[expert]
@@ -214,6 +226,10 @@ class CpuDequantizedExperts(CpuUnquantizedExperts):
                      "no quantized activations (fp8 W8A8 goes to CpuFp8EmulatedExperts)"),
     )
 
+    @classmethod
+    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
+        return _groups_divide(config, quant)
+
 
 @dataclass(frozen=True)
 class Fp32DequantizingProcessor:
@@ -291,12 +307,7 @@ class CpuInt4Experts(_CpuExperts):
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int4pack_mm_for_cpu")
-        g = quant.weight.group_size
-        for what, size in (("hidden size", config.hidden_size),
-                           ("intermediate size", config.intermediate_size_per_partition)):
-            if size % g:
-                return Support.no(f"group size {g} does not divide the {what} {size}")
-        return Support.yes()
+        return _groups_divide(config, quant)
 
     def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         perm = packed.get(f"{name}_perm")

@@ -33,12 +33,14 @@ def dispatch(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_local_exper
     if expert_map is not None:
         ids = expert_map.long()[ids]  # -1: owned by another rank, contributes zero
     order = torch.argsort(ids, stable=True)
-    sorted_ids = ids[order]
-    counts = torch.bincount(sorted_ids.clamp(min=-1) + 1, minlength=num_local_experts + 1)
-    dropped = int(counts[0])  # the -1 pairs sort first
-    kept = order[dropped:]
-    return Dispatch(token=kept // k, weight=topk_weights.reshape(-1).float()[kept],
-                    counts=counts[1:].tolist())
+    if expert_map is None:
+        counts = torch.bincount(ids, minlength=num_local_experts).tolist()
+        kept = order
+    else:
+        counts = torch.bincount(ids + 1, minlength=num_local_experts + 1).tolist()
+        kept = order[counts[0]:]  # the -1 pairs sort first
+        counts = counts[1:]
+    return Dispatch(token=kept // k, weight=topk_weights.reshape(-1).float()[kept], counts=counts)
 
 
 def run_experts(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
