@@ -197,7 +197,8 @@ def _canonical_experts(where: str, experts: nn.Module) -> ExpertWeights:
     The layout comes from the flags transformers' `use_experts_implementation` decorator sets on
     the experts module; `moe_core.weights.hf` does the reading.
     """
-    flags = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "has_post_expert_norm")
+    # has_post_expert_norm arrived after the others (transformers 5.17 lacks it): absent means no such norm.
+    flags = ("has_gate", "has_bias", "is_transposed", "is_concatenated")
     missing = [f for f in flags if not hasattr(experts, f)]
     if missing:
         raise UnsupportedModelError(
@@ -207,7 +208,7 @@ def _canonical_experts(where: str, experts: nn.Module) -> ExpertWeights:
         )
     if not experts.has_gate:
         raise UnsupportedModelError(f"{where}: non-gated experts (up_proj only) are not supported")
-    if experts.has_post_expert_norm:
+    if getattr(experts, "has_post_expert_norm", False):
         raise UnsupportedModelError(f"{where}: experts with a post-expert norm have no moe_core equivalent")
     gate_up = getattr(experts, "gate_up_proj", None)
     if not isinstance(gate_up, torch.Tensor) or gate_up.dim() != 3:
