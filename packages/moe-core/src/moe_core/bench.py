@@ -35,7 +35,7 @@ from moe_core.config import MoEConfig
 from moe_core.layer import FusedMoE
 from moe_core.oracle import NoBackendError, select
 from moe_core.presets import PRESETS, Preset, get_preset
-from moe_core.quant import MoEQuantConfig, int4_w4a16, parse_scheme, unquantized
+from moe_core.quant import MoEQuantConfig, QuantDType, int4_w4a16, parse_scheme, unquantized
 from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
@@ -186,14 +186,25 @@ def _stored_bytes_per_param(quant: MoEQuantConfig, dtype: torch.dtype) -> float:
 
 
 def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig]) -> int:
-    """Peak memory of benchmarking `config`: the layer-dtype weights (bf16 layer and naive loop share
-    them) plus, per quantized scheme, its canonical form and a packed copy, loaded one at a time."""
-    params = config.num_local_experts * (config.w13_rows * config.hidden_size
-                                         + config.hidden_size * config.intermediate_size_per_partition)
+    """Peak memory of benchmarking `config`: the layer-dtype weights (the unquantized layer and the
+    naive loop share them) plus the worst quantized scheme, loaded one at a time: its canonical form
+    twice (`ExpertWeights.random` concatenates per-expert parts), its kernel layout, and the int64 and
+    fp32 temporaries (about 32 bytes per parameter) of dequantizing a few experts at a time."""
+    E = config.num_local_experts
+    params = E * (config.w13_rows * config.hidden_size + config.hidden_size * config.intermediate_size_per_partition)
     dense = params * _stored_bytes_per_param(unquantized(), config.dtype)
-    # Quantized processors that dequantize hold the layer dtype (or fp32): bound them by 4 bytes/param.
-    quantized = [params * (_stored_bytes_per_param(q, config.dtype) + 4) for q in quants if q.weight.quantized]
+    chunk_temporaries = min(4, E) / E * params * 32
+    quantized = [params * (2 * _stored_bytes_per_param(q, config.dtype) + _packed_bytes_per_param(q, config.dtype))
+                 + chunk_temporaries for q in quants if q.weight.quantized]
     return int(dense + max(quantized, default=0))
+
+
+def _packed_bytes_per_param(quant: MoEQuantConfig, dtype: torch.dtype) -> float:
+    """Upper bound of a kernel layout's size: integer codes repack at their own size; other formats
+    may be dequantized at load, to the layer dtype, or to fp32 where activations are quantized."""
+    if quant.weight.dtype in (QuantDType.INT4, QuantDType.INT8):
+        return _stored_bytes_per_param(quant, dtype)
+    return 4.0 if quant.activation is not None else _stored_bytes_per_param(unquantized(), dtype)
 
 
 def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,

@@ -68,8 +68,9 @@ def int8_per_channel(weights: ExpertWeights, name: str, dtype: torch.dtype
     return int8, scale.to(dtype), correction
 
 
-def dequantized(weights: ExpertWeights, dtype: torch.dtype, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w13, w2) in `dtype`, dequantized a few experts at a time so fp32 copies stay small."""
+def dequantized(weights: ExpertWeights, dtype: torch.dtype, chunk: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w13, w2) in `dtype`, dequantized two experts at a time: dequantization makes int64 and fp32
+    temporaries of about 32 bytes per parameter, which for a whole layer would not fit in memory."""
     E = weights.num_experts
     w13 = torch.empty((*weights.w13.shape[:2], weights.w2.shape[1]), dtype=dtype)
     w2 = torch.empty((*weights.w2.shape[:2], weights.intermediate_size), dtype=dtype)
