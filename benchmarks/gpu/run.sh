@@ -37,7 +37,7 @@ for phase in "$@"; do
         "$ROOT/packages/moe-triton/tests" "$ROOT/integration/test_transformers_parity.py"
       rc=$?
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-        "$ROOT/packages/moe-triton/tests/test_conformance.py" || rc=1 ;;
+        "$ROOT/packages/moe-triton/tests/test_triton_conformance.py" || rc=1 ;;
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?
