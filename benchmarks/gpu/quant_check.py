@@ -6,7 +6,10 @@ between calls); floor = the anchor file's floor (time x floor fraction), and our
 copy bandwidth measured in the same run. Weights are random codes and scales made on the GPU
 (correctness at real shapes is tests/test_quant.py's GPU part).
 
-usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [--sweep]
+The table reports the heuristic config (`pick_config`); `--sweep-ms` also times a few tile/split
+variants at those M (reported per cell under "variants", never folded into the table's time).
+
+usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [--sweep-ms 8,512]
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--sweep", action="store_true", help="also try a few tile/split variants per cell")
+    ap.add_argument("--sweep-ms", default="", help="M values at which to also time tile/split variants")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,17 +126,18 @@ def main() -> None:
         print(f"{name}: weights ready in {time.time() - t0:.1f}s", flush=True)
         for M in map(int, args.ms.split(",")):
             variants = {"heuristic": None}
-            if args.sweep:
+            if str(M) in args.sweep_ms.split(","):
                 variants.update({
+                    "noswap": lambda c: dataclasses.replace(c, swap_ab=False),
                     "bn*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
                     "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
                     "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
-                    "stages5w8": lambda c: dataclasses.replace(c, num_stages=5, num_warps=8),
+                    "w8": lambda c: dataclasses.replace(c, num_warps=8),
                     "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
                     "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
                     "stages2": lambda c: dataclasses.replace(c, num_stages=2),
                 })
-            best = None
+            times = {}
             for vname, tweak in variants.items():
                 qmod.pick_config = base_pick if tweak is None else (lambda *a, _t=tweak: _t(base_pick(*a)))
                 try:
@@ -143,10 +147,11 @@ def main() -> None:
                     continue
                 finally:
                     qmod.pick_config = base_pick
-                if best is None or us < best[1]:
-                    best = (vname, us)
-            if best is None:
+                times[vname] = round(us, 1)
+            if "heuristic" not in times:
                 continue
+            us = times["heuristic"]
+            best = min(times, key=times.get)
             anchor = ANCHORS[name][str(M)]
             floor = anchor["us"] * anchor["floor_fraction"]
             own_floor = max(expected_bytes(cfg, M) / bw * 1e6,
@@ -154,13 +159,13 @@ def main() -> None:
                             * cfg.hidden_size / 785e12 * 1e6)
             cfg1 = base_pick(M * cfg.top_k, cfg.num_local_experts, experts._operand("w13", cfg.w13_rows,
                                                                                      cfg.hidden_size), dev.torch_device)
-            row = {"model": name, "M": M, "us": round(best[1], 1), "variant": best[0],
-                   "floor_us": round(floor, 1), "floor_fraction": round(floor / best[1], 3),
+            row = {"model": name, "M": M, "us": us, "variants": times,
+                   "floor_us": round(floor, 1), "floor_fraction": round(floor / us, 3),
                    "own_floor_us": round(own_floor, 1), "anchor_us": anchor["us"],
-                   "speedup_vs_anchor": round(anchor["us"] / best[1], 2), "config_w13": dataclasses.asdict(cfg1)}
+                   "speedup_vs_anchor": round(anchor["us"] / us, 2), "config_w13": dataclasses.asdict(cfg1)}
             rows.append(row)
-            print(f"  {name:16s} M={M:5d} {best[1]:9.1f} us  floor {floor:8.1f} ({floor / best[1]:.2f})  "
-                  f"anchor {anchor['us']:8.1f} (x{anchor['us'] / best[1]:.1f})  {best[0]}", flush=True)
+            print(f"  {name:16s} M={M:5d} {us:9.1f} us  floor {floor:8.1f} ({floor / us:.2f})  "
+                  f"anchor {anchor['us']:8.1f} (x{anchor['us'] / us:.1f})  best {best} {times[best]}", flush=True)
         del experts
         torch.cuda.empty_cache()
     (out / "quant_int4.json").write_text(json.dumps({"device": dev.name, "copy_TBps": bw / 1e12,

@@ -148,7 +148,9 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
     limit = activation.limit if activation is not None and activation.limit is not None else 0.0
     block = max(triton.next_power_of_2(n), 128)
     warps = min(16, max(1, block // 512))
-    amax = torch.zeros(max(num_experts, 1), dtype=torch.float32, device=h.device)
+    # Only the per-tensor mode reduces into amax; the others skip the memset launch.
+    amax = (torch.zeros if qmode is QMode.TENSOR else torch.empty)(max(num_experts, 1), dtype=torch.float32,
+                                                                   device=h.device)
     pexp = pair_expert if pair_expert is not None else amax
     s_arg = scales if scales is not None else amax
     for phase in ((0, 1) if qmode is QMode.TENSOR else (0,)):

@@ -80,6 +80,7 @@ class GemmConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
 
 
 def _interpreting() -> bool:
@@ -123,19 +124,37 @@ def _e2m1_to_f32(c):
 
 @triton.jit
 def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
-             CODE_OFFSET: tl.constexpr, CT: tl.constexpr):
-    """codes [BK', BN] integer -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
+             CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr):
+    """codes integer tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
     if WTYPE == 3:
         s = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32)
-        w = _e2m1_to_f32(codes.to(tl.int32)) * tl.exp2(s - 127.0)[None, :]
+        w = _e2m1_to_f32(codes.to(tl.int32)) * tl.expand_dims(tl.exp2(s - 127.0), 1 - N_AXIS)
         return w.to(CT)
     # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
-    s = tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT)
+    s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
+    if WTYPE == 0:
+        # Integer -> float conversion issues at a fraction of the FMA rate and bounded the 4-bit
+        # GEMMs; instead OR the code into the mantissa of a power of two P (P + code is exact) and
+        # subtract P with the zero point. Codes and zeros are below 16: every step is exact in CT,
+        # so the only rounding is the scale's multiply, as in the reference.
+        if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+            P: tl.constexpr = 8388608.0
+            vals = (codes.to(tl.int32) | tl.full(codes.shape, 0x4B000000, tl.int32)).to(CT, bitcast=True)
+        elif CT == tl.bfloat16:  # noqa: SIM300
+            P: tl.constexpr = 128.0
+            vals = (codes.to(tl.int16) | tl.full(codes.shape, 0x4300, tl.int16)).to(CT, bitcast=True)
+        else:
+            P: tl.constexpr = 1024.0
+            vals = (codes.to(tl.int16) | tl.full(codes.shape, 0x6400, tl.int16)).to(CT, bitcast=True)
+        if HAS_ZP:
+            z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT) + P, 1 - N_AXIS)
+            return (vals - z) * s
+        return (vals - (P + CODE_OFFSET)) * s
     if HAS_ZP:
-        z = tl.load(zero_ptrs, mask=n_mask, other=0).to(CT)
+        z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT), 1 - N_AXIS)
         # codes and zeros are small integers: exact in CT, so one rounding as in the reference.
-        return (codes.to(CT) - z[None, :]) * s[None, :]
-    return (codes.to(CT) - CODE_OFFSET) * s[None, :]
+        return (codes.to(CT) - z) * s
+    return (codes.to(CT) - CODE_OFFSET) * s
 
 
 @triton.jit
@@ -151,7 +170,7 @@ def _moe_wgemm_kernel(
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -178,26 +197,46 @@ def _moe_wgemm_kernel(
     CT: tl.constexpr = tl.float32 if UPCAST else a_ptr.dtype.element_ty
     a_base = a_ptr + a_rows[:, None] * stride_am
     b_base = b_ptr + e * stride_be + offs_n[None, :] * stride_bn
+    bt_base = b_ptr + e * stride_be + offs_n[:, None] * stride_bn
     s_base = s_ptr + e * stride_se + offs_n * stride_sn
     z_base = z_ptr + e * stride_se + offs_n * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     if WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
-            packed = tl.load(b_base + (kt * HALF + offs_h)[:, None] * stride_bk, mask=n_mask[None, :], other=0)
             a_lo = tl.load(a_base + (k0 + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
             a_hi = tl.load(a_base + (k0 + HALF + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
-            w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
-                            CODE_OFFSET, CT)
-            w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
-                            CODE_OFFSET, CT)
-            acc = tl.dot(a_lo.to(CT), w_lo, acc)
-            acc = tl.dot(a_hi.to(CT), w_hi, acc)
+            if SWAP_AB:
+                # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's
+                # wgmma reads from registers, and the few token rows sit on the MMA's narrow N side
+                # instead of padding its 64-row M side.
+                packed = tl.load(bt_base + (kt * HALF + offs_h)[None, :] * stride_bk, mask=n_mask[:, None],
+                                 other=0)
+                w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 0)
+                w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 0)
+                acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
+                acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
+            else:
+                packed = tl.load(b_base + (kt * HALF + offs_h)[:, None] * stride_bk, mask=n_mask[None, :],
+                                 other=0)
+                w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 1)
+                w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 1)
+                acc = tl.dot(a_lo.to(CT), w_lo, acc)
+                acc = tl.dot(a_hi.to(CT), w_hi, acc)
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for kt in range(kt0, kt1):
@@ -207,7 +246,7 @@ def _moe_wgemm_kernel(
             a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
             if WTYPE == 1:
                 g = (k0 // GROUP) * stride_sk
-                w = _dequant(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT)
+                w = _dequant(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1)
                 acc = tl.dot(a.to(CT), w, acc)
             elif A_SCALE == 2:
                 # 128x128 weight blocks, 1x128 activation groups: BLOCK_K divides 128.
@@ -253,8 +292,12 @@ def _num_sms(device: torch.device) -> int:
 
 def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torch.device) -> GemmConfig:
     """Tile shape and split-K for one GEMM: memory-bound at small M (stream weights from many
-    programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights."""
+    programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights.
+
+    4-bit weights run swapped (see the kernel's SWAP_AB): block_m is then the MMA's N side, so it
+    can stay at 16 for a handful of tokens per expert without wasting MMA rows."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
+    swap = w.wtype in (WType.INT4, WType.MXFP4)
     if per_expert <= 16:
         bm, bn, warps, stages = 16, 128 if w.n >= 1024 else 64, 4, 4
     elif per_expert <= 48:
@@ -270,7 +313,7 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
     split = 1
     while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
         split *= 2
-    return GemmConfig(bm, bn, split, warps, stages)
+    return GemmConfig(bm, bn, split, warps, stages, swap)
 
 
 # ---- launcher -------------------------------------------------------------------------------
@@ -319,6 +362,7 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
         HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None,
         REDUCE_TOPK=reduce_topk, ATOMIC=atomic, SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
+        SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
         UPCAST=_interpreting() and a.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
