@@ -15,7 +15,7 @@ import nox
 
 nox.needs_version = ">=2025.2.9"
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "wheels"]
 
 ROOT = Path(__file__).parent
 PACKAGES = ("moe-core", "moe-cpu", "moe-triton")
