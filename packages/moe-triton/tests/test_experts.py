@@ -14,13 +14,17 @@ from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import _plugin, _probe, configs
-from moe_triton._details.pipeline import moe_gemm, moe_gemm_torch
+from moe_triton._details.pipeline import moe_gemm, moe_gemm_torch, moe_gemv, moe_gemv_torch
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, KernelConfig, TileConfig
 from moe_triton.experts import TritonExperts
 
 # Small tiles keep the CPU interpreter fast; the GPU tests use the tuned database.
 TINY = KernelConfig(16, TileConfig(16, 32, 2, 4, 1), TileConfig(32, 16, 1, 4, 1))
+TMA = KernelConfig(16, TileConfig(16, 32, 2, 4, 1, tma=True), TileConfig(32, 16, 1, 4, 1, tma=True))
+GEMV1, GEMV2 = TileConfig(8, 32, 1, 4, 1, direct=True), TileConfig(4, 16, 1, 4, 1, direct=True)
+DIRECT = {"both": KernelConfig(16, GEMV1, GEMV2), "gemm1": KernelConfig(16, GEMV1, TINY.gemm2),
+          "gemm2": KernelConfig(16, TINY.gemm1, GEMV2)}
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
@@ -93,12 +97,20 @@ def test_grouped_routing_and_odd_sizes(device):
     run_and_compare(cfg, 9, device, seed=5)
 
 
+def test_tma_tiles_odd_sizes_and_expert_map(device):
+    # Descriptor reads past N and past K (zero-filled) must never reach the output.
+    cfg = tiny(num_experts=8, top_k=3, hidden_size=40, intermediate_size=24, has_bias=True,
+               parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    run_and_compare(cfg, 11, device, seed=15, tiles=TMA)
+
+
 def test_one_token(device):
     run_and_compare(tiny(), 1, device, seed=6)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
-def test_gemm_matches_torch_twin(gemm, device):
+def test_gemm_matches_torch_twin(gemm, tma, device):
     gen = torch.Generator().manual_seed(7)
     M, k, E, K, N = 13, 2, 4, 48, 40
     act = Activation.gelu() if gemm == "gemm1" else None
@@ -115,9 +127,43 @@ def test_gemm_matches_torch_twin(gemm, device):
     out = torch.randn(M * k, N, generator=gen).to(device)
     twin = out.clone()
     kw = dict(top_k=k, block_m=16, activation=act, mul_weight=True, zero_foreign=True)
-    moe_gemm(a, w_local, b_local, out, tw, sorted_ids, expert_ids, total, tile=TileConfig(16, 16, 2, 4, 1), **kw)
+    tile = TileConfig(16, 16, 2, 4, 1, tma=tma)
+    moe_gemm(a, w_local, b_local, out, tw, sorted_ids, expert_ids, total, tile=tile, **kw)
     moe_gemm_torch(a, w_local, b_local, twin, tw, sorted_ids, expert_ids, total, **kw)
     torch.testing.assert_close(out, twin, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+def test_gemv_matches_torch_twin(gemm, device):
+    # K = 40 is not a multiple of block_k, N = 20 not of block_n: the masked K loop and wrapped rows.
+    gen = torch.Generator().manual_seed(12)
+    M, k, E, K, N = 5, 3, 4, 40, 20
+    act = Activation.swiglu_oai(1.702, 7.0) if gemm == "gemm1" else None
+    w = (torch.randn(E, 2 * N if act else N, K, generator=gen) / K**0.5).to(device)
+    bias = torch.randn(E, w.shape[1], generator=gen).to(device)
+    a = torch.randn(M if act else M * k, K, generator=gen).to(device)
+    tw = torch.rand(M, k, generator=gen).to(device)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(M)]).int().to(device)
+    expert_map = torch.tensor([0, -1, 1, 2], dtype=torch.int32, device=device)
+    w_local, b_local = w[[0, 2, 3]], bias[[0, 2, 3]]
+    out = torch.zeros(M * k if act else M, N, device=device)
+    twin = out.clone()
+    kw = dict(activation=act, mul_weight=True)
+    moe_gemv(a, w_local, b_local, out, tw, ids, expert_map, tile=GEMV1 if act else GEMV2, **kw)
+    moe_gemv_torch(a, w_local, b_local, twin, tw, ids, expert_map, **kw)
+    torch.testing.assert_close(out, twin, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("direct", list(DIRECT))
+def test_direct_kernels_end_to_end(direct, device):
+    # Either GEMM may be direct: both write the intermediate in choice order.
+    cfg = tiny(top_k=3, has_bias=True, parallel=ParallelConfig(ep_size=3, ep_rank=1))
+    run_and_compare(cfg, 3, device, seed=13, tiles=DIRECT[direct])
+
+
+def test_direct_weight_on_input(device):
+    run_and_compare(tiny(top_k=1, routing=Routing.llama4(), dtype=torch.bfloat16), 2, device, seed=14,
+                    tiles=DIRECT["both"])
 
 
 def test_reload_is_idempotent(device):
@@ -227,6 +273,21 @@ def test_real_shapes_on_gpu(name):
                         has_bias=cfg.has_bias)
     for M in ms:
         run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=None)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-120b"])
+def test_direct_kernels_on_gpu(name):
+    # The decode kernels at real widths, whatever the tuned database picks; gpt-oss has biases and
+    # its clamped SwiGLU, and K = 2880 is not a multiple of block_k.
+    cfg = get_preset(name).config
+    if cfg.num_experts > 32:
+        cfg = MoEConfig(num_experts=32, top_k=cfg.top_k, hidden_size=cfg.hidden_size,
+                        intermediate_size=cfg.intermediate_size, activation=cfg.activation,
+                        routing=cfg.routing, has_bias=cfg.has_bias)
+    tiles = KernelConfig(16, TileConfig(16, 256, 1, 4, 3, direct=True), TileConfig(8, 128, 1, 4, 3, direct=True))
+    for M in (1, 5):
+        run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=tiles)
 
 
 @pytest.mark.device("cuda")

@@ -28,26 +28,36 @@ PACKAGE_DIR = Path(__file__).parent / "configs"
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One GEMM's tiling. Every size is a power of two; block_k >= 16 and block_n >= 16 (tl.dot)."""
+    """One GEMM's tiling. Every size is a power of two; block_k >= 16 and block_n >= 16 (tl.dot).
+
+    direct: the decode kernel instead of the grouped GEMM (see `moe_triton._details.gemm_kernels`):
+    no tl.dot, so block_n may be as small as 1; group_m is unused there.
+    tma: the grouped GEMM reads the weights through a tensor descriptor (the copy engine).
+    """
 
     block_n: int
     block_k: int
     group_m: int  # row blocks that share B tiles in the launch order (L2 reuse); >= 1
     num_warps: int
     num_stages: int  # software-pipelining depth of the K loop; >= 1
+    direct: bool = False
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
             v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"TileConfig.{name}={v} must be a power of two >= 16")
+            least = 1 if (self.direct and name == "block_n") else 16
+            if v < least or v & (v - 1):
+                raise ValueError(f"TileConfig.{name}={v} must be a power of two >= {least}")
+        if self.direct and self.tma:
+            raise ValueError("TileConfig: the direct kernel reads no tiles through a descriptor (tma)")
         if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"TileConfig: group_m, num_warps and num_stages must be >= 1, got {self}")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    block_m: int  # rows per block of the sorted token ids, shared by both GEMMs (one alignment); pow2 >= 16
+    block_m: int  # rows per block of the sorted token ids, shared by both tiled GEMMs (one alignment); pow2 >= 16
     gemm1: TileConfig
     gemm2: TileConfig
 
@@ -64,7 +74,9 @@ class KernelConfig:
 
     def __str__(self) -> str:
         def t(c: TileConfig) -> str:
-            return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}"
+            if c.direct:
+                return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
+            return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

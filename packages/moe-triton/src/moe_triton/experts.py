@@ -1,7 +1,9 @@
 """`TritonExperts`: the modular fused-MoE experts for bf16 / fp16 / fp32 weights, in Triton.
 
 Pipeline per call: align the routed choices into expert blocks (`moe_triton.align`), GEMM1 with
-the activation fused into its epilogue, GEMM2 with bias and router weight, then a top-k sum.
+the activation fused into its epilogue, GEMM2 with bias and router weight, then a top-k sum. At
+decode sizes the tuned config may pick the direct kernels for either GEMM instead: they read the
+routed ids without alignment, and the direct GEMM2 sums the top-k choices itself.
 Launch tiles come from the tuned-config database (`moe_triton.configs`); `config_for(M)` says
 which configuration a call of M tokens uses and where it came from.
 """
@@ -55,7 +57,7 @@ class TritonExperts(Experts):
         validated_on=("NVIDIA H100 80GB HBM3",),  # device tests and the benchmark, 2026-11-21
         limitations=(
             "tuned configurations ship for NVIDIA H100 only; other GPUs use the nearest tuned shape or a default",
-            "no split-K: at one token a layer reads all touched experts with one program per output tile",
+            "no split-K: a direct GEMM1 program covers the whole hidden size of its output columns",
         ),
     )
 

@@ -4,13 +4,16 @@
 
 Each GEMM is timed alone (`triton.testing.do_bench`: L2 flushed before every call) on random
 weights and routed random tokens, for every candidate tile of a short, regime-specific list; the
-rows per block (block_m) follow from the tokens each expert receives. The output folder can be
-put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into `moe_triton/configs/` to ship them.
+rows per block (block_m) follow from the tokens each expert receives; with many rows per expert
+twice that block is tried too. At decode sizes the direct kernels compete per GEMM, charged for
+what they save: the alignment when both GEMMs are direct, the top-k sum when GEMM2 is. The output
+folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into `moe_triton/configs/` to ship them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -20,10 +23,13 @@ import torch
 
 from moe_triton.configs import ConfigKey, KernelConfig, TileConfig, device_tag, write_configs
 
-__all__ = ["block_m_for", "candidates", "main"]
+__all__ = ["block_m_for", "candidates", "direct_candidates", "main"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
+# Direct (decode) kernels are timed while the choices are this few: beyond it every expert meets
+# several rows and the tensor-core tiles win.
+DIRECT_MAX_CHOICES = 64
 
 
 def block_m_for(num_tokens: int, top_k: int, num_experts: int) -> int:
@@ -42,12 +48,38 @@ def candidates(block_m: int, gated: bool) -> list[TileConfig]:
                  TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4),
                  # narrow tiles put more programs on the SMs when few experts are touched
                  TileConfig(16, 256, 1, 4, 4), TileConfig(16, 512, 1, 4, 3), TileConfig(32, 512, 1, 4, 2)]
-    else:
+    elif block_m <= 128:
         tiles = [TileConfig(64, 64, 8, 4, 4), TileConfig(64, 128, 8, 4, 3), TileConfig(128, 64, 8, 8, 4),
                  TileConfig(128, 64, 8, 4, 3), TileConfig(128, 128, 8, 8, 3)]
         if not gated:
             tiles.append(TileConfig(256, 64, 8, 8, 4))
+    else:
+        # 256 rows over two warpgroups: twice the MMA work per B tile; a gated 256x128 pair of
+        # accumulators would spill, so the gated GEMM stays at 64 columns.
+        tiles = [TileConfig(64, 64, 8, 8, 3), TileConfig(64, 64, 8, 8, 4)]
+        if not gated:
+            tiles += [TileConfig(128, 64, 8, 8, 3), TileConfig(128, 64, 8, 8, 4)]
+    if block_m >= 64:
+        # The same tiles with B through the copy engine (64-wide K rows: one 128-byte swizzle line).
+        tiles += [dataclasses.replace(t, tma=True) for t in tiles if t.block_k == 64]
     return tiles
+
+
+def direct_candidates(gemm: str, top_k: int) -> list[TileConfig]:
+    """Direct-kernel tiles; GEMV2 holds top_k (padded to 2^n) experts' tiles at once, so its
+    block_n x block_k shrinks with top_k to keep the accumulator in registers."""
+    if gemm == "gemm1":
+        shapes = [(8, 256, 4, 3), (16, 256, 4, 3), (16, 128, 4, 3), (32, 128, 4, 3), (8, 512, 4, 2),
+                  (16, 512, 8, 2), (32, 256, 8, 3), (4, 512, 4, 3)]
+    else:
+        kp = 1 << (top_k - 1).bit_length()
+        shapes = []
+        for elems, warps in ((4096, 4), (8192, 4), (16384, 8)):
+            for bk in (64, 128, 256):
+                bn = elems // (kp * bk)
+                if bn >= 1:
+                    shapes.append((bn, bk, warps, 3))
+    return [TileConfig(bn, bk, 1, w, st, direct=True) for bn, bk, w, st in shapes]
 
 
 def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_bias: bool, ms, dtype,
@@ -56,7 +88,7 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
 
     from moe_core.config import Routing
     from moe_core.routing import route_torch as route
-    from moe_triton._details.pipeline import moe_gemm
+    from moe_triton._details.pipeline import moe_gemm, moe_gemv
     from moe_triton.align import align_block_size
 
     dev = torch.device("cuda")
@@ -70,36 +102,65 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
                     device_tag(torch.cuda.get_device_name(dev)))
     table: dict[int, KernelConfig] = {}
     measured: dict[str, dict] = {}
+
+    def best_of(name_m: str, gemm: str, tiles: list[TileConfig], launch) -> tuple[float, TileConfig] | None:
+        timings = []
+        for tile in tiles:
+            try:
+                timings.append((do_bench(functools.partial(launch, tile=tile), warmup=5, rep=rep_ms) * 1e3, tile))
+            except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
+                log(f"  {name_m} {gemm} {tile}: skipped ({type(exc).__name__})")
+        return min(timings, key=lambda p: p[0]) if timings else None
+
     for M in ms:
         x = torch.randn(M, K, device=dev, generator=gen, dtype=dtype)
         tw, ti = route(torch.randn(M, E, device=dev, generator=gen), Routing.softmax_topk(True), top_k)
-        bm = block_m_for(M, top_k, E)
-        sorted_ids, expert_ids, total = align_block_size(ti, bm, E)
         inter = torch.randn(M * top_k, N, device=dev, generator=gen, dtype=dtype)
         out = torch.empty(M * top_k, K, device=dev, dtype=dtype)
-        common = dict(top_k=top_k, block_m=bm, zero_foreign=True)
-        best = {}
-        for gemm, gated in (("gemm1", activation.gated), ("gemm2", False)):
-            timings = []
-            for tile in candidates(bm, gated):
-                if gemm == "gemm1":
-                    fn = functools.partial(moe_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total,
-                                           tile=tile, activation=activation, mul_weight=False, **common)
-                else:
-                    fn = functools.partial(moe_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total,
-                                           tile=tile, activation=None, mul_weight=True, **common)
-                try:
-                    t_us = do_bench(fn, warmup=5, rep=rep_ms) * 1e3
-                except Exception as exc:  # a tile the GPU cannot hold (shared memory, registers)
-                    log(f"  {name} M={M} {gemm} {tile}: skipped ({type(exc).__name__})")
-                    continue
-                timings.append((t_us, tile))
-            if not timings:
-                raise RuntimeError(f"{name} M={M} {gemm}: no candidate tile ran")
-            best[gemm] = min(timings, key=lambda p: p[0])
-        table[M] = KernelConfig(bm, best["gemm1"][1], best["gemm2"][1])
-        measured[str(M)] = {"gemm1_us": round(best["gemm1"][0], 2), "gemm2_us": round(best["gemm2"][0], 2)}
-        log(f"  {name} M={M}: {table[M]}  ({measured[str(M)]['gemm1_us']} + {measured[str(M)]['gemm2_us']} us)")
+        name_m = f"{name} M={M}"
+        bm0 = block_m_for(M, top_k, E)
+        tiled = None  # (gemm1 us, gemm2 us, align us, block_m, tile1, tile2)
+        # Twice the rows per block halves the B traffic per row once experts fill such blocks.
+        double = 64 <= bm0 < 256 and M * top_k / E >= bm0
+        for bm in (bm0, 2 * bm0) if double else (bm0,):
+            sorted_ids, expert_ids, total = align_block_size(ti, bm, E)
+            common = dict(top_k=top_k, block_m=bm, zero_foreign=True)
+            g1 = best_of(name_m, "gemm1", candidates(bm, activation.gated), functools.partial(
+                moe_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total, activation=activation,
+                mul_weight=False, **common))
+            g2 = best_of(name_m, "gemm2", candidates(bm, False), functools.partial(
+                moe_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total, activation=None,
+                mul_weight=True, **common))
+            if g1 is None or g2 is None:
+                continue
+            t_align = do_bench(functools.partial(align_block_size, ti, bm, E), warmup=5, rep=rep_ms) * 1e3
+            if tiled is None or g1[0] + g2[0] + t_align < tiled[0] + tiled[1] + tiled[2]:
+                tiled = (g1[0], g2[0], t_align, bm, g1[1], g2[1])
+        if tiled is None:
+            raise RuntimeError(f"{name_m}: no candidate tile ran")
+        t1, t2, t_align, bm, tile1, tile2 = tiled
+        t_sum = 0.0
+        if top_k > 1:
+            t_sum = do_bench(functools.partial(torch.sum, out.view(M, top_k, K), dim=1), warmup=5, rep=rep_ms) * 1e3
+        # (gemm1 tile, gemm2 tile) -> the layer's GEMM time plus the launches that pairing needs.
+        options = {(tile1, tile2): t1 + t2 + t_align + t_sum}
+        if M * top_k <= DIRECT_MAX_CHOICES:
+            d1 = best_of(name_m, "gemm1", direct_candidates("gemm1", top_k), functools.partial(
+                moe_gemv, x, w13, b13, inter, tw, ti, None, activation=activation, mul_weight=False))
+            d2 = best_of(name_m, "gemm2", direct_candidates("gemm2", top_k), functools.partial(
+                moe_gemv, inter, w2, b2, out[:M], tw, ti, None, activation=None, mul_weight=True))
+            if d1 is not None:
+                options[(d1[1], tile2)] = d1[0] + t2 + t_align + t_sum
+            if d2 is not None:
+                options[(tile1, d2[1])] = t1 + d2[0] + t_align
+            if d1 is not None and d2 is not None:
+                options[(d1[1], d2[1])] = d1[0] + d2[0]
+        (best1, best2), total_us = min(options.items(), key=lambda kv: kv[1])
+        table[M] = KernelConfig(bm, best1, best2)
+        measured[str(M)] = {"layer_gemms_us": round(total_us, 2), "tiled_gemm1_us": round(t1, 2),
+                            "tiled_gemm2_us": round(t2, 2), "align_us": round(t_align, 2), "sum_us": round(t_sum, 2),
+                            "options_us": {f"{a.direct:d}{b.direct:d}": round(v, 2) for (a, b), v in options.items()}}
+        log(f"  {name_m}: {table[M]}  ({measured[str(M)]})")
     return key, table, measured
 
 
@@ -143,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         path = write_configs(key, table, args.out, extra={
             "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
             "torch_version": torch.__version__, "model": name, "measured_us": measured,
-            "method": "each GEMM alone, triton.testing.do_bench (L2 flushed), best of the candidate tiles"})
+            "method": "each GEMM alone, triton.testing.do_bench (L2 flushed), best of the candidate tiles; "
+                      "direct (decode) kernels charged with the alignment / top-k sum they need or save "
+                      "(options_us: gemm1 direct, gemm2 direct)"})
         print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
         torch.cuda.empty_cache()
     return 0

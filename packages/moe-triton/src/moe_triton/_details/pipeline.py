@@ -1,6 +1,8 @@
 """The fused-MoE pipeline on sorted rows: align -> GEMM1 + activation -> GEMM2 + router weight -> reduce.
 
 `moe_gemm` launches one grouped GEMM; `moe_gemm_torch` is its twin over the same sorted ids.
+`moe_gemv` launches one direct (decode) kernel over topk_ids; `moe_gemv_torch` is its twin. A
+config may mix them per GEMM: both write the intermediate in choice order (row t*top_k + s).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import os
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_core.config import Activation, ActivationKind
 from moe_triton._details import gemm_kernels as gk
@@ -44,15 +47,21 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     # A row can only appear in one block, so at most num_valid blocks hold work.
     EM = min(sorted_ids.numel(), num_valid * block_m)
     grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, tile.block_n),)
+    if tile.tma:
+        if not w.is_contiguous():
+            raise ValueError("tma tiles need contiguous weights (viewed as [E * out, in])")
+        b_desc = TensorDescriptor.from_tensor(w.view(-1, K), [tile.block_n, tile.block_k])
+    else:
+        b_desc = w  # never read without B_TMA
     gk.moe_gemm_kernel[grid](
-        a, w, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
+        a, w, b_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
         N, K, EM, num_valid,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), bias.stride(0) if bias is not None else 0, out.stride(0),
         float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
         ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
         HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign,
-        EVEN_K=K % tile.block_k == 0, UPCAST=interpreting(),
+        EVEN_K=K % tile.block_k == 0, B_TMA=tile.tma, UPCAST=interpreting(),
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -94,6 +103,65 @@ def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         out[ids] = h.to(out.dtype)
 
 
+def moe_gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+             topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, *,
+             tile: TileConfig, activation: Activation | None, mul_weight: bool) -> None:
+    """activation given (GEMM1): out[c] = act(a[c // top_k] @ w[e_c].T) for every choice c of a local expert.
+    activation None (GEMM2): out[t] = sum over t's local choices c of epilogue(a[c] @ w[e_c].T).
+    """
+    if a.stride(1) != 1 or w.stride(2) != 1:
+        raise ValueError("moe_gemv needs a contiguous inner dimension in a and w")
+    M, top_k = topk_ids.shape
+    gated = activation is not None and activation.gated
+    N = w.shape[1] // 2 if gated else w.shape[1]
+    K = w.shape[2]
+    common = dict(HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, HAS_MAP=expert_map is not None,
+                  EVEN_K=K % tile.block_k == 0, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                  num_warps=tile.num_warps, num_stages=tile.num_stages)
+    args = (a, w, bias if bias is not None else w, out, topk_weights, topk_ids,
+            expert_map if expert_map is not None else topk_ids, N, K, a.stride(0), w.stride(0), w.stride(1),
+            bias.stride(0) if bias is not None else 0, out.stride(0))
+    if activation is not None:
+        gk.moe_gemv1_kernel[(triton.cdiv(N, tile.block_n), M * top_k)](
+            *args, float(activation.alpha or 0.0), float(activation.limit or 0.0), TOP_K=top_k, GATED=gated,
+            ACT=_ACT_CODE[activation.kind], **common)
+    else:
+        gk.moe_gemv2_kernel[(triton.cdiv(N, tile.block_n), M)](
+            *args, TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), **common)
+
+
+def moe_gemv_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                   topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, *,
+                   activation: Activation | None, mul_weight: bool) -> None:
+    """The twin of `moe_gemv`, choice by choice in fp32."""
+    from moe_core.reference import apply_activation
+
+    M, top_k = topk_ids.shape
+    if activation is None:
+        acc = torch.zeros(M, w.shape[1], dtype=torch.float32, device=a.device)
+    for c in range(M * top_k):
+        t, s = divmod(c, top_k)
+        e = int(topk_ids[t, s])
+        if expert_map is not None:
+            e = int(expert_map[e])
+        if e < 0:
+            continue
+        rw = float(topk_weights[t, s])
+        h = a[t if activation is not None else c].float() @ w[e].float().T
+        if activation is not None:
+            if mul_weight:
+                h = h * rw
+            if bias is not None:
+                h = h + bias[e].float()
+            out[c] = apply_activation(h, activation).to(out.dtype)
+        else:
+            if bias is not None:
+                h = h + bias[e].float()
+            acc[t] += h * rw if mul_weight else h
+    if activation is None:
+        out.copy_(acc)
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
                   b2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                   num_experts: int, activation: Activation, weight_on_input: bool,
@@ -102,11 +170,23 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: tor
     M, K = x.shape
     top_k = topk_ids.shape[1]
     N = w2.shape[2]
-    sorted_ids, expert_ids, total = align_block_size(topk_ids, config.block_m, num_experts, expert_map)
-    inter = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)
+    direct1, direct2 = config.gemm1.direct, config.gemm2.direct
+    if not (direct1 and direct2):
+        sorted_ids, expert_ids, total = align_block_size(topk_ids, config.block_m, num_experts, expert_map)
     common = dict(top_k=top_k, block_m=config.block_m)
-    moe_gemm(x, w13, b13, inter, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm1,
-             activation=activation, mul_weight=weight_on_input, zero_foreign=False, **common)
+    inter = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)
+    if direct1:
+        moe_gemv(x, w13, b13, inter, topk_weights, topk_ids, expert_map, tile=config.gemm1, activation=activation,
+                 mul_weight=weight_on_input)
+    else:
+        moe_gemm(x, w13, b13, inter, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm1,
+                 activation=activation, mul_weight=weight_on_input, zero_foreign=False, **common)
+    if direct2:
+        # The direct GEMM2 sums each token's choices itself: no top-k reduce launch.
+        out = torch.empty(M, K, dtype=x.dtype, device=x.device)
+        moe_gemv(inter, w2, b2, out, topk_weights, topk_ids, expert_map, tile=config.gemm2, activation=None,
+                 mul_weight=not weight_on_input)
+        return out
     # With one choice per token the second GEMM writes the output rows directly.
     out = torch.empty(M * top_k, K, dtype=x.dtype, device=x.device)
     moe_gemm(inter, w2, b2, out, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm2,
