@@ -115,7 +115,7 @@ def test_candidate_table_lists_every_candidate_with_a_reason(fake_registry):
     plan = select(CFG, int4_w4a16(128), "cpu")
     assert plan.experts_cls is fb.FakeCpuInt4Experts
     rows = {(c.backend, c.experts): c for c in plan.candidates}
-    assert "weights int4" in rows[("cpu", "FakeCpuExperts")].reason
+    assert "does not support int4 weights (supports: unquantized)" in rows[("cpu", "FakeCpuExperts")].reason
     assert rows[("cpu", "FakeCpuInt4Experts")].chosen
     assert "device_absent" in rows[("triton", "FakeGpuExperts")].reason
     assert "never chosen automatically" in rows[("reference", "ReferenceExperts")].reason

@@ -186,18 +186,23 @@ def cmd_explain(args) -> int:
 
 
 class _Progress:
-    """A one-line progress bar on stderr (no dependency)."""
+    """Progress on stderr: a redrawn bar on a terminal, a line per quarter in logs (no dependency)."""
 
     def __init__(self, label: str) -> None:
-        self.label, self.start = label, time.perf_counter()
+        self.label, self.start, self.tty = label, time.perf_counter(), sys.stderr.isatty()
+        self.quarter = 0
 
     def __call__(self, done: int, total: int) -> None:
-        width = 30
-        filled = width * done // total
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                         f"({time.perf_counter() - self.start:.1f}s)")
-        if done == total:
-            sys.stderr.write("\n")
+        elapsed = time.perf_counter() - self.start
+        if self.tty:
+            width = 30
+            filled = width * done // total
+            end = "\n" if done == total else ""
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                             f"({elapsed:.1f}s){end}")
+        elif 4 * done // total > self.quarter:
+            self.quarter = 4 * done // total
+            sys.stderr.write(f"{self.label}: {done}/{total} ({elapsed:.1f}s)\n")
         sys.stderr.flush()
 
 

@@ -153,7 +153,14 @@ class Experts(ABC):
         if not any(reasons):
             if not reasons:
                 return Support.no("declares no quantization scheme")
-            return Support.no("does not support " + "; ".join(dict.fromkeys(r.reason for r in reasons)))
+            wrong_type = [s for s in cap.schemes if quant.weight.dtype is not s.weight
+                          and not (s.weight.is_float_unquantized and not quant.weight.quantized)]
+            if len(wrong_type) == len(cap.schemes):
+                kinds = ", ".join(dict.fromkeys("unquantized" if s.weight.is_float_unquantized else s.weight.value
+                                                for s in cap.schemes))
+                got = quant.weight.dtype.value if quant.weight.quantized else "unquantized"
+                return Support.no(f"does not support {got} weights (supports: {kinds})")
+            return Support.no("does not support " + "; ".join(dict.fromkeys(r.reason for r in reasons if not r)))
         if cls.monolithic and cap.routing_methods is not None and config.routing.method not in cap.routing_methods:
             return Support.no(f"fused routing {config.routing.method.value} (supported: {_fmt(cap.routing_methods)})")
         if config.has_bias and not cap.bias:
