@@ -117,7 +117,7 @@ def main() -> None:
     torch.set_num_threads(1)
     formats = ["unquantized (transformers fused)", "gptq int4 act-order", "awq int4", "compressed-tensors int4 asym",
                "gpt-oss mxfp4", "block fp8 (deepseek-v3)"]
-    print(f"{'format':34} {'loaded as':46} {'vs dequantized':>15} {'vs float':>10}")
+    print(f"{'format':34} {'loaded as':46} {'vs dequantized':>15} {'vs float':>10}   experts (chosen by the oracle)")
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in formats:
             gpt_oss = fmt.startswith("gpt-oss")
@@ -139,7 +139,7 @@ def main() -> None:
             model_dir = write_model_dir(Path(tmp) / fmt.split()[0], tensors, hf_config)
 
             loaded = load_layer(model_dir, 0)
-            layer = FusedMoE(config, loaded.quant, prefer="reference")
+            layer = FusedMoE(config, loaded.quant, device="cpu")  # the oracle's choice on this machine
             layer.load_weights(loaded.weights)
             x = torch.randn(TOKENS, K, generator=gen).bfloat16()
             logits = x.float() @ loaded.router_weight.float().t()
@@ -148,7 +148,7 @@ def main() -> None:
             vs_loaded = reference_moe(x, loaded.weights, config, topk_w, topk_ids, quant=loaded.quant)
             vs_float = reference_moe(x, original, config, topk_w, topk_ids)
             print(f"{fmt:34} {loaded.quant.name + ' / ' + loaded.format:46} {rel_l2(out, vs_loaded):15.2e} "
-                  f"{rel_l2(out, vs_float):10.2e}")
+                  f"{rel_l2(out, vs_float):10.2e}   {layer.plan.experts_cls.name()}")
 
 
 if __name__ == "__main__":
