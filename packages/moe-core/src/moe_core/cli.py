@@ -235,7 +235,8 @@ def cmd_run(args) -> int:
 
     config, quant, name = _layer_from_args(args)
     device = args.device or "cpu"
-    layer = FusedMoE(config, quant, device, args.backend)
+    # One process holds one expert-parallel slice: its output is that slice's share of the layer.
+    layer = FusedMoE(config, quant, device, args.backend, ep_group="partial")
     print(f"model:   {name}\n{layer.plan.explain()}\n")
     # The canonical copy, the kernel copy and the fp32 reference of one expert at a time must fit.
     need = 2 * _weight_bytes(config, quant)

@@ -18,10 +18,16 @@ class FusedMoE(torch.nn.Module):
     The backend is chosen at construction (see `plan.explain()`); weights come later through
     `load_weights`, in canonical form, from any reader in `moe_core.weights`. Loading again replaces
     the kernel's tensors, so the same weights always give the same output.
+
+    With `config.parallel.ep_size > 1` the layer holds this rank's experts only (load the weights of
+    `config.parallel.local_expert_range(E)`), every rank gets the same tokens, and the output is
+    summed over `ep_group` (default: the whole initialized world) by
+    `moe_core.parallel.ExpertParallelReduce`. `ep_group="partial"` skips the sum and returns this
+    rank's share (its local experts' contributions), e.g. to run one slice of a large layer alone.
     """
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig | None = None, device: object = None,
-                 prefer: str | None = None) -> None:
+                 prefer: str | None = None, ep_group: object = None) -> None:
         super().__init__()
         self.config = config
         self.plan: Plan = select(config, quant, device, prefer)
@@ -29,6 +35,11 @@ class FusedMoE(torch.nn.Module):
         self.experts = self.plan.make_experts()
         self._route = self.plan.router
         self.correction_bias: torch.Tensor | None = None
+        self._finalize = None
+        if config.parallel.use_ep and ep_group != "partial":
+            from moe_core.parallel import ExpertParallelReduce
+
+            self._finalize = ExpertParallelReduce(config, ep_group)
 
     @property
     def device(self) -> torch.device:
@@ -68,12 +79,14 @@ class FusedMoE(torch.nn.Module):
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
-        if M == 0:
+        if M == 0 and self._finalize is None:  # every rank must still join the collective
             return hidden_states.new_empty((0, cfg.hidden_size))
         if self.experts.monolithic:
-            return self.experts.apply_monolithic(hidden_states, router_logits, self.correction_bias)
-        topk_weights, topk_ids = self.route(router_logits)
-        return self.experts.apply(hidden_states, topk_weights, topk_ids)
+            out = self.experts.apply_monolithic(hidden_states, router_logits, self.correction_bias)
+        else:
+            topk_weights, topk_ids = self.route(router_logits)
+            out = self.experts.apply(hidden_states, topk_weights, topk_ids)
+        return out if self._finalize is None else self._finalize(out)
 
     def extra_repr(self) -> str:
         return f"{self.config.describe()}, {self.quant.name}, backend={self.plan.backend}/{self.plan.experts_cls.name()}"
