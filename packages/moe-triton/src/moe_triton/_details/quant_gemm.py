@@ -298,7 +298,9 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
     can stay at 16 for a handful of tokens per expert without wasting MMA rows."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
     swap = w.wtype in (WType.INT4, WType.MXFP4)
-    if per_expert <= 16:
+    # H100 sweep (benchmarks/results/quant_int4_h100_2026-11-21.json): at 16 pairs per expert a
+    # 32-token tile beat 16 by 13-15% (gpt-oss, deepseek-v3 at M=512).
+    if per_expert <= 8:
         bm, bn, warps, stages = 16, 128 if w.n >= 1024 else 64, 4, 4
     elif per_expert <= 48:
         bm, bn, warps, stages = 32, 128, 4, 4
@@ -309,7 +311,8 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
     m_blocks = min(num_pairs, -(-num_pairs // bm) + min(num_experts, num_pairs))
     programs = m_blocks * -(-w.n // bn)
     k_tiles = w.k // w.block_k
-    target = 4 * _num_sms(device)
+    # 8 programs per SM: at M=8 twice the K-splits of a 4-per-SM target were up to 15% faster (mixtral).
+    target = 8 * _num_sms(device)
     split = 1
     while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
         split *= 2
