@@ -125,10 +125,11 @@ def test_fp8_activation_emulation_changes_the_result_by_fp8_rounding():
     cfg = MoEConfig(4, 2, 128, 128, dtype=torch.float32)
     q = fp8_w8a8("block")
     w = ExpertWeights.random(cfg, q, seed=7)
-    x, logits = torch.randn(6, 128), torch.randn(6, 4)
+    gen = torch.Generator().manual_seed(8)
+    x, logits = torch.randn(6, 128, generator=gen), torch.randn(6, 4, generator=gen)
     tw, ids = route_torch(logits, cfg.routing, 2)
     exact = reference_moe(x, w, cfg, tw, ids)
     emulated = reference_moe(x, w, cfg, tw, ids, quant=q)
     rel = float((exact - emulated).norm() / exact.norm())
-    assert 1e-3 < rel < 0.05
+    assert 0.01 < rel < 0.08  # two e4m3 roundings (3 mantissa bits) of the GEMM inputs: ~4.5% here
     assert F.mse_loss(exact, emulated) > 0

@@ -9,30 +9,40 @@ import torch
 
 from moe_core.config import Routing, Scoring
 
-__all__ = ["route_torch"]
+__all__ = ["check_router_inputs", "route_torch"]
 
 
-def route_torch(router_logits: torch.Tensor, routing: Routing, top_k: int,
-                correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def check_router_inputs(router_logits: torch.Tensor, routing: Routing, top_k: int,
+                        correction_bias: torch.Tensor | None) -> None:
+    """The argument checks every router implementation shares; errors name what is accepted."""
     if router_logits.dim() != 2:
         raise ValueError(f"router_logits must be [M, E], got shape {list(router_logits.shape)}")
-    M, E = router_logits.shape
+    if not router_logits.dtype.is_floating_point:
+        raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
+    E = router_logits.shape[1]
     if not 1 <= top_k <= E:
         raise ValueError(f"top_k={top_k} must be in [1, num_experts={E}]")
     if routing.has_correction_bias:
         if correction_bias is None or tuple(correction_bias.shape) != (E,):
             got = None if correction_bias is None else list(correction_bias.shape)
             raise ValueError(f"routing has a correction bias: expected correction_bias of shape [{E}], got {got}")
+        if correction_bias.device != router_logits.device:
+            raise ValueError(f"correction_bias is on {correction_bias.device}, router_logits on {router_logits.device}")
     elif correction_bias is not None:
         raise ValueError("correction_bias was given but routing.has_correction_bias is False")
+    if routing.grouped and E % routing.num_expert_groups:
+        raise ValueError(f"num_experts={E} is not divisible by num_expert_groups={routing.num_expert_groups}")
 
+
+def route_torch(router_logits: torch.Tensor, routing: Routing, top_k: int,
+                correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    check_router_inputs(router_logits, routing, top_k, correction_bias)
+    M, E = router_logits.shape
     logits = router_logits.float()
     scores = torch.softmax(logits, -1) if routing.scoring is Scoring.SOFTMAX else torch.sigmoid(logits)
     choice = scores + correction_bias.float() if correction_bias is not None else scores
     if routing.grouped:
         G = routing.num_expert_groups
-        if E % G:
-            raise ValueError(f"num_experts={E} is not divisible by num_expert_groups={G}")
         grouped = choice.view(M, G, E // G)
         # DeepSeek-V3 scores a group by its best two experts (one, if the group has one).
         group_scores = grouped.topk(min(2, E // G), dim=-1).values.sum(-1)
