@@ -50,10 +50,11 @@ def _experts_rows(reg) -> list[dict]:
         try:
             cls = reg.resolve(ref)
         except ImportError as exc:
-            row.update(error=str(exc), validated_on=[], limitations=[])
+            row.update(error=str(exc), validated_on=[], not_validated_on=[], limitations=[])
         else:
             cap = cls.capability
             row.update(platforms=sorted(p.value for p in cap.platforms), validated_on=list(cap.validated_on),
+                       not_validated_on=sorted(p.value for p in cap.unvalidated_platforms),
                        limitations=list(cap.limitations))
         rows.append(row)
     return rows
@@ -127,6 +128,8 @@ def cmd_doctor(args) -> int:
         rows = [["backend", "experts", "validated on", "notes"]]
         for e in report["experts"]:
             val = ", ".join(e["validated_on"]) or "NOT validated on real hardware"
+            if e["validated_on"] and e.get("not_validated_on"):
+                val += f"; NOT validated on {', '.join(e['not_validated_on'])}"
             rows.append([e["backend"], e["experts"], val, e.get("error", "; ".join(e["limitations"]))])
         _print_table(rows)
         for want, r in report["require"].items():

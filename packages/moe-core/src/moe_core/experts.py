@@ -106,8 +106,15 @@ class Capability:
     hidden_multiple: int = 1  # K must be a multiple of this
     intermediate_multiple: int = 1  # N (per partition) must be a multiple of this
     requires: tuple[str, ...] = ()  # importable modules the kernel needs (checked without importing)
-    validated_on: tuple[str, ...] = ()  # hardware this class was run on for real, e.g. "NVIDIA H100"
+    validated_on: tuple[str, ...] = ()  # "platform: hardware" this class's tests passed on for real,
+    #                                      e.g. "cuda: NVIDIA H100 80GB HBM3"; a platform never named is unvalidated
     limitations: tuple[str, ...] = ()  # what it does not do, in words, for docs and `moe explain`
+
+    @property
+    def unvalidated_platforms(self) -> frozenset[Platform]:
+        """Platforms the record claims but no real run has covered."""
+        seen = {entry.partition(":")[0].strip() for entry in self.validated_on}
+        return frozenset(p for p in self.platforms if p.value not in seen)
 
 
 class Experts(ABC):

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
-_VALIDATED = ("AMD EPYC (x86-64, AVX-512), 2 vCPUs",)
+_VALIDATED = ("cpu: AMD EPYC (x86-64, AVX-512), 2 vCPUs",)
 TINYGEMM_GROUP_SIZES = frozenset({32, 64, 128, 256})
 
 
