@@ -62,7 +62,7 @@ def _relative_error(config: MoEConfig, quant: MoEQuantConfig, tokens: int, seed:
     logits = torch.randn(tokens, config.num_experts, generator=gen)
     topk_weights, topk_ids = route_torch(logits, config.routing, config.top_k, bias)
     if via_oracle:
-        layer = FusedMoE(config, quant, "cpu", prefer="cpu")
+        layer = FusedMoE(config, quant, "cpu", prefer="cpu", ep_group="partial")  # this rank's share
         assert layer.plan.experts_cls is expected_cls, layer.plan.explain()
         layer.load_weights(weights, bias)
         out = layer(x, logits)
@@ -121,7 +121,7 @@ def test_expert_parallel_drops_non_local_experts(ep_rank):
 
 def test_expert_parallel_rank_with_no_routed_tokens_returns_zeros():
     config = _config(E=8, k=1, parallel=ParallelConfig(ep_size=2, ep_rank=1))
-    layer = FusedMoE(config, unquantized(), "cpu")
+    layer = FusedMoE(config, unquantized(), "cpu", ep_group="partial")
     layer.load_weights(ExpertWeights.random(config, unquantized()))
     logits = torch.full((4, 8), -10.0)
     logits[:, 0] = 10.0  # every token to expert 0, which rank 0 owns
