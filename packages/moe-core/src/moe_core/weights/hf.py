@@ -136,7 +136,7 @@ def _fused(source: TensorSource, prefix: str, num_experts: int, ids: list[int], 
                   source.get_float(bias_keys[1], (num_experts, K)))
         found += list(zip(bias_keys, biases))
     out_dtype = _result_dtype(found, dtype, source.what)
-    sel = torch.tensor(ids)
+    sel = torch.tensor(ids, device=first.device)  # the tensors may live on an accelerator (fuse on cuda)
     w13 = first.index_select(0, sel)
     w2 = down.index_select(0, sel)
     if transposed:
