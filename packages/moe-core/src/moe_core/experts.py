@@ -110,6 +110,14 @@ class Capability:
     #                                      e.g. "cuda: NVIDIA H100 80GB HBM3"; a platform never named is unvalidated
     limitations: tuple[str, ...] = ()  # what it does not do, in words, for docs and `moe explain`
 
+    def __post_init__(self) -> None:
+        names = sorted(p.value for p in Platform)
+        for entry in self.validated_on:
+            platform, sep, hardware = entry.partition(":")
+            if not sep or platform.strip() not in names or not hardware.strip():
+                raise ValueError(f"Capability.validated_on entry {entry!r} is invalid: expected 'platform: hardware' "
+                                 f"with platform one of {names}")
+
     @property
     def unvalidated_platforms(self) -> frozenset[Platform]:
         """Platforms the record claims but no real run has covered."""

@@ -30,8 +30,11 @@ def check_router_inputs(router_logits: torch.Tensor, routing: Routing, top_k: in
             raise ValueError(f"correction_bias is on {correction_bias.device}, router_logits on {router_logits.device}")
     elif correction_bias is not None:
         raise ValueError("correction_bias was given but routing.has_correction_bias is False")
-    if routing.grouped and E % routing.num_expert_groups:
-        raise ValueError(f"num_experts={E} is not divisible by num_expert_groups={routing.num_expert_groups}")
+    groups = routing.num_expert_groups
+    if routing.grouped and E % groups:
+        raise ValueError(f"num_experts={E} is not divisible by num_expert_groups={groups}")
+    if routing.grouped and routing.topk_groups * (E // groups) < top_k:
+        raise ValueError(f"top_k={top_k} exceeds the experts in the kept groups ({routing.topk_groups} x {E // groups})")
 
 
 def route_torch(router_logits: torch.Tensor, routing: Routing, top_k: int,

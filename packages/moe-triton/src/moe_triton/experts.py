@@ -54,7 +54,7 @@ class TritonExperts(Experts):
         activations=frozenset(ActivationKind),
         min_capability=(8, 0),
         requires=("triton",),
-        validated_on=("NVIDIA H100 80GB HBM3",),  # device tests and the benchmark, 2026-11-21
+        validated_on=("cuda: NVIDIA H100 80GB HBM3",),  # device tests and the benchmark, 2026-11-21
         limitations=(
             "tuned configurations ship for NVIDIA H100 only; other GPUs use the nearest tuned shape or a default",
             "no split-K: a direct GEMM1 program covers the whole hidden size of its output columns",

@@ -198,7 +198,7 @@ class TritonWna16Experts(_QuantTritonExperts):
         hidden_multiple=64,
         intermediate_multiple=64,
         requires=("triton",),
-        validated_on=("NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "act-order (g_idx) is refused: its per-expert channel permutation would need a per-k scale "
             "gather (or a permuted copy of the activations per expert) inside the GEMM",
@@ -233,7 +233,7 @@ class TritonFp8Experts(_QuantTritonExperts):
         hidden_multiple=64,
         intermediate_multiple=64,
         requires=("triton",),
-        validated_on=("NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=("e4m3fn only (ROCm's fnuz fp8 is not handled)",),
     )
 
@@ -273,6 +273,6 @@ class TritonMxfp4Experts(_QuantTritonExperts):
         hidden_multiple=64,
         intermediate_multiple=64,
         requires=("triton",),
-        validated_on=("NVIDIA H200", "NVIDIA H100 80GB HBM3"),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=("weights are dequantized in registers (no native fp4 tensor-core path)",),
     )
