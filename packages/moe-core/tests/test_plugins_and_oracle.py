@@ -169,3 +169,14 @@ def test_int8_and_weights_on_the_reference(fake_registry):
     plan = select(CFG, int8_w8a16(-1), "cpu", prefer="reference")
     assert plan.backend == Backend.REFERENCE.value and plan.weight_layout == "canonical"
     assert torch.__version__  # torch is importable alongside the registry
+
+
+def test_validation_records_name_their_platform():
+    from moe_core.config import ActivationKind
+    from moe_core.experts import UNQUANTIZED, Capability
+
+    with pytest.raises(ValueError, match="expected 'platform: hardware'"):
+        Capability(frozenset({Platform.CPU}), (UNQUANTIZED,), frozenset(ActivationKind), validated_on=("NVIDIA H100",))
+    cap = Capability(frozenset({Platform.CUDA, Platform.ROCM}), (UNQUANTIZED,), frozenset(ActivationKind),
+                     validated_on=("cuda: NVIDIA H100 80GB HBM3",))
+    assert cap.unvalidated_platforms == {Platform.ROCM}
