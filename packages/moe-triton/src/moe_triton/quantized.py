@@ -31,7 +31,17 @@ from moe_triton.align import align_block_size
 
 __all__ = ["TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
-_GATED_AND_RELU2 = frozenset(ActivationKind)
+_ALL_ACTIVATIONS = frozenset(ActivationKind)
+# What the three quantized classes share: 16-bit activations in and out, 64-wide K/N tiles, the runs
+# their tests passed on.
+_SHARED_CAPABILITY = dict(
+    activations=_ALL_ACTIVATIONS,
+    dtypes=frozenset({torch.bfloat16, torch.float16}),
+    hidden_multiple=64,
+    intermediate_multiple=64,
+    requires=("triton",),
+    validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
+)
 _GPUS = frozenset({Platform.CUDA, Platform.ROCM})
 
 
@@ -192,13 +202,8 @@ class TritonWna16Experts(_QuantTritonExperts):
             SchemeSupport(QuantDType.INT4, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
             SchemeSupport(QuantDType.INT8, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
         ),
-        activations=_GATED_AND_RELU2,
-        dtypes=frozenset({torch.bfloat16, torch.float16}),
         min_capability=(8, 0),
-        hidden_multiple=64,
-        intermediate_multiple=64,
-        requires=("triton",),
-        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
+        **_SHARED_CAPABILITY,
         limitations=(
             "act-order (g_idx) is refused: its per-expert channel permutation would need a per-k scale "
             "gather (or a permuted copy of the activations per expert) inside the GEMM",
@@ -227,13 +232,8 @@ class TritonFp8Experts(_QuantTritonExperts):
             SchemeSupport(QuantDType.FP8_E4M3, frozenset({Granularity.BLOCK}),
                           block_shapes=frozenset({(128, 128)}), activation=QuantDType.FP8_E4M3),
         ),
-        activations=_GATED_AND_RELU2,
-        dtypes=frozenset({torch.bfloat16, torch.float16}),
         min_capability=(8, 9),
-        hidden_multiple=64,
-        intermediate_multiple=64,
-        requires=("triton",),
-        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
+        **_SHARED_CAPABILITY,
         limitations=("e4m3fn only (ROCm's fnuz fp8 is not handled)",),
     )
 
@@ -267,12 +267,7 @@ class TritonMxfp4Experts(_QuantTritonExperts):
     capability = Capability(
         platforms=_GPUS,
         schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),
-        activations=_GATED_AND_RELU2,
-        dtypes=frozenset({torch.bfloat16, torch.float16}),
         min_capability=(8, 0),
-        hidden_multiple=64,
-        intermediate_multiple=64,
-        requires=("triton",),
-        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
+        **_SHARED_CAPABILITY,
         limitations=("weights are dequantized in registers (no native fp4 tensor-core path)",),
     )
