@@ -95,3 +95,17 @@ def test_run_tiny_on_the_reference(capsys):
     assert main(["run", "--preset", "tiny", "--backend", "reference", "--tokens", "1", "4", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "reference / ReferenceExperts" in out and out.count(" ok") >= 2
+
+
+def test_hf_quant_config_uses_the_readers_parsers():
+    from moe_core.hf_config import UnsupportedModelError, quant_from_hf
+    from moe_core.quant import Granularity
+
+    # desc_act with one group per row cannot reorder anything: the GPTQ reader loads it as plain per-channel.
+    gptq = {"quant_method": "gptq", "bits": 4, "group_size": -1, "desc_act": True, "sym": True}
+    key = quant_from_hf({"quantization_config": gptq}).weight
+    assert key.scale.granularity is Granularity.CHANNEL and not key.act_order and key.scale.dtype == "fp16"
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True}
+    assert quant_from_hf({"quantization_config": awq}).name == "int4_w4a16_g128_zp"
+    with pytest.raises(UnsupportedModelError, match="per-tensor scales"):
+        quant_from_hf({"quantization_config": {"quant_method": "fp8"}})

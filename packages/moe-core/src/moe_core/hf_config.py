@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
-from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
+from moe_core.quant import MoEQuantConfig, mxfp4_w4a16, unquantized
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "load_hf_config", "moe_config_from_hf", "quant_from_hf"]
 
@@ -103,53 +103,39 @@ def moe_config_from_hf(cfg: Mapping[str, Any], dtype: torch.dtype | None = None,
                      parallel=parallel or ParallelConfig(), max_num_tokens=max_num_tokens, **fields)
 
 
+# A representative routed-expert projection: compressed-tensors resolves schemes per module name.
+_EXPERT_MODULE = "model.layers.0.mlp.experts.0.down_proj"
+
+
 def quant_from_hf(cfg: Mapping[str, Any]) -> MoEQuantConfig:
-    """The expert weights' scheme from `quantization_config`, or unquantized when there is none."""
+    """The expert weights' scheme from `quantization_config`, or unquantized when there is none.
+
+    Parsed by the checkpoint readers' own format parsers, so `moe explain --config` and
+    `moe_core.weights.load_layer` accept and refuse the same configs. The scale storage dtype is the
+    format's usual one; when loading, `load_layer(...).quant` (read from the tensors) is authoritative.
+    """
+    from moe_core.weights.awq import AWQFormat
+    from moe_core.weights.compressed_tensors import compressed_tensors_scheme_for
+    from moe_core.weights.fp8 import BlockFP8Format
+    from moe_core.weights.gptq import GPTQFormat
+
     qc = cfg.get("quantization_config")
     if not qc:
         return unquantized()
     method = qc.get("quant_method")
-    if method in ("gptq", "awq"):
-        bits = qc.get("bits", qc.get("w_bit"))
-        group = qc.get("group_size", qc.get("q_group_size", -1))
-        zero_point = (not qc.get("sym", True)) if method == "gptq" else bool(qc.get("zero_point", True))
-        act_order = bool(qc.get("desc_act", False)) if method == "gptq" else False
-        if method == "awq" and qc.get("version", "gemm").lower() != "gemm":
-            raise UnsupportedModelError(f"awq version {qc.get('version')!r} is not supported; only 'gemm'")
-        return _int_scheme(bits, group, zero_point, act_order, method)
-    if method == "compressed-tensors":
-        if qc.get("format") != "pack-quantized":
-            raise UnsupportedModelError(f"compressed-tensors format {qc.get('format')!r} is not supported; "
-                                        "only 'pack-quantized'")
-        groups = list(qc.get("config_groups", {}).values())
-        if len(groups) != 1 or "weights" not in groups[0]:
-            raise UnsupportedModelError("compressed-tensors: exactly one config group with weights is supported, "
-                                        f"got {len(groups)}")
-        w = groups[0]["weights"]
-        if w.get("type", "int") != "int":
-            raise UnsupportedModelError(f"compressed-tensors weights type {w.get('type')!r}: only 'int' is supported")
-        strategy = w.get("strategy")
-        if strategy not in ("group", "channel"):
-            raise UnsupportedModelError(f"compressed-tensors strategy {strategy!r}: only 'group' and 'channel'")
-        group = w.get("group_size") if strategy == "group" else -1
-        act_order = w.get("actorder") in ("group", "dynamic")
-        return _int_scheme(w.get("num_bits"), group, not w.get("symmetric", True), act_order, method)
-    if method == "mxfp4":
-        return mxfp4_w4a16()
-    if method == "fp8":
-        block = qc.get("weight_block_size")
-        if block is None:
-            return fp8_w8a8("tensor")
-        if qc.get("activation_scheme", "dynamic") != "dynamic":
-            raise UnsupportedModelError("fp8 with static activation scales is not supported")
-        return fp8_w8a8("block", block=tuple(block))
+    try:
+        if method == "gptq":
+            return GPTQFormat.from_config(qc).quant_config()
+        if method == "awq":
+            return AWQFormat.from_config(qc).quant_config()
+        if method == "compressed-tensors":
+            scheme = compressed_tensors_scheme_for(qc, [_EXPERT_MODULE])
+            return unquantized() if scheme is None else scheme.quant_config()
+        if method == "mxfp4":
+            return mxfp4_w4a16()
+        if method == "fp8":
+            return BlockFP8Format.from_config(qc).quant_config()
+    except ValueError as exc:
+        raise UnsupportedModelError(str(exc)) from exc
     raise UnsupportedModelError(f"quant_method={method!r} is not supported; supported: gptq, awq, "
-                                "compressed-tensors (pack-quantized), mxfp4, fp8")
-
-
-def _int_scheme(bits, group, zero_point: bool, act_order: bool, method: str) -> MoEQuantConfig:
-    if bits == 4:
-        return int4_w4a16(group, zero_point=zero_point, act_order=act_order)
-    if bits == 8:
-        return int8_w8a16(group, zero_point=zero_point, act_order=act_order)
-    raise UnsupportedModelError(f"{method}: {bits}-bit weights are not supported; only 4 and 8")
+                                "compressed-tensors (pack-quantized), mxfp4, fp8 (block-wise)")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_core.quant import MoEQuantConfig, int4_w4a16
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -60,6 +61,10 @@ class AWQFormat:
         if "group_size" not in qc:
             raise ValueError("quantization_config has no 'group_size'")
         return AWQFormat(int(qc["group_size"]), tuple(qc.get("modules_to_not_convert") or ()))
+
+    def quant_config(self, scale_dtype: str = "fp16") -> MoEQuantConfig:
+        """The scheme these weights load as (scale storage: AutoAWQ writes fp16)."""
+        return int4_w4a16(self.group_size, zero_point=True, scale_dtype=scale_dtype)
 
     def converts(self, module: str) -> bool:
         """Whether AutoAWQ quantized `module` (it skips names containing any not-convert entry)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_core.quant import MoEQuantConfig, int4_w4a16, int8_w8a16
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -53,6 +54,12 @@ class CompressedTensorsScheme:
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"compressed-tensors num_bits={self.bits} is not supported: expected 4 or 8")
+
+    def quant_config(self, scale_dtype: str = "bf16") -> MoEQuantConfig:
+        """The scheme these weights load as (scales are stored in the model dtype)."""
+        factory = int4_w4a16 if self.bits == 4 else int8_w8a16
+        return factory(self.group_size, zero_point=not self.symmetric, act_order=self.act_order,
+                       scale_dtype=scale_dtype)
 
 
 def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[str]) -> CompressedTensorsScheme | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from moe_core.quant import MoEQuantConfig, int4_w4a16, int8_w8a16
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -71,12 +72,21 @@ class GPTQFormat:
         return GPTQFormat(bits=int(qc["bits"]), group_size=int(qc["group_size"]), sym=bool(qc.get("sym", True)),
                           desc_act=bool(qc.get("desc_act", False)), zeros_stored_minus_one=fmt == "gptq")
 
+    @property
+    def act_order(self) -> bool:
+        return self.desc_act and self.group_size != -1  # one group: the order cannot matter
+
+    def quant_config(self, scale_dtype: str = "fp16") -> MoEQuantConfig:
+        """The scheme these weights load as (scale storage: GPTQ writes fp16)."""
+        factory = int4_w4a16 if self.bits == 4 else int8_w8a16
+        return factory(self.group_size, zero_point=not self.sym, act_order=self.act_order, scale_dtype=scale_dtype)
+
 
 def gptq_experts(source: TensorSource, prefix: str, num_experts: int, fmt: GPTQFormat,
                  experts: Sequence[int] | None = None) -> ExpertWeights:
     ids = expert_ids(num_experts, experts)
     names = expert_projection_names(source, prefix, ids[0], "qweight")
-    act_order = fmt.desc_act and fmt.group_size != -1  # one group: the order cannot matter
+    act_order = fmt.act_order
     per_expert = [{n: _projection(source, join_key(prefix, f"{e}.{n}"), fmt, act_order)
                    for n in names if n is not None} for e in ids]
     return assemble_int_experts(per_expert, names, bits=fmt.bits, group_size=fmt.group_size,
