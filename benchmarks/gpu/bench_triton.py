@@ -63,7 +63,7 @@ def floor_us(cfg, M: int, bytes_per_param: float, ceilings: dict) -> tuple[float
     return max(mem, comp) * 1e6, ("m" if mem >= comp else "c")
 
 
-def _int4_weights(cfg, group: int, dev):
+def int4_weights(cfg, group: int, dev):
     from moe_core.quant import int4_w4a16
     from moe_core.weights.canonical import ExpertWeights
 
@@ -185,7 +185,7 @@ def run(args) -> dict:
                 if TritonWna16Experts is None:
                     cells.append({"model": name, "dtype": dtype, "skipped": int4_note})
                     continue
-                quant, weights = _int4_weights(cfg, preset.int4_group_size, dev)
+                quant, weights = int4_weights(cfg, preset.int4_group_size, dev)
                 cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
             else:
                 quant, weights = _bf16_weights(cfg, dev)

@@ -23,58 +23,19 @@ import time
 import torch
 import triton
 
+# The same ceilings, floor and random int4 layer as the protocol benchmark beside this script.
+from bench_triton import floor_us, int4_weights, measure_ceilings
+
 import moe_triton.quantized as qmod
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16
-from moe_core.weights.canonical import ExpertWeights
 from moe_triton.quantized import TritonWna16Experts
 from moe_triton.routing import route
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
 ANCHORS = json.loads((pathlib.Path(__file__).parent / "anchors_h100.json").read_text())["tables"]["int4"]
-
-
-def copy_bandwidth() -> float:
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ts = []
-    for _ in range(12):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        b.copy_(a)
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
-    ts.sort()
-    return 2 * n / ts[len(ts) // 2]
-
-
-def random_int4(cfg, group: int) -> ExpertWeights:
-    E, R, K, N = cfg.num_local_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size_per_partition
-    q = int4_w4a16(group)
-
-    def codes(r, c):
-        return torch.randint(0, 256, (E, r, c // 2), dtype=torch.uint8, device="cuda")
-
-    def scales(r, c):
-        return (torch.rand(E, r, c // group, device="cuda") * 0.02 + 0.01).to(torch.bfloat16)
-
-    bias = {}
-    if cfg.has_bias:
-        bias = {"w13_bias": torch.randn(E, R, device="cuda", dtype=torch.bfloat16) * 0.1,
-                "w2_bias": torch.randn(E, K, device="cuda", dtype=torch.bfloat16) * 0.1}
-    return ExpertWeights(q.weight, codes(R, K), codes(K, N), scales(R, K), scales(K, N), **bias)
-
-
-def expected_bytes(cfg, M: int) -> float:
-    """Distinct experts' int4 weight bytes (with bf16 scales) a uniform router touches."""
-    E, k = cfg.num_experts, cfg.top_k
-    distinct = E * (1 - (1 - k / E) ** M)
-    R, K, N = cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size_per_partition
-    return distinct * (R * K + K * N) * (0.5 + 2 / 128)
 
 
 def time_layer(experts, cfg, M: int, correction) -> float:
@@ -109,15 +70,16 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = DeviceInfo(Platform.CUDA, 0, torch.cuda.get_device_name(), torch.cuda.get_device_capability())
-    bw = copy_bandwidth()
-    print(f"device {dev.name}, copy bandwidth {bw / 1e12:.2f} TB/s, triton {triton.__version__}", flush=True)
+    ceilings = measure_ceilings()
+    print(f"device {dev.name}, copy bandwidth {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
+          f"{ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s, triton {triton.__version__}", flush=True)
     base_pick = qmod.pick_config
     rows = []
     for name in args.models.split(","):
         preset = get_preset(name)
         cfg = preset.config
         t0 = time.time()
-        weights = random_int4(cfg, preset.int4_group_size)
+        _, weights = int4_weights(cfg, preset.int4_group_size, "cuda")
         experts = TritonWna16Experts(cfg, int4_w4a16(preset.int4_group_size), dev)
         experts.load_weights(weights)
         del weights
@@ -154,9 +116,7 @@ def main() -> None:
             best = min(times, key=times.get)
             anchor = ANCHORS[name][str(M)]
             floor = anchor["us"] * anchor["floor_fraction"]
-            own_floor = max(expected_bytes(cfg, M) / bw * 1e6,
-                            2 * M * cfg.top_k * (cfg.w13_rows + cfg.intermediate_size_per_partition)
-                            * cfg.hidden_size / 785e12 * 1e6)
+            own_floor, _ = floor_us(cfg, M, 0.5 + 2 / preset.int4_group_size, ceilings)
             cfg1 = base_pick(M * cfg.top_k, cfg.num_local_experts, experts._operand("w13", cfg.w13_rows,
                                                                                      cfg.hidden_size), dev.torch_device)
             row = {"model": name, "M": M, "us": us, "variants": times,
@@ -168,7 +128,7 @@ def main() -> None:
                   f"anchor {anchor['us']:8.1f} (x{anchor['us'] / us:.1f})  best {best} {times[best]}", flush=True)
         del experts
         torch.cuda.empty_cache()
-    (out / "quant_int4.json").write_text(json.dumps({"device": dev.name, "copy_TBps": bw / 1e12,
+    (out / "quant_int4.json").write_text(json.dumps({"device": dev.name, "ceilings": ceilings,
                                                      "triton": triton.__version__, "torch": torch.__version__,
                                                      "rows": rows}, indent=1))
     print("\n| model | M | us | floor fraction | x anchor |")
