@@ -194,10 +194,12 @@ class CpuUnquantizedExperts(_CpuExperts):
 @dataclass(frozen=True)
 class DequantizingProcessor:
     layout: str = "cpu.dequantized"
+    dtype: torch.dtype | None = None  # None: the layer dtype
 
     def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
-        w13, w2 = dequantized(weights, config.dtype)
-        return PackedWeights(self.layout, {"w13": w13, "w2": w2, **_biases(weights, config.dtype)})
+        dtype = self.dtype or config.dtype
+        w13, w2 = dequantized(weights, dtype)
+        return PackedWeights(self.layout, {"w13": w13, "w2": w2, **_biases(weights, dtype)})
 
 
 _ALL_WEIGHT_GRANULARITIES = frozenset({Granularity.TENSOR, Granularity.CHANNEL, Granularity.GROUP,
@@ -231,15 +233,6 @@ class CpuDequantizedExperts(CpuUnquantizedExperts):
         return _groups_divide(config, quant)
 
 
-@dataclass(frozen=True)
-class Fp32DequantizingProcessor:
-    layout: str = "cpu.dequantized_fp32"
-
-    def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
-        w13, w2 = dequantized(weights, torch.float32)
-        return PackedWeights(self.layout, {"w13": w13, "w2": w2, **_biases(weights, torch.float32)})
-
-
 class CpuFp8EmulatedExperts(_CpuExperts):
     """fp8 W8A8 emulated: fp32 weights and GEMMs, each expert's GEMM inputs quantize-dequantized to
     fp8 as the activation key says (per tensor, per token or per group, over that expert's rows).
@@ -248,7 +241,7 @@ class CpuFp8EmulatedExperts(_CpuExperts):
     boundaries in the next quantization, an error of a whole fp8 step on those elements.
     """
 
-    weight_processor = Fp32DequantizingProcessor()
+    weight_processor = DequantizingProcessor("cpu.dequantized_fp32", torch.float32)
     capability = Capability(
         platforms=frozenset({Platform.CPU}),
         schemes=(SchemeSupport(QuantDType.FP8_E4M3, _FP8_WEIGHT_GRANULARITIES, activation=QuantDType.FP8_E4M3),),
