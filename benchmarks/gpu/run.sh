@@ -4,8 +4,11 @@
 #   here:       uv build --all-packages -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run.sh .carry/wheels tests tune bench
 #
+# Phases, in the order given:
 # tests: the device-marked tests (moe-triton, transformers parity) and moe-core's conformance suite
 #        for moe-triton, with MOE_TEST_REQUIRE_DEVICE=cuda so a missing GPU fails instead of skipping.
+# parity: only the transformers parity tests on cuda (a subset of tests).
+# profile: benchmarks/gpu/profile_layer.py: GPU time per kernel of one layer call -> $OUT/profile_<device>.json.
 # tune:  python -m moe_triton.tune for the five presets -> $OUT/configs.tar (copy into moe_triton/configs/).
 # bench: benchmarks/gpu/bench_triton.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
 #        configs tuned in this same call when the tune phase ran first.
@@ -38,6 +41,13 @@ for phase in "$@"; do
       rc=$?
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
         "$ROOT/packages/moe-triton/tests/test_triton_conformance.py" || rc=1 ;;
+    parity)
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device \
+        "$ROOT/integration/test_transformers_parity.py"
+      rc=$? ;;
+    profile)
+      python3 "$HERE/profile_layer.py" --out "$OUT"
+      rc=$? ;;
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?
@@ -46,7 +56,7 @@ for phase in "$@"; do
       if [ -d /tmp/moe-tuned ]; then export MOE_TRITON_CONFIG_DIR=/tmp/moe-tuned; fi
       python3 "$HERE/bench_triton.py" --out "$OUT"
       rc=$? ;;
-    *) echo "unknown phase $phase (tests, tune, bench)"; rc=2 ;;
+    *) echo "unknown phase $phase (tests, parity, profile, tune, bench)"; rc=2 ;;
   esac
   echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"
   [ "$rc" -eq 0 ] || failed=1

@@ -1,0 +1,95 @@
+"""Where one whole-layer call spends its time: GPU time per kernel, from torch.profiler.
+
+Same layer, inputs and weights as bench_triton.py; the L2 cache is flushed (a bitwise_not over
+256 MiB, left out of the table) before each of the profiled calls, as do_bench does. The table
+lists each kernel's GPU time per layer call and the sum; the gap between that sum and the graph
+replay time of bench_triton is launch and idle time.
+
+    python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from bench_triton import _bf16_weights, int4_weights
+
+CALLS = 10
+
+
+def profile_cell(layer, cfg, M: int, dev) -> list[tuple[str, float, int]]:
+    gen = torch.Generator(device=dev).manual_seed(M)
+    inputs = [(torch.randn(M, cfg.hidden_size, device=dev, generator=gen, dtype=torch.bfloat16),
+               torch.randn(M, cfg.num_experts, device=dev, generator=gen)) for _ in range(2)]
+    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
+    flush = torch.empty(64 << 20, dtype=torch.int32, device=dev)
+    for x, logits in inputs:
+        layer(x, logits, bias)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for i in range(CALLS):
+            flush.bitwise_not_()
+            x, logits = inputs[i % 2]
+            layer(x, logits, bias)
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "bitwise_not" not in ev.name:
+            per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time)
+    rows = [(name[:90], sum(ts) / CALLS, len(ts) // CALLS) for name, ts in per_kernel.items()]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def main(argv=None) -> int:
+    from moe_core.backends import detect_device
+    from moe_core.presets import get_preset
+    from moe_triton.experts import TritonExperts
+    from moe_triton.quantized import TritonWna16Experts
+    from moe_triton.routing import route
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--preset", nargs="*", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"])
+    p.add_argument("--m", nargs="*", type=int, default=[1, 8, 512, 2048])
+    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4"])
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    info = detect_device(dev)
+    result = {"device": info.name, "torch": torch.__version__, "cells": []}
+    for name in args.preset:
+        preset = get_preset(name)
+        cfg = preset.config
+        for dtype in args.dtypes:
+            if dtype == "int4":
+                quant, weights = int4_weights(cfg, preset.int4_group_size, dev)
+                experts = TritonWna16Experts(cfg, quant, info)
+            else:
+                quant, weights = _bf16_weights(cfg, dev)
+                experts = TritonExperts(cfg, quant, info)
+            experts.load_weights(weights)
+            del weights
+
+            def layer(x, logits, bias, experts=experts, cfg=cfg):
+                tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
+                return experts.apply(x, tw, ti)
+
+            for M in args.m:
+                rows = profile_cell(layer, cfg, M, dev)
+                total = sum(r[1] for r in rows)
+                result["cells"].append({"model": name, "dtype": dtype, "M": M, "kernels": rows, "sum_us": total})
+                print(f"\n{name} {dtype} M={M}: {total:.1f} us of kernels, {sum(r[2] for r in rows)} launches")
+                for kname, us, count in rows:
+                    print(f"  {us:8.1f} us  x{count}  {kname}")
+            del experts
+            torch.cuda.empty_cache()
+    (args.out / f"profile_{info.name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
