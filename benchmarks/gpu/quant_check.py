@@ -8,6 +8,7 @@ copy bandwidth measured in the same run. Weights are random codes and scales mad
 
 The table reports the heuristic config (`pick_config`); `--sweep-ms` also times a few tile/split
 variants at those M (reported per cell under "variants", never folded into the table's time).
+A compact line per cell is printed; the last lines are the table.
 
 usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [--sweep-ms 8,512]
 """
@@ -98,6 +99,7 @@ def main() -> None:
                     "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
                     "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
                     "stages2": lambda c: dataclasses.replace(c, num_stages=2),
+                    "fold0": lambda c: dataclasses.replace(c, fold_scale=False),
                 })
             times = {}
             for vname, tweak in variants.items():

@@ -25,6 +25,7 @@ from moe_triton._details.quant_gemm import (
     WType,
     moe_gemm,
     pack_int4_tiles,
+    pack_int4_words,
     pick_config,
 )
 from moe_triton.align import align_block_size
@@ -50,10 +51,10 @@ def _interpreting() -> bool:
 
 
 def _block_k(wtype: WType, cols: int, group: int) -> int:
-    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for 4-bit
-    codes) must sit inside one scale group."""
+    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for MXFP4's
+    split tiles) must sit inside one scale group."""
     for bk in (128, 64, 32):
-        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
+        piece = bk // 2 if wtype is WType.MXFP4 else bk
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
@@ -93,8 +94,12 @@ class _Processor:
             if wt is WType.FP8:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
-            bk = _block_k(wt, cols, _group(key, cols))
-            out[name] = pack_int4_tiles(codes, bk) if wt in (WType.INT4, WType.MXFP4) else codes.contiguous()
+            if wt is WType.INT4:
+                out[name] = pack_int4_words(codes)
+            elif wt is WType.MXFP4:
+                out[name] = pack_int4_tiles(codes, _block_k(wt, cols, _group(key, cols)))
+            else:
+                out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero.to(device), key)
@@ -135,10 +140,6 @@ class _QuantTritonExperts(Experts):
         c2 = pick_config(P, E_local, w2, hidden_states.device)
         sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
                                                             self.expert_map)
-        pair_expert = topk_ids.flatten().long()
-        if self.expert_map is not None:
-            pair_expert = self.expert_map.long()[pair_expert]
-        pair_expert = pair_expert.to(torch.int32)
         x = hidden_states
         if cfg.routing.weight_on_input:  # Llama4 (top-1): scale the input, not the output
             x = (x.float() * topk_weights.float()).to(cfg.dtype)
@@ -152,6 +153,11 @@ class _QuantTritonExperts(Experts):
         if qm in (QMode.TOKEN, QMode.GROUP128):
             a1, a1_scale = act_quant(x, None, qm, fp8, M)
         elif qm is QMode.TENSOR:
+            # Per-tensor fp8 scales are per expert's rows: the quantization needs each pair's local expert.
+            pair_expert = topk_ids.flatten().long()
+            if self.expert_map is not None:
+                pair_expert = self.expert_map.long()[pair_expert]
+            pair_expert = pair_expert.to(torch.int32)
             a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local)
             a1_div = 1
         # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
@@ -162,7 +168,7 @@ class _QuantTritonExperts(Experts):
         moe_gemm(a1, w13, h, sorted_ids, expert_ids, num_post, P, c1, a_rows_div=a1_div, a_scale=a1_scale,
                  a_scale_mode=a_mode, bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
         a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter, P,
-                                 1, pair_expert, E_local)
+                                 1, pair_expert if qm is QMode.TENSOR else None, E_local)
         moe_gemm(a2, w2, out, sorted_ids, expert_ids, num_post, P, c2, a_scale=a2_scale, a_scale_mode=a_mode,
                  bias=packed.get("w2_bias"),
                  topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
@@ -195,7 +201,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.ktiles")
+    weight_processor = _Processor("triton.wna16.words")
     capability = Capability(
         platforms=_GPUS,
         schemes=(
