@@ -1,4 +1,4 @@
-"""Time TritonWna16Experts (int4) on the anchor shapes of anchors-h100.md, against the floor.
+"""Time TritonWna16Experts (int4) on the anchor shapes (anchors-h100.md or -h200.md, by device), against the floor.
 
 Protocol as the anchors: the whole layer (routing + align + GEMM1 + activation + GEMM2 + top-k
 sum) captured in a CUDA graph, `triton.testing.do_bench` median over replays (it flushes L2
@@ -36,7 +36,11 @@ from moe_triton.routing import route
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
-ANCHORS = json.loads((pathlib.Path(__file__).parent / "anchors_h100.json").read_text())["tables"]["int4"]
+
+def _anchors(device_name: str) -> dict:
+    """The int4 anchor table measured on the same kind of device (H100 or H200)."""
+    name = "anchors_h200.json" if "H200" in device_name else "anchors_h100.json"
+    return json.loads((pathlib.Path(__file__).parent / name).read_text())["tables"]["int4"]
 
 
 def time_layer(experts, cfg, M: int, correction) -> float:
@@ -74,6 +78,7 @@ def main() -> None:
     ceilings = measure_ceilings()
     print(f"device {dev.name}, copy bandwidth {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
           f"{ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s, triton {triton.__version__}", flush=True)
+    anchors = _anchors(dev.name)
     base_pick = qmod.pick_config
     rows = []
     for name in args.models.split(","):
@@ -93,6 +98,7 @@ def main() -> None:
                 variants.update({
                     "noswap": lambda c: dataclasses.replace(c, swap_ab=False),
                     "bn*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
+                    "bn/2": lambda c: dataclasses.replace(c, block_n=max(32, c.block_n // 2)),
                     "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
                     "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
                     "w8": lambda c: dataclasses.replace(c, num_warps=8),
@@ -116,7 +122,7 @@ def main() -> None:
                 continue
             us = times["heuristic"]
             best = min(times, key=times.get)
-            anchor = ANCHORS[name][str(M)]
+            anchor = anchors[name][str(M)]
             floor = anchor["us"] * anchor["floor_fraction"]
             own_floor, _ = floor_us(cfg, M, 0.5 + 2 / preset.int4_group_size, ceilings)
             cfg1 = base_pick(M * cfg.top_k, cfg.num_local_experts, experts._operand("w13", cfg.w13_rows,

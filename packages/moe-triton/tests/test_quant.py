@@ -112,14 +112,17 @@ def test_refusals_name_the_reason():
 
 
 def test_int4_word_packing_roundtrip():
-    codes = torch.randint(0, 256, (2, 3, 64), dtype=torch.uint8)
-    packed = pack_int4_words(codes)
-    assert packed.shape == codes.shape and packed.dtype == torch.uint8
+    codes = torch.randint(0, 256, (2, 3, 64), dtype=torch.uint8)  # E=2, R=3, K=128
+    packed = pack_int4_words(codes, 32)
+    assert packed.shape == (2, 4, 3, 16) and packed.dtype == torch.uint8
     unpacked = unpack_int4_words(packed)
     assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
-    # Word 1 of row 0 holds k = 8..15; its nibble i (bits 4i..4i+3) holds k = 8 + INT4_NIBBLE_K[i].
-    word = int(packed[0, 0, 4:8].view(torch.int32))
-    assert [(word >> (4 * i)) & 0xF for i in range(8)] == [int(unpacked[0, 0, 8 + k]) for k in INT4_NIBBLE_K]
+    # K tile 2 (k = 64..95) of row 1, its word 1 holds k = 72..79; nibble i (bits 4i..4i+3) holds
+    # k = 72 + INT4_NIBBLE_K[i].
+    word = int(packed[0, 2, 1, 4:8].view(torch.int32))
+    assert [(word >> (4 * i)) & 0xF for i in range(8)] == [int(unpacked[0, 1, 72 + k]) for k in INT4_NIBBLE_K]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_int4_words(codes, 12)
 
 
 def test_mxfp4_tile_packing_roundtrip():

@@ -94,10 +94,9 @@ class _Processor:
             if wt is WType.FP8:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
-            if wt is WType.INT4:
-                out[name] = pack_int4_words(codes)
-            elif wt is WType.MXFP4:
-                out[name] = pack_int4_tiles(codes, _block_k(wt, cols, _group(key, cols)))
+            if wt in (WType.INT4, WType.MXFP4):
+                pack = pack_int4_words if wt is WType.INT4 else pack_int4_tiles
+                out[name] = pack(codes, _block_k(wt, cols, _group(key, cols)))
             else:
                 out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)

@@ -6,10 +6,12 @@ streams the expert's weights once per (M-block, N-tile), dequantizes them in reg
 stream weights at once to saturate memory bandwidth.
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
-- INT4: uint8 [E, N, K/2], K contiguous, read as little-endian int32 words [E, N, K/8]. Word j of a
-  row holds k = 8j..8j+7 with nibble i (bits 4i..4i+3) holding k = 8j + INT4_NIBBLE_K[i]: one
-  mask-and-OR (one PTX lop3) then extracts nibbles i and i+4 of a word as one 16-bit pair, which
-  holds two consecutive k: the order of the MMA's register operand.
+- INT4: uint8 [E, K/block_k, N, block_k/2], read as little-endian int32 words: K-tile major, so
+  the (N-tile, K-tile) block a program streams is one contiguous run of memory (DRAM pages stay
+  open; a row-major [N, K/2] tile would be N short 64-byte pieces). Word j of a row's tile holds
+  k = 8j..8j+7 with nibble i (bits 4i..4i+3) holding k = 8j + INT4_NIBBLE_K[i]: one mask-and-OR
+  (one PTX lop3) then extracts nibbles i and i+4 of a word as one 16-bit pair, which holds two
+  consecutive k: the order of the MMA's register operand.
 - MXFP4: uint8 [E, K/2, N]. K is cut in tiles of `block_k`; within tile t, byte row
   t*block_k/2 + i holds k = t*block_k + i in its low nibble and k = t*block_k + block_k/2 + i in
   its high nibble. One 16-byte load along N then feeds two dots over contiguous K halves.
@@ -113,26 +115,26 @@ def _int4_unpack_in_ptx(a: torch.Tensor) -> bool:
 # ---- 4-bit packing (pure torch, used by the processors and the twin) ----------------------------
 
 
-def pack_int4_words(codes: torch.Tensor) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> INT4 kernel layout uint8 [E, R, K/2]."""
+def pack_int4_words(codes: torch.Tensor, block_k: int) -> torch.Tensor:
+    """Canonical packed [E, R, K/2] (even k low) -> INT4 kernel layout uint8 [E, K/block_k, R, block_k/2]."""
     E, R, half = codes.shape
-    if half % 4:
-        raise ValueError(f"K={half * 2} is not a multiple of 8 (one int32 word holds 8 codes)")
+    if block_k % 8 or (2 * half) % block_k:
+        raise ValueError(f"block_k={block_k} must be a multiple of 8 (one int32 word) dividing K={2 * half}")
     nib = torch.stack((codes & 0xF, codes >> 4), dim=-1).view(E, R, half // 4, 8)  # [.., word, k]
     nib = nib[..., list(INT4_NIBBLE_K)].to(torch.int32)  # [.., word, nibble]
     words = (nib << (4 * torch.arange(8, dtype=torch.int32, device=codes.device))).sum(-1, dtype=torch.int32)
-    return words.view(torch.uint8).view(E, R, half)  # little-endian int32 -> its 4 bytes
+    tiled = words.view(E, R, 2 * half // block_k, block_k // 8).transpose(1, 2).contiguous()
+    return tiled.view(torch.uint8)  # little-endian int32 -> its 4 bytes
 
 
 def unpack_int4_words(packed: torch.Tensor) -> torch.Tensor:
-    """INT4 kernel layout uint8 [E, R, K/2] -> codes uint8 [E, R, K] (0..15)."""
-    E, R, half = packed.shape
-    words = packed.contiguous().view(torch.int32).view(E, R, half // 4, 1)
+    """INT4 kernel layout uint8 [E, K/block_k, R, block_k/2] -> codes uint8 [E, R, K] (0..15)."""
+    E, tiles, R, tile_half = packed.shape
+    words = packed.contiguous().view(torch.int32).transpose(1, 2).reshape(E, R, tiles * tile_half // 4, 1)
     nib = (words >> (4 * torch.arange(8, dtype=torch.int32, device=packed.device))) & 0xF  # [.., word, nibble]
     codes = torch.empty_like(nib)
     codes[..., list(INT4_NIBBLE_K)] = nib
-    return codes.view(E, R, half * 2).to(torch.uint8)
-
+    return codes.view(E, R, tiles * tile_half * 2).to(torch.uint8)
 
 
 def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
@@ -198,10 +200,12 @@ def _unpack_int4_ptx(words, CT: tl.constexpr):
 def _nibble(words, shift: tl.constexpr, CT: tl.constexpr):
     c = (words >> shift) & 0xF
     if CT == tl.float32:  # noqa: SIM300
-        return (c | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + c
-    if CT == tl.bfloat16:  # noqa: SIM300
-        return (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        v = (c | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + c
+    elif CT == tl.bfloat16:  # noqa: SIM300
+        v = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        v = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    return v
 
 
 @triton.jit
@@ -287,7 +291,7 @@ def _moe_wgemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     if WTYPE == 0:
-        # b_ptr: the int32 word view [E, N, K/8]; see the module docstring's INT4 dequantization.
+        # b_ptr: the int32 words [E, K/BLOCK_K, N, BLOCK_K/8]; see the module docstring's INT4 dequantization.
         if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
             P: tl.constexpr = 8388608.0
         elif CT == tl.bfloat16:  # noqa: SIM300
@@ -299,7 +303,7 @@ def _moe_wgemm_kernel(
         offs_k = tl.arange(0, BLOCK_K)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
-            words = tl.load(bt_base + (kt * WORDS + offs_w)[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            words = tl.load(bt_base + kt * stride_bk + offs_w[None, :], mask=n_mask[:, None], other=0)
             g = (k0 // GROUP) * stride_sk
             if HAS_ZP:
                 zero = tl.load(z_base + g, mask=n_mask, other=0).to(CT) + P
@@ -476,9 +480,10 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
     codes = w.codes
     if w.wtype is WType.MXFP4:  # [E, K/2, N]
         bst = (codes.stride(0), codes.stride(1), codes.stride(2))
-    else:  # [E, N, K] codes, or INT4's [E, N, K/8] int32 words
-        if w.wtype is WType.INT4:
-            codes = codes.view(torch.int32)
+    elif w.wtype is WType.INT4:  # [E, K/block_k, N, block_k/8] int32 words
+        codes = codes.view(torch.int32)
+        bst = (codes.stride(0), codes.stride(1), codes.stride(2))
+    else:  # canonical [E, N, K]
         bst = (codes.stride(0), codes.stride(2), codes.stride(1))
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
