@@ -105,7 +105,6 @@ def main() -> None:
                     "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
                     "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
                     "stages2": lambda c: dataclasses.replace(c, num_stages=2),
-                    "fold0": lambda c: dataclasses.replace(c, fold_scale=False),
                 })
             times = {}
             for vname, tweak in variants.items():

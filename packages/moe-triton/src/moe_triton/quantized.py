@@ -25,7 +25,6 @@ from moe_triton._details.quant_gemm import (
     WType,
     moe_gemm,
     pack_int4_tiles,
-    pack_int4_words,
     pick_config,
 )
 from moe_triton.align import align_block_size
@@ -51,10 +50,10 @@ def _interpreting() -> bool:
 
 
 def _block_k(wtype: WType, cols: int, group: int) -> int:
-    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for MXFP4's
-    split tiles) must sit inside one scale group."""
+    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for 4-bit
+    codes) must sit inside one scale group."""
     for bk in (128, 64, 32):
-        piece = bk // 2 if wtype is WType.MXFP4 else bk
+        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
@@ -94,11 +93,8 @@ class _Processor:
             if wt is WType.FP8:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
-            if wt in (WType.INT4, WType.MXFP4):
-                pack = pack_int4_words if wt is WType.INT4 else pack_int4_tiles
-                out[name] = pack(codes, _block_k(wt, cols, _group(key, cols)))
-            else:
-                out[name] = codes.contiguous()
+            bk = _block_k(wt, cols, _group(key, cols))
+            out[name] = pack_int4_tiles(codes, bk) if wt in (WType.INT4, WType.MXFP4) else codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero.to(device), key)
@@ -200,7 +196,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.words")
+    weight_processor = _Processor("triton.wna16.ktiles")
     capability = Capability(
         platforms=_GPUS,
         schemes=(

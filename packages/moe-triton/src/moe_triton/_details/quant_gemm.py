@@ -6,26 +6,13 @@ streams the expert's weights once per (M-block, N-tile), dequantizes them in reg
 stream weights at once to saturate memory bandwidth.
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
-- INT4: uint8 [E, K/block_k, N, block_k/2], read as little-endian int32 words: K-tile major, so
-  the (N-tile, K-tile) block a program streams is one contiguous run of memory (DRAM pages stay
-  open; a row-major [N, K/2] tile would be N short 64-byte pieces). Word j of a row's tile holds
-  k = 8j..8j+7 with nibble i (bits 4i..4i+3) holding k = 8j + INT4_NIBBLE_K[i]: one mask-and-OR
-  (one PTX lop3) then extracts nibbles i and i+4 of a word as one 16-bit pair, which holds two
-  consecutive k: the order of the MMA's register operand.
-- MXFP4: uint8 [E, K/2, N]. K is cut in tiles of `block_k`; within tile t, byte row
+- INT4 / MXFP4: uint8 [E, K/2, N]. K is cut in tiles of `block_k`; within tile t, byte row
   t*block_k/2 + i holds k = t*block_k + i in its low nibble and k = t*block_k + block_k/2 + i in
-  its high nibble. One 16-byte load along N then feeds two dots over contiguous K halves.
+  its high nibble. One 16-byte load along N then feeds two dots over contiguous K halves: no
+  nibble interleave needs undoing in registers.
 - INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
 canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
-
-INT4 dequantization. A code c becomes P + c exactly in the 16-bit type by OR-ing it into the
-mantissa of a power of two P; subtracting P + zero leaves the exact small integer c - zero. The
-MMA takes those integers, and each K tile's fp32 product is scaled once by its group's scale (a
-K tile never crosses a group), so the 16-bit weights are never rounded and the scale costs one
-fp32 multiply-add per output, not per weight. On CUDA the unpacking is inline PTX, under two
-instructions per pair of codes (`_unpack_int4_ptx`); elsewhere (ROCm, the CPU interpreter) the same
-values come from portable Triton integer operations.
 """
 
 from __future__ import annotations
@@ -40,11 +27,8 @@ import triton.language as tl
 
 from moe_core.weights.packing import E2M1_VALUES
 
-__all__ = ["INT4_NIBBLE_K", "AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_torch",
-           "pack_int4_tiles", "pack_int4_words", "pick_config", "unpack_int4_tiles", "unpack_int4_words"]
-
-# k offset (within its 8-code word) held by nibble i of an INT4 word.
-INT4_NIBBLE_K = (0, 2, 4, 6, 1, 3, 5, 7)
+__all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_torch", "pack_int4_tiles",
+           "pick_config", "unpack_int4_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -67,9 +51,9 @@ class WeightOperand:
     """One GEMM's weights in kernel layout.
 
     Invariants: `codes` follows the module docstring's layout for `wtype`; `n`, `k` are the GEMM's
-    output and input sizes; `block_k` divides k, and each block_k (int4, int8) or block_k/2 (mxfp4)
-    slice of K lies inside one scale group; `group` is the K extent of one scale row (k itself
-    for per-channel).
+    output and input sizes; `block_k` divides k, and for grouped int/mxfp4 scales each
+    block_k/2 (int4, mxfp4) or block_k (int8) slice of K lies inside one scale group;
+    `group` is the K extent of one scale row (k itself for per-channel).
     """
 
     wtype: WType
@@ -97,48 +81,17 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
-    # INT4 group scales: True applies them to each K tile's fp32 product (fewer instructions per
-    # weight, but each tile's MMA must finish before its product is scaled); False multiplies them
-    # into the 16-bit weights and accumulates across tiles in the MMA.
-    fold_scale: bool = True
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _int4_unpack_in_ptx(a: torch.Tensor) -> bool:
-    """Inline PTX on NVIDIA GPUs; portable Triton on ROCm and in the CPU interpreter."""
-    return a.is_cuda and torch.version.hip is None and not _interpreting()
-
-
-# ---- 4-bit packing (pure torch, used by the processors and the twin) ----------------------------
-
-
-def pack_int4_words(codes: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> INT4 kernel layout uint8 [E, K/block_k, R, block_k/2]."""
-    E, R, half = codes.shape
-    if block_k % 8 or (2 * half) % block_k:
-        raise ValueError(f"block_k={block_k} must be a multiple of 8 (one int32 word) dividing K={2 * half}")
-    nib = torch.stack((codes & 0xF, codes >> 4), dim=-1).view(E, R, half // 4, 8)  # [.., word, k]
-    nib = nib[..., list(INT4_NIBBLE_K)].to(torch.int32)  # [.., word, nibble]
-    words = (nib << (4 * torch.arange(8, dtype=torch.int32, device=codes.device))).sum(-1, dtype=torch.int32)
-    tiled = words.view(E, R, 2 * half // block_k, block_k // 8).transpose(1, 2).contiguous()
-    return tiled.view(torch.uint8)  # little-endian int32 -> its 4 bytes
-
-
-def unpack_int4_words(packed: torch.Tensor) -> torch.Tensor:
-    """INT4 kernel layout uint8 [E, K/block_k, R, block_k/2] -> codes uint8 [E, R, K] (0..15)."""
-    E, tiles, R, tile_half = packed.shape
-    words = packed.contiguous().view(torch.int32).transpose(1, 2).reshape(E, R, tiles * tile_half // 4, 1)
-    nib = (words >> (4 * torch.arange(8, dtype=torch.int32, device=packed.device))) & 0xF  # [.., word, nibble]
-    codes = torch.empty_like(nib)
-    codes[..., list(INT4_NIBBLE_K)] = nib
-    return codes.view(E, R, tiles * tile_half * 2).to(torch.uint8)
+# ---- int4/mxfp4 tile packing (pure torch, used by the processors and the twin) -----------------
 
 
 def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> MXFP4 kernel layout uint8 [E, K/2, R]."""
+    """Canonical packed [E, R, K/2] (even k low) -> kernel layout uint8 [E, K/2, R]."""
     E, R, half = codes.shape
     K = half * 2
     if K % block_k:
@@ -150,7 +103,7 @@ def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
 
 
 def unpack_int4_tiles(packed: torch.Tensor, block_k: int) -> torch.Tensor:
-    """MXFP4 kernel layout uint8 [E, K/2, R] -> codes uint8 [E, R, K] (0..15)."""
+    """Kernel layout uint8 [E, K/2, R] -> codes uint8 [E, R, K] (0..15)."""
     E, half, R = packed.shape
     K = half * 2
     t = packed.transpose(1, 2).reshape(E, R, K // block_k, 1, block_k // 2)
@@ -169,71 +122,34 @@ def _e2m1_to_f32(c):
     return tl.where((c & 8) != 0, -mag, mag)
 
 
-def _int4_unpack_ptx(magic: str) -> str:
-    # $8: one int32 word; $0..$7: its codes in k order, each P + code as a 16-bit float. lop3 with
-    # 0xEA computes (a & b) | c: after a shift by 4i, nibbles i and i+4 sit in the low 4 bits of
-    # the two 16-bit halves, and OR-ing P's bit pattern (`magic`, twice) makes each half P + code.
-    lines = ["{", ".reg .b32 t, p0, p1, p2, p3;", f"lop3.b32 p0, $8, 0x000F000F, {magic}, 0xEA;"]
-    for i in (1, 2, 3):
-        lines += [f"shr.u32 t, $8, {4 * i};", f"lop3.b32 p{i}, t, 0x000F000F, {magic}, 0xEA;"]
-    lines += [f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, p{i};" for i in range(4)]
-    return "\n".join([*lines, "}"])
-
-
-_UNPACK_BF16: tl.constexpr = tl.constexpr(_int4_unpack_ptx("0x43004300"))  # P = 128
-_UNPACK_FP16: tl.constexpr = tl.constexpr(_int4_unpack_ptx("0x64006400"))  # P = 1024
-
-
-@triton.jit
-def _unpack_int4_ptx(words, CT: tl.constexpr):
-    """int32 words [.., W] -> eight tensors [.., W]: P + code in CT, in k order (see INT4_NIBBLE_K)."""
-    if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-        codes = tl.inline_asm_elementwise(asm=_UNPACK_BF16, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words],
-                                          dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
-    else:
-        codes = tl.inline_asm_elementwise(asm=_UNPACK_FP16, constraints="=h,=h,=h,=h,=h,=h,=h,=h,r", args=[words],
-                                          dtype=(tl.float16,) * 8, is_pure=True, pack=1)
-    return codes
-
-
-@triton.jit
-def _nibble(words, shift: tl.constexpr, CT: tl.constexpr):
-    c = (words >> shift) & 0xF
-    if CT == tl.float32:  # noqa: SIM300
-        v = (c | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + c
-    elif CT == tl.bfloat16:  # noqa: SIM300
-        v = (c | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        v = (c | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-    return v
-
-
-@triton.jit
-def _unpack_int4(words, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CT: tl.constexpr, PTX: tl.constexpr):
-    """int32 words [BLOCK_N, BLOCK_K/8] -> [BLOCK_N, BLOCK_K] of P + code in CT, k in order."""
-    if PTX:
-        o0, o1, o2, o3, o4, o5, o6, o7 = _unpack_int4_ptx(words, CT)
-    else:
-        o0, o2, o4, o6 = (_nibble(words, 0, CT), _nibble(words, 4, CT), _nibble(words, 8, CT),
-                          _nibble(words, 12, CT))
-        o1, o3, o5, o7 = (_nibble(words, 16, CT), _nibble(words, 20, CT), _nibble(words, 24, CT),
-                          _nibble(words, 28, CT))
-    # join(a, b) appends an axis of 2; three nested joins put a_(4*d2 + 2*d1 + d0) at flat offset
-    # 4*d0 + 2*d1 + d2, so the outputs go in bit-reversed order to come out as k = 0..7.
-    v = tl.join(tl.join(tl.join(o0, o4), tl.join(o2, o6)), tl.join(tl.join(o1, o5), tl.join(o3, o7)))
-    return v.reshape(BLOCK_N, BLOCK_K)
-
-
 @triton.jit
 def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
              CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr):
-    """MXFP4/INT8 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
+    """codes integer tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
     if WTYPE == 3:
         s = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32)
         w = _e2m1_to_f32(codes.to(tl.int32)) * tl.expand_dims(tl.exp2(s - 127.0), 1 - N_AXIS)
         return w.to(CT)
     # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
     s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
+    if WTYPE == 0:
+        # Integer -> float conversion issues at a fraction of the FMA rate and bounded the 4-bit
+        # GEMMs; instead OR the code into the mantissa of a power of two P (P + code is exact) and
+        # subtract P with the zero point. Codes and zeros are below 16: every step is exact in CT,
+        # so the only rounding is the scale's multiply, as in the reference.
+        if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+            P: tl.constexpr = 8388608.0
+            vals = (codes.to(tl.int32) | tl.full(codes.shape, 0x4B000000, tl.int32)).to(CT, bitcast=True)
+        elif CT == tl.bfloat16:  # noqa: SIM300
+            P: tl.constexpr = 128.0
+            vals = (codes.to(tl.int16) | tl.full(codes.shape, 0x4300, tl.int16)).to(CT, bitcast=True)
+        else:
+            P: tl.constexpr = 1024.0
+            vals = (codes.to(tl.int16) | tl.full(codes.shape, 0x6400, tl.int16)).to(CT, bitcast=True)
+        if HAS_ZP:
+            z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT) + P, 1 - N_AXIS)
+            return (vals - z) * s
+        return (vals - (P + CODE_OFFSET)) * s
     if HAS_ZP:
         z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT), 1 - N_AXIS)
         # codes and zeros are small integers: exact in CT, so one rounding as in the reference.
@@ -254,8 +170,7 @@ def _moe_wgemm_kernel(
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, CHANNEL: tl.constexpr, PTX: tl.constexpr,
-    FOLD_SCALE: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -290,56 +205,7 @@ def _moe_wgemm_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    if WTYPE == 0:
-        # b_ptr: the int32 words [E, K/BLOCK_K, N, BLOCK_K/8]; see the module docstring's INT4 dequantization.
-        if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-            P: tl.constexpr = 8388608.0
-        elif CT == tl.bfloat16:  # noqa: SIM300
-            P: tl.constexpr = 128.0
-        else:
-            P: tl.constexpr = 1024.0
-        WORDS: tl.constexpr = BLOCK_K // 8
-        offs_w = tl.arange(0, WORDS)
-        offs_k = tl.arange(0, BLOCK_K)
-        for kt in range(kt0, kt1):
-            k0 = kt * BLOCK_K
-            words = tl.load(bt_base + kt * stride_bk + offs_w[None, :], mask=n_mask[:, None], other=0)
-            g = (k0 // GROUP) * stride_sk
-            if HAS_ZP:
-                zero = tl.load(z_base + g, mask=n_mask, other=0).to(CT) + P
-                w = _unpack_int4(words, BLOCK_N, BLOCK_K, CT, PTX) - zero[:, None]
-            else:
-                w = _unpack_int4(words, BLOCK_N, BLOCK_K, CT, PTX) - (P + CODE_OFFSET)
-            a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0).to(CT)
-            if FOLD_SCALE and not CHANNEL:
-                # The exact integers into the MMA, the group's scale onto its fp32 product.
-                scale = tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32)
-                if SWAP_AB:
-                    # out^T = W . X^T: the unpacked weights are the MMA's A operand, which Hopper's
-                    # wgmma reads from registers, and the few token rows sit on the MMA's narrow N
-                    # side instead of padding its 64-row M side.
-                    acc_t += tl.dot(w, tl.trans(a)) * scale[:, None]
-                else:
-                    acc += tl.dot(a, tl.trans(w)) * scale[None, :]
-            else:
-                # One accumulation across K tiles, so each tile's MMA overlaps the next tile's
-                # unpacking; per-channel scales wait until after the loop, group scales are
-                # multiplied into the weights (one 16-bit rounding, as a dequantized checkpoint has).
-                if not CHANNEL:
-                    w = w * tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32).to(CT)[:, None]
-                if SWAP_AB:
-                    acc_t = tl.dot(w, tl.trans(a), acc_t)
-                else:
-                    acc = tl.dot(a, tl.trans(w), acc)
-        if CHANNEL:
-            scale = tl.load(s_base, mask=n_mask, other=0.0).to(tl.float32)
-            if SWAP_AB:
-                acc_t *= scale[:, None]
-            else:
-                acc *= scale[None, :]
-        if SWAP_AB:
-            acc = tl.trans(acc_t)
-    elif WTYPE == 3:
+    if WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
         for kt in range(kt0, kt1):
@@ -349,6 +215,9 @@ def _moe_wgemm_kernel(
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
             if SWAP_AB:
+                # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's
+                # wgmma reads from registers, and the few token rows sit on the MMA's narrow N side
+                # instead of padding its 64-row M side.
                 packed = tl.load(bt_base + (kt * HALF + offs_h)[None, :] * stride_bk, mask=n_mask[:, None],
                                  other=0)
                 w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
@@ -478,10 +347,7 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
     else:
         sst = (s.stride(0), s.stride(1), s.stride(2))
     codes = w.codes
-    if w.wtype is WType.MXFP4:  # [E, K/2, N]
-        bst = (codes.stride(0), codes.stride(1), codes.stride(2))
-    elif w.wtype is WType.INT4:  # [E, K/block_k, N, block_k/8] int32 words
-        codes = codes.view(torch.int32)
+    if w.wtype in (WType.INT4, WType.MXFP4):
         bst = (codes.stride(0), codes.stride(1), codes.stride(2))
     else:  # canonical [E, N, K]
         bst = (codes.stride(0), codes.stride(2), codes.stride(1))
@@ -500,8 +366,7 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
         REDUCE_TOPK=reduce_topk, ATOMIC=atomic, SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
-        UPCAST=_interpreting() and a.dtype == torch.bfloat16, CHANNEL=w.group >= w.k,
-        PTX=_int4_unpack_in_ptx(a), FOLD_SCALE=cfg.fold_scale,
+        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -519,9 +384,7 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
         if s.dim() == 2:
             return c * s.view(E, N, 1)
         return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
-    if w.wtype is WType.INT4:
-        codes = unpack_int4_words(w.codes)
-    elif w.wtype is WType.MXFP4:
+    if w.wtype in (WType.INT4, WType.MXFP4):
         codes = unpack_int4_tiles(w.codes, w.block_k)
     else:
         codes = w.codes
