@@ -70,11 +70,21 @@ def test_wna16_matches_reference(quant, activation, dtype):
     assert rel_l2(out, ref) < 1e-2
 
 
-def test_wna16_bias_expert_map_and_weight_on_input():
+@pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment
+def test_wna16_bias_expert_map_and_weight_on_input(M):
     out, ref = _run(TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai(), torch.float16, bias=True,
-                    E=6, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+                    E=6, topk=3, M=M, parallel=ParallelConfig(ep_size=2, ep_rank=1))
     assert rel_l2(out, ref) < 1e-2
-    out, ref = _run(TritonWna16Experts, int4_w4a16(128), topk=1, routing=Routing.llama4())
+    out, ref = _run(TritonWna16Experts, int4_w4a16(128), topk=1, M=M, routing=Routing.llama4())
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cls_quant", [(TritonWna16Experts, int8_w8a16(32, zero_point=True)),
+                                       (TritonFp8Experts, fp8_w8a8("tensor")),
+                                       (TritonMxfp4Experts, mxfp4_w4a16())])
+def test_single_token_direct_path(cls_quant):
+    cls, quant = cls_quant
+    out, ref = _run(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=4, M=1)
     assert rel_l2(out, ref) < 1e-2
 
 

@@ -8,6 +8,7 @@ GEMM2 whose epilogue applies the router weight and sums the top-k choices atomic
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -24,6 +25,7 @@ from moe_triton._details.quant_gemm import (
     WeightOperand,
     WType,
     moe_gemm,
+    moe_gemm_direct,
     pack_int4_tiles,
     pick_config,
 )
@@ -133,8 +135,15 @@ class _QuantTritonExperts(Experts):
         E_local = w13.num_experts
         c1 = pick_config(P, E_local, w13, hidden_states.device)
         c2 = pick_config(P, E_local, w2, hidden_states.device)
-        sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
-                                                            self.expert_map)
+        # One token: its top-k experts are distinct, so a block per pair streams each expert once
+        # and the alignment launch can go.
+        if M == 1:
+            ids32 = topk_ids.to(torch.int32).contiguous()
+            gemm = partial(moe_gemm_direct, topk_ids=ids32, expert_map=self.expert_map)
+        else:
+            sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
+                                                                self.expert_map)
+            gemm = partial(moe_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post, num_valid=P)
         x = hidden_states
         if cfg.routing.weight_on_input:  # Llama4 (top-1): scale the input, not the output
             x = (x.float() * topk_weights.float()).to(cfg.dtype)
@@ -160,14 +169,13 @@ class _QuantTritonExperts(Experts):
         inter = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
         h_dtype = torch.float32 if (c1.split_k > 1 or qm is not QMode.NONE) else inter
         h = (torch.zeros if c1.split_k > 1 else torch.empty)(P, R, dtype=h_dtype, device=x.device)
-        moe_gemm(a1, w13, h, sorted_ids, expert_ids, num_post, P, c1, a_rows_div=a1_div, a_scale=a1_scale,
-                 a_scale_mode=a_mode, bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
+        gemm(a1, w13, h, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
+             bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
         a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter, P,
                                  1, pair_expert if qm is QMode.TENSOR else None, E_local)
-        moe_gemm(a2, w2, out, sorted_ids, expert_ids, num_post, P, c2, a_scale=a2_scale, a_scale_mode=a_mode,
-                 bias=packed.get("w2_bias"),
-                 topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
-                 reduce_topk=topk, atomic=True)
+        gemm(a2, w2, out, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
+             topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
+             reduce_topk=topk, atomic=True)
         return out.to(cfg.dtype)
 
 

@@ -3,7 +3,8 @@
 A program owns one M-block of sorted pairs (all of one expert), one N-tile and one K-split. It
 streams the expert's weights once per (M-block, N-tile), dequantizes them in registers and feeds
 `tl.dot`; small M is parallelised over N and K (split-K with fp32 atomics) so that enough programs
-stream weights at once to saturate memory bandwidth.
+stream weights at once to saturate memory bandwidth. `moe_gemm_direct` skips the alignment: a
+block per pair, read from topk_ids (one token's top-k choices are distinct experts).
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
 - INT4 / MXFP4: uint8 [E, K/2, N]. K is cut in tiles of `block_k`; within tile t, byte row
@@ -27,8 +28,8 @@ import triton.language as tl
 
 from moe_core.weights.packing import E2M1_VALUES
 
-__all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_torch", "pack_int4_tiles",
-           "pick_config", "unpack_int4_tiles"]
+__all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_direct", "moe_gemm_torch",
+           "pack_int4_tiles", "pick_config", "unpack_int4_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -170,18 +171,25 @@ def _moe_wgemm_kernel(
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if pid_m * BLOCK_M >= tl.load(num_post_ptr):
-        return
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if DIRECT:
+        # One block per pair, read straight from topk_ids (sorted_ids_ptr) and the expert map
+        # (expert_ids_ptr): no alignment launch. Row 0 is the pair, the others are padding.
+        e = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
+        if HAS_MAP:
+            e = tl.load(expert_ids_ptr + e).to(tl.int64)
+        ids = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_valid)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_post_ptr):
+            return
+        e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     if e < 0:  # expert owned by another rank: its pairs contribute nothing
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ids = tl.load(sorted_ids_ptr + offs_m)
     row_mask = ids < num_valid
     a_rows = (ids // A_ROWS_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -332,13 +340,35 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
     of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype.
     """
+    grid_m = min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid)
+    _launch(a, w, out, sorted_ids, expert_ids, num_post, num_valid, cfg, grid_m, False, False, a_rows_div,
+            a_scale, a_scale_mode, bias, topk_weights, reduce_topk, atomic)
+
+
+def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
+                    expert_map: torch.Tensor | None, cfg: GemmConfig, *, a_rows_div: int = 1,
+                    a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+                    bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                    reduce_topk: int = 1, atomic: bool = False) -> None:
+    """`moe_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
+
+    Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
+    token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
+    """
+    pairs = topk_ids.view(-1)
+    _launch(a, w, out, pairs, expert_map if expert_map is not None else pairs, pairs, pairs.numel(), cfg,
+            pairs.numel(), True, expert_map is not None, a_rows_div, a_scale, a_scale_mode, bias, topk_weights,
+            reduce_topk, atomic)
+
+
+def _launch(a, w, out, rows_ptr, experts_ptr, num_post, num_valid, cfg, grid_m, direct, has_map, a_rows_div,
+            a_scale, a_scale_mode, bias, topk_weights, reduce_topk, atomic) -> None:
     if w.k % w.block_k:
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k}")
     if a.shape[1] != w.k:
         raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
     if (cfg.split_k > 1 or reduce_topk > 1) and not (atomic and out.dtype == torch.float32):
         raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
-    grid_m = min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid)
     grid = (grid_m, triton.cdiv(w.n, cfg.block_n), cfg.split_k)
     s = w.scale
     if w.wtype is WType.FP8:
@@ -355,7 +385,7 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
-        topk_weights if topk_weights is not None else s, sorted_ids, expert_ids, num_post,
+        topk_weights if topk_weights is not None else s, rows_ptr, experts_ptr, num_post,
         w.n, w.k, num_valid,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
@@ -366,7 +396,7 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
         REDUCE_TOPK=reduce_topk, ATOMIC=atomic, SPLIT_K=cfg.split_k,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
-        UPCAST=_interpreting() and a.dtype == torch.bfloat16,
+        UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
