@@ -56,7 +56,7 @@ class TritonExperts(Experts):
         requires=("triton",),
         validated_on=("cuda: NVIDIA H100 80GB HBM3",),  # device tests and the benchmark, 2026-11-21
         limitations=(
-            "tuned configurations ship for NVIDIA H100 only; other GPUs use the nearest tuned shape or a default",
+            "tuned configurations ship for NVIDIA H100 and H200 only; other GPUs use the nearest tuned shape or a default",
             "no split-K: a direct GEMM1 program covers the whole hidden size of its output columns",
         ),
     )
