@@ -307,3 +307,14 @@ def test_fused_moe_layer_through_the_oracle():
     out = layer(x, logits)
     tw, ti = route_torch(logits, cfg.routing, cfg.top_k)
     assert rel_l2(out, reference_moe(x, weights.to("cuda"), cfg, tw, ti)) < 1e-2
+
+
+@pytest.mark.parametrize("device", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_shipped_configs_cover_the_presets(preset, device):
+    """Every preset has a bf16 file tuned on both GPUs, with an entry at each benchmarked token count."""
+    cfg = get_preset(preset).config
+    key = ConfigKey("bf16", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", device)
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        hit = configs.lookup(key, m)
+        assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
