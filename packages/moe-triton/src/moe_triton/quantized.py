@@ -154,6 +154,7 @@ class _QuantTritonExperts(Experts):
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
+        pair_expert = None  # each pair's local expert, for per-tensor scales only
         if qm in (QMode.TOKEN, QMode.GROUP128):
             a1, a1_scale = act_quant(x, None, qm, fp8, M)
         elif qm is QMode.TENSOR:
@@ -172,7 +173,7 @@ class _QuantTritonExperts(Experts):
         gemm(a1, w13, h, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
              bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
         a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter, P,
-                                 1, pair_expert if qm is QMode.TENSOR else None, E_local)
+                                 1, pair_expert, E_local)
         gemm(a2, w2, out, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
              topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
              reduce_topk=topk, atomic=True)

@@ -340,9 +340,10 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
     of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype.
     """
-    grid_m = min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid)
-    _launch(a, w, out, sorted_ids, expert_ids, num_post, num_valid, cfg, grid_m, False, False, a_rows_div,
-            a_scale, a_scale_mode, bias, topk_weights, reduce_topk, atomic)
+    _launch(a, w, out, cfg, rows=sorted_ids, experts=expert_ids, num_post=num_post, num_valid=num_valid,
+            grid_m=min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
+            has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
+            topk_weights=topk_weights, reduce_topk=reduce_topk, atomic=atomic)
 
 
 def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -356,13 +357,17 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
     """
     pairs = topk_ids.view(-1)
-    _launch(a, w, out, pairs, expert_map if expert_map is not None else pairs, pairs, pairs.numel(), cfg,
-            pairs.numel(), True, expert_map is not None, a_rows_div, a_scale, a_scale_mode, bias, topk_weights,
-            reduce_topk, atomic)
+    # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
+    _launch(a, w, out, cfg, rows=pairs, experts=expert_map if expert_map is not None else pairs, num_post=pairs,
+            num_valid=pairs.numel(), grid_m=pairs.numel(), direct=True, has_map=expert_map is not None,
+            a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
+            topk_weights=topk_weights, reduce_topk=reduce_topk, atomic=atomic)
 
 
-def _launch(a, w, out, rows_ptr, experts_ptr, num_post, num_valid, cfg, grid_m, direct, has_map, a_rows_div,
-            a_scale, a_scale_mode, bias, topk_weights, reduce_topk, atomic) -> None:
+def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfig, *, rows: torch.Tensor,
+            experts: torch.Tensor, num_post: torch.Tensor, num_valid: int, grid_m: int, direct: bool,
+            has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
+            bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, atomic: bool) -> None:
     if w.k % w.block_k:
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k}")
     if a.shape[1] != w.k:
@@ -385,7 +390,7 @@ def _launch(a, w, out, rows_ptr, experts_ptr, num_post, num_valid, cfg, grid_m, 
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
-        topk_weights if topk_weights is not None else s, rows_ptr, experts_ptr, num_post,
+        topk_weights if topk_weights is not None else s, rows, experts, num_post,
         w.n, w.k, num_valid,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
