@@ -3,6 +3,7 @@
 On a machine without a GPU the kernels run under TRITON_INTERPRET=1 at tiny shapes.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -17,6 +18,7 @@ from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
+from moe_triton import configs
 from moe_triton._details.quant_act import QMode, act_quant, act_quant_torch
 from moe_triton._details.quant_gemm import (
     GemmConfig,
@@ -26,7 +28,9 @@ from moe_triton._details.quant_gemm import (
     unpack_int4_tiles,
 )
 from moe_triton.align import align_block_size
+from moe_triton.configs import ConfigKey, QuantKernelConfig
 from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.tune import _tune_int4_layer, quant_candidates
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # What `supports` is asked about (a Hopper GPU), and where the kernels run (the interpreter on CPU).
@@ -176,3 +180,88 @@ def test_real_shapes_on_gpu(quant, K, N, activation, M):
     out, ref = _run(cls, quant, activation, torch.bfloat16, K=K, N=N, E=32, topk=4, M=M,
                     bias=activation.kind.value == "swiglu_oai")
     assert rel_l2(out, ref) < 1e-2
+
+
+def test_quant_config_records_and_exact_lookup(tmp_path, monkeypatch):
+    g16 = GemmConfig(16, 64, 2, 4, 3, swap_ab=True)
+    with pytest.raises(ValueError, match="powers of two"):
+        GemmConfig(24, 64, 1, 4, 3)
+    with pytest.raises(ValueError, match="share one block_m"):
+        QuantKernelConfig(g16, GemmConfig(32, 64, 1, 4, 3))
+    key = ConfigKey("wna16-int4-g128", 4, 64, 128, 2, "float16", "GPU_A")
+    table = {1: QuantKernelConfig(g16, g16), 64: QuantKernelConfig(GemmConfig(32, 128, 1, 8, 4), GemmConfig(32, 64, 1, 4, 4))}
+    configs.write_configs(key, table, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = configs.lookup_exact(key, 3)
+        assert (hit.config, hit.source, hit.detail) == (table[1], "tuned", f"{key.file_name()} at M=1")
+        other = configs.lookup_exact(dataclasses.replace(key, device="GPU_B"), 100)
+        assert (other.config, other.source) == (table[64], "other-device")
+        assert configs.lookup_exact(dataclasses.replace(key, hidden=256), 1) is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_quant_candidates_are_distinct_neighbours():
+    base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 4, True), GemmConfig(16, 64, 8, 4, 4, True))
+    cands = quant_candidates(base)
+    assert next(iter(cands.items())) == ("heuristic", base)
+    assert len(set(cands.values())) == len(cands)
+    assert "block_m/2" not in cands  # 8 rows per block is not a valid MMA tile
+    assert cands["split*2"] == QuantKernelConfig(dataclasses.replace(base.gemm1, split_k=8),
+                                                 dataclasses.replace(base.gemm2, split_k=16))
+    assert cands["no-swap"].gemm1.swap_ab is False and cands["no-swap"].gemm2.swap_ab is False
+
+
+def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
+    """config_for: the heuristic without a file; a tuned file's entry once one exists (and the layer
+    still matches the reference with it); schemes without a tuned family always use the heuristic."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    q = int4_w4a16(64, zero_point=True)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    weights = ExpertWeights.random(cfg, q, seed=7)
+    experts.load_weights(weights)
+    assert experts.config_key.kernel == "wna16-int4-g64-zp"
+    assert experts.config_for(5).source == "default"
+    tuned = QuantKernelConfig(GemmConfig(32, 64, 2, 4, 2, swap_ab=False), GemmConfig(32, 32, 1, 4, 2))
+    configs.write_configs(experts.config_key, {4: tuned}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        fresh = TritonWna16Experts(cfg, q, RUN_ON)
+        fresh.load_weights(weights)
+        hit = fresh.config_for(5)
+        assert (hit.config, hit.source) == (tuned, "tuned")
+        gen = torch.Generator().manual_seed(8)
+        x = torch.randn(5, 128, generator=gen).to(torch.float16).to(DEV)
+        tw, ids = route_torch(torch.randn(5, 4, generator=gen).to(DEV), cfg.routing, 2)
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, q, cfg.expert_map(DEV))
+        assert rel_l2(fresh.apply(x, tw, ids), ref) < 1e-2
+        fp8 = TritonFp8Experts(cfg, fp8_w8a8("tensor"), RUN_ON)
+        assert fp8.config_key is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_int4_tuner_keeps_the_fastest_candidate():
+    """The search and its record, with a stand-in timer (the real one replays CUDA graphs)."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    q = int4_w4a16(64)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    runs = []
+
+    def timer(layer, rep_ms):
+        out = layer()  # the candidate really runs
+        assert torch.isfinite(out).all()
+        runs.append(experts.config_override)
+        return 1.0 if experts.config_override.gemm1.split_k > experts.heuristic_config(3).gemm1.split_k else 2.0
+
+    table, measured = _tune_int4_layer(experts, [3], 5, lambda s: None, timer=timer)
+    cands = quant_candidates(experts.heuristic_config(3))
+    assert runs == list(cands.values()) and experts.config_override is None
+    assert table[3] == cands["split*2"] and measured["3"]["best"] == "split*2"
+    assert measured["3"]["layer_us"]["heuristic"] == 2.0

@@ -5,6 +5,11 @@ tuned M. When no file matches the key exactly it falls back, in order, to the ne
 on the same device, then to the same shape tuned on another device, then to a heuristic default;
 the returned `Lookup.source` always says which, so nothing degrades silently.
 
+Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
+`QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
+"wna16-int4-g128"). The quantized experts only take a file of their exact shape
+(`lookup_exact`); otherwise their own shape-aware heuristic (`quant_gemm.pick_config`) applies.
+
 Files are read from the package's `configs/` folder and from `$MOE_TRITON_CONFIG_DIR` (searched
 first, so a user's own `moe tune` output wins).
 """
@@ -16,11 +21,11 @@ import math
 import os
 import re
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["ConfigKey", "KernelConfig", "Lookup", "TileConfig", "config_dirs", "default_config",
-           "device_tag", "lookup", "reload", "write_configs"]
+__all__ = ["ConfigKey", "GemmConfig", "KernelConfig", "Lookup", "QuantKernelConfig", "TileConfig", "config_dirs",
+           "default_config", "device_tag", "lookup", "lookup_exact", "reload", "write_configs"]
 
 ENV_DIR = "MOE_TRITON_CONFIG_DIR"
 PACKAGE_DIR = Path(__file__).parent / "configs"
@@ -80,9 +85,58 @@ class KernelConfig:
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 
+def _pow2(v: int) -> bool:
+    return v >= 1 and not v & (v - 1)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch shape of one quantized grouped GEMM (`moe_triton._details.quant_gemm`)."""
+
+    block_m: int  # pairs per block: the align block size the sorted ids were built with; pow2 >= 16
+    block_n: int  # pow2 >= 16
+    split_k: int  # K splits summed atomically; >= 1
+    num_warps: int
+    num_stages: int
+    swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
+
+    def __post_init__(self) -> None:
+        if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
+            raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
+        if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"GemmConfig: split_k, num_warps and num_stages must be >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class QuantKernelConfig:
+    gemm1: GemmConfig
+    gemm2: GemmConfig  # same block_m as gemm1: both GEMMs read one alignment
+
+    def __post_init__(self) -> None:
+        if self.gemm1.block_m != self.gemm2.block_m:
+            raise ValueError(f"QuantKernelConfig: both GEMMs share one block_m, got {self.gemm1.block_m} "
+                             f"and {self.gemm2.block_m}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> QuantKernelConfig:
+        return QuantKernelConfig(GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]))
+
+    def __str__(self) -> str:
+        def t(c: GemmConfig) -> str:
+            return f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
+        return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
+
+
+def _entry_type(kernel: str) -> type[KernelConfig] | type[QuantKernelConfig]:
+    return QuantKernelConfig if kernel.startswith("wna16-") else KernelConfig
+
+
 @dataclass(frozen=True)
 class ConfigKey:
-    kernel: str  # which kernel family the tiles are for, e.g. "bf16" (quantized kernels use their own names)
+    kernel: str  # which kernel family the tiles are for: "bf16", or "wna16-..." for the quantized GEMM
     num_experts: int  # local experts E
     intermediate: int  # N per partition
     hidden: int  # K
@@ -102,7 +156,7 @@ class ConfigKey:
 
 @dataclass(frozen=True)
 class Lookup:
-    config: KernelConfig
+    config: KernelConfig | QuantKernelConfig  # by the key's kernel family
     source: str  # "tuned", "nearest-shape", "other-device" or "default"
     detail: str  # the file and tuned M it came from, or why the default was used
 
@@ -121,14 +175,16 @@ def config_dirs() -> list[Path]:
 
 
 _lock = threading.Lock()
-_db: dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]] | None = None
+_Table = dict[int, KernelConfig] | dict[int, QuantKernelConfig]
+_db: dict[ConfigKey, tuple[Path, _Table]] | None = None
 
 
-def _parse_file(path: Path) -> tuple[ConfigKey, dict[int, KernelConfig]]:
+def _parse_file(path: Path) -> tuple[ConfigKey, _Table]:
     data = json.loads(path.read_text())
     try:
         key = ConfigKey(**data["key"])
-        table = {int(m): KernelConfig.from_dict(c) for m, c in data["configs"].items()}
+        entry = _entry_type(key.kernel)
+        table = {int(m): entry.from_dict(c) for m, c in data["configs"].items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed tuned-config file {path}: {type(exc).__name__}: {exc}") from exc
     if not table:
@@ -136,11 +192,11 @@ def _parse_file(path: Path) -> tuple[ConfigKey, dict[int, KernelConfig]]:
     return key, table
 
 
-def _load() -> dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]]:
+def _load() -> dict[ConfigKey, tuple[Path, _Table]]:
     global _db
     with _lock:
         if _db is None:
-            db: dict[ConfigKey, tuple[Path, dict[int, KernelConfig]]] = {}
+            db: dict[ConfigKey, tuple[Path, _Table]] = {}
             for folder in config_dirs():
                 if not folder.is_dir():
                     continue
@@ -158,7 +214,7 @@ def reload() -> None:
         _db = None
 
 
-def _nearest_m(table: dict[int, KernelConfig], M: int) -> int:
+def _nearest_m(table: _Table, M: int) -> int:
     # Nearest in log space; ties go to the larger tuned M (more blocks, the safer tiling).
     return min(table, key=lambda m: (abs(math.log2(m) - math.log2(max(M, 1))), -m))
 
@@ -193,7 +249,22 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
     return Lookup(default_config(key, M), "default", f"no tuned file for {key.file_name()}")
 
 
-def write_configs(key: ConfigKey, table: dict[int, KernelConfig], folder: Path, extra: dict | None = None) -> Path:
+def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
+    """A file of exactly this shape: tuned on this device, else on another one; None if neither."""
+    db = _load()
+    if key in db:
+        path, table = db[key]
+        m = _nearest_m(table, M)
+        return Lookup(table[m], "tuned", f"{path.name} at M={m}")
+    others = sorted((k for k in db if replace(k, device=key.device) == key), key=ConfigKey.file_name)
+    if others:
+        path, table = db[others[0]]
+        m = _nearest_m(table, M)
+        return Lookup(table[m], "other-device", f"{path.name} at M={m}")
+    return None
+
+
+def write_configs(key: ConfigKey, table: _Table, folder: Path, extra: dict | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / key.file_name()
     data = {"key": asdict(key), **(extra or {}),

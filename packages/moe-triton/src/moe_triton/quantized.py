@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from moe_core.backends import Backend, Platform
+from moe_core.backends import Backend, DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
@@ -30,6 +30,7 @@ from moe_triton._details.quant_gemm import (
     pick_config,
 )
 from moe_triton.align import align_block_size
+from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
 
 __all__ = ["TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
@@ -110,6 +111,43 @@ class _QuantTritonExperts(Experts):
     backend = Backend.TRITON
     _qmode: ClassVar[QMode] = QMode.NONE
 
+    def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
+        super().__init__(config, quant, device)
+        self.config_override: QuantKernelConfig | None = None  # forces the launch shapes (tests, tuning)
+        family = self.kernel_family()
+        # The tuned-config key of this layer; None for schemes that always use the heuristic.
+        self.config_key = None if family is None else ConfigKey(
+            family, config.num_local_experts, config.intermediate_size_per_partition, config.hidden_size,
+            config.top_k, str(config.dtype).removeprefix("torch."), device_tag(device.name))
+        self._lookups: dict[int, Lookup] = {}
+
+    def kernel_family(self) -> str | None:
+        """The tuned-config family (`moe_triton.configs`) of this scheme; None: always the heuristic."""
+        return None
+
+    def config_for(self, num_tokens: int) -> Lookup:
+        """Both GEMMs' launch shapes for a call of num_tokens tokens, and where they came from: a tuned
+        file of this exact shape (`configs.lookup_exact`), else `pick_config`'s measured heuristic."""
+        if self.config_override is not None:
+            return Lookup(self.config_override, "override", "set on this instance")
+        hit = self._lookups.get(num_tokens)
+        if hit is None:
+            hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
+            if hit is None:
+                hit = Lookup(self.heuristic_config(num_tokens), "default",
+                             "pick_config heuristic (no tuned file of this shape)")
+            self._lookups[num_tokens] = hit
+        return hit
+
+    def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
+        cfg = self.config
+        pairs = num_tokens * cfg.top_k
+        w13 = self._operand("w13", cfg.w13_rows, cfg.hidden_size)
+        w2 = self._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition)
+        dev = self.device.torch_device
+        return QuantKernelConfig(pick_config(pairs, w13.num_experts, w13, dev),
+                                 pick_config(pairs, w2.num_experts, w2, dev))
+
     def _operand(self, name: str, n: int, k: int) -> WeightOperand:
         p = self._packed()
         key = self.quant.weight
@@ -133,8 +171,8 @@ class _QuantTritonExperts(Experts):
             return out.to(cfg.dtype)
         w13, w2 = self._operand("w13", R, K), self._operand("w2", K, N)
         E_local = w13.num_experts
-        c1 = pick_config(P, E_local, w13, hidden_states.device)
-        c2 = pick_config(P, E_local, w2, hidden_states.device)
+        launch = self.config_for(M).config
+        c1, c2 = launch.gemm1, launch.gemm2
         # One token: its top-k experts are distinct, so a block per pair streams each expert once
         # and the alignment launch can go.
         if M == 1:
@@ -220,6 +258,11 @@ class TritonWna16Experts(_QuantTritonExperts):
             "float zero points (HQQ/tinygemm) are refused",
         ),
     )
+
+    def kernel_family(self) -> str | None:
+        w = self.quant.weight
+        group = f"g{w.group_size}" if w.scale.granularity is Granularity.GROUP else "channel"
+        return f"wna16-{w.dtype.value}-{group}" + ("-zp" if w.zero_point is not ZeroPoint.NONE else "")
 
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:

@@ -1,13 +1,21 @@
-"""Search launch tiles for `TritonExperts` on the current GPU and write them as tuned-config JSON.
+"""Search launch configurations on the current GPU and write them as tuned-config JSON.
 
-    python -m moe_triton.tune [--preset NAME ...] [--shape E,N,K,TOPK ...] [--m 1 8 ...] [--out DIR]
+    python -m moe_triton.tune [--quant none|int4] [--preset NAME ...] [--shape E,N,K,TOPK ...]
+                              [--m 1 8 ...] [--out DIR]
 
-Each GEMM is timed alone (`triton.testing.do_bench`: L2 flushed before every call) on random
-weights and routed random tokens, for every candidate tile of a short, regime-specific list; the
-rows per block (block_m) follow from the tokens each expert receives; with many rows per expert
-twice that block is tried too. At decode sizes the direct kernels compete per GEMM, charged for
-what they save: the alignment when both GEMMs are direct, the top-k sum when GEMM2 is. The output
-folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into `moe_triton/configs/` to ship them.
+bf16 (`--quant none`, `TritonExperts`): each GEMM is timed alone (`triton.testing.do_bench`: L2
+flushed before every call) on random weights and routed random tokens, for every candidate tile
+of a short, regime-specific list; the rows per block (block_m) follow from the tokens each expert
+receives; with many rows per expert twice that block is tried too. At decode sizes the direct
+kernels compete per GEMM, charged for what they save: the alignment when both GEMMs are direct,
+the top-k sum when GEMM2 is.
+
+int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
+(routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
+(`quant_gemm.pick_config`) and its neighbours (`quant_candidates`); the fastest is written.
+
+The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
+`moe_triton/configs/` to ship them.
 """
 
 from __future__ import annotations
@@ -21,9 +29,16 @@ from pathlib import Path
 
 import torch
 
-from moe_triton.configs import ConfigKey, KernelConfig, TileConfig, device_tag, write_configs
+from moe_triton.configs import (
+    ConfigKey,
+    KernelConfig,
+    QuantKernelConfig,
+    TileConfig,
+    device_tag,
+    write_configs,
+)
 
-__all__ = ["block_m_for", "candidates", "direct_candidates", "main"]
+__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "quant_candidates"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -80,6 +95,110 @@ def direct_candidates(gemm: str, top_k: int) -> list[TileConfig]:
                 if bn >= 1:
                     shapes.append((bn, bk, warps, 3))
     return [TileConfig(bn, bk, 1, w, st, direct=True) for bn, bk, w, st in shapes]
+
+
+_QUANT_TWEAKS = {
+    "block_m/2": lambda c: dataclasses.replace(c, block_m=c.block_m // 2),
+    "block_m*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
+    "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
+    "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
+    "block_n*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
+    "no-swap": lambda c: dataclasses.replace(c, swap_ab=False),
+    "warps*2": lambda c: dataclasses.replace(c, num_warps=min(8, c.num_warps * 2)),
+}
+
+
+def quant_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
+    """The heuristic's pair and its neighbours (each change made to both GEMMs), without repeats."""
+    found = {"heuristic": base}
+    for name, tweak in _QUANT_TWEAKS.items():
+        try:
+            cand = QuantKernelConfig(tweak(base.gemm1), tweak(base.gemm2))
+        except ValueError:  # e.g. block_m below 16
+            continue
+        if cand not in found.values():
+            found[name] = cand
+    return found
+
+
+def _random_int4_layer(preset, dev):
+    """A TritonWna16Experts layer of the preset with random codes and scales (a valid int4 checkpoint)."""
+    from moe_core.backends import detect_device
+    from moe_core.quant import int4_w4a16
+    from moe_core.weights.canonical import ExpertWeights
+    from moe_triton.quantized import TritonWna16Experts
+
+    cfg, group = preset.config, preset.int4_group_size
+    quant = int4_w4a16(group)
+    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def scales(rows: int, cols: int) -> torch.Tensor:
+        return ((torch.rand(E, rows, cols // group, device=dev, generator=gen) * 0.004 + 0.001) * cols**-0.5 * 8
+                ).to(torch.bfloat16)
+
+    weights = ExpertWeights(
+        quant.weight,
+        w13=torch.randint(0, 256, (E, R, K // 2), dtype=torch.uint8, device=dev, generator=gen),
+        w2=torch.randint(0, 256, (E, K, N // 2), dtype=torch.uint8, device=dev, generator=gen),
+        w13_scale=scales(R, K), w2_scale=scales(K, N),
+        w13_bias=torch.randn(E, R, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
+        w2_bias=torch.randn(E, K, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
+    )
+    experts = TritonWna16Experts(cfg, quant, detect_device(dev))
+    experts.load_weights(weights)
+    return experts
+
+
+def _graph_time_us(fn, rep_ms: int) -> float:
+    """Median time of fn replayed from a CUDA graph, L2 flushed before each replay (do_bench)."""
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compiles and warms up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median") * 1e3
+
+
+def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tuple[dict[int, QuantKernelConfig], dict]:
+    """Per token count, time the layer (routing included) with each candidate; keep the fastest."""
+    from moe_triton.routing import route
+
+    cfg = experts.config
+    dev = experts.device.torch_device
+    gen = torch.Generator(device=dev).manual_seed(1)
+    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
+    table: dict[int, QuantKernelConfig] = {}
+    measured: dict[str, dict] = {}
+    for M in ms:
+        x = torch.randn(M, cfg.hidden_size, device=dev, generator=gen).to(cfg.dtype)
+        logits = torch.randn(M, cfg.num_experts, device=dev, generator=gen)
+
+        def layer(x=x, logits=logits):
+            tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
+            return experts.apply(x, tw, ti)
+
+        cands = quant_candidates(experts.heuristic_config(M))
+        times: dict[str, float] = {}
+        for vname, cand in cands.items():
+            experts.config_override = cand
+            try:
+                times[vname] = timer(layer, rep_ms)
+            except Exception as exc:  # a shape the GPU cannot hold (shared memory, registers)
+                log(f"  M={M} {vname} {cand}: skipped ({type(exc).__name__}: {str(exc)[:120]})")
+        experts.config_override = None
+        if "heuristic" not in times:
+            raise RuntimeError(f"M={M}: the heuristic configuration did not run")
+        best = min(times, key=times.get)
+        table[M] = cands[best]
+        measured[str(M)] = {"best": best, "layer_us": {k: round(v, 2) for k, v in times.items()}}
+        log(f"  M={M}: {best} {cands[best]}  {times[best]:.1f} us (heuristic {times['heuristic']:.1f})")
+    return table, measured
 
 
 def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_bias: bool, ms, dtype,
@@ -172,12 +291,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--out", type=Path, default=Path("moe-triton-configs"), help="folder for the JSON files")
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
+    p.add_argument("--quant", default="none", choices=["none", "int4"],
+                   help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
         return 2
     if any(m < 1 for m in args.m):
         p.error("--m values must be positive token counts")
+    if args.quant == "int4":
+        if args.shape:
+            p.error("--shape is for the bf16 kernels; int4 tunes model presets (--preset)")
+        return _main_int4(args)
 
     from moe_core.config import Activation
     from moe_core.presets import get_preset
@@ -208,6 +333,29 @@ def main(argv: list[str] | None = None) -> int:
                       "direct (decode) kernels charged with the alignment / top-k sum they need or save "
                       "(options_us: gemm1 direct, gemm2 direct)"})
         print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
+        torch.cuda.empty_cache()
+    return 0
+
+
+def _main_int4(args) -> int:
+    import triton
+
+    presets = args.preset if args.preset is not None else DEFAULT_PRESETS
+    print(f"moe tune --quant int4 on {torch.cuda.get_device_name()}: {', '.join(presets)} x M in {args.m}", flush=True)
+    from moe_core.presets import get_preset
+
+    for name in presets:
+        start = time.time()
+        experts = _random_int4_layer(get_preset(name), torch.device("cuda"))
+        table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True))
+        path = write_configs(experts.config_key, table, args.out, extra={
+            "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
+            "torch_version": torch.__version__, "model": name, "measured_us": measured,
+            "method": "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 "
+                      "flushed), random int4 codes and scales; the heuristic (pick_config) and its neighbours "
+                      "(tune.quant_candidates), the fastest kept"})
+        print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
+        del experts
         torch.cuda.empty_cache()
     return 0
 

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from moe_core.weights.packing import E2M1_VALUES
+from moe_triton.configs import GemmConfig
 
 __all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_direct", "moe_gemm_torch",
            "pack_int4_tiles", "pick_config", "unpack_int4_tiles"]
@@ -70,18 +71,6 @@ class WeightOperand:
     @property
     def num_experts(self) -> int:
         return self.codes.shape[0]
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Launch shape. Invariant: block_m is the align block size the sorted ids were built with."""
-
-    block_m: int
-    block_n: int
-    split_k: int
-    num_warps: int
-    num_stages: int
-    swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
 
 
 def _interpreting() -> bool:
