@@ -265,3 +265,22 @@ def test_int4_tuner_keeps_the_fastest_candidate():
     assert runs == list(cands.values()) and experts.config_override is None
     assert table[3] == cands["split*2"] and measured["3"]["best"] == "split*2"
     assert measured["3"]["layer_us"]["heuristic"] == 2.0
+
+
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_shipped_int4_configs_cover_the_presets(preset):
+    """Each preset's int4 layer (its usual group size) finds launch shapes tuned on the H100 at every
+    benchmarked token count."""
+    from moe_core.presets import get_preset
+
+    p = get_preset(preset)
+    cfg = p.config
+    family = f"wna16-int4-g{p.int4_group_size}"
+    key = ConfigKey(family, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
+                    "NVIDIA_H100_80GB_HBM3")
+    h100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    assert TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), h100).config_key == key
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        hit = configs.lookup_exact(key, m)
+        assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
+        assert isinstance(hit.config, QuantKernelConfig)
