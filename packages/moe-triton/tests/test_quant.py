@@ -131,8 +131,11 @@ def test_int4_tile_packing_roundtrip():
     assert int(packed[0, 32, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
 
 
-@pytest.mark.parametrize(("split_k", "swap_ab"), [(1, False), (2, False), (1, True), (2, True)])
-def test_gemm_matches_twin(split_k, swap_ab):
+@pytest.mark.parametrize(("split_k", "swap_ab", "block_n", "warps"), [
+    (1, False, 64, 4), (2, False, 64, 4), (1, True, 64, 4), (2, True, 64, 4),
+    (2, True, 256, 8),  # wider than N (masked columns), as the tuned gpt-oss shapes use
+])
+def test_gemm_matches_twin(split_k, swap_ab, block_n, warps):
     """GEMM1 kernel vs its twin on a layout-converted int4 operand, split-K and swapped operands included."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     q = int4_w4a16(32, zero_point=True)
@@ -144,7 +147,7 @@ def test_gemm_matches_twin(split_k, swap_ab):
     x = torch.randn(M, 128, dtype=torch.float16, device=DEV)
     sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
     out = torch.zeros(M * topk, 128, dtype=torch.float32, device=DEV)
-    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, 64, split_k, 4, 2, swap_ab),
+    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, block_n, split_k, warps, 2, swap_ab),
              a_rows_div=topk, atomic=True)
     twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
     assert rel_l2(out, twin) < 1e-3
