@@ -6,8 +6,9 @@ between calls); floor = the anchor file's floor (time x floor fraction), and our
 copy bandwidth measured in the same run. Weights are random codes and scales made on the GPU
 (correctness at real shapes is tests/test_quant.py's GPU part).
 
-The table reports the heuristic config (`pick_config`); `--sweep-ms` also times a few tile/split
-variants at those M (reported per cell under "variants", never folded into the table's time).
+The table reports the layer as shipped (a tuned file's launch shapes, else the `pick_config`
+heuristic); `--sweep-ms` also times the heuristic and a few neighbours of it at those M (reported
+per cell under "variants", never folded into the table's time).
 A compact line per cell is printed; the last lines are the table.
 
 usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [--sweep-ms 8,512]
@@ -27,15 +28,28 @@ import triton
 # The same ceilings, floor and random int4 layer as the protocol benchmark beside this script.
 from bench_triton import floor_us, int4_weights, measure_ceilings
 
-import moe_triton.quantized as qmod
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16
+from moe_triton.configs import QuantKernelConfig
 from moe_triton.quantized import TritonWna16Experts
 from moe_triton.routing import route
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
+# Neighbours of the heuristic launch shape, each change made to both GEMMs.
+TWEAKS = {
+    "noswap": lambda c: dataclasses.replace(c, swap_ab=False),
+    "bn*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
+    "bn/2": lambda c: dataclasses.replace(c, block_n=max(32, c.block_n // 2)),
+    "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
+    "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
+    "w8": lambda c: dataclasses.replace(c, num_warps=8),
+    "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
+    "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
+    "stages2": lambda c: dataclasses.replace(c, num_stages=2),
+}
+
 
 def _anchors(device_name: str) -> dict:
     """The int4 anchor table measured on the same kind of device (H100 or H200)."""
@@ -79,7 +93,6 @@ def main() -> None:
     print(f"device {dev.name}, copy bandwidth {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
           f"{ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s, triton {triton.__version__}", flush=True)
     anchors = _anchors(dev.name)
-    base_pick = qmod.pick_config
     rows = []
     for name in args.models.split(","):
         preset = get_preset(name)
@@ -93,43 +106,36 @@ def main() -> None:
                       if cfg.routing.has_correction_bias else None)
         print(f"{name}: weights ready in {time.time() - t0:.1f}s", flush=True)
         for M in map(int, args.ms.split(",")):
-            variants = {"heuristic": None}
+            heuristic = experts.heuristic_config(M)
+            variants = {"shipped": None, "heuristic": heuristic}  # shipped: a tuned file's entry, else the heuristic
             if str(M) in args.sweep_ms.split(","):
-                variants.update({
-                    "noswap": lambda c: dataclasses.replace(c, swap_ab=False),
-                    "bn*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
-                    "bn/2": lambda c: dataclasses.replace(c, block_n=max(32, c.block_n // 2)),
-                    "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
-                    "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
-                    "w8": lambda c: dataclasses.replace(c, num_warps=8),
-                    "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
-                    "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
-                    "stages2": lambda c: dataclasses.replace(c, num_stages=2),
-                })
+                for vname, tweak in TWEAKS.items():
+                    try:
+                        variants[vname] = QuantKernelConfig(tweak(heuristic.gemm1), tweak(heuristic.gemm2))
+                    except ValueError:  # not a valid launch shape
+                        continue
             times = {}
-            for vname, tweak in variants.items():
-                qmod.pick_config = base_pick if tweak is None else (lambda *a, _t=tweak: _t(base_pick(*a)))
+            for vname, launch in variants.items():
+                experts.config_override = launch
                 try:
                     us = time_layer(experts, cfg, M, correction)
                 except Exception as exc:  # a variant that does not compile is reported, not fatal
                     print(f"  {name} M={M} {vname}: failed {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
                 finally:
-                    qmod.pick_config = base_pick
+                    experts.config_override = None
                 times[vname] = round(us, 1)
-            if "heuristic" not in times:
+            if "shipped" not in times:
                 continue
-            us = times["heuristic"]
+            us = times["shipped"]
             best = min(times, key=times.get)
             anchor = anchors[name][str(M)]
             floor = anchor["us"] * anchor["floor_fraction"]
             own_floor, _ = floor_us(cfg, M, 0.5 + 2 / preset.int4_group_size, ceilings)
-            cfg1 = base_pick(M * cfg.top_k, cfg.num_local_experts, experts._operand("w13", cfg.w13_rows,
-                                                                                     cfg.hidden_size), dev.torch_device)
-            row = {"model": name, "M": M, "us": us, "variants": times,
+            row = {"model": name, "M": M, "us": us, "variants": times, "config": str(experts.config_for(M)),
                    "floor_us": round(floor, 1), "floor_fraction": round(floor / us, 3),
                    "own_floor_us": round(own_floor, 1), "anchor_us": anchor["us"],
-                   "speedup_vs_anchor": round(anchor["us"] / us, 2), "config_w13": dataclasses.asdict(cfg1)}
+                   "speedup_vs_anchor": round(anchor["us"] / us, 2)}
             rows.append(row)
             print(f"  {name:16s} M={M:5d} {us:9.1f} us  floor {floor:8.1f} ({floor / us:.2f})  "
                   f"anchor {anchor['us']:8.1f} (x{anchor['us'] / us:.1f})  best {best} {times[best]}", flush=True)
