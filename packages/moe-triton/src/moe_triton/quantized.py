@@ -140,6 +140,7 @@ class _QuantTritonExperts(Experts):
         return hit
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
+        """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
         cfg = self.config
         pairs = num_tokens * cfg.top_k
         w13 = self._operand("w13", cfg.w13_rows, cfg.hidden_size)
