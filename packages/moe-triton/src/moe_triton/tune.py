@@ -324,40 +324,40 @@ def main(argv: list[str] | None = None) -> int:
         start = time.time()
         key, table, measured = _tune_shape(name, E, N, K, k, act, bias, args.m, dtype, args.rep_ms,
                                            lambda s: print(s, flush=True))
-        import triton
-
-        path = write_configs(key, table, args.out, extra={
-            "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
-            "torch_version": torch.__version__, "model": name, "measured_us": measured,
-            "method": "each GEMM alone, triton.testing.do_bench (L2 flushed), best of the candidate tiles; "
-                      "direct (decode) kernels charged with the alignment / top-k sum they need or save "
-                      "(options_us: gemm1 direct, gemm2 direct)"})
-        print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
-        torch.cuda.empty_cache()
+        _write(key, table, args.out, name, measured, start,
+               "each GEMM alone, triton.testing.do_bench (L2 flushed), best of the candidate tiles; direct "
+               "(decode) kernels charged with the alignment / top-k sum they need or save (options_us: gemm1 "
+               "direct, gemm2 direct)")
     return 0
 
 
 def _main_int4(args) -> int:
-    import triton
+    from moe_core.presets import get_preset
 
     presets = args.preset if args.preset is not None else DEFAULT_PRESETS
     print(f"moe tune --quant int4 on {torch.cuda.get_device_name()}: {', '.join(presets)} x M in {args.m}", flush=True)
-    from moe_core.presets import get_preset
-
     for name in presets:
         start = time.time()
         experts = _random_int4_layer(get_preset(name), torch.device("cuda"))
         table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True))
-        path = write_configs(experts.config_key, table, args.out, extra={
-            "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
-            "torch_version": torch.__version__, "model": name, "measured_us": measured,
-            "method": "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 "
-                      "flushed), random int4 codes and scales; the heuristic (pick_config) and its neighbours "
-                      "(tune.quant_candidates), the fastest kept"})
-        print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
-        del experts
-        torch.cuda.empty_cache()
+        key = experts.config_key
+        del experts  # before _write empties the allocator's cache
+        _write(key, table, args.out, name, measured, start,
+               "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
+               "random int4 codes and scales; the heuristic (pick_config) and its neighbours "
+               "(tune.quant_candidates), the fastest kept")
     return 0
+
+
+def _write(key: ConfigKey, table: dict, out: Path, model: str, measured: dict, start: float, method: str) -> None:
+    """One tuned file with its provenance; frees the GPU memory the tuning held."""
+    import triton
+
+    path = write_configs(key, table, out, extra={
+        "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
+        "torch_version": torch.__version__, "model": model, "measured_us": measured, "method": method})
+    print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
