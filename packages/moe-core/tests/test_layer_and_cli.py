@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -109,3 +110,11 @@ def test_hf_quant_config_uses_the_readers_parsers():
     assert quant_from_hf({"quantization_config": awq}).name == "int4_w4a16_g128_zp"
     with pytest.raises(UnsupportedModelError, match="per-tensor scales"):
         quant_from_hf({"quantization_config": {"quant_method": "fp8"}})
+
+
+def test_tune_without_moe_triton_names_the_distribution(monkeypatch, capsys):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "moe_triton" else real_find_spec(name, *a))
+    assert main(["tune", "--preset", "mixtral-8x7b"]) == 2
+    assert "pip install moe-triton" in capsys.readouterr().err

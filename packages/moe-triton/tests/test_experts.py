@@ -318,3 +318,14 @@ def test_shipped_configs_cover_the_presets(preset, device):
     for m in (1, 8, 32, 128, 512, 2048, 8192):
         hit = configs.lookup(key, m)
         assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
+
+
+def test_moe_tune_forwards_its_options(capsys):
+    from moe_core import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["tune", "--help"])
+    assert exit_info.value.code == 0 and "--quant {none,int4}" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert cli.main(["tune", "--quant", "int4"]) == 2
+        assert "torch sees no GPU" in capsys.readouterr().err

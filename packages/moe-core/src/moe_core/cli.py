@@ -279,13 +279,13 @@ def cmd_run(args) -> int:
 # ---- bench / tune (delegated) ---------------------------------------------------------------
 
 
-def cmd_tune(args) -> int:
+def cmd_tune(tune_args: list[str]) -> int:
     if importlib.util.find_spec("moe_triton") is None:
         print("moe tune searches Triton kernel configs: install moe-triton (pip install moe-triton)", file=sys.stderr)
         return 2
     from moe_triton import tune
 
-    return tune.main(args.tune_args)
+    return tune.main(tune_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -319,13 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(func=bench.main)
 
-    t = sub.add_parser("tune", help="search Triton kernel configs on this GPU and write them (needs moe-triton)")
-    t.add_argument("tune_args", nargs=argparse.REMAINDER, help="arguments for moe_triton.tune (see its --help)")
-    t.set_defaults(func=cmd_tune)
+    # Listed here for `moe --help`; `main` hands `moe tune ...` to the tuner's own parser (its --help too).
+    sub.add_parser("tune", help="search Triton kernel configs on this GPU and write them (needs moe-triton)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:
+        return cmd_tune(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
