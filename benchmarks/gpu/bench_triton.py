@@ -63,26 +63,6 @@ def floor_us(cfg, M: int, bytes_per_param: float, ceilings: dict) -> tuple[float
     return max(mem, comp) * 1e6, ("m" if mem >= comp else "c")
 
 
-def int4_weights(cfg, group: int, dev):
-    from moe_core.quant import int4_w4a16
-    from moe_core.weights.canonical import ExpertWeights
-
-    quant = int4_w4a16(group)
-    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
-    # Random codes and positive scales are valid int4 checkpoints; quantizing float weights of
-    # the big presets would need tens of GB of fp32 scratch.
-    w = ExpertWeights(
-        quant.weight,
-        w13=torch.randint(0, 256, (E, R, K // 2), dtype=torch.uint8, device=dev),
-        w2=torch.randint(0, 256, (E, K, N // 2), dtype=torch.uint8, device=dev),
-        w13_scale=(torch.rand(E, R, K // group, device=dev) * 0.004 + 0.001).to(torch.bfloat16) * K**-0.5 * 8,
-        w2_scale=(torch.rand(E, K, N // group, device=dev) * 0.004 + 0.001).to(torch.bfloat16) * N**-0.5 * 8,
-        w13_bias=torch.randn(E, R, device=dev) * 0.1 if cfg.has_bias else None,
-        w2_bias=torch.randn(E, K, device=dev) * 0.1 if cfg.has_bias else None,
-    )
-    return quant, w
-
-
 def _bf16_weights(cfg, dev):
     from moe_core.quant import unquantized
     from moe_core.weights.canonical import ExpertWeights
@@ -162,6 +142,7 @@ def run(args) -> dict:
     from moe_core.routing import route_torch
     from moe_triton.experts import TritonExperts
     from moe_triton.routing import route
+    from moe_triton.tune import random_int4_weights
 
     dev = torch.device("cuda")
     info = detect_device(dev)
@@ -185,7 +166,7 @@ def run(args) -> dict:
                 if TritonWna16Experts is None:
                     cells.append({"model": name, "dtype": dtype, "skipped": int4_note})
                     continue
-                quant, weights = int4_weights(cfg, preset.int4_group_size, dev)
+                quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
                 cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
             else:
                 quant, weights = _bf16_weights(cfg, dev)

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from bench_triton import _bf16_weights, int4_weights
+from bench_triton import _bf16_weights
 
 CALLS = 10
 
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     from moe_triton.experts import TritonExperts
     from moe_triton.quantized import TritonWna16Experts
     from moe_triton.routing import route
+    from moe_triton.tune import random_int4_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
         cfg = preset.config
         for dtype in args.dtypes:
             if dtype == "int4":
-                quant, weights = int4_weights(cfg, preset.int4_group_size, dev)
+                quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
                 experts = TritonWna16Experts(cfg, quant, info)
             else:
                 quant, weights = _bf16_weights(cfg, dev)

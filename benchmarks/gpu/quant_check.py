@@ -7,8 +7,9 @@ copy bandwidth measured in the same run. Weights are random codes and scales mad
 (correctness at real shapes is tests/test_quant.py's GPU part).
 
 The table reports the layer as shipped (a tuned file's launch shapes, else the `pick_config`
-heuristic); `--sweep-ms` also times the heuristic and a few neighbours of it at those M (reported
-per cell under "variants", never folded into the table's time).
+heuristic); `--sweep-ms` also times the tuner's candidates (`moe_triton.tune.quant_candidates`: the
+heuristic and its neighbours) at those M (reported per cell under "variants", never folded into
+the table's time).
 A compact line per cell is printed; the last lines are the table.
 
 usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [--sweep-ms 8,512]
@@ -17,7 +18,6 @@ usage: python benchmarks/gpu/quant_check.py OUT_DIR [--models a,b] [--ms 1,8] [-
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import time
@@ -26,31 +26,17 @@ import torch
 import triton
 
 # The same ceilings, floor and random int4 layer as the protocol benchmark beside this script.
-from bench_triton import floor_us, int4_weights, measure_ceilings
+from bench_triton import floor_us, measure_ceilings
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16
-from moe_triton.configs import QuantKernelConfig
 from moe_triton.quantized import TritonWna16Experts
 from moe_triton.routing import route
+from moe_triton.tune import quant_candidates, random_int4_weights
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
-# Neighbours of the heuristic launch shape, each change made to both GEMMs.
-TWEAKS = {
-    "noswap": lambda c: dataclasses.replace(c, swap_ab=False),
-    "bn*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
-    "bn/2": lambda c: dataclasses.replace(c, block_n=max(32, c.block_n // 2)),
-    "split*2": lambda c: dataclasses.replace(c, split_k=c.split_k * 2),
-    "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
-    "w8": lambda c: dataclasses.replace(c, num_warps=8),
-    "bm/2": lambda c: dataclasses.replace(c, block_m=max(16, c.block_m // 2)),
-    "bm*2": lambda c: dataclasses.replace(c, block_m=min(128, c.block_m * 2)),
-    "stages2": lambda c: dataclasses.replace(c, num_stages=2),
-}
-
-
 def _anchors(device_name: str) -> dict:
     """The int4 anchor table measured on the same kind of device (H100 or H200)."""
     name = "anchors_h200.json" if "H200" in device_name else "anchors_h100.json"
@@ -98,7 +84,7 @@ def main() -> None:
         preset = get_preset(name)
         cfg = preset.config
         t0 = time.time()
-        _, weights = int4_weights(cfg, preset.int4_group_size, "cuda")
+        _, weights = random_int4_weights(cfg, preset.int4_group_size, "cuda")
         experts = TritonWna16Experts(cfg, int4_w4a16(preset.int4_group_size), dev)
         experts.load_weights(weights)
         del weights
@@ -106,14 +92,10 @@ def main() -> None:
                       if cfg.routing.has_correction_bias else None)
         print(f"{name}: weights ready in {time.time() - t0:.1f}s", flush=True)
         for M in map(int, args.ms.split(",")):
-            heuristic = experts.heuristic_config(M)
-            variants = {"shipped": None, "heuristic": heuristic}  # shipped: a tuned file's entry, else the heuristic
+            # shipped: a tuned file's entry, else the heuristic; the sweep: the tuner's candidates.
+            variants = {"shipped": None}
             if str(M) in args.sweep_ms.split(","):
-                for vname, tweak in TWEAKS.items():
-                    try:
-                        variants[vname] = QuantKernelConfig(tweak(heuristic.gemm1), tweak(heuristic.gemm2))
-                    except ValueError:  # not a valid launch shape
-                        continue
+                variants.update(quant_candidates(experts.heuristic_config(M)))
             times = {}
             for vname, launch in variants.items():
                 experts.config_override = launch

@@ -230,12 +230,16 @@ def default_config(key: ConfigKey, M: int) -> KernelConfig:
     return KernelConfig(128, TileConfig(128, 64, 8, 8, 3), TileConfig(128, 64, 8, 8, 3))
 
 
+def _hit(db: dict[ConfigKey, tuple[Path, _Table]], key: ConfigKey, M: int, source: str) -> Lookup:
+    path, table = db[key]
+    m = _nearest_m(table, M)
+    return Lookup(table[m], source, f"{path.name} at M={m}")
+
+
 def lookup(key: ConfigKey, M: int) -> Lookup:
     db = _load()
     if key in db:
-        path, table = db[key]
-        m = _nearest_m(table, M)
-        return Lookup(table[m], "tuned", f"{path.name} at M={m}")
+        return _hit(db, key, M, "tuned")
     same_family = [k for k in db if (k.kernel, k.dtype) == (key.kernel, key.dtype)]
     for source, pool in (("nearest-shape", [k for k in same_family if k.device == key.device]),
                          ("other-device", [k for k in same_family if k.device != key.device])):
@@ -243,9 +247,7 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
             best = min(pool, key=lambda k: (key.shape_distance(k), k.file_name()))
             if source == "other-device" and key.shape_distance(best) > 0:
                 continue
-            path, table = db[best]
-            m = _nearest_m(table, M)
-            return Lookup(table[m], source, f"{path.name} at M={m}")
+            return _hit(db, best, M, source)
     return Lookup(default_config(key, M), "default", f"no tuned file for {key.file_name()}")
 
 
@@ -253,15 +255,9 @@ def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
     """A file of exactly this shape: tuned on this device, else on another one; None if neither."""
     db = _load()
     if key in db:
-        path, table = db[key]
-        m = _nearest_m(table, M)
-        return Lookup(table[m], "tuned", f"{path.name} at M={m}")
+        return _hit(db, key, M, "tuned")
     others = sorted((k for k in db if replace(k, device=key.device) == key), key=ConfigKey.file_name)
-    if others:
-        path, table = db[others[0]]
-        m = _nearest_m(table, M)
-        return Lookup(table[m], "other-device", f"{path.name} at M={m}")
-    return None
+    return _hit(db, others[0], M, "other-device") if others else None
 
 
 def write_configs(key: ConfigKey, table: _Table, folder: Path, extra: dict | None = None) -> Path:

@@ -38,7 +38,7 @@ from moe_triton.configs import (
     write_configs,
 )
 
-__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "quant_candidates"]
+__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "quant_candidates", "random_int4_weights"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -121,14 +121,12 @@ def quant_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
     return found
 
 
-def _random_int4_layer(preset, dev):
-    """A TritonWna16Experts layer of the preset with random codes and scales (a valid int4 checkpoint)."""
-    from moe_core.backends import detect_device
+def random_int4_weights(cfg, group: int, dev) -> tuple:
+    """(quant, ExpertWeights) of an int4 layer with random codes and positive scales: a valid
+    checkpoint for timing (quantizing float weights of the big presets would need tens of GB)."""
     from moe_core.quant import int4_w4a16
     from moe_core.weights.canonical import ExpertWeights
-    from moe_triton.quantized import TritonWna16Experts
 
-    cfg, group = preset.config, preset.int4_group_size
     quant = int4_w4a16(group)
     E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -145,7 +143,16 @@ def _random_int4_layer(preset, dev):
         w13_bias=torch.randn(E, R, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
         w2_bias=torch.randn(E, K, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
     )
-    experts = TritonWna16Experts(cfg, quant, detect_device(dev))
+    return quant, weights
+
+
+def _random_int4_layer(preset, dev):
+    """A TritonWna16Experts layer of the preset at its int4 group size, from `random_int4_weights`."""
+    from moe_core.backends import detect_device
+    from moe_triton.quantized import TritonWna16Experts
+
+    quant, weights = random_int4_weights(preset.config, preset.int4_group_size, dev)
+    experts = TritonWna16Experts(preset.config, quant, detect_device(dev))
     experts.load_weights(weights)
     return experts
 
