@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_core.config import Routing
+from moe_core.config import Routing, Scoring
 from moe_triton.routing import route, route_torch
 
 ROUTINGS = {
@@ -37,6 +37,30 @@ def test_matches_route_torch(name, M, dtype, device):
     assert w.dtype == torch.float32 and ids.dtype == torch.int32
     assert torch.equal(ids, ids_ref)
     torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["softmax-renorm", "sigmoid", "deepseek-v3"])
+def test_many_rows_per_program(name, device):
+    # 1030 rows: several rows per program and a partly filled last program.
+    routing, E, k = ROUTINGS[name]
+    gen = torch.Generator().manual_seed(E)
+    logits = (torch.randn(1030, E, generator=gen) * 2).to(device)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(device) if routing.has_correction_bias else None
+    w, ids = route(logits, routing, k, bias)
+    w_ref, ids_ref = route_torch(logits, routing, k, bias)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("routing", [Routing.softmax_topk(False), Routing.sigmoid_topk(False)], ids=["softmax", "sigmoid"])
+def test_ties_go_to_the_lower_expert(routing, device):
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(-2, 2, (40, 32), generator=gen).float().to(device)  # four values: many ties
+    w, ids = route(logits, routing, 6)
+    scores = torch.softmax(logits, -1) if routing.scoring is Scoring.SOFTMAX else torch.sigmoid(logits)
+    expected = torch.sort(-scores, dim=-1, stable=True).indices[:, :6]
+    assert torch.equal(ids.long(), expected)
+    torch.testing.assert_close(w, scores.gather(1, expected), atol=1e-6, rtol=1e-5)
 
 
 def test_rejects_bad_input(device):

@@ -10,7 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-_TILE = 4096  # scores held per program: BLOCK_M x padded experts
+# Scores held per program (BLOCK_M x padded experts): 16 per thread at 4 warps keeps the int64
+# keys in registers; more spilled (a 32 x 128 tile took 24 us on an H100).
+_TILE = 2048
+# Rows per program shrink until the grid has this many programs (about two per SM).
+_MIN_PROGRAMS = 256
 
 
 @triton.jit
@@ -61,17 +65,28 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m,
             group_score = tl.where(hit, neg_inf, group_score)
         keep_cols = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G_P2, PG_P2]), [BLOCK_M, C])
         choice = tl.where(keep_cols, choice, neg_inf)
+    # Each choice becomes one int64 key: the score's bits made order-preserving as a signed integer
+    # (flip the magnitude bits of negatives), then the column inverted so that equal scores go to
+    # the lower column. One max per top-k step then yields the winner, its column and its score.
+    bits = choice.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    keys = (ordered.to(tl.int64) << 32) | (C - 1 - cols).to(tl.int64)[None, :]
     slots = tl.arange(0, K_P2)
     top_w = tl.zeros([BLOCK_M, K_P2], dtype=tl.float32)
     top_id = tl.zeros([BLOCK_M, K_P2], dtype=tl.int32)
     for s in tl.static_range(TOP_K):
-        c = tl.argmax(choice, axis=1)
+        best = tl.max(keys, axis=1)
+        c = C - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         hit = cols[None, :] == c[:, None]
-        w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
+        if HAS_BIAS:  # the bias steers the choice only: the weight is the plain score
+            w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
+        else:
+            top_bits = (best >> 32).to(tl.int32)
+            w = (top_bits ^ ((top_bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
         eid = (c // PG_P2) * PER_GROUP + c % PG_P2
         top_w = tl.where(slots[None, :] == s, w[:, None], top_w)
         top_id = tl.where(slots[None, :] == s, eid[:, None], top_id)
-        choice = tl.where(hit, neg_inf, choice)
+        keys = tl.where(hit, -9223372036854775807 - 1, keys)
     if RENORMALIZE:
         top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + renormalize_eps)
     if SCALE:
@@ -88,11 +103,13 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
     M, E = logits.shape
     per_group = E // groups
     g_p2, pg_p2 = triton.next_power_of_2(groups), triton.next_power_of_2(per_group)
-    block_m = max(1, min(64, _TILE // (g_p2 * pg_p2)))
-    block_m = min(block_m, triton.next_power_of_2(M))
+    cols = g_p2 * pg_p2
+    block_m = max(1, min(_TILE // cols, triton.next_power_of_2(triton.cdiv(M, _MIN_PROGRAMS))))
+    # One warp per 256 scores up to four: a decode row reduces within one warp, without shared memory.
+    num_warps = max(1, min(4, block_m * cols // 256))
     _route_kernel[(triton.cdiv(M, block_m),)](
         logits, bias if bias is not None else logits, weights, ids, M, logits.stride(0),
         float(renormalize_eps), float(scaling),
         TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
         GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
-        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, num_warps=4 if g_p2 * pg_p2 <= 512 else 8)
+        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, num_warps=num_warps)
