@@ -41,6 +41,7 @@ CASES = {
     "many-experts": (4, 8, 256, 16),
     "multi-launch": (700, 4, 32, 32),
     "multi-launch-many-experts": (300, 8, 128, 64),
+    "multi-launch-long-scan": (200, 8, 256, 16),  # 25 chunks: the offsets scan takes two steps
 }
 
 

@@ -3,7 +3,7 @@
 Ranks are computed with a one-hot [choices, experts] tile and a cumulative sum down the choices,
 which is stable and needs no atomics. Small inputs take one single-program launch (the decode
 case, where launch count is the cost); large inputs take three launches over chunks:
-count per chunk -> per-expert prefix over chunks + padded offsets -> scatter.
+count per chunk -> per-expert prefix over chunks + padded segment ends -> scatter + expert per block.
 """
 
 from __future__ import annotations
@@ -20,19 +20,20 @@ _FILL_TILE = 1024
 
 
 @triton.jit
-def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks,
+def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, last,
                    HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, TILE: tl.constexpr):
-    """expert_ids[b] = the expert whose padded segment holds block b (mapped), -1 past the total."""
+    """expert_ids[b] for first <= b < last: the expert whose padded segment holds block b (mapped),
+    -1 past the total."""
     end_blocks = ends // BLOCK_SIZE
     total_blocks = total // BLOCK_SIZE
-    for start in range(0, max_blocks, TILE):
+    for start in range(first, last, TILE):
         blocks = start + tl.arange(0, TILE)
         expert = tl.sum((end_blocks[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
         live = blocks < total_blocks
         if HAS_MAP:
             expert = tl.load(expert_map_ptr + expert, mask=live, other=-1)
         expert = tl.where(live, expert, -1)
-        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < max_blocks)
+        tl.store(expert_ids_ptr + blocks, expert, mask=blocks < last)
 
 
 @triton.jit
@@ -59,7 +60,7 @@ def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
     tl.debug_barrier()
     my_start = tl.sum(onehot * starts[None, :], axis=1)
     tl.store(sorted_ptr + my_start + rank, offs, mask=valid)
-    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 128)
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, 0, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 128)
 
 
 @triton.jit
@@ -80,32 +81,35 @@ def _align_count_kernel(topk_ids_ptr, hist_ptr, sorted_ptr, numel, max_padded, f
 
 
 @triton.jit
-def _align_offsets_kernel(hist_ptr, starts_ptr, expert_map_ptr, expert_ids_ptr, total_ptr,
-                          num_chunks, max_blocks,
-                          HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr,
-                          ROWS: tl.constexpr):
-    """Turns per-chunk counts into each chunk's exclusive base within its expert, in place."""
+def _align_offsets_kernel(hist_ptr, ends_ptr, total_ptr, num_chunks,
+                          BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, ROWS: tl.constexpr):
+    """Turns per-chunk counts into each chunk's exclusive base within its expert, in place, and
+    writes each expert's padded segment end and the padded total."""
     experts = tl.arange(0, E_P2)
+    rows = tl.arange(0, ROWS)
     running = tl.zeros([E_P2], tl.int32)
+    counts = tl.load(hist_ptr + rows[:, None] * E_P2 + experts[None, :], mask=rows[:, None] < num_chunks, other=0)
     for start in range(0, num_chunks, ROWS):
-        rows = start + tl.arange(0, ROWS)
-        ptrs = hist_ptr + rows[:, None] * E_P2 + experts[None, :]
-        live = rows[:, None] < num_chunks
-        counts = tl.load(ptrs, mask=live, other=0)
+        # The next rows are loaded before this step's scan: the loop is bound by load latency.
+        later = start + ROWS + rows
+        later_counts = tl.load(hist_ptr + later[:, None] * E_P2 + experts[None, :], mask=later[:, None] < num_chunks,
+                               other=0)
+        here = start + rows
         inclusive = tl.cumsum(counts, axis=0)
-        tl.store(ptrs, inclusive - counts + running[None, :], mask=live)
+        tl.store(hist_ptr + here[:, None] * E_P2 + experts[None, :], inclusive - counts + running[None, :],
+                 mask=here[:, None] < num_chunks)
         running += tl.sum(counts, axis=0)
+        counts = later_counts
     padded = (running + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
     ends = tl.cumsum(padded, axis=0)
-    tl.store(starts_ptr + experts, ends - padded)
-    total = tl.sum(padded, axis=0)
-    tl.store(total_ptr, total)
-    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 64)
+    tl.store(ends_ptr + experts, ends)
+    tl.store(total_ptr, tl.sum(padded, axis=0))
 
 
 @triton.jit
-def _align_scatter_kernel(topk_ids_ptr, hist_ptr, starts_ptr, sorted_ptr, numel,
-                          CHUNK: tl.constexpr, E_P2: tl.constexpr):
+def _align_scatter_kernel(topk_ids_ptr, hist_ptr, ends_ptr, total_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr,
+                          numel, max_blocks, blocks_per_program,
+                          HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr):
     pid = tl.program_id(0)
     local = tl.arange(0, CHUNK)
     offs = pid * CHUNK + local
@@ -114,9 +118,15 @@ def _align_scatter_kernel(topk_ids_ptr, hist_ptr, starts_ptr, sorted_ptr, numel,
     experts = tl.arange(0, E_P2)
     onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
     rank = tl.sum(tl.cumsum(onehot, axis=0) * onehot, axis=1) - 1
-    base = tl.load(starts_ptr + experts) + tl.load(hist_ptr + pid * E_P2 + experts)
+    ends = tl.load(ends_ptr + experts)
+    # An expert's segment starts where the previous one's ends.
+    starts = tl.load(ends_ptr + experts - 1, mask=experts > 0, other=0)
+    base = starts + tl.load(hist_ptr + pid * E_P2 + experts)
     my_base = tl.sum(onehot * base[None, :], axis=1)
     tl.store(sorted_ptr + my_base + rank, offs, mask=valid)
+    first = pid * blocks_per_program
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, tl.load(total_ptr), first,
+                   tl.minimum(first + blocks_per_program, max_blocks), HAS_MAP, BLOCK_SIZE, E_P2, 16)
 
 
 def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expert_map: torch.Tensor | None
@@ -140,13 +150,14 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
     num_chunks = triton.cdiv(numel, chunk)
     hist = torch.empty(num_chunks * e_p2, dtype=torch.int32, device=device)
-    starts = torch.empty(e_p2, dtype=torch.int32, device=device)
+    ends = torch.empty(e_p2, dtype=torch.int32, device=device)
     fill_per_program = triton.cdiv(max_padded, num_chunks)
     _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, fill_per_program,
                                        CHUNK=chunk, E_P2=e_p2, FILL_TILE=256, num_warps=4)
-    _align_offsets_kernel[(1,)](hist, starts, map_arg, expert_ids, total, num_chunks, max_blocks,
-                                HAS_MAP=has_map, BLOCK_SIZE=block_size, E_P2=e_p2,
+    _align_offsets_kernel[(1,)](hist, ends, total, num_chunks, BLOCK_SIZE=block_size, E_P2=e_p2,
                                 ROWS=max(1, min(64, 4096 // e_p2)), num_warps=8)
-    _align_scatter_kernel[(num_chunks,)](topk_ids, hist, starts, sorted_ids, numel, CHUNK=chunk, E_P2=e_p2,
-                                         num_warps=4)
+    # The scatter programs also fill expert_ids, a slice each.
+    _align_scatter_kernel[(num_chunks,)](topk_ids, hist, ends, total, map_arg, sorted_ids, expert_ids, numel,
+                                         max_blocks, triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
+                                         BLOCK_SIZE=block_size, CHUNK=chunk, E_P2=e_p2, num_warps=4)
     return sorted_ids, expert_ids, total
