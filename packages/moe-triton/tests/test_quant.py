@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.presets import PRESETS, get_preset
 from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
@@ -287,3 +288,42 @@ def test_shipped_int4_configs_cover_the_presets(preset):
         hit = configs.lookup_exact(key, m)
         assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
         assert isinstance(hit.config, QuantKernelConfig)
+
+
+def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig]]:
+    """(preset, M, config) for each distinct launch shape in the shipped int4 files, any device."""
+    found = []
+    for path in sorted(configs.PACKAGE_DIR.glob("wna16-int4-*.json")):
+        key, table = configs._parse_file(path)
+        preset = next(p for p in PRESETS.values() if p.name != "tiny" and (
+            p.config.num_experts, p.config.intermediate_size, p.config.hidden_size, p.config.top_k)
+            == (key.num_experts, key.intermediate, key.hidden, key.top_k))
+        seen = set()
+        for m in sorted(table):
+            if table[m] not in seen:
+                seen.add(table[m])
+                found.append((preset.name, m, table[m]))
+    return found
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("preset", "M", "tuned"),
+                         [pytest.param(*s, id=f"{s[0]}-M{s[1]}") for s in _shipped_int4_shapes()])
+def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
+    """Every launch shape the tuned files ship, at the preset's N, K, group, activation and bias,
+    against the reference. Fewer experts (16, or the preset's 8) keep the fp32 reference in
+    memory; at most 2048 tokens still give each expert more rows than the widest block."""
+    p = get_preset(preset)
+    E = min(p.config.num_experts, 16)
+    quant = int4_w4a16(p.int4_group_size)
+    cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
+    weights = ExpertWeights.random(cfg, quant, seed=M)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = tuned
+    M = min(M, 2048)
+    gen = torch.Generator().manual_seed(M + 1)
+    x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
