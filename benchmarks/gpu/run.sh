@@ -9,6 +9,8 @@
 #        for moe-triton, with MOE_TEST_REQUIRE_DEVICE=cuda so a missing GPU fails instead of skipping.
 # parity: only the transformers parity tests on cuda (a subset of tests).
 # profile: benchmarks/gpu/profile_layer.py: GPU time per kernel of one layer call -> $OUT/profile_<device>.json.
+# ncu: Nsight Compute counters (throughput, occupancy, stall reasons) of both GEMMs of one layer call
+#      for a few cells (benchmarks/gpu/ncu_layer.py) -> $OUT/ncu_<preset>_<dtype>_M<m>.txt.
 # tune:  python -m moe_triton.tune for the five presets -> $OUT/configs.tar (copy into moe_triton/configs/).
 # bench: benchmarks/gpu/bench_triton.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
 #        configs tuned in this same call when the tune phase ran first.
@@ -48,6 +50,17 @@ for phase in "$@"; do
     profile)
       python3 "$HERE/profile_layer.py" --out "$OUT"
       rc=$? ;;
+    ncu)
+      rc=0
+      for cell in "deepseek-v3 int4 1" "qwen3-30b-a3b int4 1" "qwen3-30b-a3b int4 8" "mixtral-8x7b int4 8192" \
+                  "qwen3-30b-a3b bf16 1"; do
+        read -r preset dtype m <<< "$cell"
+        ncu --clock-control none --kernel-name regex:'_moe_wgemm|moe_gemv|moe_gemm' --launch-skip 2 --launch-count 2 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          --section MemoryWorkloadAnalysis --section SchedulerStats \
+          python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "$OUT/ncu_${preset}_${dtype}_M$m.txt" 2>&1 || rc=1
+        grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occ|Shared Memory Config|Dynamic Shared" "$OUT/ncu_${preset}_${dtype}_M$m.txt" | head -40
+      done ;;
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?
@@ -56,7 +69,7 @@ for phase in "$@"; do
       if [ -d /tmp/moe-tuned ]; then export MOE_TRITON_CONFIG_DIR=/tmp/moe-tuned; fi
       python3 "$HERE/bench_triton.py" --out "$OUT"
       rc=$? ;;
-    *) echo "unknown phase $phase (tests, parity, profile, tune, bench)"; rc=2 ;;
+    *) echo "unknown phase $phase (tests, parity, profile, ncu, tune, bench)"; rc=2 ;;
   esac
   echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"
   [ "$rc" -eq 0 ] || failed=1

@@ -25,7 +25,9 @@ from moe_triton._details.quant_gemm import (
     GemmConfig,
     moe_gemm,
     moe_gemm_torch,
+    pack_int4_quads,
     pack_int4_tiles,
+    unpack_int4_quads,
     unpack_int4_tiles,
 )
 from moe_triton.align import align_block_size
@@ -132,26 +134,50 @@ def test_int4_tile_packing_roundtrip():
     assert int(packed[0, 32, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
 
 
-@pytest.mark.parametrize(("split_k", "swap_ab", "block_n", "warps"), [
-    (1, False, 64, 4), (2, False, 64, 4), (1, True, 64, 4), (2, True, 64, 4),
-    (2, True, 256, 8),  # wider than N (masked columns), as the tuned gpt-oss shapes use
+def test_int4_quad_packing_roundtrip():
+    codes = torch.randint(0, 256, (2, 3, 128), dtype=torch.uint8)
+    words = pack_int4_quads(codes, 128)
+    assert words.shape == (2, 3, 64) and words.dtype == torch.int16
+    unpacked = unpack_int4_quads(words, 128)
+    assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
+    # Tile 1 of row 2, word 5: nibble j holds k = 128 + 32 j + 5.
+    word = int(words[1, 2, 32 + 5]) & 0xFFFF
+    assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
+
+
+@pytest.mark.parametrize(("quant", "split_k", "swap_ab", "block_n", "warps"), [
+    (int4_w4a16(32, zero_point=True), 1, True, 64, 4), (int4_w4a16(32, zero_point=True), 2, True, 64, 4),
+    (int4_w4a16(128), 1, True, 64, 4),
+    (int4_w4a16(64), 2, True, 512, 8),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
+    (mxfp4_w4a16(), 1, False, 64, 4), (mxfp4_w4a16(), 2, True, 64, 4),
 ])
-def test_gemm_matches_twin(split_k, swap_ab, block_n, warps):
-    """GEMM1 kernel vs its twin on a layout-converted int4 operand, split-K and swapped operands included."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    q = int4_w4a16(32, zero_point=True)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, q, seed=3))
-    w = experts._operand("w13", 128, 128)
+def test_gemm_matches_twin(quant, split_k, swap_ab, block_n, warps):
+    """GEMM1 kernel vs its twin on a layout-converted 4-bit operand, split-K and swapped operands included."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON) if quant.weight.dtype.value == "int4" else TritonMxfp4Experts(
+        cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=3))
+    w = experts._operand("w13", 256, 256)
     M, topk = 5, 2
     ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
-    x = torch.randn(M, 128, dtype=torch.float16, device=DEV)
+    x = torch.randn(M, 256, dtype=torch.float16, device=DEV)
     sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
-    out = torch.zeros(M * topk, 128, dtype=torch.float32, device=DEV)
+    out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
     moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, block_n, split_k, warps, 2, swap_ab),
              a_rows_div=topk, atomic=True)
     twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
     assert rel_l2(out, twin) < 1e-3
+
+
+def test_int4_gemm_refuses_unswapped():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1))
+    experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
+    x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="int4 weights run swapped only"):
+        experts.apply(x, torch.rand(3, 2, device=DEV), ids)
 
 
 @pytest.mark.parametrize("qmode", [QMode.NONE, QMode.TOKEN, QMode.GROUP128, QMode.TENSOR])
@@ -216,7 +242,9 @@ def test_quant_candidates_are_distinct_neighbours():
     assert "block_m/2" not in cands  # 8 rows per block is not a valid MMA tile
     assert cands["split*2"] == QuantKernelConfig(dataclasses.replace(base.gemm1, split_k=8),
                                                  dataclasses.replace(base.gemm2, split_k=16))
-    assert cands["no-swap"].gemm1.swap_ab is False and cands["no-swap"].gemm2.swap_ab is False
+    assert cands["stages-1"] == QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=3),
+                                                  dataclasses.replace(base.gemm2, num_stages=3))
+    assert all(c.gemm1.swap_ab and c.gemm2.swap_ab for c in cands.values())  # int4 runs swapped only
 
 
 def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
@@ -229,7 +257,7 @@ def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
     experts.load_weights(weights)
     assert experts.config_key.kernel == "wna16-int4-g64-zp"
     assert experts.config_for(5).source == "default"
-    tuned = QuantKernelConfig(GemmConfig(32, 64, 2, 4, 2, swap_ab=False), GemmConfig(32, 32, 1, 4, 2))
+    tuned = QuantKernelConfig(GemmConfig(32, 64, 2, 4, 2, swap_ab=True), GemmConfig(32, 32, 1, 4, 2, swap_ab=True))
     configs.write_configs(experts.config_key, {4: tuned}, tmp_path)
     monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
     configs.reload()
@@ -324,6 +352,7 @@ def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
     M = min(M, 2048)
     gen = torch.Generator().manual_seed(M + 1)
     x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
-    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    bias = torch.randn(E, generator=gen).to(DEV) * 0.1 if cfg.routing.has_correction_bias else None
+    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, cfg.top_k, bias)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
     assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2

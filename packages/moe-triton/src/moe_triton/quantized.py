@@ -26,6 +26,7 @@ from moe_triton._details.quant_gemm import (
     WType,
     moe_gemm,
     moe_gemm_direct,
+    pack_int4_quads,
     pack_int4_tiles,
     pick_config,
 )
@@ -53,10 +54,10 @@ def _interpreting() -> bool:
 
 
 def _block_k(wtype: WType, cols: int, group: int) -> int:
-    """K tile of one GEMM: it must divide K, and each dequantized slice (half a tile for 4-bit
-    codes) must sit inside one scale group."""
+    """K tile of one GEMM: it must divide K, and each dequantized slice (a quarter of the tile for
+    int4, half for mxfp4: one dot each) must sit inside one scale group and be one MMA deep (16)."""
     for bk in (128, 64, 32):
-        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
+        piece = bk // {WType.INT4: 4, WType.MXFP4: 2}.get(wtype, 1)
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
@@ -97,7 +98,8 @@ class _Processor:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
             bk = _block_k(wt, cols, _group(key, cols))
-            out[name] = pack_int4_tiles(codes, bk) if wt in (WType.INT4, WType.MXFP4) else codes.contiguous()
+            pack = {WType.INT4: pack_int4_quads, WType.MXFP4: pack_int4_tiles}.get(wt)
+            out[name] = pack(codes, bk) if pack is not None else codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero.to(device), key)
@@ -244,7 +246,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.ktiles")
+    weight_processor = _Processor("triton.wna16.kquads")
     capability = Capability(
         platforms=_GPUS,
         schemes=(
