@@ -105,6 +105,7 @@ _QUANT_TWEAKS = {
     "split/2": lambda c: dataclasses.replace(c, split_k=max(1, c.split_k // 2)),
     "block_n*2": lambda c: dataclasses.replace(c, block_n=min(256, c.block_n * 2)),
     "warps*2": lambda c: dataclasses.replace(c, num_warps=min(8, c.num_warps * 2)),
+    "warps/2": lambda c: dataclasses.replace(c, num_warps=max(4, c.num_warps // 2)),
     "stages+1": lambda c: dataclasses.replace(c, num_stages=c.num_stages + 1),
     "stages-1": lambda c: dataclasses.replace(c, num_stages=max(2, c.num_stages - 1)),
 }
