@@ -285,18 +285,25 @@ def test_int4_tuner_keeps_the_fastest_candidate():
     experts = TritonWna16Experts(cfg, q, RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
     runs = []
+    base = experts.heuristic_config(3)
 
     def timer(layer, rep_ms):
         out = layer()  # the candidate really runs
         assert torch.isfinite(out).all()
-        runs.append(experts.config_override)
-        return 1.0 if experts.config_override.gemm1.split_k > experts.heuristic_config(3).gemm1.split_k else 2.0
+        cand = experts.config_override
+        runs.append(cand)
+        # More splits help most, one stage fewer a little: found only from the first step's winner.
+        return (2.0 - 1.0 * (cand.gemm1.split_k > base.gemm1.split_k)
+                - 0.5 * (cand.gemm1.num_stages < base.gemm1.num_stages))
 
     table, measured = _tune_int4_layer(experts, [3], 5, lambda s: None, timer=timer)
-    cands = quant_candidates(experts.heuristic_config(3))
-    assert runs == list(cands.values()) and experts.config_override is None
-    assert table[3] == cands["split*2"] and measured["3"]["best"] == "split*2"
-    assert measured["3"]["layer_us"]["heuristic"] == 2.0
+    first = quant_candidates(base)
+    second = [c for c in quant_candidates(first["split*2"]).values() if c not in first.values()]
+    assert runs == list(first.values()) + second and experts.config_override is None
+    best = QuantKernelConfig(dataclasses.replace(first["split*2"].gemm1, num_stages=base.gemm1.num_stages - 1),
+                             dataclasses.replace(first["split*2"].gemm2, num_stages=base.gemm2.num_stages - 1))
+    assert table[3] == best and measured["3"]["best"] == "split*2+stages-1"
+    assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
 
 
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
@@ -319,17 +326,18 @@ def test_shipped_int4_configs_cover_the_presets(preset):
 
 
 def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig]]:
-    """(preset, M, config) for each distinct launch shape in the shipped int4 files, any device."""
-    found = []
-    for path in sorted(configs.PACKAGE_DIR.glob("wna16-int4-*.json")):
-        key, table = configs._parse_file(path)
+    """(preset, M, config) for each distinct launch shape of a preset in the int4 files found
+    (shipped, and those in $MOE_TRITON_CONFIG_DIR: a tuning run's output can be checked before it ships)."""
+    found, seen = [], set()
+    for key, (_, table) in sorted(configs._load().items(), key=lambda kv: kv[0].file_name()):
+        if not key.kernel.startswith("wna16-int4-"):
+            continue
         preset = next(p for p in PRESETS.values() if p.name != "tiny" and (
             p.config.num_experts, p.config.intermediate_size, p.config.hidden_size, p.config.top_k)
             == (key.num_experts, key.intermediate, key.hidden, key.top_k))
-        seen = set()
         for m in sorted(table):
-            if table[m] not in seen:
-                seen.add(table[m])
+            if (preset.name, table[m]) not in seen:
+                seen.add((preset.name, table[m]))
                 found.append((preset.name, m, table[m]))
     return found
 

@@ -176,7 +176,8 @@ def _graph_time_us(fn, rep_ms: int) -> float:
 
 
 def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tuple[dict[int, QuantKernelConfig], dict]:
-    """Per token count, time the layer (routing included) with each candidate; keep the fastest."""
+    """Per token count, time the layer (routing included) with the heuristic's neighbours and then
+    the best one's neighbours; keep the fastest."""
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -193,14 +194,25 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tup
             tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
             return experts.apply(x, tw, ti)
 
-        cands = quant_candidates(experts.heuristic_config(M))
+        cands: dict[str, QuantKernelConfig] = {}
         times: dict[str, float] = {}
-        for vname, cand in cands.items():
-            experts.config_override = cand
-            try:
-                times[vname] = timer(layer, rep_ms)
-            except Exception as exc:  # a shape the GPU cannot hold (shared memory, registers)
-                log(f"  M={M} {vname} {cand}: skipped ({type(exc).__name__}: {str(exc)[:120]})")
+
+        def time_all(found: dict[str, QuantKernelConfig], M=M, cands=cands, times=times, layer=layer) -> None:
+            for vname, cand in found.items():
+                if cand in cands.values():
+                    continue
+                cands[vname] = cand
+                experts.config_override = cand
+                try:
+                    times[vname] = timer(layer, rep_ms)
+                except Exception as exc:  # a shape the GPU cannot hold (shared memory, registers)
+                    log(f"  M={M} {vname} {cand}: skipped ({type(exc).__name__}: {str(exc)[:120]})")
+
+        # Two greedy steps: the heuristic's neighbours, then the winner's (each change is one step).
+        time_all(quant_candidates(experts.heuristic_config(M)))
+        first = min(times, key=times.get)
+        if first != "heuristic":
+            time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
         experts.config_override = None
         if "heuristic" not in times:
             raise RuntimeError(f"M={M}: the heuristic configuration did not run")
