@@ -112,9 +112,13 @@ def pack_int4_quads(codes: torch.Tensor, block_k: int) -> torch.Tensor:
     K = half * 2
     if K % block_k or block_k % 4:
         raise ValueError(f"block_k={block_k} must be a multiple of 4 dividing K={K}")
-    full = torch.stack((codes & 0xF, codes >> 4), dim=-1).view(E, R, K // block_k, 4, block_k // 4).to(torch.int32)
-    words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
-    return (words - ((words >> 15) << 16)).to(torch.int16).reshape(E, R, K // 4).contiguous()  # two's complement
+    out = torch.empty(E, R, K // 4, dtype=torch.int16, device=codes.device)
+    for e in range(E):  # one expert at a time: the int32 temporaries of a whole layer would need tens of GB
+        c = codes[e]
+        full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, K // block_k, 4, block_k // 4).to(torch.int32)
+        words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
+        out[e] = (words - ((words >> 15) << 16)).to(torch.int16).view(R, K // 4)  # two's complement
+    return out
 
 
 def unpack_int4_quads(words: torch.Tensor, block_k: int) -> torch.Tensor:
