@@ -77,6 +77,13 @@ def test_wna16_matches_reference(quant, activation, dtype):
     assert rel_l2(out, ref) < 1e-2
 
 
+def test_int4_layer_with_both_layouts():
+    # K = 192: GEMM1's weights take the halves layout, GEMM2's (K = N = 128) the quads.
+    out, ref = _run(TritonWna16Experts, int4_w4a16(64, zero_point=True), Activation.swiglu_oai(), torch.bfloat16,
+                    K=192, N=128, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment
 def test_wna16_bias_expert_map_and_weight_on_input(M):
     out, ref = _run(TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai(), torch.float16, bias=True,
@@ -145,22 +152,26 @@ def test_int4_quad_packing_roundtrip():
     assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
 
 
-@pytest.mark.parametrize(("quant", "split_k", "swap_ab", "block_n", "warps"), [
-    (int4_w4a16(32, zero_point=True), 1, True, 64, 4), (int4_w4a16(32, zero_point=True), 2, True, 64, 4),
-    (int4_w4a16(128), 1, True, 64, 4),
-    (int4_w4a16(64), 2, True, 512, 8),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
-    (mxfp4_w4a16(), 1, False, 64, 4), (mxfp4_w4a16(), 2, True, 64, 4),
+@pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps"), [
+    (int4_w4a16(32, zero_point=True), 256, 1, True, 64, 4), (int4_w4a16(32, zero_point=True), 256, 2, True, 64, 4),
+    (int4_w4a16(128), 256, 1, True, 64, 4),
+    (int4_w4a16(64), 256, 2, True, 512, 8),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
+    # K = 192: only 64-wide K tiles divide it, so int4 takes the halves layout (as gpt-oss's 2880)
+    (int4_w4a16(64), 192, 1, True, 64, 4), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4),
+    (mxfp4_w4a16(), 256, 1, False, 64, 4), (mxfp4_w4a16(), 256, 2, True, 64, 4),
 ])
-def test_gemm_matches_twin(quant, split_k, swap_ab, block_n, warps):
+def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps):
     """GEMM1 kernel vs its twin on a layout-converted 4-bit operand, split-K and swapped operands included."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.float16)
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, quant, RUN_ON) if quant.weight.dtype.value == "int4" else TritonMxfp4Experts(
         cfg, quant, RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=3))
-    w = experts._operand("w13", 256, 256)
+    w = experts._operand("w13", 256, K)
+    if quant.weight.dtype.value == "int4":
+        assert w.codes.dtype == (torch.int16 if K % 128 == 0 else torch.uint8)  # quads, else halves
     M, topk = 5, 2
     ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
-    x = torch.randn(M, 256, dtype=torch.float16, device=DEV)
+    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
     sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
     out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
     moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, block_n, split_k, warps, 2, swap_ab),

@@ -53,11 +53,19 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _int4_quads(cols: int, group: int) -> bool:
+    """int4 weights take the quads layout (`quant_gemm`'s docstring) when 128-wide K tiles fit;
+    otherwise the halves layout with 64-wide tiles."""
+    return cols % 128 == 0 and group % 32 == 0
+
+
 def _block_k(wtype: WType, cols: int, group: int) -> int:
     """K tile of one GEMM: it must divide K, and each dequantized slice (a quarter of the tile for
-    int4, half for mxfp4: one dot each) must sit inside one scale group and be one MMA deep (16)."""
+    int4 quads, half for the halves layout: one dot each) must sit inside one scale group."""
+    if wtype is WType.INT4 and _int4_quads(cols, group):
+        return 128
     for bk in (128, 64, 32):
-        piece = bk // {WType.INT4: 4, WType.MXFP4: 2}.get(wtype, 1)
+        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
@@ -97,9 +105,14 @@ class _Processor:
             if wt is WType.FP8:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
-            bk = _block_k(wt, cols, _group(key, cols))
-            pack = {WType.INT4: pack_int4_quads, WType.MXFP4: pack_int4_tiles}.get(wt)
-            out[name] = pack(codes, bk) if pack is not None else codes.contiguous()
+            group = _group(key, cols)
+            bk = _block_k(wt, cols, group)
+            if wt is WType.INT4 and _int4_quads(cols, group):
+                out[name] = pack_int4_quads(codes, bk)
+            elif wt in (WType.INT4, WType.MXFP4):
+                out[name] = pack_int4_tiles(codes, bk)
+            else:
+                out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero.to(device), key)

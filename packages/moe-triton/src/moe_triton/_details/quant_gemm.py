@@ -7,16 +7,19 @@ stream weights at once to saturate memory bandwidth. `moe_gemm_direct` skips the
 block per pair, read from topk_ids (one token's top-k choices are distinct experts).
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
-- INT4: int16 [E, N, K/4], K contiguous. K is cut in tiles of `block_k`; within tile t, word
-  t*block_k/4 + i of a row holds in nibble j (bits 4j..4j+3) the code of k = t*block_k +
-  j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A operand, in registers) and
-  loads the words straight into that operand's register layout, where each 32-bit register holds
-  two neighbouring words: one shift and one lop3 per register give nibble j of both as a 16-bit
-  float pair (`_unpack_quads`), the operand of the j-th of four dots over contiguous K quarters.
-  About 3.6 SASS instructions per weight in the K loop (sm_90, triton 3.6) against 5.3 for the
-  halves layout below, whose bytes reach the MMA layout two at a time and need byte permutes.
-- MXFP4: uint8 [E, K/2, N]. Within K tile t, byte row t*block_k/2 + i holds k = t*block_k + i in
-  its low nibble and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves.
+- INT4 with 128-wide K tiles (K % 128 == 0): int16 [E, N, K/4], K contiguous ("quads"). Within
+  K tile t, word t*block_k/4 + i of a row holds in nibble j (bits 4j..4j+3) the code of
+  k = t*block_k + j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A operand, in
+  registers) and loads the words straight into that operand's register layout, where each 32-bit
+  register holds two neighbouring words: one shift and one lop3 per register give nibble j of
+  both as a 16-bit float pair (`_unpack_quads`), the operand of the j-th of four dots over
+  contiguous K quarters. About 3.7 SASS instructions per weight in the K loop (sm_90, triton 3.6)
+  against 5.3 for the halves layout below, whose bytes reach the MMA layout two at a time.
+- INT4 whose K only 64-wide tiles divide (gpt-oss's 2880), and MXFP4: uint8 [E, K/2, N]
+  ("halves"). Within K tile t, byte row t*block_k/2 + i holds k = t*block_k + i in its low nibble
+  and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves. Quarters of a
+  64-wide tile would be 16-deep dots, each waited for (Triton keeps only a loop's last dot with a
+  register operand in flight); on the H100 that was slower for gpt-oss at every M up to 2048.
 - INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
 canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
@@ -60,7 +63,7 @@ class WeightOperand:
 
     Invariants: `codes` follows the module docstring's layout for `wtype`; `n`, `k` are the GEMM's
     output and input sizes; `block_k` divides k, and for grouped int/mxfp4 scales each
-    block_k/4 (int4), block_k/2 (mxfp4) or block_k (int8) slice of K lies inside one scale group;
+    block_k/4 (int4 quads), block_k/2 (halves) or block_k (int8) slice of K lies inside one scale group;
     `group` is the K extent of one scale row (k itself for per-channel).
     """
 
@@ -87,7 +90,7 @@ def _interpreting() -> bool:
 
 
 def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> MXFP4 kernel layout uint8 [E, K/2, R]."""
+    """Canonical packed [E, R, K/2] (even k low) -> halves layout uint8 [E, K/2, R] (module docstring)."""
     E, R, half = codes.shape
     K = half * 2
     if K % block_k:
@@ -158,7 +161,7 @@ def _e2m1_to_f32(c):
 
 @triton.jit
 def _unpack_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
-    """int16 words -> four tensors of P + code (P = 128 in bf16, 1024 in fp16, 2^23 in fp32):
+    """int16 words (quads) -> four tensors of P + code (P = 128 in bf16, 1024 in fp16, 2^23 in fp32):
     nibble j of each word, exact. PTX: lop3 on register pairs (NVIDIA); else portable shifts."""
     if PTX:
         if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
@@ -213,7 +216,20 @@ def _int4_dot(vals, s, z, a_ptrs, row_mask, acc_t, CT: tl.constexpr):
 @triton.jit
 def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
              CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr):
-    """INT8 / MXFP4 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs [BN]: the group's row."""
+    """INT4 (halves) / INT8 / MXFP4 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
+    [BN]: the group's row."""
+    if WTYPE == 0:
+        if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+            P: tl.constexpr = 8388608.0
+        elif CT == tl.bfloat16:  # noqa: SIM300
+            P: tl.constexpr = 128.0
+        else:
+            P: tl.constexpr = 1024.0
+        s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
+        if HAS_ZP:
+            z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT) + P, 1 - N_AXIS)
+            return (_biased(codes, CT) - z) * s
+        return (_biased(codes, CT) - (P + CODE_OFFSET)) * s
     if WTYPE == 3:
         s = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32)
         w = _e2m1_to_f32(codes.to(tl.int32)) * tl.expand_dims(tl.exp2(s - 127.0), 1 - N_AXIS)
@@ -241,7 +257,7 @@ def _moe_wgemm_kernel(
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
-    PTX_UNPACK: tl.constexpr,
+    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -283,7 +299,7 @@ def _moe_wgemm_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    if WTYPE == 0:
+    if WTYPE == 0 and QUADS:
         # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's wgmma
         # reads from registers, and the few token rows sit on the MMA's narrow N side instead of
         # padding its 64-row M side.
@@ -310,7 +326,7 @@ def _moe_wgemm_kernel(
             acc_t = _int4_dot(v2, s2, z2, a_ptrs + 2 * QK * stride_ak, row_mask, acc_t, CT)
             acc_t = _int4_dot(v3, s3, z3, a_ptrs + 3 * QK * stride_ak, row_mask, acc_t, CT)
         acc = tl.trans(acc_t)
-    elif WTYPE == 3:
+    elif WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
         for kt in range(kt0, kt1):
@@ -319,7 +335,7 @@ def _moe_wgemm_kernel(
             a_hi = tl.load(a_base + (k0 + HALF + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
-            if SWAP_AB:  # as for INT4
+            if SWAP_AB:  # as for the quads
                 packed = tl.load(bt_base + (kt * HALF + offs_h)[None, :] * stride_bk, mask=n_mask[:, None],
                                  other=0)
                 w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
@@ -476,12 +492,13 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     else:
         sst = (s.stride(0), s.stride(1), s.stride(2))
     codes = w.codes
-    if w.wtype is WType.MXFP4:  # [E, K/2, N]
+    quads = w.wtype is WType.INT4 and codes.dtype == torch.int16
+    if w.wtype in (WType.INT4, WType.MXFP4) and not quads:  # halves: uint8 [E, K/2, N]
         bst = (codes.stride(0), codes.stride(1), codes.stride(2))
-    else:  # [E, N, K/4] int16 words (INT4), canonical [E, N, K] codes otherwise
+    else:  # quads: int16 [E, N, K/4]; canonical [E, N, K] codes otherwise
         bst = (codes.stride(0), codes.stride(2), codes.stride(1))
     if w.wtype is WType.INT4 and not cfg.swap_ab:
-        raise ValueError("int4 weights run swapped only (their layout feeds the MMA's register operand): "
+        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
                          f"got {cfg}")
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
@@ -499,7 +516,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
-        PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
+        QUADS=quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -517,9 +534,9 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
         if s.dim() == 2:
             return c * s.view(E, N, 1)
         return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
-    if w.wtype is WType.INT4:
+    if w.wtype is WType.INT4 and w.codes.dtype == torch.int16:
         codes = unpack_int4_quads(w.codes, w.block_k)
-    elif w.wtype is WType.MXFP4:
+    elif w.wtype in (WType.INT4, WType.MXFP4):
         codes = unpack_int4_tiles(w.codes, w.block_k)
     else:
         codes = w.codes
