@@ -366,8 +366,8 @@ def _main_int4(args) -> int:
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
-               "random int4 codes and scales; the heuristic (pick_config) and its neighbours "
-               "(tune.quant_candidates), the fastest kept")
+               "random int4 codes and scales; the heuristic (pick_config), its neighbours "
+               "(tune.quant_candidates) and the best neighbour's neighbours, the fastest kept")
     return 0
 
 
