@@ -219,17 +219,9 @@ def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: 
     """INT4 (halves) / INT8 / MXFP4 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
     [BN]: the group's row."""
     if WTYPE == 0:
-        if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-            P: tl.constexpr = 8388608.0
-        elif CT == tl.bfloat16:  # noqa: SIM300
-            P: tl.constexpr = 128.0
-        else:
-            P: tl.constexpr = 1024.0
-        s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
-        if HAS_ZP:
-            z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT) + P, 1 - N_AXIS)
-            return (_biased(codes, CT) - z) * s
-        return (_biased(codes, CT) - (P + CODE_OFFSET)) * s
+        tl.static_assert(N_AXIS == 0, "int4 runs swapped only")
+        s, z = _int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT)
+        return (_biased(codes, CT) - z) * s
     if WTYPE == 3:
         s = tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32)
         w = _e2m1_to_f32(codes.to(tl.int32)) * tl.expand_dims(tl.exp2(s - 127.0), 1 - N_AXIS)
