@@ -259,7 +259,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.kquads")
+    weight_processor = _Processor("triton.wna16.quads-or-halves")
     capability = Capability(
         platforms=_GPUS,
         schemes=(

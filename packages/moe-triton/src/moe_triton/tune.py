@@ -12,7 +12,8 @@ the top-k sum when GEMM2 is.
 
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
-(`quant_gemm.pick_config`) and its neighbours (`quant_candidates`); the fastest is written.
+(`quant_gemm.pick_config`), its neighbours (`quant_candidates`) and then the best neighbour's
+neighbours; the fastest is written.
 
 The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
 `moe_triton/configs/` to ship them.
@@ -210,12 +211,13 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tup
 
         # Two greedy steps: the heuristic's neighbours, then the winner's (each change is one step).
         time_all(quant_candidates(experts.heuristic_config(M)))
+        if "heuristic" not in times:
+            experts.config_override = None
+            raise RuntimeError(f"M={M}: the heuristic configuration did not run")
         first = min(times, key=times.get)
         if first != "heuristic":
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
         experts.config_override = None
-        if "heuristic" not in times:
-            raise RuntimeError(f"M={M}: the heuristic configuration did not run")
         best = min(times, key=times.get)
         table[M] = cands[best]
         measured[str(M)] = {"best": best, "layer_us": {k: round(v, 2) for k, v in times.items()}}
