@@ -81,6 +81,11 @@ class WeightOperand:
     def num_experts(self) -> int:
         return self.codes.shape[0]
 
+    @property
+    def quads(self) -> bool:
+        """INT4 codes in the quads layout (int16 words); the halves layout is uint8."""
+        return self.wtype is WType.INT4 and self.codes.dtype == torch.int16
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
@@ -484,8 +489,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     else:
         sst = (s.stride(0), s.stride(1), s.stride(2))
     codes = w.codes
-    quads = w.wtype is WType.INT4 and codes.dtype == torch.int16
-    if w.wtype in (WType.INT4, WType.MXFP4) and not quads:  # halves: uint8 [E, K/2, N]
+    if w.wtype in (WType.INT4, WType.MXFP4) and not w.quads:  # halves: uint8 [E, K/2, N]
         bst = (codes.stride(0), codes.stride(1), codes.stride(2))
     else:  # quads: int16 [E, N, K/4]; canonical [E, N, K] codes otherwise
         bst = (codes.stride(0), codes.stride(2), codes.stride(1))
@@ -508,7 +512,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
-        QUADS=quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
+        QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -526,7 +530,7 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
         if s.dim() == 2:
             return c * s.view(E, N, 1)
         return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
-    if w.wtype is WType.INT4 and w.codes.dtype == torch.int16:
+    if w.quads:
         codes = unpack_int4_quads(w.codes, w.block_k)
     elif w.wtype in (WType.INT4, WType.MXFP4):
         codes = unpack_int4_tiles(w.codes, w.block_k)
