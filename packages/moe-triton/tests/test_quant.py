@@ -152,16 +152,21 @@ def test_int4_quad_packing_roundtrip():
     assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
 
 
-@pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps"), [
-    (int4_w4a16(32, zero_point=True), 256, 1, True, 64, 4), (int4_w4a16(32, zero_point=True), 256, 2, True, 64, 4),
-    (int4_w4a16(128), 256, 1, True, 64, 4),
-    (int4_w4a16(64), 256, 2, True, 512, 8),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
+@pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps", "block_m"), [
+    (int4_w4a16(32, zero_point=True), 256, 1, True, 64, 4, 16), (int4_w4a16(32, zero_point=True), 256, 2, True, 64, 4, 16),
+    # 128-wide tiles in one scale group: scaled after the dots up to 16 x 128 outputs per tile, per weight above
+    (int4_w4a16(128), 256, 1, True, 64, 4, 16), (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 32),
+    (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
+    (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
+    (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
     # K = 192: only 64-wide K tiles divide it, so int4 takes the halves layout (as gpt-oss's 2880)
-    (int4_w4a16(64), 192, 1, True, 64, 4), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4),
-    (mxfp4_w4a16(), 256, 1, False, 64, 4), (mxfp4_w4a16(), 256, 2, True, 64, 4),
+    (int4_w4a16(64), 192, 1, True, 64, 4, 16), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4, 16),
+    (int4_w4a16(64, zero_point=True), 192, 1, True, 64, 4, 64),
+    (mxfp4_w4a16(), 256, 1, False, 64, 4, 16), (mxfp4_w4a16(), 256, 2, True, 64, 4, 16),
 ])
-def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps):
-    """GEMM1 kernel vs its twin on a layout-converted 4-bit operand, split-K and swapped operands included."""
+def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
+    """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
+    operands, and int4 scaled per weight or after the dots (`quant_gemm._POST_SCALE_MAX_TILE`)."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, quant, RUN_ON) if quant.weight.dtype.value == "int4" else TritonMxfp4Experts(
         cfg, quant, RUN_ON)
@@ -172,9 +177,10 @@ def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps):
     M, topk = 5, 2
     ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
     x = torch.randn(M, K, dtype=torch.float16, device=DEV)
-    sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, block_m, 4)
     out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
-    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, block_n, split_k, warps, 2, swap_ab),
+    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk,
+             GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab),
              a_rows_div=topk, atomic=True)
     twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
     assert rel_l2(out, twin) < 1e-3
