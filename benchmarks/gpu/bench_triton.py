@@ -1,13 +1,14 @@
 """Whole-layer benchmark of moe-triton on one GPU, with the anchors-h100.md protocol.
 
-Per model preset x M x {bf16, int4 W4A16}: routing (moe_triton.routing.route) + alignment + GEMM1
+Per model preset x M x {bf16, int4 W4A16} (and, with --dtypes mxfp4, MXFP4 weights with bf16
+activations: time and floor only, the anchor tables have no such column): routing (moe_triton.routing.route) + alignment + GEMM1
 + activation + GEMM2 + top-k reduce, captured in CUDA graphs (8 rotating input sets, 2 above 512
 tokens), timed with triton.testing.do_bench (L2 flushed before every call; median). Ceilings are
 measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
 8192^3 bf16 matmul rate. floor = max(expected distinct experts' weight bytes / bandwidth,
 2*M*topk*3*N*K / matmul rate), expected distinct experts = E*(1-(1-topk/E)^M).
 
-    python benchmarks/gpu/bench_triton.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4]
+    python benchmarks/gpu/bench_triton.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4 mxfp4]
 """
 
 from __future__ import annotations
@@ -77,6 +78,26 @@ def _bf16_weights(cfg, dev):
         w2_bias=torch.randn(E, K, device=dev, generator=g) * 0.1 if cfg.has_bias else None,
     )
     return unquantized(), w
+
+
+def _mxfp4_weights(cfg, dev):
+    """(quant, ExpertWeights) of an MXFP4 layer: random e2m1 codes, e8m0 scales around 2^-6."""
+    from moe_core.quant import mxfp4_w4a16
+    from moe_core.weights.canonical import ExpertWeights
+
+    quant = mxfp4_w4a16()
+    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
+    g = torch.Generator(device=dev).manual_seed(0)
+    weights = ExpertWeights(
+        quant.weight,
+        w13=torch.randint(0, 256, (E, R, K // 2), dtype=torch.uint8, device=dev, generator=g),
+        w2=torch.randint(0, 256, (E, K, N // 2), dtype=torch.uint8, device=dev, generator=g),
+        w13_scale=torch.randint(118, 124, (E, R, K // 32), dtype=torch.uint8, device=dev, generator=g),
+        w2_scale=torch.randint(118, 124, (E, K, N // 32), dtype=torch.uint8, device=dev, generator=g),
+        w13_bias=torch.randn(E, R, device=dev, generator=g) * 0.1 if cfg.has_bias else None,
+        w2_bias=torch.randn(E, K, device=dev, generator=g) * 0.1 if cfg.has_bias else None,
+    )
+    return quant, weights
 
 
 def _reference_touched(x, w, cfg, tw, ti) -> torch.Tensor:
@@ -153,21 +174,25 @@ def run(args) -> dict:
     print(f"device {info.name}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
     try:
-        from moe_triton.quantized import TritonWna16Experts
+        from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
         int4_note = ""
     except ImportError as exc:
-        TritonWna16Experts, int4_note = None, f"moe_triton.quantized.TritonWna16Experts not importable: {exc}"
+        TritonWna16Experts, int4_note = None, f"moe_triton.quantized not importable: {exc}"
     cells = []
     for name in args.preset:
         preset = get_preset(name)
         cfg = preset.config
         for dtype in args.dtypes:
-            if dtype == "int4":
+            if dtype in ("int4", "mxfp4"):
                 if TritonWna16Experts is None:
                     cells.append({"model": name, "dtype": dtype, "skipped": int4_note})
                     continue
-                quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
-                cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
+                if dtype == "int4":
+                    quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
+                    cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
+                else:
+                    quant, weights = _mxfp4_weights(cfg, dev)
+                    cls, bpp = TritonMxfp4Experts, 0.5 + 1 / 32
             else:
                 quant, weights = _bf16_weights(cfg, dev)
                 cls, bpp = TritonExperts, 2.0
@@ -230,7 +255,7 @@ def write_markdown(result: dict, path: Path) -> None:
              result["protocol"], "",
              f"Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
              f"fastest anchor; anchors from {result['anchors']}, measured on the same kind of device).", ""]
-    for dtype in ("bf16", "int4"):
+    for dtype in ("bf16", "int4", "mxfp4"):
         rows = [x for x in result["cells"] if x["dtype"] == dtype]
         if not rows:
             continue
@@ -286,7 +311,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--preset", nargs="*", default=list(PRESETS))
     p.add_argument("--m", nargs="*", type=int, default=list(MS))
-    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4"])
+    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4", "mxfp4"])
     args = p.parse_args(argv)
     args.started = time.strftime("%Y-%m-%d %H:%M:%S")
     args.out.mkdir(parents=True, exist_ok=True)
