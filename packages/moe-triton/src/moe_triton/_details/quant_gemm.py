@@ -158,22 +158,19 @@ _QUAD_ASM_FP16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x64006400"))
 
 @triton.jit
 def _e2m1(codes, CT: tl.constexpr):
-    """e2m1 codes (below 16) -> their exact values in CT (bf16, fp16 or fp32).
+    """e2m1 codes (below 16) -> their exact values in CT (bf16 or fp32: fp16 cannot hold the subnormal below).
 
     The code's exponent and mantissa bits go to the top of CT's exponent and mantissa fields, its
     sign to the sign bit: exponent 0 then lands on a subnormal of the same relative size as e2m1's
-    (0.5 = 2^-1 * 1), so one multiply by a power of two (2^126 for bf16 and fp32, 2^14 for fp16)
-    makes every value exact. Bit operations only: no table, no int -> float conversion."""
+    (0.5 = 2^-1 * 1), so one multiply by 2^126 makes every value exact. Bit operations only: no
+    table, no int -> float conversion."""
     c = codes.to(tl.int32)
     if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
         bits = ((c & 7) << 22) | ((c & 8) << 28)
-        return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # 2^126
-    elif CT == tl.bfloat16:  # noqa: SIM300
-        bits = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.int16)
-        return bits.to(tl.bfloat16, bitcast=True) * 8.507059173023462e37
     else:
-        bits = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.int16)
-        return bits.to(tl.float16, bitcast=True) * 16384.0  # 2^14
+        tl.static_assert(CT == tl.bfloat16, "e2m1 values are built in bf16 or fp32")
+        bits = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.int16)
+    return bits.to(CT, bitcast=True) * 8.507059173023462e37  # 2^126
 
 
 @triton.jit
