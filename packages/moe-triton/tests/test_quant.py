@@ -134,21 +134,23 @@ def test_refusals_name_the_reason():
 def test_int4_tile_packing_roundtrip():
     codes = torch.randint(0, 256, (2, 3, 64), dtype=torch.uint8)
     packed = pack_int4_tiles(codes, 64)
-    assert packed.shape == (2, 64, 3)
-    unpacked = unpack_int4_tiles(packed, 64)
+    assert packed.shape == (2, 3, 2, 32)
+    assert packed.stride() == (192, 1, 96, 3)  # K-major: one K tile's byte rows, N contiguous
+    unpacked = unpack_int4_tiles(packed)
     assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
     # Tile 1 of row 0: its first byte holds k=64 (low) and k=96 (high).
-    assert int(packed[0, 32, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
+    assert int(packed[0, 0, 1, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
 
 
 def test_int4_quad_packing_roundtrip():
     codes = torch.randint(0, 256, (2, 3, 128), dtype=torch.uint8)
     words = pack_int4_quads(codes, 128)
-    assert words.shape == (2, 3, 64) and words.dtype == torch.int16
-    unpacked = unpack_int4_quads(words, 128)
+    assert words.shape == (2, 3, 2, 32) and words.dtype == torch.int16
+    assert words.stride() == (192, 32, 96, 1)  # tile-major: one K tile's rows are contiguous
+    unpacked = unpack_int4_quads(words)
     assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
     # Tile 1 of row 2, word 5: nibble j holds k = 128 + 32 j + 5.
-    word = int(words[1, 2, 32 + 5]) & 0xFFFF
+    word = int(words[1, 2, 1, 5]) & 0xFFFF
     assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
 
 

@@ -6,21 +6,27 @@ streams the expert's weights once per (M-block, N-tile), dequantizes them in reg
 stream weights at once to saturate memory bandwidth. `moe_gemm_direct` skips the alignment: a
 block per pair, read from topk_ids (one token's top-k choices are distinct experts).
 
-Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors):
-- INT4 with 128-wide K tiles (K % 128 == 0): int16 [E, N, K/4], K contiguous ("quads"). Within
-  K tile t, word t*block_k/4 + i of a row holds in nibble j (bits 4j..4j+3) the code of
-  k = t*block_k + j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A operand, in
-  registers) and loads the words straight into that operand's register layout, where each 32-bit
-  register holds two neighbouring words: one shift and one lop3 per register give nibble j of
-  both as a 16-bit float pair (`_unpack_quads`), the operand of the j-th of four dots over
-  contiguous K quarters. About 3.0 SASS instructions per weight in the K loop (sm_90, triton 3.6,
-  16 x 128 tile, 4 warps; 2.65 when the scale is applied after the dots, see POST_SCALE) against
-  4.5 for the halves layout below, whose bytes reach the MMA layout two at a time.
-- INT4 whose K only 64-wide tiles divide (gpt-oss's 2880), and MXFP4: uint8 [E, K/2, N]
-  ("halves"). Within K tile t, byte row t*block_k/2 + i holds k = t*block_k + i in its low nibble
-  and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves. Quarters of a
-  64-wide tile would be 16-deep dots, each waited for (Triton keeps only a loop's last dot with a
-  register operand in flight); on the H100 that was slower for gpt-oss at every M up to 2048.
+Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
+layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
+order is the one the H100 streamed fastest (benchmarks/results/int4_tile_major_2026-11-21.md).
+- INT4 with 128-wide K tiles (K % 128 == 0): int16 [E, N, K/block_k, block_k/4] ("quads"), stored
+  tile-major ([E, K tile, N, word] in memory: one program's N x K tile of weights is one contiguous
+  run of block_n * 64 bytes; stored row-major the tile was 64-byte pieces of block_n rows, and the
+  whole layer 1.06-1.42x slower at M <= 512). Word i of K tile t holds in nibble j (bits 4j..4j+3)
+  the code of k = t*block_k + j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A
+  operand, in registers) and loads the words straight into that operand's register layout, where
+  each 32-bit register holds two neighbouring words: one shift and one lop3 per register give
+  nibble j of both as a 16-bit float pair (`_unpack_quads`), the operand of the j-th of four dots
+  over contiguous K quarters. About 3.0 SASS instructions per weight in the K loop (sm_90, triton
+  3.6, 16 x 128 tile, 4 warps; 2.65 when the scale is applied after the dots, see POST_SCALE)
+  against 4.5 for the halves layout below, whose bytes reach the MMA layout two at a time.
+- INT4 whose K only 64-wide tiles divide (gpt-oss's 2880), and MXFP4: uint8 [E, N, K/block_k,
+  block_k/2] ("halves"), stored K-major ([E, K tile, byte, N] in memory: a program's tile is
+  block_k/2 runs of block_n bytes; tile-major, gpt-oss's int4 layer was 5-16% slower and MXFP4
+  within 5%). Byte i of K tile t holds k = t*block_k + i in its low nibble and
+  k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves. Quarters of a 64-wide
+  tile would be 16-deep dots, each waited for (Triton keeps only a loop's last dot with a register
+  operand in flight); on the H100 that was slower for gpt-oss at every M up to 2048.
 - INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
 canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
@@ -96,45 +102,47 @@ def _interpreting() -> bool:
 
 
 def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> halves layout uint8 [E, K/2, R] (module docstring)."""
+    """Canonical packed [E, R, K/2] (even k low) -> halves layout uint8 [E, R, K/block_k, block_k/2],
+    stored K-major (module docstring)."""
     E, R, half = codes.shape
     K = half * 2
     if K % block_k:
         raise ValueError(f"block_k={block_k} does not divide K={K}")
     lo, hi = codes & 0xF, codes >> 4
     full = torch.stack((lo, hi), dim=-1).view(E, R, K // block_k, 2, block_k // 2)  # [.., tile, half, i]
-    packed = full[..., 0, :] | (full[..., 1, :] << 4)  # [E, R, tiles, block_k/2]
-    return packed.reshape(E, R, half).transpose(1, 2).contiguous()
+    packed = full[..., 0, :] | (full[..., 1, :] << 4)
+    return packed.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
-def unpack_int4_tiles(packed: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Kernel layout uint8 [E, K/2, R] -> codes uint8 [E, R, K] (0..15)."""
-    E, half, R = packed.shape
-    K = half * 2
-    t = packed.transpose(1, 2).reshape(E, R, K // block_k, 1, block_k // 2)
-    return torch.cat((t & 0xF, t >> 4), dim=3).reshape(E, R, K)
+def unpack_int4_tiles(packed: torch.Tensor) -> torch.Tensor:
+    """Halves layout uint8 [E, R, K tiles, block_k/2] (any strides) -> codes uint8 [E, R, K] (0..15)."""
+    E, R, T, H = packed.shape
+    t = packed.unsqueeze(3)
+    return torch.cat((t & 0xF, t >> 4), dim=3).reshape(E, R, T * 2 * H)
 
 
 def pack_int4_quads(codes: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Canonical packed [E, R, K/2] (even k low) -> kernel layout int16 [E, R, K/4] (module docstring)."""
+    """Canonical packed [E, R, K/2] (even k low) -> quads layout int16 [E, R, K/block_k, block_k/4],
+    stored tile-major (module docstring)."""
     E, R, half = codes.shape
     K = half * 2
     if K % block_k or block_k % 4:
         raise ValueError(f"block_k={block_k} must be a multiple of 4 dividing K={K}")
-    out = torch.empty(E, R, K // 4, dtype=torch.int16, device=codes.device)
+    T, Q = K // block_k, block_k // 4
+    out = torch.empty(E, T, R, Q, dtype=torch.int16, device=codes.device)
     for e in range(E):  # one expert at a time: the int32 temporaries of a whole layer would need tens of GB
         c = codes[e]
-        full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, K // block_k, 4, block_k // 4).to(torch.int32)
+        full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, T, 4, Q).to(torch.int32)
         words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
-        out[e] = (words - ((words >> 15) << 16)).to(torch.int16).view(R, K // 4)  # two's complement
-    return out
+        out[e] = (words - ((words >> 15) << 16)).to(torch.int16).transpose(0, 1)  # two's complement
+    return out.permute(0, 2, 1, 3)
 
 
-def unpack_int4_quads(words: torch.Tensor, block_k: int) -> torch.Tensor:
-    """Kernel layout int16 [E, R, K/4] -> codes uint8 [E, R, K] (0..15)."""
-    E, R, quarter = words.shape
-    w = words.to(torch.int32).view(E, R, quarter * 4 // block_k, 1, block_k // 4) & 0xFFFF
-    return torch.cat([(w >> (4 * j)) & 0xF for j in range(4)], dim=3).reshape(E, R, quarter * 4).to(torch.uint8)
+def unpack_int4_quads(words: torch.Tensor) -> torch.Tensor:
+    """Quads layout int16 [E, R, K tiles, block_k/4] (any strides) -> codes uint8 [E, R, K] (0..15)."""
+    E, R, T, Q = words.shape
+    w = words.to(torch.int32).unsqueeze(3) & 0xFFFF
+    return torch.cat([(w >> (4 * j)) & 0xF for j in range(4)], dim=3).reshape(E, R, T * 4 * Q).to(torch.uint8)
 
 
 # ---- the kernel -----------------------------------------------------------------------------
@@ -262,7 +270,7 @@ def _moe_wgemm_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     N, K, num_valid,
     stride_am, stride_ak, stride_asm, stride_ask,
-    stride_be, stride_bk, stride_bn,
+    stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
     stride_biase, stride_cm, stride_cn,
     GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
@@ -320,7 +328,7 @@ def _moe_wgemm_kernel(
         offs_q = tl.arange(0, QK)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
-            words = tl.load(bt_base + (kt * QK + offs_q)[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             v0, v1, v2, v3 = _unpack_quads(words, CT, PTX_UNPACK)
             a_ptrs = a_base + (k0 + offs_q)[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
@@ -361,7 +369,7 @@ def _moe_wgemm_kernel(
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
             if SWAP_AB:  # as for the quads
-                packed = tl.load(bt_base + (kt * HALF + offs_h)[None, :] * stride_bk, mask=n_mask[:, None],
+                packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None],
                                  other=0)
                 w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
                                 CODE_OFFSET, CT, 0)
@@ -370,7 +378,7 @@ def _moe_wgemm_kernel(
                 acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
                 acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
             else:
-                packed = tl.load(b_base + (kt * HALF + offs_h)[:, None] * stride_bk, mask=n_mask[None, :],
+                packed = tl.load(b_base + kt * stride_bt + offs_h[:, None] * stride_bk, mask=n_mask[None, :],
                                  other=0)
                 w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
                                 CODE_OFFSET, CT, 1)
@@ -525,10 +533,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     else:
         sst = (s.stride(0), s.stride(1), s.stride(2))
     codes = w.codes
-    if w.wtype in (WType.INT4, WType.MXFP4) and not w.quads:  # halves: uint8 [E, K/2, N]
-        bst = (codes.stride(0), codes.stride(1), codes.stride(2))
-    else:  # quads: int16 [E, N, K/4]; canonical [E, N, K] codes otherwise
-        bst = (codes.stride(0), codes.stride(2), codes.stride(1))
+    # (expert, k within a tile, n, K tile) strides of the codes.
+    if w.wtype in (WType.INT4, WType.MXFP4):  # quads or halves: [E, N, K tiles, words per tile]
+        bst = (codes.stride(0), codes.stride(3), codes.stride(1), codes.stride(2))
+    else:  # canonical [E, N, K] (the K loop steps through stride_bk)
+        bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
     if w.wtype is WType.INT4 and not cfg.swap_ab:
         raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
                          f"got {cfg}")
@@ -568,9 +577,9 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
             return c * s.view(E, N, 1)
         return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
     if w.quads:
-        codes = unpack_int4_quads(w.codes, w.block_k)
+        codes = unpack_int4_quads(w.codes)
     elif w.wtype in (WType.INT4, WType.MXFP4):
-        codes = unpack_int4_tiles(w.codes, w.block_k)
+        codes = unpack_int4_tiles(w.codes)
     else:
         codes = w.codes
     scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, K]
