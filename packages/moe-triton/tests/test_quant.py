@@ -188,6 +188,31 @@ def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     assert rel_l2(out, twin) < 1e-3
 
 
+@pytest.mark.parametrize(("quant", "K"), [(int4_w4a16(128, zero_point=True), 256), (int4_w4a16(64), 192),
+                                          (mxfp4_w4a16(), 256)])
+def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
+    """The kernel takes the [E, N, K tile, word] codes through their strides: the same values stored
+    tile-major, row-major or K-major give the same result (benchmarks/gpu/layout_ab.py times them)."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
+    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    experts = cls(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=5))
+    w = experts._operand("w13", 256, K)
+    c = w.codes
+    orders = {"tile-major": c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), "row-major": c.contiguous(),
+              "K-major": c.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)}
+    M, topk = 6, 2
+    ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
+    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
+    twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
+    for name, codes in orders.items():
+        out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
+        moe_gemm(x, dataclasses.replace(w, codes=codes), out, sorted_ids, expert_ids, num_post, M * topk,
+                 GemmConfig(16, 64, 2, 4, 2, True), a_rows_div=topk, atomic=True)
+        assert rel_l2(out, twin) < 1e-3, name
+
+
 def test_int4_gemm_refuses_unswapped():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)

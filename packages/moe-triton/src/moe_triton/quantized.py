@@ -88,7 +88,10 @@ def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
 
 
 class _Processor:
-    """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors."""
+    """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors.
+
+    `layout` names the tensors' shapes and memory order (`quant_gemm`'s docstring) and changes when
+    they do, so packed weights cached under it stay valid."""
 
     def __init__(self, layout: str) -> None:
         self.layout = layout
@@ -259,7 +262,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.quads-or-halves")
+    weight_processor = _Processor("triton.wna16.tiled-quads-or-halves")
     capability = Capability(
         platforms=_GPUS,
         schemes=(
@@ -332,7 +335,7 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor("triton.mxfp4.ktiles")
+    weight_processor = _Processor("triton.mxfp4.halves")
     capability = Capability(
         platforms=_GPUS,
         schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),
