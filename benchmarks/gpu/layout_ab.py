@@ -21,21 +21,15 @@ from pathlib import Path
 
 import torch
 
+from moe_triton._details.quant_gemm import stored_k_major, stored_tile_major
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 
-
-def tile_major(codes: torch.Tensor) -> torch.Tensor:
-    """The same [E, N, T, W] values stored as [E, T, N, W]."""
-    return codes.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
-
-
 def untiled(codes: torch.Tensor) -> torch.Tensor:
-    """The same [E, N, T, W] values stored row-major (int16 quads) or as [E, T, W, N] (uint8 halves)."""
-    if codes.dtype == torch.int16:
-        return codes.contiguous()
-    return codes.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    """The same [E, N, T, W] values stored row-major (int16 quads) or K-major (uint8 halves)."""
+    return codes.contiguous() if codes.dtype == torch.int16 else stored_k_major(codes)
 
 
 def main(argv=None) -> int:
@@ -65,7 +59,7 @@ def main(argv=None) -> int:
             experts.load_weights(weights)
             del weights
         t = experts.weights.tensors
-        layouts = {"untiled": (untiled(t["w13"]), untiled(t["w2"])), "tile": (tile_major(t["w13"]), tile_major(t["w2"]))}
+        layouts = {"untiled": (untiled(t["w13"]), untiled(t["w2"])), "tile": (stored_tile_major(t["w13"]), stored_tile_major(t["w2"]))}
 
         def use(layout: str, t=t, layouts=layouts) -> None:
             t["w13"], t["w2"] = layouts[layout]

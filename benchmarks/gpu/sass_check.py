@@ -30,7 +30,7 @@ _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "s_ptr": "*bf16", "z_ptr": "*bf16", "bias_ptr": "*bf16",
              "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
              "num_post_ptr": "*i32"}
-_UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_cn", "stride_ask", "stride_bn")
+_UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_cn", "stride_ask")
 
 
 def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool):
@@ -42,7 +42,9 @@ def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int
                   A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=True, SPLIT_K=2, BLOCK_M=block_m,
                   BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=True, UPCAST=False, DIRECT=False,
                   HAS_MAP=False, QUADS=wtype == "int4", PTX_UNPACK=True, POST_SCALE=post_scale,
-                  **{n: 1 for n in _UNIT_STRIDES})
+                  **{n: 1 for n in _UNIT_STRIDES},
+                  # The codes' unit stride, as the launch specializes it: quads run along K, halves along N.
+                  **{"stride_bk" if wtype == "int4" else "stride_bn": 1})
     pointers = {**_POINTERS, "b_ptr": "*i16" if wtype == "int4" else "*u8"}
     sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] != "constexpr"}

@@ -27,6 +27,8 @@ from moe_triton._details.quant_gemm import (
     moe_gemm_torch,
     pack_int4_quads,
     pack_int4_tiles,
+    stored_k_major,
+    stored_tile_major,
     unpack_int4_quads,
     unpack_int4_tiles,
 )
@@ -199,8 +201,7 @@ def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=5))
     w = experts._operand("w13", 256, K)
     c = w.codes
-    orders = {"tile-major": c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3), "row-major": c.contiguous(),
-              "K-major": c.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)}
+    orders = {"tile-major": stored_tile_major(c), "row-major": c.contiguous(), "K-major": stored_k_major(c)}
     M, topk = 6, 2
     ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
     x = torch.randn(M, K, dtype=torch.float16, device=DEV)

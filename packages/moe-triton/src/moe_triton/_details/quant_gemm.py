@@ -46,7 +46,8 @@ from moe_core.weights.packing import E2M1_VALUES
 from moe_triton.configs import GemmConfig
 
 __all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_direct", "moe_gemm_torch",
-           "pack_int4_quads", "pack_int4_tiles", "pick_config", "unpack_int4_quads", "unpack_int4_tiles"]
+           "pack_int4_quads", "pack_int4_tiles", "pick_config", "stored_k_major", "stored_tile_major",
+           "unpack_int4_quads", "unpack_int4_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -101,6 +102,16 @@ def _interpreting() -> bool:
 # ---- int4/mxfp4 tile packing (pure torch, used by the processors and the twin) -----------------
 
 
+def stored_tile_major(words: torch.Tensor) -> torch.Tensor:
+    """[E, N, K tile, word] values stored as [E, K tile, N, word] (the quads' order)."""
+    return words.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
+def stored_k_major(words: torch.Tensor) -> torch.Tensor:
+    """[E, N, K tile, word] values stored as [E, K tile, word, N] (the halves' order)."""
+    return words.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
 def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
     """Canonical packed [E, R, K/2] (even k low) -> halves layout uint8 [E, R, K/block_k, block_k/2],
     stored K-major (module docstring)."""
@@ -110,8 +121,7 @@ def pack_int4_tiles(codes: torch.Tensor, block_k: int) -> torch.Tensor:
         raise ValueError(f"block_k={block_k} does not divide K={K}")
     lo, hi = codes & 0xF, codes >> 4
     full = torch.stack((lo, hi), dim=-1).view(E, R, K // block_k, 2, block_k // 2)  # [.., tile, half, i]
-    packed = full[..., 0, :] | (full[..., 1, :] << 4)
-    return packed.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    return stored_k_major(full[..., 0, :] | (full[..., 1, :] << 4))
 
 
 def unpack_int4_tiles(packed: torch.Tensor) -> torch.Tensor:
@@ -130,7 +140,9 @@ def pack_int4_quads(codes: torch.Tensor, block_k: int) -> torch.Tensor:
         raise ValueError(f"block_k={block_k} must be a multiple of 4 dividing K={K}")
     T, Q = K // block_k, block_k // 4
     out = torch.empty(E, T, R, Q, dtype=torch.int16, device=codes.device)
-    for e in range(E):  # one expert at a time: the int32 temporaries of a whole layer would need tens of GB
+    # Built one expert at a time into the tile-major buffer: the int32 temporaries of a whole layer
+    # would need tens of GB.
+    for e in range(E):
         c = codes[e]
         full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, T, 4, Q).to(torch.int32)
         words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
