@@ -171,23 +171,10 @@ def test_int4_quad_packing_roundtrip():
 def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
     operands, and int4 scaled per weight or after the dots (`quant_gemm._POST_SCALE_MAX_TILE`)."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
-    experts = TritonWna16Experts(cfg, quant, RUN_ON) if quant.weight.dtype.value == "int4" else TritonMxfp4Experts(
-        cfg, quant, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, quant, seed=3))
-    w = experts._operand("w13", 256, K)
+    w = _gemm1_operand(quant, K, seed=3)
     if quant.weight.dtype.value == "int4":
         assert w.codes.dtype == (torch.int16 if K % 128 == 0 else torch.uint8)  # quads, else halves
-    M, topk = 5, 2
-    ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
-    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
-    sorted_ids, expert_ids, num_post = align_block_size(ids, block_m, 4)
-    out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
-    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk,
-             GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab),
-             a_rows_div=topk, atomic=True)
-    twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
-    assert rel_l2(out, twin) < 1e-3
+    assert _gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 
 @pytest.mark.parametrize(("quant", "K"), [(int4_w4a16(128, zero_point=True), 256), (int4_w4a16(64), 192),
@@ -195,23 +182,31 @@ def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
 def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
     """The kernel takes the [E, N, K tile, word] codes through their strides: the same values stored
     tile-major, row-major or K-major give the same result (benchmarks/gpu/layout_ab.py times them)."""
+    w = _gemm1_operand(quant, K, seed=5)
+    c = w.codes
+    orders = {"tile-major": stored_tile_major(c), "row-major": c.contiguous(), "K-major": stored_k_major(c)}
+    for name, codes in orders.items():
+        assert _gemm1_error(dataclasses.replace(w, codes=codes), GemmConfig(16, 64, 2, 4, 2, True)) < 1e-3, name
+
+
+def _gemm1_operand(quant, K: int, seed: int):
+    """GEMM1's weights (N = 256) of a 4-expert 4-bit layer, in the kernel layout."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
     cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
     experts = cls(cfg, quant, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, quant, seed=5))
-    w = experts._operand("w13", 256, K)
-    c = w.codes
-    orders = {"tile-major": stored_tile_major(c), "row-major": c.contiguous(), "K-major": stored_k_major(c)}
-    M, topk = 6, 2
-    ids = torch.randint(0, 4, (M, topk), dtype=torch.int32, device=DEV)
-    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
-    sorted_ids, expert_ids, num_post = align_block_size(ids, 16, 4)
-    twin = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
-    for name, codes in orders.items():
-        out = torch.zeros(M * topk, 256, dtype=torch.float32, device=DEV)
-        moe_gemm(x, dataclasses.replace(w, codes=codes), out, sorted_ids, expert_ids, num_post, M * topk,
-                 GemmConfig(16, 64, 2, 4, 2, True), a_rows_div=topk, atomic=True)
-        assert rel_l2(out, twin) < 1e-3, name
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=seed))
+    return experts._operand("w13", 256, K)
+
+
+def _gemm1_error(w, launch: GemmConfig) -> float:
+    """Relative L2 error of the kernel against its twin for 5 random tokens' top-2 pairs."""
+    M, topk = 5, 2
+    ids = torch.randint(0, w.num_experts, (M, topk), dtype=torch.int32, device=DEV)
+    x = torch.randn(M, w.k, dtype=torch.float16, device=DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, launch.block_m, w.num_experts)
+    out = torch.zeros(M * topk, w.n, dtype=torch.float32, device=DEV)
+    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, launch, a_rows_div=topk, atomic=True)
+    return rel_l2(out, moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk))
 
 
 def test_int4_gemm_refuses_unswapped():
