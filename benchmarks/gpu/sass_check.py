@@ -7,7 +7,7 @@ Triton, runs that Triton's ptxas with -v on the PTX, and reports per launch shap
 - the K loop's SASS instructions per weight per thread, and the most frequent opcodes.
 Use the Triton version the GPU runs (3.6 here): code generation differs between versions.
 
-    python benchmarks/gpu/sass_check.py [--wtype int4|halves|mxfp4] [--post-scale] [--unswapped] [--whole-tile-dot] BM,BN,WARPS,STAGES ...
+    python benchmarks/gpu/sass_check.py [--wtype int4|halves|mxfp4] [--post-scale] BM,BN,WARPS,STAGES ...
 """
 
 from __future__ import annotations
@@ -33,16 +33,15 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "s_ptr": "*bf16", "z_ptr"
 _UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_cn", "stride_ask")
 
 
-def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool,
-                 swap_ab: bool = True, whole_tile_dot: bool = False):
+def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool):
     """The kernel compiled for sm_90 (int4 group 128 symmetric; mxfp4 group 32), split-K accumulation."""
     fn = quant_gemm._moe_wgemm_kernel
     names = list(inspect.signature(fn.fn).parameters)
     consts = dict(GROUP=32 if wtype == "mxfp4" else 128, WTYPE=3 if wtype == "mxfp4" else 0, A_SCALE=0,
                   W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=0 if wtype == "mxfp4" else 8, HAS_BIAS=False,
                   A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=True, SPLIT_K=2, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=swap_ab, UPCAST=False, DIRECT=False,
-                  HAS_MAP=False, QUADS=wtype == "int4", PTX_UNPACK=True, POST_SCALE=post_scale, WHOLE_TILE_DOT=whole_tile_dot,
+                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=True, UPCAST=False, DIRECT=False,
+                  HAS_MAP=False, QUADS=wtype == "int4", PTX_UNPACK=True, POST_SCALE=post_scale,
                   **{n: 1 for n in _UNIT_STRIDES},
                   # The codes' unit stride, as the launch specializes it: quads run along K, halves along N.
                   **{"stride_bk" if wtype == "int4" else "stride_bn": 1})
@@ -86,17 +85,12 @@ def main(argv=None) -> int:
     p.add_argument("--wtype", choices=["int4", "halves", "mxfp4"], default="int4",
                    help="int4: quads layout (K tiles of 128); halves: int4 in 64-wide tiles; mxfp4")
     p.add_argument("--post-scale", action="store_true", help="int4 quads: scale after the dots (POST_SCALE)")
-    p.add_argument("--whole-tile-dot", action="store_true", help="one dot per K tile (WHOLE_TILE_DOT)")
-    p.add_argument("--unswapped", action="store_true",
-                   help="weights as the MMA's B operand through shared memory (SWAP_AB off)")
     args = p.parse_args(argv)
-    print(f"triton {triton.__version__}, target sm_90, {args.wtype}{' post-scale' if args.post_scale else ''}"
-          f"{' unswapped' if args.unswapped else ''}{' whole-tile-dot' if args.whole_tile_dot else ''}")
+    print(f"triton {triton.__version__}, target sm_90, {args.wtype}{' post-scale' if args.post_scale else ''}")
     serialized = False
     for shape in args.shapes:
         bm, bn, warps, stages = (int(v) for v in shape.split(","))
-        cc = compile_sm90(args.wtype, bm, bn, warps, stages, args.post_scale, not args.unswapped,
-                          args.whole_tile_dot)
+        cc = compile_sm90(args.wtype, bm, bn, warps, stages, args.post_scale)
         info = ptxas_info(cc.asm["ptx"])
         ops = k_loop_opcodes(cc.asm["cubin"])
         bk = 128 if args.wtype == "int4" else 64

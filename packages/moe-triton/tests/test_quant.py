@@ -49,7 +49,7 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _run(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, topk=2, M=7, bias=False,
-         parallel=None, seed=0, routing=None, launch=None):
+         parallel=None, seed=0, routing=None):
     cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=K, intermediate_size=N,
                     activation=activation or Activation.silu(), routing=routing or Routing.softmax_topk(True),
                     dtype=dtype, parallel=parallel or ParallelConfig(), has_bias=bias)
@@ -57,7 +57,6 @@ def _run(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, to
     weights = ExpertWeights.random(cfg, quant, seed=seed)
     experts = cls(cfg, quant, RUN_ON)
     experts.load_weights(weights)
-    experts.config_override = launch
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(M, K, generator=gen).to(dtype).to(DEV)
     tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, topk)
@@ -157,7 +156,6 @@ def test_int4_quad_packing_roundtrip():
     assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
 
 
-@pytest.mark.parametrize("whole_tile_dot", [False, True], ids=["dot-per-part", "whole-tile-dot"])
 @pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps", "block_m"), [
     (int4_w4a16(32, zero_point=True), 256, 1, True, 64, 4, 16), (int4_w4a16(32, zero_point=True), 256, 2, True, 64, 4, 16),
     # 128-wide tiles in one scale group: scaled after the dots up to 16 x 128 outputs per tile, per weight above
@@ -169,19 +167,14 @@ def test_int4_quad_packing_roundtrip():
     (int4_w4a16(64), 192, 1, True, 64, 4, 16), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4, 16),
     (int4_w4a16(64, zero_point=True), 192, 1, True, 64, 4, 64),
     (mxfp4_w4a16(), 256, 1, False, 64, 4, 16), (mxfp4_w4a16(), 256, 2, True, 64, 4, 16),
-    # unswapped (weights as the B operand, through shared memory): quads scaled per weight (group 32,
-    # and 32 x 128 outputs), after the dots (16 x 64), and the halves
-    (int4_w4a16(32, zero_point=True), 256, 1, False, 128, 4, 32), (int4_w4a16(128), 256, 2, False, 64, 4, 16),
-    (int4_w4a16(128, zero_point=True), 384, 1, False, 64, 8, 64), (int4_w4a16(64, zero_point=True), 192, 2, False, 64, 4, 16),
 ])
-def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m, whole_tile_dot):
+def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
-    operands, int4 scaled per weight or after the dots (`quant_gemm._POST_SCALE_MAX_TILE`), and one dot
-    per K-tile part or per whole tile (its parts joined in K order)."""
+    operands, and int4 scaled per weight or after the dots (`quant_gemm._POST_SCALE_MAX_TILE`)."""
     w = _gemm1_operand(quant, K, seed=3)
     if quant.weight.dtype.value == "int4":
         assert w.codes.dtype == (torch.int16 if K % 128 == 0 else torch.uint8)  # quads, else halves
-    assert _gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab, whole_tile_dot)) < 1e-3
+    assert _gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 
 @pytest.mark.parametrize(("quant", "K"), [(int4_w4a16(128, zero_point=True), 256), (int4_w4a16(64), 192),
@@ -216,14 +209,15 @@ def _gemm1_error(w, launch: GemmConfig) -> float:
     return rel_l2(out, moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk))
 
 
-@pytest.mark.parametrize("K", [256, 192])  # quads, halves
-def test_int4_layer_unswapped_matches_reference(K):
-    """A whole int4 layer with both GEMMs unswapped (the weights through shared memory, as tuned
-    files may choose for many tokens per expert) against the fp32 reference."""
-    unswapped = GemmConfig(16, 64, 1, 4, 2)
-    out, ref = _run(TritonWna16Experts, int4_w4a16(64, zero_point=True), K=K, seed=4,
-                    launch=QuantKernelConfig(unswapped, unswapped))
-    assert rel_l2(out, ref) < 1e-2
+def test_int4_gemm_refuses_unswapped():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1))
+    experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
+    x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="int4 weights run swapped only"):
+        experts.apply(x, torch.rand(3, 2, device=DEV), ids)
 
 
 @pytest.mark.parametrize("qmode", [QMode.NONE, QMode.TOKEN, QMode.GROUP128, QMode.TENSOR])
@@ -290,10 +284,7 @@ def test_quant_candidates_are_distinct_neighbours():
                                                  dataclasses.replace(base.gemm2, split_k=16))
     assert cands["stages-1"] == QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=3),
                                                   dataclasses.replace(base.gemm2, num_stages=3))
-    assert cands["swap-flip,warps=8"] == QuantKernelConfig(
-        dataclasses.replace(base.gemm1, swap_ab=False, num_warps=8), dataclasses.replace(base.gemm2, swap_ab=False,
-                                                                                          num_warps=8))
-    assert sum(not c.gemm1.swap_ab for c in cands.values()) == 2
+    assert all(c.gemm1.swap_ab and c.gemm2.swap_ab for c in cands.values())  # int4 runs swapped only
 
 
 def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):

@@ -99,7 +99,6 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
-    whole_tile_dot: bool = False  # 4-bit weights only: one dot per K tile instead of per quarter / half
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
@@ -127,8 +126,7 @@ class QuantKernelConfig:
 
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
-            return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
-                    f"{' whole' if c.whole_tile_dot else ''}")
+            return f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

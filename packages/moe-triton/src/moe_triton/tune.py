@@ -109,11 +109,6 @@ _QUANT_TWEAKS = {
     "warps/2": lambda c: dataclasses.replace(c, num_warps=max(4, c.num_warps // 2)),
     "stages+1": lambda c: dataclasses.replace(c, num_stages=c.num_stages + 1),
     "stages-1": lambda c: dataclasses.replace(c, num_stages=max(2, c.num_stages - 1)),
-    # The weights as the MMA's register operand (swapped) or through shared memory (unswapped,
-    # where 8 warps share one dequantized tile).
-    "swap-flip": lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab),
-    "swap-flip,warps=8": lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab, num_warps=8),
-    "whole-tile-dot-flip": lambda c: dataclasses.replace(c, whole_tile_dot=not c.whole_tile_dot),
 }
 
 

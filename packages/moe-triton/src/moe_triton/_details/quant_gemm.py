@@ -247,44 +247,9 @@ def _int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CODE_OFFSET
 
 
 @triton.jit
-def _k_parts_dot(w0, w1, w2, w3, a_k0, stride_ak, row_mask, acc, CT: tl.constexpr, SWAP_AB: tl.constexpr,
-                 WHOLE_TILE_DOT: tl.constexpr):
-    """acc + one K tile's product: w0..w3 are the dequantized [BN, q] weights of its four contiguous
-    K quarters (quads) or, with w2 = w3 = None, of its two halves; a_k0 the [BM, 1] pointers of A's
-    rows at the tile's first k. WHOLE_TILE_DOT: one dot over the whole tile (its operand live at
-    once, one wgmma wait per tile); else one dot per part (a part's operand live, a wait per part)."""
-    q: tl.constexpr = w0.shape[1]
-    if WHOLE_TILE_DOT:
-        if w2 is None:
-            t = tl.permute(tl.join(w0, w1), (0, 2, 1))  # [n, half, i]
-            BK: tl.constexpr = 2 * q
-        else:
-            t = tl.permute(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (0, 2, 3, 1))  # [n, a, b, i] = w_{2a+b}
-            BK: tl.constexpr = 4 * q
-        # Column j * q + i is part j's column i: k itself. A layout change only (each part is
-        # already the dot operand of its K slice), so no data moves.
-        w = tl.reshape(t, (w0.shape[0], BK))
-        acc = _dot_at(w, a_k0 + tl.arange(0, BK)[None, :] * stride_ak, row_mask, acc, CT, SWAP_AB)
-    else:
-        offs = tl.arange(0, q)[None, :] * stride_ak
-        acc = _dot_at(w0, a_k0 + offs, row_mask, acc, CT, SWAP_AB)
-        acc = _dot_at(w1, a_k0 + q * stride_ak + offs, row_mask, acc, CT, SWAP_AB)
-        if w2 is not None:
-            acc = _dot_at(w2, a_k0 + 2 * q * stride_ak + offs, row_mask, acc, CT, SWAP_AB)
-            acc = _dot_at(w3, a_k0 + 3 * q * stride_ak + offs, row_mask, acc, CT, SWAP_AB)
-    return acc
-
-
-@triton.jit
-def _dot_at(w, a_ptrs, row_mask, acc, CT: tl.constexpr, SWAP_AB: tl.constexpr):
-    """A's [BM, k] tile read at a_ptrs (masked rows read as zeros) times the [BN, k] weights w:
-    acc [BN, BM] + w . A^T swapped, acc [BM, BN] + A . w^T otherwise."""
-    a = tl.load(a_ptrs, mask=row_mask[:, None], other=0.0).to(CT)
-    if SWAP_AB:
-        out = tl.dot(w, tl.trans(a), acc)
-    else:
-        out = tl.dot(a, tl.trans(w), acc)
-    return out
+def _dot_at(w, a_ptrs, row_mask, acc_t, CT: tl.constexpr):
+    """acc_t + w . A^T, A's [BM, k] tile read at a_ptrs (masked rows read as zeros)."""
+    return tl.dot(w, tl.trans(tl.load(a_ptrs, mask=row_mask[:, None], other=0.0).to(CT)), acc_t)
 
 
 @triton.jit
@@ -293,7 +258,7 @@ def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: 
     """INT4 (halves) / INT8 / MXFP4 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
     [BN]: the group's row."""
     if WTYPE == 0:
-        tl.static_assert(N_AXIS == 0, "4-bit tiles are dequantized with N along axis 0")
+        tl.static_assert(N_AXIS == 0, "int4 runs swapped only")
         s, z = _int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, codes.shape[0])
         return (_biased(codes, CT) - z) * s
     if WTYPE == 3:
@@ -325,7 +290,7 @@ def _moe_wgemm_kernel(
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
-    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, WHOLE_TILE_DOT: tl.constexpr,
+    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -368,27 +333,26 @@ def _moe_wgemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     if WTYPE == 0 and QUADS:
-        # Swapped, out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's
-        # wgmma reads from registers, and the few token rows sit on the MMA's narrow N side instead
-        # of padding its 64-row M side. Not swapped (many tokens per expert), the dequantized
-        # weights go through shared memory as the B operand, like the bf16 kernel's.
+        # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's wgmma
+        # reads from registers, and the few token rows sit on the MMA's narrow N side instead of
+        # padding its 64-row M side.
         QK: tl.constexpr = BLOCK_K // 4
         offs_q = tl.arange(0, QK)
-        acc_q = acc_t if SWAP_AB else acc
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             v0, v1, v2, v3 = _unpack_quads(words, CT, PTX_UNPACK)
-            a_k0 = a_base + k0 * stride_ak
+            a_ptrs = a_base + (k0 + offs_q)[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
                 z = _int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                part = _k_parts_dot(v0 - z, v1 - z, v2 - z, v3 - z, a_k0, stride_ak, row_mask,
-                                    tl.zeros(acc_q.shape, dtype=tl.float32), CT, SWAP_AB, WHOLE_TILE_DOT)
-                s = tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32)
-                acc_q += part * (tl.expand_dims(s, 1) if SWAP_AB else tl.expand_dims(s, 0))
+                part = _dot_at(v0 - z, a_ptrs, row_mask, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), CT)
+                part = _dot_at(v1 - z, a_ptrs + QK * stride_ak, row_mask, part, CT)
+                part = _dot_at(v2 - z, a_ptrs + 2 * QK * stride_ak, row_mask, part, CT)
+                part = _dot_at(v3 - z, a_ptrs + 3 * QK * stride_ak, row_mask, part, CT)
+                acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
             else:
                 s0, z0 = _int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
@@ -402,23 +366,40 @@ def _moe_wgemm_kernel(
                     s3, z3 = _int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
                 # the scale's multiply, as in the reference.
-                acc_q = _k_parts_dot((v0 - z0) * s0, (v1 - z1) * s1, (v2 - z2) * s2, (v3 - z3) * s3, a_k0,
-                                     stride_ak, row_mask, acc_q, CT, SWAP_AB, WHOLE_TILE_DOT)
-        acc = tl.trans(acc_q) if SWAP_AB else acc_q
+                acc_t = _dot_at((v0 - z0) * s0, a_ptrs, row_mask, acc_t, CT)
+                acc_t = _dot_at((v1 - z1) * s1, a_ptrs + QK * stride_ak, row_mask, acc_t, CT)
+                acc_t = _dot_at((v2 - z2) * s2, a_ptrs + 2 * QK * stride_ak, row_mask, acc_t, CT)
+                acc_t = _dot_at((v3 - z3) * s3, a_ptrs + 3 * QK * stride_ak, row_mask, acc_t, CT)
+        acc = tl.trans(acc_t)
     elif WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
-        acc_h = acc_t if SWAP_AB else acc
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
-            packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            a_lo = tl.load(a_base + (k0 + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
+            a_hi = tl.load(a_base + (k0 + HALF + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
-            w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
-            w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
-            acc_h = _k_parts_dot(w_lo, w_hi, None, None, a_base + k0 * stride_ak, stride_ak, row_mask, acc_h, CT,
-                                 SWAP_AB, WHOLE_TILE_DOT)
-        acc = tl.trans(acc_h) if SWAP_AB else acc_h
+            if SWAP_AB:  # as for the quads
+                packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None],
+                                 other=0)
+                w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 0)
+                w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 0)
+                acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
+                acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
+            else:
+                packed = tl.load(b_base + kt * stride_bt + offs_h[:, None] * stride_bk, mask=n_mask[None, :],
+                                 other=0)
+                w_lo = _dequant(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 1)
+                w_hi = _dequant(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
+                                CODE_OFFSET, CT, 1)
+                acc = tl.dot(a_lo.to(CT), w_lo, acc)
+                acc = tl.dot(a_hi.to(CT), w_hi, acc)
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for kt in range(kt0, kt1):
@@ -569,6 +550,9 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         bst = (codes.stride(0), codes.stride(3), codes.stride(1), codes.stride(2))
     else:  # canonical [E, N, K] (the K loop steps through stride_bk)
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
+    if w.wtype is WType.INT4 and not cfg.swap_ab:
+        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
+                         f"got {cfg}")
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     _moe_wgemm_kernel[grid](
@@ -587,7 +571,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        WHOLE_TILE_DOT=cfg.whole_tile_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
