@@ -346,9 +346,10 @@ def test_int4_tuner_keeps_the_fastest_candidate():
     assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
 
 
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
-def test_shipped_int4_configs_cover_the_presets(preset):
-    """Each preset's int4 layer (its usual group size) finds launch shapes tuned on the H100 at every
+def test_shipped_int4_configs_cover_the_presets(preset, gpu):
+    """Each preset's int4 layer (its usual group size) finds launch shapes tuned on that GPU at every
     benchmarked token count."""
     from moe_core.presets import get_preset
 
@@ -356,18 +357,19 @@ def test_shipped_int4_configs_cover_the_presets(preset):
     cfg = p.config
     family = f"wna16-int4-g{p.int4_group_size}"
     key = ConfigKey(family, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
-                    "NVIDIA_H100_80GB_HBM3")
-    h100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
-    assert TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), h100).config_key == key
+                    gpu.replace(" ", "_"))
+    device = DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))
+    assert TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), device).config_key == key
     for m in (1, 8, 32, 128, 512, 2048, 8192):
         hit = configs.lookup_exact(key, m)
         assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
         assert isinstance(hit.config, QuantKernelConfig)
 
 
-def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig]]:
-    """(preset, M, config) for each distinct launch shape of a preset in the int4 files found
-    (shipped, and those in $MOE_TRITON_CONFIG_DIR: a tuning run's output can be checked before it ships)."""
+def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig, str]]:
+    """(preset, M, config, device tag of the first file holding it) for each distinct launch shape of a
+    preset in the int4 files found (shipped, and those in $MOE_TRITON_CONFIG_DIR: a tuning run's output
+    can be checked before it ships)."""
     found, seen = [], set()
     for key, (_, table) in sorted(configs._load().items(), key=lambda kv: kv[0].file_name()):
         if not key.kernel.startswith("wna16-int4-"):
@@ -378,13 +380,13 @@ def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig]]:
         for m in sorted(table):
             if (preset.name, table[m]) not in seen:
                 seen.add((preset.name, table[m]))
-                found.append((preset.name, m, table[m]))
+                found.append((preset.name, m, table[m], key.device))
     return found
 
 
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize(("preset", "M", "tuned"),
-                         [pytest.param(*s, id=f"{s[0]}-M{s[1]}") for s in _shipped_int4_shapes()])
+                         [pytest.param(p, m, c, id=f"{p}-{dev}-M{m}") for p, m, c, dev in _shipped_int4_shapes()])
 def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
     """Every launch shape the tuned files ship, at the preset's N, K, group, activation and bias,
     against the reference. Fewer experts (16, or the preset's 8) keep the fp32 reference in
