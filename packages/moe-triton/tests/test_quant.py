@@ -346,9 +346,10 @@ def test_int4_tuner_keeps_the_fastest_candidate():
     assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
 
 
-@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+@pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
+                                         ("NVIDIA H200", "NVIDIA_H200")])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
-def test_shipped_int4_configs_cover_the_presets(preset, gpu):
+def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
     """Each preset's int4 layer (its usual group size) finds launch shapes tuned on that GPU at every
     benchmarked token count."""
     from moe_core.presets import get_preset
@@ -356,8 +357,7 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu):
     p = get_preset(preset)
     cfg = p.config
     family = f"wna16-int4-g{p.int4_group_size}"
-    key = ConfigKey(family, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
-                    gpu.replace(" ", "_"))
+    key = ConfigKey(family, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", tag)
     device = DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))
     assert TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), device).config_key == key
     for m in (1, 8, 32, 128, 512, 2048, 8192):
