@@ -4,7 +4,9 @@ Compiles `moe_triton._details.quant_gemm._moe_wgemm_kernel` for an H100 target w
 Triton, runs that Triton's ptxas with -v on the PTX, and reports per launch shape:
 - whether ptxas serialized the wgmma instructions (its info C7515: every HGMMA then waits for the
   previous one, which the kernel must never trigger),
-- the K loop's SASS instructions per weight per thread, and the most frequent opcodes.
+- the K loop's SASS instructions per weight per thread, and the most frequent opcodes,
+- the kernel's `wgmma.wait_group N` waits by N: a wait 0 after each dot means no MMA stays in
+  flight while the next operand is dequantized (what Triton emits for a register-made operand).
 Use the Triton version the GPU runs (3.6 here): code generation differs between versions.
 
     python benchmarks/gpu/sass_check.py [--wtype int4|halves|mxfp4] [--post-scale] BM,BN,WARPS,STAGES ...
@@ -98,8 +100,11 @@ def main(argv=None) -> int:
         regs = re.search(r"Used (\d+) registers", info)
         wgmma_serialized = "C7515" in info
         serialized |= wgmma_serialized
+        waits = collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", cc.asm["ptx"]))
         print(f"BM{bm} BN{bn} w{warps} s{stages}: wgmma {'SERIALIZED' if wgmma_serialized else 'async'}, "
-              f"{regs.group(1) if regs else '?'} registers, K loop {per_weight:.2f} SASS/weight/thread: "
+              f"{regs.group(1) if regs else '?'} registers, wgmma waits "
+              + " ".join(f"{n}x wait({k})" for k, n in sorted(waits.items()))
+              + f", K loop {per_weight:.2f} SASS/weight/thread: "
               + ", ".join(f"{op} {n}" for op, n in ops.most_common(8)))
     return 1 if serialized else 0
 
