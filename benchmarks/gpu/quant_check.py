@@ -28,12 +28,9 @@ import triton
 # The same ceilings, floor and random int4 layer as the protocol benchmark beside this script.
 from bench_triton import floor_us, measure_ceilings
 
-from moe_core.backends import DeviceInfo, Platform
 from moe_core.presets import get_preset
-from moe_core.quant import int4_w4a16
-from moe_triton.quantized import TritonWna16Experts
 from moe_triton.routing import route
-from moe_triton.tune import quant_candidates, random_int4_weights
+from moe_triton.tune import _graph_time_us, _random_int4_layer, quant_candidates
 
 MODELS = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3"]
 MS = [1, 8, 32, 128, 512, 2048, 8192]
@@ -52,17 +49,7 @@ def time_layer(experts, cfg, M: int, correction) -> float:
         tw, ids = route(logits, cfg.routing, cfg.top_k, correction)
         return experts.apply(x, tw, ids)
 
-    layer()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        layer()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        layer()
-    return triton.testing.do_bench(g.replay, warmup=20, rep=80, return_mode="median") * 1e3
+    return _graph_time_us(layer, rep_ms=80)
 
 
 def main() -> None:
@@ -74,20 +61,17 @@ def main() -> None:
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = DeviceInfo(Platform.CUDA, 0, torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    device_name = torch.cuda.get_device_name()
     ceilings = measure_ceilings()
-    print(f"device {dev.name}, copy bandwidth {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
+    print(f"device {device_name}, copy bandwidth {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, matmul "
           f"{ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s, triton {triton.__version__}", flush=True)
-    anchors = _anchors(dev.name)
+    anchors = _anchors(device_name)
     rows = []
     for name in args.models.split(","):
         preset = get_preset(name)
         cfg = preset.config
         t0 = time.time()
-        _, weights = random_int4_weights(cfg, preset.int4_group_size, "cuda")
-        experts = TritonWna16Experts(cfg, int4_w4a16(preset.int4_group_size), dev)
-        experts.load_weights(weights)
-        del weights
+        experts = _random_int4_layer(preset, torch.device("cuda"))
         correction = (torch.randn(cfg.num_experts, device="cuda") * 0.01
                       if cfg.routing.has_correction_bias else None)
         print(f"{name}: weights ready in {time.time() - t0:.1f}s", flush=True)
@@ -123,7 +107,7 @@ def main() -> None:
                   f"anchor {anchor['us']:8.1f} (x{anchor['us'] / us:.1f})  best {best} {times[best]}", flush=True)
         del experts
         torch.cuda.empty_cache()
-    (out / "quant_int4.json").write_text(json.dumps({"device": dev.name, "ceilings": ceilings,
+    (out / "quant_int4.json").write_text(json.dumps({"device": device_name, "ceilings": ceilings,
                                                      "triton": triton.__version__, "torch": torch.__version__,
                                                      "rows": rows}, indent=1))
     print("\n| model | M | us | floor fraction | x anchor |")
