@@ -9,7 +9,8 @@ Triton, runs that Triton's ptxas with -v on the PTX, and reports per launch shap
   flight while the next operand is dequantized (what Triton emits for a register-made operand).
 Use the Triton version the GPU runs (3.6 here): code generation differs between versions.
 
-    python benchmarks/gpu/sass_check.py [--wtype int4|halves|mxfp4] [--post-scale] BM,BN,WARPS,STAGES ...
+    python benchmarks/gpu/sass_check.py [--wtype int4|halves|mxfp4] [--post-scale]
+        [--sink atomic|store-act|last-arrival] BM,BN,WARPS,STAGES ...
 """
 
 from __future__ import annotations
@@ -31,18 +32,26 @@ from moe_triton._details import quant_gemm
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "s_ptr": "*bf16", "z_ptr": "*bf16", "bias_ptr": "*bf16",
              "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-             "num_post_ptr": "*i32"}
-_UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_cn", "stride_ask")
+             "num_post_ptr": "*i32", "fin_ptr": "*bf16", "arrivals_ptr": "*i32", "zero_ptr": "*i32",
+             "alpha": "fp32", "limit": "fp32"}
+_UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_ask")
+# The GEMM epilogues as the experts launch them: split-K sums (an fp8 GEMM1, or a split GEMM1 of many
+# tokens), GEMM1 with the SiLU in its epilogue (which also zeroes GEMM2's sums), and a direct
+# launch's sums finished by their last contributor.
+_SINKS = {"atomic": dict(SINK=1, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, DIRECT=False),
+          "store-act": dict(SINK=0, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=False),
+          "last-arrival": dict(SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=False, DIRECT=True)}
 
 
-def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool):
-    """The kernel compiled for sm_90 (int4 group 128 symmetric; mxfp4 group 32), split-K accumulation."""
+def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool,
+                 sink: str = "atomic"):
+    """The kernel compiled for sm_90 (int4 group 128 symmetric; mxfp4 group 32), with a `_SINKS` epilogue."""
     fn = quant_gemm._moe_wgemm_kernel
     names = list(inspect.signature(fn.fn).parameters)
     consts = dict(GROUP=32 if wtype == "mxfp4" else 128, WTYPE=3 if wtype == "mxfp4" else 0, A_SCALE=0,
                   W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=0 if wtype == "mxfp4" else 8, HAS_BIAS=False,
-                  A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=True, SPLIT_K=2, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=True, UPCAST=False, DIRECT=False,
+                  A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, **_SINKS[sink], SPLIT_K=2, BLOCK_M=block_m,
+                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=True, UPCAST=False,
                   HAS_MAP=False, QUADS=wtype == "int4", PTX_UNPACK=True, POST_SCALE=post_scale,
                   **{n: 1 for n in _UNIT_STRIDES},
                   # The codes' unit stride, as the launch specializes it: quads run along K, halves along N.
@@ -87,12 +96,14 @@ def main(argv=None) -> int:
     p.add_argument("--wtype", choices=["int4", "halves", "mxfp4"], default="int4",
                    help="int4: quads layout (K tiles of 128); halves: int4 in 64-wide tiles; mxfp4")
     p.add_argument("--post-scale", action="store_true", help="int4 quads: scale after the dots (POST_SCALE)")
+    p.add_argument("--sink", choices=sorted(_SINKS), default="atomic", help="the epilogue (see _SINKS)")
     args = p.parse_args(argv)
-    print(f"triton {triton.__version__}, target sm_90, {args.wtype}{' post-scale' if args.post_scale else ''}")
+    print(f"triton {triton.__version__}, target sm_90, {args.wtype}{' post-scale' if args.post_scale else ''}, "
+          f"{args.sink} epilogue")
     serialized = False
     for shape in args.shapes:
         bm, bn, warps, stages = (int(v) for v in shape.split(","))
-        cc = compile_sm90(args.wtype, bm, bn, warps, stages, args.post_scale)
+        cc = compile_sm90(args.wtype, bm, bn, warps, stages, args.post_scale, args.sink)
         info = ptxas_info(cc.asm["ptx"])
         ops = k_loop_opcodes(cc.asm["cubin"])
         bk = 128 if args.wtype == "int4" else 64

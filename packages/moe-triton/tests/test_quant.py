@@ -34,7 +34,7 @@ from moe_triton._details.quant_gemm import (
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, QuantKernelConfig
-from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.tune import _tune_int4_layer, quant_candidates
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -49,13 +49,14 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _run(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, topk=2, M=7, bias=False,
-         parallel=None, seed=0, routing=None):
+         parallel=None, seed=0, routing=None, override=None):
     cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=K, intermediate_size=N,
                     activation=activation or Activation.silu(), routing=routing or Routing.softmax_topk(True),
                     dtype=dtype, parallel=parallel or ParallelConfig(), has_bias=bias)
     assert cls.supports(cfg, quant, DEVICE), cls.supports(cfg, quant, DEVICE).reason
     weights = ExpertWeights.random(cfg, quant, seed=seed)
     experts = cls(cfg, quant, RUN_ON)
+    experts.config_override = override
     experts.load_weights(weights)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(M, K, generator=gen).to(dtype).to(DEV)
@@ -102,6 +103,86 @@ def test_single_token_direct_path(cls_quant):
     cls, quant = cls_quant
     out, ref = _run(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=4, M=1)
     assert rel_l2(out, ref) < 1e-2
+
+
+def _splits(gemm1: int, gemm2: int, block_n: int = 64) -> QuantKernelConfig:
+    return QuantKernelConfig(GemmConfig(16, block_n, gemm1, 4, 2, True), GemmConfig(16, block_n, gemm2, 4, 2, True))
+
+
+@pytest.mark.parametrize(("cls", "quant", "activation"), [
+    (TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai()),
+    (TritonWna16Experts, int8_w8a16(-1, zero_point=True), Activation.gelu()),
+    (TritonMxfp4Experts, mxfp4_w4a16(), Activation.silu()),
+    (TritonWna16Experts, int4_w4a16(128), Activation.relu2()),
+])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 1), (1, 3), (4, 2)])
+def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
+    """M=1: GEMM1's K-splits and GEMM2's top-k x K-splits are finished by their last contributor
+    (the activation, the 16-bit store); another rank's experts count as contributions of nothing.
+    K = 512: 4 K tiles, so 3 splits leave none empty."""
+    out, ref = _run(cls, quant, activation, torch.bfloat16, K=512, N=128, E=6, topk=3, M=1, bias=True,
+                    parallel=ParallelConfig(ep_size=2, ep_rank=0), override=_splits(*splits))
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2)])
+def test_many_tokens_with_the_activation_in_gemm1_or_after_a_split(splits):
+    """M > 1: split 1 runs the activation in GEMM1's epilogue; a split GEMM1 sums atomically and
+    the activation kernel reads its interleaved gate/up columns."""
+    out, ref = _run(TritonWna16Experts, int4_w4a16(128, zero_point=True), Activation.silu(), torch.float16,
+                    K=256, N=128, E=4, topk=2, M=9, bias=True, override=_splits(*splits, block_n=128))
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_gemm1_with_the_activation_matches_twin():
+    """The fused epilogue of one GEMM1 launch against the twin's pre-activation rows, de-interleaved
+    and activated by the reference."""
+    from moe_core.reference import apply_activation
+    from moe_triton._details.quant_act import deinterleave_gate_up
+
+    w = _gemm1_operand(int4_w4a16(128), 256, seed=4)  # gated: rows interleaved by the processor
+    act = Activation.gelu_tanh()
+    M, topk = 5, 2
+    ids = torch.randint(0, w.num_experts, (M, topk), dtype=torch.int32, device=DEV)
+    x = torch.randn(M, w.k, dtype=torch.float16, device=DEV)
+    launch = GemmConfig(16, 128, 1, 4, 2, True)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, launch.block_m, w.num_experts)
+    out = torch.empty(M * topk, w.n // 2, dtype=torch.float32, device=DEV)
+    moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, launch, a_rows_div=topk, activation=act,
+             gate_up_chunk=GATE_UP_CHUNK)
+    h = moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
+    assert rel_l2(out, apply_activation(deinterleave_gate_up(h, GATE_UP_CHUNK), act)) < 1e-3
+    with pytest.raises(ValueError, match="block_n divisible by 64"):
+        moe_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, 32, 1, 4, 2, True),
+                 a_rows_div=topk, activation=act, gate_up_chunk=GATE_UP_CHUNK)
+    with pytest.raises(ValueError, match="needs whole sums"):
+        moe_gemm(x, w, out.new_zeros(M * topk, w.n), sorted_ids, expert_ids, num_post, M * topk,
+                 dataclasses.replace(launch, split_k=2), a_rows_div=topk, activation=act, atomic=True,
+                 gate_up_chunk=GATE_UP_CHUNK)
+
+
+def test_processor_interleaves_gated_w13_rows():
+    """Gated w13 rows (codes, scales, zero points, bias) are packed in chunks of GATE_UP_CHUNK:
+    gate chunk c, then up chunk c; w2 and non-gated w13 keep the canonical order."""
+    from moe_triton._details.quant_gemm import dequantize_operand
+
+    q = int4_w4a16(64, zero_point=True)
+    for activation, interleaved in ((Activation.silu(), True), (Activation.relu2(), False)):
+        cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=128, intermediate_size=128, activation=activation,
+                        dtype=torch.float16, has_bias=True)
+        weights = ExpertWeights.random(cfg, q, seed=2)
+        experts = TritonWna16Experts(cfg, q, RUN_ON)
+        experts.load_weights(weights)
+        canonical = weights.dequantize()[0].to(DEV)  # [E, R, K]
+        packed = dequantize_operand(experts._operand("w13", cfg.w13_rows, 128))
+        bias = experts._packed()["w13_bias"]
+        if interleaved:
+            order = torch.cat([torch.arange(c * 32, c * 32 + 32) + half * 128 for c in range(4) for half in (0, 1)])
+            canonical, want_bias = canonical[:, order], weights.w13_bias.float()[:, order]
+        else:
+            want_bias = weights.w13_bias.float()
+        torch.testing.assert_close(packed, canonical.float(), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(bias.cpu(), want_bias, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(("gran", "activation"), [
@@ -220,14 +301,22 @@ def test_int4_gemm_refuses_unswapped():
         experts.apply(x, torch.rand(3, 2, device=DEV), ids)
 
 
-@pytest.mark.parametrize("qmode", [QMode.NONE, QMode.TOKEN, QMode.GROUP128, QMode.TENSOR])
-def test_act_quant_matches_twin(qmode):
+@pytest.mark.parametrize(("qmode", "chunk"), [(QMode.NONE, 0), (QMode.NONE, GATE_UP_CHUNK), (QMode.TOKEN, 0),
+                                           (QMode.GROUP128, 0), (QMode.TENSOR, 0)])
+def test_act_quant_matches_twin(qmode, chunk):
     rows, pexp = 6, torch.tensor([0, 1, 1, -1, 0, 2], dtype=torch.int32, device=DEV)
     h = torch.randn(rows, 512, device=DEV) * 3
     act = Activation.gelu_tanh()
     dt = torch.float16 if qmode is QMode.NONE else torch.float8_e4m3fn
-    y, s = act_quant(h, act, qmode, dt, rows, 1, pexp, 3)
-    yt, st = act_quant_torch(h, act, qmode, dt, rows, 1, pexp, 3)
+    y, s = act_quant(h, act, qmode, dt, rows, 1, pexp, 3, gate_up_chunk=chunk)
+    yt, st = act_quant_torch(h, act, qmode, dt, rows, 1, pexp, 3, gate_up_chunk=chunk)
+    if chunk:  # the twin de-interleaves with the processor's row order
+        from moe_core.reference import apply_activation
+        from moe_triton._details.quant_act import interleaved_gate_up_rows
+
+        canonical = torch.empty_like(h)
+        canonical[:, interleaved_gate_up_rows(256, chunk, DEV)] = h
+        torch.testing.assert_close(yt.float(), apply_activation(canonical, act).half().float())
     keep = pexp >= 0
     if s is not None:
         torch.testing.assert_close(s[keep], st[keep], rtol=1e-6, atol=0)

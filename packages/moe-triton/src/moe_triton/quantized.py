@@ -1,8 +1,15 @@
 """Quantized Triton fused experts: WNA16 (int4/int8 weights), fp8 W8A8 and MXFP4 (gpt-oss).
 
-All three run the same pipeline: align the (token, k) pairs by expert, GEMM1 with the weights
-dequantized in registers, the activation (fused with the fp8 quantization of GEMM2's input), and
-GEMM2 whose epilogue applies the router weight and sums the top-k choices atomically into [M, K].
+All three run the same pipeline: align the (token, k) pairs by expert (not for one token), GEMM1
+with the weights dequantized in registers, the activation, and GEMM2 whose epilogue applies the
+router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on the side by GEMM1.
+
+With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
+interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
+each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
+also quantizes GEMM2's input per token, group or tensor. For one token, the GEMMs' split-K and top-k
+sums are finished by their last contributor (`quant_gemm.LastArrival`): route, GEMM1, GEMM2 (and a
+fill when GEMM1 is split) is the whole layer.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
-from moe_triton._details.quant_act import QMode, act_quant
+from moe_triton._details.quant_act import QMode, act_quant, interleaved_gate_up_rows
 from moe_triton._details.quant_gemm import (
     AScale,
+    LastArrival,
     WeightOperand,
     WType,
+    effective_split,
     moe_gemm,
     moe_gemm_direct,
     pack_int4_quads,
@@ -47,6 +56,8 @@ _SHARED_CAPABILITY = dict(
     validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
 )
 _GPUS = frozenset({Platform.CUDA, Platform.ROCM})
+# Rows per gate/up chunk of an interleaved w13: half of the narrowest GEMM1 tile (64 rows).
+GATE_UP_CHUNK = 32
 
 
 def _interpreting() -> bool:
@@ -91,19 +102,30 @@ class _Processor:
     """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors.
 
     `layout` names the tensors' shapes and memory order (`quant_gemm`'s docstring) and changes when
-    they do, so packed weights cached under it stay valid."""
+    they do, so packed weights cached under it stay valid. `interleave_gate_up`: gated w13 rows
+    (codes, scales, zero points, bias) in `interleaved_gate_up_rows` order by GATE_UP_CHUNK."""
 
-    def __init__(self, layout: str) -> None:
+    def __init__(self, layout: str, interleave_gate_up: bool) -> None:
         self.layout = layout
+        self.interleave_gate_up = interleave_gate_up
 
     def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
         key = weights.key
         wt = _wtype(key)
         out: dict[str, torch.Tensor] = {}
+        order = None
+        if self.interleave_gate_up and config.activation.gated:
+            order = interleaved_gate_up_rows(config.intermediate_size_per_partition, GATE_UP_CHUNK, device)
         for name in ("w13", "w2"):
-            codes = getattr(weights, name).to(device)
+            rows = order if name == "w13" else None
+
+            def canonical(t: torch.Tensor, rows=rows) -> torch.Tensor:
+                t = t.to(device)
+                return t if rows is None else t.index_select(1, rows)
+
+            codes = canonical(getattr(weights, name))
             cols = codes.shape[2] * (2 if wt in (WType.INT4, WType.MXFP4) else 1)
-            scale = getattr(weights, f"{name}_scale").to(device)
+            scale = canonical(getattr(weights, f"{name}_scale"))
             zero = getattr(weights, f"{name}_zero")
             if wt is WType.FP8:
                 out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
@@ -118,9 +140,10 @@ class _Processor:
                 out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
-                out[f"{name}_zero"] = _rows_first(zero.to(device), key)
+                out[f"{name}_zero"] = _rows_first(canonical(zero), key)
         if weights.has_bias:
-            out["w13_bias"] = weights.w13_bias.to(device).float().contiguous()
+            bias = weights.w13_bias.to(device)
+            out["w13_bias"] = (bias if order is None else bias.index_select(1, order)).float().contiguous()
             out["w2_bias"] = weights.w2_bias.to(device).float().contiguous()
         return PackedWeights(self.layout, out)
 
@@ -185,16 +208,18 @@ class _QuantTritonExperts(Experts):
         _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
         M, topk = topk_ids.shape
         P = M * topk
-        out = torch.zeros(M, K, dtype=torch.float32, device=hidden_states.device)
+        dev = hidden_states.device
         if M == 0:
-            return out.to(cfg.dtype)
+            return torch.zeros(M, K, dtype=cfg.dtype, device=dev)
         w13, w2 = self._operand("w13", R, K), self._operand("w2", K, N)
         E_local = w13.num_experts
         launch = self.config_for(M).config
         c1, c2 = launch.gemm1, launch.gemm2
+        split1, split2 = effective_split(c1.split_k, w13), effective_split(c2.split_k, w2)
         # One token: its top-k experts are distinct, so a block per pair streams each expert once
         # and the alignment launch can go.
-        if M == 1:
+        direct = M == 1
+        if direct:
             ids32 = topk_ids.to(torch.int32).contiguous()
             gemm = partial(moe_gemm_direct, topk_ids=ids32, expert_map=self.expert_map)
         else:
@@ -208,6 +233,21 @@ class _QuantTritonExperts(Experts):
         qm = self._qmode
         fp8 = torch.float8_e4m3fn
         a_mode = AScale.GROUP if qm is QMode.GROUP128 else (AScale.ROW if qm is not QMode.NONE else AScale.NONE)
+        # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
+        inter_dtype = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
+
+        # GEMM2 sums a token's top-k choices (and K-splits) in fp32, zero on entry: GEMM1 clears it
+        # on the side. One token's sums are finished by their last contributor, more by a cast.
+        out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
+        sink2: dict = {}
+        scratch2 = None
+        if topk * split2 > 1:
+            tiles2 = -(-K // c2.block_n)
+            scratch2 = torch.empty(M * K + (M * tiles2 if direct else 0), dtype=torch.int32, device=dev)
+            sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
+            sink2 = dict(out=sums2, atomic=True)
+            if direct:
+                sink2["last_arrival"] = LastArrival(out, scratch2[M * K:])
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
@@ -222,19 +262,38 @@ class _QuantTritonExperts(Experts):
             pair_expert = pair_expert.to(torch.int32)
             a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local)
             a1_div = 1
-        # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
-        # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
-        inter = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
-        h_dtype = torch.float32 if (c1.split_k > 1 or qm is not QMode.NONE) else inter
-        h = (torch.zeros if c1.split_k > 1 else torch.empty)(P, R, dtype=h_dtype, device=x.device)
-        gemm(a1, w13, h, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
-             bias=packed.get("w13_bias"), atomic=c1.split_k > 1)
-        a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter, P,
-                                 1, pair_expert, E_local)
-        gemm(a2, w2, out, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
+        gemm1 = partial(gemm, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
+                        bias=packed.get("w13_bias"), zero_side=scratch2)
+        chunk = self._gate_up_chunk
+        if qm is QMode.NONE and (split1 == 1 or direct):
+            # The activation in GEMM1's epilogue, once a tile's sums are whole.
+            a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
+            if split1 == 1:
+                gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
+            else:
+                tiles1 = -(-R // c1.block_n)
+                scratch1 = torch.zeros(P * R + P * tiles1, dtype=torch.int32, device=dev)
+                gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
+                      gate_up_chunk=chunk, last_arrival=LastArrival(a2, scratch1[P * R:]))
+            a2_scale = None
+        else:
+            # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
+            h_dtype = torch.float32 if (split1 > 1 or qm is not QMode.NONE) else inter_dtype
+            h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=h_dtype, device=dev)
+            gemm1(h, atomic=split1 > 1)
+            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
+                                     1, pair_expert, E_local, gate_up_chunk=chunk)
+        gemm(a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
              topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
-             reduce_topk=topk, atomic=True)
-        return out.to(cfg.dtype)
+             reduce_topk=topk, **(sink2 or dict(out=out)))
+        if scratch2 is not None and not direct:
+            out.copy_(sink2["out"])
+        return out
+
+    @property
+    def _gate_up_chunk(self) -> int:
+        """Rows per gate/up chunk of the packed w13 (0: canonical [gate | up] or not gated)."""
+        return GATE_UP_CHUNK if self.weight_processor.interleave_gate_up and self.config.activation.gated else 0
 
 
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:
@@ -262,7 +321,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.tiled-quads-or-halves")
+    weight_processor = _Processor("triton.wna16.tiled-quads-or-halves.gate-up-32", interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(
@@ -295,7 +354,7 @@ class TritonWna16Experts(_QuantTritonExperts):
 class TritonFp8Experts(_QuantTritonExperts):
     """fp8 e4m3 weights and dynamically quantized fp8 activations."""
 
-    weight_processor = _Processor("triton.fp8.canonical")
+    weight_processor = _Processor("triton.fp8.canonical", interleave_gate_up=False)
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),
         schemes=(
@@ -335,7 +394,7 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor("triton.mxfp4.halves")
+    weight_processor = _Processor("triton.mxfp4.halves.gate-up-32", interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),

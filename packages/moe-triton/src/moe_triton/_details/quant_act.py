@@ -19,7 +19,8 @@ import triton.language as tl
 from moe_core.config import Activation
 from moe_core.reference import apply_activation
 
-__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch"]
+__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch", "activate", "deinterleave_gate_up",
+           "interleaved_gate_up_rows"]
 
 FP8_MAX = 448.0
 _FP8_MAX = tl.constexpr(FP8_MAX)  # the kernels' copy: jit code reads only constexpr globals
@@ -45,6 +46,20 @@ def act_kind(activation: Activation) -> ActKind:
     return ActKind[activation.kind.name]
 
 
+def interleaved_gate_up_rows(n: int, chunk: int, device: torch.device | None = None) -> torch.Tensor:
+    """Row order of a gated w13 whose GEMM output tiles hold matching gate and up columns: canonical
+    rows [gate (n) | up (n)] taken as chunk 0 of the gate, chunk 0 of up, chunk 1 of the gate, ..."""
+    if n % chunk:
+        raise ValueError(f"gate/up chunks of {chunk} rows do not divide N={n}")
+    return torch.arange(2 * n, device=device).view(2, n // chunk, chunk).transpose(0, 1).reshape(-1)
+
+
+def deinterleave_gate_up(h: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[..., 2n] columns in `interleaved_gate_up_rows` order -> canonical [gate | up]."""
+    *lead, width = h.shape
+    return h.reshape(*lead, width // (2 * chunk), 2, chunk).transpose(-3, -2).reshape(*lead, width)
+
+
 @triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
@@ -62,32 +77,49 @@ def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
-                      alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
-                      BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    src = h_ptr + (row // in_div).to(tl.int64) * stride_h
-    x = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-    if ACT == 1 or ACT == 2 or ACT == 3 or ACT == 4:
-        up = tl.load(src + N + offs, mask=mask, other=0.0).to(tl.float32)
-        if ACT == 1:
-            y = x * _sigmoid(x) * up
-        elif ACT == 2:
-            y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476)) * up
-        elif ACT == 3:
-            t = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            y = 0.5 * x * (1.0 + (2.0 * _sigmoid(2.0 * t) - 1.0)) * up
-        else:
-            g = tl.minimum(x, limit)
-            u = tl.minimum(tl.maximum(up, -limit), limit)
-            y = g * _sigmoid(alpha * g) * (u + 1.0)
+def activate(x, up, ACT: tl.constexpr, alpha, limit):
+    """The activation in fp32: x is the gate of gated kinds (up its partner), the input of the others."""
+    if ACT == 1:
+        y = x * _sigmoid(x) * up
+    elif ACT == 2:
+        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476)) * up
+    elif ACT == 3:
+        t = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        y = 0.5 * x * (1.0 + (2.0 * _sigmoid(2.0 * t) - 1.0)) * up
+    elif ACT == 4:
+        g = tl.minimum(x, limit)
+        u = tl.minimum(tl.maximum(up, -limit), limit)
+        y = g * _sigmoid(alpha * g) * (u + 1.0)
     elif ACT == 5:
         r = tl.maximum(x, 0.0)
         y = r * r
     else:
         y = x
+    return y
+
+
+@triton.jit
+def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
+                      alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
+                      GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    src = h_ptr + (row // in_div).to(tl.int64) * stride_h
+    GATED: tl.constexpr = ACT == 1 or ACT == 2 or ACT == 3 or ACT == 4
+    if GATED and GATE_UP_CHUNK > 0:
+        # Rows interleaved by the processor: chunk c of the gate, then chunk c of up.
+        gate_offs = (offs // GATE_UP_CHUNK) * (2 * GATE_UP_CHUNK) + offs % GATE_UP_CHUNK
+        up_offs = gate_offs + GATE_UP_CHUNK
+    else:
+        gate_offs = offs
+        up_offs = offs + N
+    x = tl.load(src + gate_offs, mask=mask, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.load(src + up_offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        up = x
+    y = activate(x, up, ACT, alpha, limit)
     y = tl.where(mask, y, 0.0)
     dst = y_ptr + row.to(tl.int64) * stride_y + offs
     if QMODE == 0:
@@ -126,11 +158,12 @@ def _out_width(h: torch.Tensor, kind: ActKind) -> int:
 
 def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
               rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
-              num_experts: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+              num_experts: int = 0, gate_up_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """rows outputs from h rows (row // in_div): (values [rows, N], fp32 scales or None).
 
     Scales: TOKEN and TENSOR [rows, 1], GROUP128 [rows, N/128]. TENSOR needs pair_expert (the
-    local expert of each output row, -1 to skip) and num_experts.
+    local expert of each output row, -1 to skip) and num_experts. gate_up_chunk > 0: gated h rows
+    are in `interleaved_gate_up_rows` order, not [gate | up].
     """
     kind = ActKind.NONE if activation is None else act_kind(activation)
     n = _out_width(h, kind)
@@ -156,16 +189,19 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
     for phase in ((0, 1) if qmode is QMode.TENSOR else (0,)):
         _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, h.stride(0), y.stride(0),
                                    s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
-                                   ACT=int(kind), QMODE=int(qmode), PHASE=phase, BLOCK=block,
+                                   ACT=int(kind), QMODE=int(qmode), PHASE=phase, GATE_UP_CHUNK=gate_up_chunk,
+                                   BLOCK=block,
                                    INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
     return y, scales
 
 
 def act_quant_torch(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
                     rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
-                    num_experts: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    num_experts: int = 0, gate_up_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The twin of `act_quant`, from moe_core's reference activation."""
     x = h.float()[torch.arange(rows, device=h.device) // in_div]
+    if gate_up_chunk and activation is not None and activation.gated:
+        x = deinterleave_gate_up(x, gate_up_chunk)
     y = x if activation is None else apply_activation(x, activation)
     if qmode is QMode.NONE:
         return y.to(out_dtype), None

@@ -42,12 +42,14 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
+from moe_triton._details.quant_act import act_kind, activate
 from moe_triton.configs import GemmConfig
 
-__all__ = ["AScale", "GemmConfig", "WType", "WeightOperand", "moe_gemm", "moe_gemm_direct", "moe_gemm_torch",
-           "pack_int4_quads", "pack_int4_tiles", "pick_config", "stored_k_major", "stored_tile_major",
-           "unpack_int4_quads", "unpack_int4_tiles"]
+__all__ = ["AScale", "GemmConfig", "LastArrival", "Sink", "WType", "WeightOperand", "effective_split", "moe_gemm",
+           "moe_gemm_direct", "moe_gemm_torch", "pack_int4_quads", "pack_int4_tiles", "pick_config",
+           "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -276,29 +278,80 @@ def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: 
     return (codes.to(CT) - CODE_OFFSET) * s
 
 
+_ZERO_BLOCK = tl.constexpr(512)  # elements per store of the zeroing side job
+
+
+@triton.jit
+def _store_finished(out_ptr, acc, out_rows, row_mask, pid_n, N, stride_om, alpha, limit, ACT: tl.constexpr,
+                    GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stores a [BM, BLOCK_N] tile of whole sums (GEMM columns pid_n * BLOCK_N + i of N) after the
+    activation (identity when ACT is 0). GATE_UP_CHUNK > 0: the tile's columns are interleaved
+    gate/up chunks (`quant_act.interleaved_gate_up_rows`), so it yields BLOCK_N / 2 outputs."""
+    BM: tl.constexpr = acc.shape[0]
+    if GATE_UP_CHUNK > 0:
+        pairs = tl.reshape(acc, (BM, BLOCK_N // (2 * GATE_UP_CHUNK), 2, GATE_UP_CHUNK))
+        gate, up = tl.split(tl.permute(pairs, (0, 1, 3, 2)))
+        y = activate(tl.reshape(gate, (BM, BLOCK_N // 2)), tl.reshape(up, (BM, BLOCK_N // 2)), ACT, alpha, limit)
+        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        col_mask = cols < N // 2
+    else:
+        y = activate(acc, acc, ACT, alpha, limit)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+    tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _arrive(fin_ptr, sums_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N,
+            stride_sm, stride_fm, alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr,
+            BLOCK_N: tl.constexpr):
+    """Counts one program's contribution to an output tile (its partial sums already added to
+    sums_ptr); the last of `expected` reads the whole sums and stores the finished tile."""
+    # Every thread's atomics are issued before one thread's acquire-release count publishes them.
+    tl.debug_barrier()
+    if tl.atomic_add(arrivals_ptr + tile_index, 1, sem="acq_rel") == expected - 1:
+        # Read at L2, where the other programs' atomics landed.
+        tile = tl.load(sums_ptr + out_rows[:, None] * stride_sm + offs_n[None, :],
+                       mask=row_mask[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+        _store_finished(fin_ptr, tile, out_rows, row_mask, pid_n, N, stride_fm, alpha, limit, ACT,
+                        GATE_UP_CHUNK, BLOCK_N)
+
+
 @triton.jit
 def _moe_wgemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    N, K, num_valid,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr,
+    N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
-    stride_biase, stride_cm, stride_cn,
+    stride_biase, stride_cm, stride_fm,
     GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-    A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, ATOMIC: tl.constexpr,
+    A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr,
+    ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, ZERO_SIDE: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if ZERO_SIDE:
+        # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
+        # which saves that GEMM a fill launch.
+        pid = (pid_m * tl.num_programs(1) + pid_n) * tl.num_programs(2) + tl.program_id(2)
+        z_end = tl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
+        for z0 in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
+            z_offs = z0 + tl.arange(0, _ZERO_BLOCK)
+            tl.store(zero_ptr + z_offs, tl.zeros((_ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
     k_tiles = K // BLOCK_K
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = tl.program_id(2) * per_split
     kt1 = tl.minimum(kt0 + per_split, k_tiles)
-    if kt0 >= kt1:  # an empty K-split adds nothing (and ptxas serializes wgmma when it reaches the loop)
+    # The launcher leaves no K-split empty; the return tells the compiler the K loop below runs at
+    # least once (without it ptxas serializes the wgmma of the loop).
+    if kt0 >= kt1:
         return
     if DIRECT:
         # One block per pair, read straight from topk_ids (sorted_ids_ptr) and the expert map
@@ -312,12 +365,18 @@ def _moe_wgemm_kernel(
             return
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
-    if e < 0:  # expert owned by another rank: its pairs contribute nothing
-        return
     row_mask = ids < num_valid
-    a_rows = (ids // A_ROWS_DIV).to(tl.int64)
+    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    # Direct launches count arrivals per (output row, N tile): one output row per program.
+    tile_index = (pid_m // REDUCE_TOPK) * tl.num_programs(1) + pid_n
+    if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
+        if SINK == 2:
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n,
+                    N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+        return
+    a_rows = (ids // A_ROWS_DIV).to(tl.int64)
 
     # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
     # whose bf16 dot is wrong.
@@ -435,13 +494,15 @@ def _moe_wgemm_kernel(
             acc += tl.load(bias_ptr + e * stride_biase + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if MUL_ROUTED:
         acc *= tl.load(topk_w_ptr + ids, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
-    c_ptrs = c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = row_mask[:, None] & n_mask[None, :]
-    if ATOMIC:
-        tl.atomic_add(c_ptrs, acc, mask=mask, sem="relaxed")
+    if SINK == 0:
+        _store_finished(c_ptr, acc, out_rows, row_mask, pid_n, N, stride_cm, alpha, limit, ACT, GATE_UP_CHUNK,
+                        BLOCK_N)
     else:
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        mask = row_mask[:, None] & n_mask[None, :]
+        tl.atomic_add(c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :], acc, mask=mask, sem="relaxed")
+        if SINK == 2:
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n,
+                    N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 # ---- launch configuration ---------------------------------------------------------------------
@@ -495,51 +556,121 @@ _POST_SCALE_MAX_TILE = 16 * 128
 
 
 
+class Sink(enum.IntEnum):
+    """Where a GEMM's tile of results goes (after bias and router weight)."""
+
+    STORE = 0  # written once per row in out's dtype (after the activation, if any)
+    ATOMIC = 1  # added into fp32 out (split-K or the top-k reduce); out is zero on entry
+    LAST_ARRIVAL = 2  # added into fp32 sums; the tile's last contributor writes it finished (`LastArrival`)
+
+
+@dataclass(frozen=True)
+class LastArrival:
+    """A direct launch's partial sums meet in the fp32 `out` passed to the GEMM (zero on entry);
+    the program that adds the last of a tile's contributions (top-k choices x K-splits), counted
+    in `arrivals`, stores the finished tile (activation, 16-bit cast) to `finished`. No launch
+    after the GEMM, and no fp32 pass over the output.
+
+    Invariants: `arrivals` int32 with one zero counter per (output row, N tile), row-major;
+    `finished` [output rows, N] (N / 2 after a gated activation), unit column stride."""
+
+    finished: torch.Tensor
+    arrivals: torch.Tensor
+
+
+def effective_split(split_k: int, w: WeightOperand) -> int:
+    """K-splits a launch runs: split_k, less any that would get no K tile (so every split adds)."""
+    k_tiles = w.k // w.block_k
+    return -(-k_tiles // -(-k_tiles // split_k))
+
+
 def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
              expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int, cfg: GemmConfig, *,
              a_rows_div: int = 1, a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
              bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-             reduce_topk: int = 1, atomic: bool = False) -> None:
+             reduce_topk: int = 1, atomic: bool = False, activation: Activation | None = None,
+             gate_up_chunk: int = 0, zero_side: torch.Tensor | None = None) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
-    of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype.
+    of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype, after
+    `activation` if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side`
+    (int32, any size): zeroed by the launch's programs on the side, for the next GEMM.
     """
     _launch(a, w, out, cfg, rows=sorted_ids, experts=expert_ids, num_post=num_post, num_valid=num_valid,
             grid_m=min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
-            topk_weights=topk_weights, reduce_topk=reduce_topk, atomic=atomic)
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=Sink.ATOMIC if atomic else Sink.STORE,
+            last_arrival=None, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
 
 
 def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
                     expert_map: torch.Tensor | None, cfg: GemmConfig, *, a_rows_div: int = 1,
                     a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
                     bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-                    reduce_topk: int = 1, atomic: bool = False) -> None:
+                    reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
+                    activation: Activation | None = None, gate_up_chunk: int = 0,
+                    zero_side: torch.Tensor | None = None) -> None:
     """`moe_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
+    `last_arrival`: out holds fp32 partial sums, finished by their last contributor (`LastArrival`).
     """
     pairs = topk_ids.view(-1)
+    sink = Sink.LAST_ARRIVAL if last_arrival is not None else (Sink.ATOMIC if atomic else Sink.STORE)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
     _launch(a, w, out, cfg, rows=pairs, experts=expert_map if expert_map is not None else pairs, num_post=pairs,
             num_valid=pairs.numel(), grid_m=pairs.numel(), direct=True, has_map=expert_map is not None,
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
-            topk_weights=topk_weights, reduce_topk=reduce_topk, atomic=atomic)
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=sink, last_arrival=last_arrival,
+            activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+
 
 
 def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfig, *, rows: torch.Tensor,
             experts: torch.Tensor, num_post: torch.Tensor, num_valid: int, grid_m: int, direct: bool,
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
-            bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, atomic: bool) -> None:
+            bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
+            last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
+            zero_side: torch.Tensor | None) -> None:
     if w.k % w.block_k:
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k}")
     if a.shape[1] != w.k:
         raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
-    if (cfg.split_k > 1 or reduce_topk > 1) and not (atomic and out.dtype == torch.float32):
+    split = effective_split(cfg.split_k, w)
+    if (split > 1 or reduce_topk > 1) and not (sink is not Sink.STORE and out.dtype == torch.float32):
         raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
-    grid = (grid_m, triton.cdiv(w.n, cfg.block_n), cfg.split_k)
+    if activation is not None and sink is Sink.ATOMIC:
+        raise ValueError("an activation needs whole sums: a STORE or LAST_ARRIVAL sink, not ATOMIC")
+    if gate_up_chunk and not (activation is not None and activation.gated and cfg.block_n % (2 * gate_up_chunk) == 0):
+        raise ValueError(f"interleaved gate/up chunks of {gate_up_chunk} rows need a gated activation and "
+                         f"block_n divisible by {2 * gate_up_chunk}, got {activation} and {cfg}")
+    if activation is not None and activation.gated and not gate_up_chunk:
+        raise ValueError("a gated activation in the GEMM needs w's rows interleaved (gate_up_chunk > 0)")
+    if (out.stride(1) if out.dim() == 2 else 1) != 1:
+        raise ValueError("the GEMM output needs a unit column stride")
+    if w.wtype is WType.INT4 and not cfg.swap_ab:
+        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
+                         f"got {cfg}")
+    n_tiles = triton.cdiv(w.n, cfg.block_n)
+    grid = (grid_m, n_tiles, split)
+    fin = out
+    arrivals = rows  # never read without LAST_ARRIVAL
+    if last_arrival is not None:
+        fin, arrivals = last_arrival.finished, last_arrival.arrivals
+        out_rows = -(-num_valid // reduce_topk)
+        if not direct or arrivals.dtype != torch.int32 or arrivals.numel() < out_rows * n_tiles:
+            raise ValueError(f"last-arrival sums run direct with int32 arrivals >= {out_rows} rows x {n_tiles} "
+                             f"N tiles, got {arrivals.dtype} [{arrivals.numel()}]")
+        if fin.stride(1) != 1:
+            raise ValueError("the finished output needs a unit column stride")
+    programs = grid_m * n_tiles * split
+    zero_numel = zero_side.numel() if zero_side is not None else 0
+    if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
+                                  or zero_numel >= 2**31):
+        raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
+    zero_chunk = triton.cdiv(triton.cdiv(zero_numel, programs), _ZERO_BLOCK.value) * _ZERO_BLOCK.value
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
@@ -552,22 +683,22 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         bst = (codes.stride(0), codes.stride(3), codes.stride(1), codes.stride(2))
     else:  # canonical [E, N, K] (the K loop steps through stride_bk)
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
-    if w.wtype is WType.INT4 and not cfg.swap_ab:
-        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
-                         f"got {cfg}")
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
-        topk_weights if topk_weights is not None else s, rows, experts, num_post,
-        w.n, w.k, num_valid,
+        topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
+        zero_side if zero_side is not None else arrivals,
+        w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
-        bias.stride(0) if bias is not None else 0, out.stride(0), out.stride(1),
+        bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
         GROUP=max(w.group, 1), WTYPE=int(w.wtype), A_SCALE=int(a_scale_mode),
         W_SCALE_PER_N=s.dim() >= 2, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset,
         HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None,
-        REDUCE_TOPK=reduce_topk, ATOMIC=atomic, SPLIT_K=cfg.split_k,
+        REDUCE_TOPK=reduce_topk, SINK=int(sink), ACT=int(act_kind(activation)) if activation else 0,
+        GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
