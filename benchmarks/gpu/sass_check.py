@@ -17,23 +17,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import inspect
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from moe_triton._details import quant_gemm
+from moe_triton._details.offline import compile_quant_gemm
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-_POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*bf16", "s_ptr": "*bf16", "z_ptr": "*bf16", "bias_ptr": "*bf16",
-             "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-             "num_post_ptr": "*i32", "fin_ptr": "*bf16", "arrivals_ptr": "*i32", "zero_ptr": "*i32",
-             "alpha": "fp32", "limit": "fp32"}
 _UNIT_STRIDES = ("stride_ak", "stride_sn", "stride_ask")
 # The GEMM epilogues as the experts launch them: split-K sums (an fp8 GEMM1, or a split GEMM1 of many
 # tokens), GEMM1 with the SiLU in its epilogue (which also zeroes GEMM2's sums), and a direct
@@ -46,8 +39,6 @@ _SINKS = {"atomic": dict(SINK=1, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, DIRECT
 def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool,
                  sink: str = "atomic"):
     """The kernel compiled for sm_90 (int4 group 128 symmetric; mxfp4 group 32), with a `_SINKS` epilogue."""
-    fn = quant_gemm._moe_wgemm_kernel
-    names = list(inspect.signature(fn.fn).parameters)
     consts = dict(GROUP=32 if wtype == "mxfp4" else 128, WTYPE=3 if wtype == "mxfp4" else 0, A_SCALE=0,
                   W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=0 if wtype == "mxfp4" else 8, HAS_BIAS=False,
                   A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, **_SINKS[sink], SPLIT_K=2, BLOCK_M=block_m,
@@ -56,11 +47,8 @@ def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int
                   **{n: 1 for n in _UNIT_STRIDES},
                   # The codes' unit stride, as the launch specializes it: quads run along K, halves along N.
                   **{"stride_bk" if wtype == "int4" else "stride_bn": 1})
-    pointers = {**_POINTERS, "b_ptr": "*i16" if wtype == "int4" else "*u8"}
-    sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] != "constexpr"}
-    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=warps, num_stages=stages))
+    return compile_quant_gemm(consts, {"b_ptr": "*i16" if wtype == "int4" else "*u8", "z_ptr": "*bf16"},
+                              num_warps=warps, num_stages=stages)
 
 
 def ptxas_info(ptx: str) -> str:

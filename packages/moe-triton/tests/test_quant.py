@@ -290,6 +290,59 @@ def _gemm1_error(w, launch: GemmConfig) -> float:
     return rel_l2(out, moe_gemm_torch(x, w, ids.flatten(), a_rows_div=topk))
 
 
+_BASE = dict(A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
+             MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
+             BLOCK_N=128, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
+             POST_SCALE=False)
+
+
+_SPECIALIZATIONS = {
+    # int4 quads, groups of 64 (scaled per weight), zero points; the activation in the epilogue
+    # and GEMM2's sums zeroed on the side (the launch shape that once failed only in the compiler)
+    "quads-store-act": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=2,
+                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True), {"b_ptr": "*i16"}),
+    "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
+                                GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
+    "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64),
+                      {"b_ptr": "*u8"}),
+    "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
+                    {"b_ptr": "*u8", "s_ptr": "*u8"}),
+    "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
+                               GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
+    "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
+                              SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True),
+                         {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
+    "fp8-row-store": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False),
+                      {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*bf16"}),
+}
+_COMPILE_ALL = """
+import json, sys
+from moe_triton._details.offline import compile_quant_gemm
+base, cases = json.loads(sys.stdin.read())
+for name, (consts, pointers) in cases.items():
+    ptx = compile_quant_gemm({**base, **consts}, pointers).asm["ptx"]
+    print(name, "wgmma" in ptx, flush=True)
+"""
+
+
+def test_gemm_compiles_for_hopper():
+    """Triton's compiler on the kernel, which the interpreter never runs: one specialization per
+    epilogue, weight type and layout, built for sm_90 by the installed Triton (in a child process,
+    since this module interprets the kernels)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_ALL], input=json.dumps([_BASE, _SPECIALIZATIONS]),
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    built = dict(line.split() for line in run.stdout.splitlines())
+    assert set(built) == set(_SPECIALIZATIONS)
+    # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 take the unswapped tiles of 16 rows.
+    assert all(built[name] == "True" for name, (c, _) in _SPECIALIZATIONS.items() if c.get("SWAP_AB", True))
+
+
 def test_int4_gemm_refuses_unswapped():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)

@@ -342,8 +342,8 @@ def _moe_wgemm_kernel(
         # which saves that GEMM a fill launch.
         pid = (pid_m * tl.num_programs(1) + pid_n) * tl.num_programs(2) + tl.program_id(2)
         z_end = tl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-        for z0 in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
-            z_offs = z0 + tl.arange(0, _ZERO_BLOCK)
+        for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
+            z_offs = zero_start + tl.arange(0, _ZERO_BLOCK)
             tl.store(zero_ptr + z_offs, tl.zeros((_ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
     k_tiles = K // BLOCK_K
     per_split = tl.cdiv(k_tiles, SPLIT_K)

@@ -1,0 +1,39 @@
+"""Compile the quantized grouped GEMM for a GPU target without a GPU (Triton's own ptxas).
+
+The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel can pass every
+interpreted test and still fail to compile (a loop-carried variable changing type, a layout the
+backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
+and `benchmarks/gpu/sass_check.py` reads the SASS of the same build.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from moe_triton._details import quant_gemm
+
+__all__ = ["compile_quant_gemm"]
+
+# Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
+_POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
+             "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+             "num_post_ptr": "*i32", "fin_ptr": "*bf16", "arrivals_ptr": "*i32", "zero_ptr": "*i32",
+             "alpha": "fp32", "limit": "fp32"}
+
+
+def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4,
+                       num_stages: int = 3, arch: int = 90):
+    """The compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`) for the given constexprs (every
+    tl.constexpr parameter, plus any stride to specialize to 1) and pointer types over `_POINTERS`."""
+    fn = quant_gemm._moe_wgemm_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    types = {**_POINTERS, **(pointers or {})}
+    sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 64),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
