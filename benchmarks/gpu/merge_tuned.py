@@ -1,8 +1,8 @@
 """Merge the entries of a partial `moe tune` run into full config files.
 
 Each tuned file's token counts replace those entries (config and measured times) of the file of
-the same name in BASE; the other token counts keep BASE's entries, and a `retuned` note says which
-were replaced and why. Files only in TUNED are copied. The result goes to OUT (may be BASE).
+the same name in BASE; the other token counts keep BASE's entries, and the `retuned` note gains a
+line saying which were replaced and why. Files only in TUNED are copied. The result goes to OUT (may be BASE).
 
     python benchmarks/gpu/merge_tuned.py BASE TUNED OUT --note "after the GEMM1 epilogue fusion"
 """
@@ -28,7 +28,9 @@ def merge(base: Path, tuned: Path, out: Path, note: str) -> list[str]:
             merged[field] = dict(sorted(merged[field].items(), key=lambda kv: int(kv[0])))
         for field in ("device_name", "triton_version", "torch_version"):
             merged[field] = new.get(field, merged.get(field))
-        merged["retuned"] = f"M in [{', '.join(ms)}] retuned on {time.strftime('%Y-%m-%d')} ({note})"
+        history = [merged["retuned"]] if "retuned" in merged else []
+        merged["retuned"] = "; ".join(history + [f"M in [{', '.join(ms)}] retuned on {time.strftime('%Y-%m-%d')} "
+                                                 f"({note})"])
         (out / new_path.name).write_text(json.dumps(merged, indent=1) + "\n")
         done.append(f"{new_path.name}: M {', '.join(ms)}")
     return done

@@ -307,6 +307,9 @@ _SPECIALIZATIONS = {
                       {"b_ptr": "*u8"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
+    # fp16 activations: the e2m1 values are scaled in fp32 first
+    "mxfp4-fp16-unswapped": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, SWAP_AB=False, SINK=1, SPLIT_K=2),
+                             {"a_ptr": "*fp16", "b_ptr": "*u8", "s_ptr": "*u8"}),
     "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
                                GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,

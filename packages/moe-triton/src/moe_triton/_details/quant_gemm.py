@@ -265,10 +265,13 @@ def _dequant(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: 
         return (_biased(codes, CT) - z) * s
     if WTYPE == 3:
         scale = tl.expand_dims(tl.exp2(tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32) - 127.0), 1 - N_AXIS)
+        # One return: after `if CONSTEXPR: return`, Triton 3.6 still compiles the code that follows.
         if CT == tl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
             # 2^(s - 127) leaves fp16's range for many e8m0 exponents: scale in fp32.
-            return (_e2m1(codes, tl.float32) * scale).to(CT)
-        return _e2m1(codes, CT) * scale.to(CT)  # powers of two: bf16 and fp32 hold every e8m0 scale
+            values = (_e2m1(codes, tl.float32) * scale).to(CT)
+        else:
+            values = _e2m1(codes, CT) * scale.to(CT)  # powers of two: bf16 and fp32 hold every e8m0 scale
+        return values
     # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
     s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
     if HAS_ZP:
