@@ -28,9 +28,8 @@ def merge(base: Path, tuned: Path, out: Path, note: str) -> list[str]:
             merged[field] = dict(sorted(merged[field].items(), key=lambda kv: int(kv[0])))
         for field in ("device_name", "triton_version", "torch_version"):
             merged[field] = new.get(field, merged.get(field))
-        history = [merged["retuned"]] if "retuned" in merged else []
-        merged["retuned"] = "; ".join(history + [f"M in [{', '.join(ms)}] retuned on {time.strftime('%Y-%m-%d')} "
-                                                 f"({note})"])
+        line = f"M in [{', '.join(ms)}] retuned on {time.strftime('%Y-%m-%d')} ({note})"
+        merged["retuned"] = f"{merged['retuned']}; {line}" if "retuned" in merged else line
         (out / new_path.name).write_text(json.dumps(merged, indent=1) + "\n")
         done.append(f"{new_path.name}: M {', '.join(ms)}")
     return done
