@@ -5,6 +5,9 @@ streams the expert's weights once per (M-block, N-tile), dequantizes them in reg
 `tl.dot`; small M is parallelised over N and K (split-K with fp32 atomics) so that enough programs
 stream weights at once to saturate memory bandwidth. `moe_gemm_direct` skips the alignment: a
 block per pair, read from topk_ids (one token's top-k choices are distinct experts).
+A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when its columns are
+interleaved gate/up chunks), added atomically into fp32 sums, or added and finished by the last
+contributor (`LastArrival`, direct launches). A launch may also zero the next GEMM's sums on the side.
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
