@@ -29,7 +29,9 @@ ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_SWIGLU_OAI, ACT_RELU2 = range(6
 
 
 @triton.jit
-def _activate(gate, up, alpha, limit, ACT: tl.constexpr):
+def activate(gate, up, alpha, limit, ACT: tl.constexpr):
+    """The expert activation in fp32 (ACT: one of the ACT_* codes, `quant_act.ActKind` alike): gate
+    and up of the gated kinds; the non-gated ones read gate only."""
     if ACT == 1:
         out = gate * tl.sigmoid(gate) * up
     elif ACT == 2:
@@ -152,9 +154,9 @@ def moe_gemm_kernel(
         if GATED:
             acc_up += tl.load(bias_row + N + offs_bn).to(tl.float32)[None, :]
     if GATED:
-        acc = _activate(acc, acc_up, alpha, limit, ACT)
+        acc = activate(acc, acc_up, alpha, limit, ACT)
     elif ACT != 0:
-        acc = _activate(acc, acc, alpha, limit, ACT)
+        acc = activate(acc, acc, alpha, limit, ACT)
     elif MUL_WEIGHT:
         acc = acc * w[:, None]
     tl.store(c_ptrs, acc.to(out_dtype), mask=c_mask)
@@ -220,9 +222,9 @@ def moe_gemv1_kernel(
         if GATED:
             up += tl.load(bias_row + N + offs_wn).to(tl.float32)
     if GATED:
-        h = _activate(gate, up, alpha, limit, ACT)
+        h = activate(gate, up, alpha, limit, ACT)
     else:
-        h = _activate(gate, gate, alpha, limit, ACT)
+        h = activate(gate, gate, alpha, limit, ACT)
     tl.store(out_ptr + choice.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 

@@ -18,8 +18,9 @@ import triton.language as tl
 
 from moe_core.config import Activation
 from moe_core.reference import apply_activation
+from moe_triton._details.gemm_kernels import activate
 
-__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch", "activate", "deinterleave_gate_up",
+__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch", "deinterleave_gate_up",
            "interleaved_gate_up_rows"]
 
 FP8_MAX = 448.0
@@ -61,11 +62,6 @@ def deinterleave_gate_up(h: torch.Tensor, chunk: int) -> torch.Tensor:
 
 
 @triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
 def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     if INTERPRET:
         # The CPU interpreter's fp32 -> e4m3 cast loses the carry when rounding up to the next
@@ -74,28 +70,6 @@ def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
         r = tl.floor(tl.abs(q) / step + 0.5) * step
         q = tl.where(q < 0, -r, r)
     return q.to(dtype, fp_downcast_rounding="rtne")
-
-
-@triton.jit
-def activate(x, up, ACT: tl.constexpr, alpha, limit):
-    """The activation in fp32: x is the gate of gated kinds (up its partner), the input of the others."""
-    if ACT == 1:
-        y = x * _sigmoid(x) * up
-    elif ACT == 2:
-        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476)) * up
-    elif ACT == 3:
-        t = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = 0.5 * x * (1.0 + (2.0 * _sigmoid(2.0 * t) - 1.0)) * up
-    elif ACT == 4:
-        g = tl.minimum(x, limit)
-        u = tl.minimum(tl.maximum(up, -limit), limit)
-        y = g * _sigmoid(alpha * g) * (u + 1.0)
-    elif ACT == 5:
-        r = tl.maximum(x, 0.0)
-        y = r * r
-    else:
-        y = x
-    return y
 
 
 @triton.jit
@@ -119,7 +93,7 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
         up = tl.load(src + up_offs, mask=mask, other=0.0).to(tl.float32)
     else:
         up = x
-    y = activate(x, up, ACT, alpha, limit)
+    y = activate(x, up, alpha, limit, ACT)
     y = tl.where(mask, y, 0.0)
     dst = y_ptr + row.to(tl.int64) * stride_y + offs
     if QMODE == 0:

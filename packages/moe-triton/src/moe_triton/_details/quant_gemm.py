@@ -47,7 +47,8 @@ import triton.language as tl
 
 from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
-from moe_triton._details.quant_act import act_kind, activate
+from moe_triton._details.gemm_kernels import activate
+from moe_triton._details.quant_act import act_kind
 from moe_triton.configs import GemmConfig
 
 __all__ = ["AScale", "GemmConfig", "LastArrival", "Sink", "WType", "WeightOperand", "effective_split", "moe_gemm",
@@ -297,11 +298,12 @@ def _store_finished(out_ptr, acc, out_rows, row_mask, pid_n, N, stride_om, alpha
     if GATE_UP_CHUNK > 0:
         pairs = tl.reshape(acc, (BM, BLOCK_N // (2 * GATE_UP_CHUNK), 2, GATE_UP_CHUNK))
         gate, up = tl.split(tl.permute(pairs, (0, 1, 3, 2)))
-        y = activate(tl.reshape(gate, (BM, BLOCK_N // 2)), tl.reshape(up, (BM, BLOCK_N // 2)), ACT, alpha, limit)
+        half: tl.constexpr = BLOCK_N // 2
+        y = activate(tl.reshape(gate, (BM, half)), tl.reshape(up, (BM, half)), alpha, limit, ACT)
         cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         col_mask = cols < N // 2
     else:
-        y = activate(acc, acc, ACT, alpha, limit)
+        y = activate(acc, acc, alpha, limit, ACT)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
     tl.store(out_ptr + out_rows[:, None] * stride_om + cols[None, :], y.to(out_ptr.dtype.element_ty),
