@@ -39,12 +39,10 @@ _SINKS = {"atomic": dict(SINK=1, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, DIRECT
 def compile_sm90(wtype: str, block_m: int, block_n: int, warps: int, stages: int, post_scale: bool,
                  sink: str = "atomic"):
     """The kernel compiled for sm_90 (int4 group 128 symmetric; mxfp4 group 32), with a `_SINKS` epilogue."""
-    consts = dict(GROUP=32 if wtype == "mxfp4" else 128, WTYPE=3 if wtype == "mxfp4" else 0, A_SCALE=0,
-                  W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=0 if wtype == "mxfp4" else 8, HAS_BIAS=False,
-                  A_ROWS_DIV=1, MUL_ROUTED=False, REDUCE_TOPK=1, **_SINKS[sink], SPLIT_K=2, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, SWAP_AB=True, UPCAST=False,
-                  HAS_MAP=False, QUADS=wtype == "int4", PTX_UNPACK=True, POST_SCALE=post_scale,
-                  **{n: 1 for n in _UNIT_STRIDES},
+    consts = dict(GROUP=32 if wtype == "mxfp4" else 128, WTYPE=3 if wtype == "mxfp4" else 0,
+                  CODE_OFFSET=0 if wtype == "mxfp4" else 8, **_SINKS[sink], SPLIT_K=2, BLOCK_M=block_m,
+                  BLOCK_N=block_n, BLOCK_K=128 if wtype == "int4" else 64, QUADS=wtype == "int4",
+                  POST_SCALE=post_scale, **{n: 1 for n in _UNIT_STRIDES},
                   # The codes' unit stride, as the launch specializes it: quads run along K, halves along N.
                   **{"stride_bk" if wtype == "int4" else "stride_bn": 1})
     return compile_quant_gemm(consts, {"b_ptr": "*i16" if wtype == "int4" else "*u8", "z_ptr": "*bf16"},

@@ -239,15 +239,11 @@ class _QuantTritonExperts(Experts):
         # GEMM2 sums a token's top-k choices (and K-splits) in fp32, zero on entry: GEMM1 clears it
         # on the side. One token's sums are finished by their last contributor, more by a cast.
         out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
-        sink2: dict = {}
         scratch2 = None
         if topk * split2 > 1:
             tiles2 = -(-K // c2.block_n)
             scratch2 = torch.empty(M * K + (M * tiles2 if direct else 0), dtype=torch.int32, device=dev)
             sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
-            sink2 = dict(out=sums2, atomic=True)
-            if direct:
-                sink2["last_arrival"] = LastArrival(out, scratch2[M * K:])
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
@@ -283,11 +279,16 @@ class _QuantTritonExperts(Experts):
             gemm1(h, atomic=split1 > 1)
             a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
-        gemm(a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-             topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
-             reduce_topk=topk, **(sink2 or dict(out=out)))
-        if scratch2 is not None and not direct:
-            out.copy_(sink2["out"])
+        gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
+                        topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
+                        reduce_topk=topk)
+        if scratch2 is None:  # one contribution per output row: stored as it is
+            gemm2(out)
+        elif direct:
+            gemm2(sums2, last_arrival=LastArrival(out, scratch2[M * K:]))
+        else:
+            gemm2(sums2, atomic=True)
+            out.copy_(sums2)
         return out
 
     @property
@@ -321,7 +322,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor("triton.wna16.tiled-quads-or-halves.gate-up-32", interleave_gate_up=True)
+    weight_processor = _Processor(f"triton.wna16.tiled-quads-or-halves.gate-up-{GATE_UP_CHUNK}", interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(
@@ -394,7 +395,7 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor("triton.mxfp4.halves.gate-up-32", interleave_gate_up=True)
+    weight_processor = _Processor(f"triton.mxfp4.halves.gate-up-{GATE_UP_CHUNK}", interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),

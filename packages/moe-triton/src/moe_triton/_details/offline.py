@@ -16,7 +16,14 @@ from triton.compiler import ASTSource
 
 from moe_triton._details import quant_gemm
 
-__all__ = ["compile_quant_gemm"]
+__all__ = ["DEFAULT_CONSTEXPRS", "compile_quant_gemm"]
+
+# A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
+DEFAULT_CONSTEXPRS = dict(
+    GROUP=128, WTYPE=0, A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
+    MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
+    BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
+    POST_SCALE=False)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
@@ -27,8 +34,9 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 
 def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4,
                        num_stages: int = 3, arch: int = 90):
-    """The compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`) for the given constexprs (every
-    tl.constexpr parameter, plus any stride to specialize to 1) and pointer types over `_POINTERS`."""
+    """The compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`) for `constexprs` over DEFAULT_CONSTEXPRS
+    (strides named there are specialized to that value) and pointer types over `_POINTERS`."""
+    constexprs = {**DEFAULT_CONSTEXPRS, **constexprs}
     fn = quant_gemm._moe_wgemm_kernel
     names = list(inspect.signature(fn.fn).parameters)
     types = {**_POINTERS, **(pointers or {})}

@@ -51,7 +51,7 @@ from moe_triton._details.gemm_kernels import activate
 from moe_triton._details.quant_act import act_kind
 from moe_triton.configs import GemmConfig
 
-__all__ = ["AScale", "GemmConfig", "LastArrival", "Sink", "WType", "WeightOperand", "effective_split", "moe_gemm",
+__all__ = ["AScale", "GemmConfig", "LastArrival", "WType", "WeightOperand", "effective_split", "moe_gemm",
            "moe_gemm_direct", "moe_gemm_torch", "pack_int4_quads", "pack_int4_tiles", "pick_config",
            "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles"]
 
@@ -563,7 +563,6 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
 _POST_SCALE_MAX_TILE = 16 * 128
 
 
-
 class Sink(enum.IntEnum):
     """Where a GEMM's tile of results goes (after bias and router weight)."""
 
@@ -633,7 +632,6 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=sink, last_arrival=last_arrival,
             activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
-
 
 
 def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfig, *, rows: torch.Tensor,
