@@ -35,7 +35,7 @@ from moe_triton._details.quant_gemm import (
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, QuantKernelConfig
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
-from moe_triton.tune import _tune_int4_layer, quant_candidates
+from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # What `supports` is asked about (a Hopper GPU), and where the kernels run (the interpreter on CPU).
@@ -126,9 +126,10 @@ def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
 
 
 @pytest.mark.parametrize("splits", [(1, 1), (2, 2)])
-def test_many_tokens_with_the_activation_in_gemm1_or_after_a_split(splits):
-    """M > 1: split 1 runs the activation in GEMM1's epilogue; a split GEMM1 sums atomically and
-    the activation kernel reads its interleaved gate/up columns."""
+def test_many_tokens_sums_finish_row_by_row(splits):
+    """M > 1: the activation in GEMM1's epilogue, after the last K-split of a row when split; GEMM2's
+    top-k x K-split sums finished row by row by their last contributor (rows of a tile finish in
+    different programs)."""
     out, ref = _run(TritonWna16Experts, int4_w4a16(128, zero_point=True), Activation.silu(), torch.float16,
                     K=256, N=128, E=4, topk=2, M=9, bias=True, override=_splits(*splits, block_n=128))
     assert rel_l2(out, ref) < 1e-2
@@ -292,9 +293,13 @@ def _gemm1_error(w, launch: GemmConfig) -> float:
 
 _SPECIALIZATIONS = {
     # int4 quads, groups of 64 (scaled per weight), zero points; the activation in the epilogue
-    # and GEMM2's sums zeroed on the side (the launch shape that once failed only in the compiler)
+    # and GEMM2's sums zeroed on the side (the launch shape that once failed only in the compiler),
+    # launched programmatically dependent
     "quads-store-act": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=2,
-                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True), {"b_ptr": "*i16"}),
+                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True, PDL=True), {"b_ptr": "*i16"}),
+    # GEMM2 of many tokens: rows finished by their last contributor
+    "quads-gemm2-last-arrival": (dict(GROUP=128, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=2,
+                                      MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
     "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
                                 GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64),
@@ -317,7 +322,7 @@ import json, sys
 from moe_triton._details.offline import compile_quant_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
-    print(name, "wgmma" in ptx, flush=True)
+    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, flush=True)
 """
 
 
@@ -333,10 +338,13 @@ def test_gemm_compiles_for_hopper():
     run = subprocess.run([sys.executable, "-c", _COMPILE_ALL], input=json.dumps(_SPECIALIZATIONS),
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    built = dict(line.split() for line in run.stdout.splitlines())
+    built = {name: flags for name, *flags in map(str.split, run.stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
-    # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 take the unswapped tiles of 16 rows.
-    assert all(built[name] == "True" for name, (c, _) in _SPECIALIZATIONS.items() if c.get("SWAP_AB", True))
+    for name, (consts, _) in _SPECIALIZATIONS.items():
+        wgmma, waits = (flag == "True" for flag in built[name])
+        # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
+        assert wgmma or not consts.get("SWAP_AB", True), name
+        assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
 
 
 def test_int4_gemm_refuses_unswapped():
@@ -482,6 +490,35 @@ def test_int4_tuner_keeps_the_fastest_candidate():
                              dataclasses.replace(first["split*2"].gemm2, num_stages=base.gemm2.num_stages - 1))
     assert table[3] == best and measured["3"]["best"] == "split*2+stages-1"
     assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
+
+
+def test_per_gemm_grid_changes_one_gemm_at_a_time():
+    base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 256, 1, 8, 4, True))
+    grid = per_gemm_grid(base)
+    assert len(grid) == 2 * 4 * 3 * 2 - 2 and base not in grid.values()  # the base itself once per GEMM
+    assert len(set(grid.values())) == len(grid)
+    for name, cand in grid.items():
+        changed, kept = ("gemm1", "gemm2") if name.startswith("gemm1:") else ("gemm2", "gemm1")
+        assert getattr(cand, kept) == getattr(base, kept)
+        tile, was = getattr(cand, changed), getattr(base, changed)
+        assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
+
+
+def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
+    """With --per-gemm a change to GEMM2 alone, which no both-GEMM neighbour makes, is found."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    q = int4_w4a16(64)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    base = experts.heuristic_config(1)
+
+    def timer(layer, rep_ms):
+        cand = experts.config_override
+        return 2.0 - (cand.gemm2.block_n == 64 and cand.gemm2.split_k == 2 and cand.gemm1 == base.gemm1)
+
+    table, measured = _tune_int4_layer(experts, [1], 5, lambda s: None, timer=timer, per_gemm=True)
+    assert table[1] == QuantKernelConfig(base.gemm1, dataclasses.replace(base.gemm2, block_n=64, split_k=2))
+    assert measured["1"]["best"] == f"heuristic+gemm2:split=2,block_n=64,warps={base.gemm2.num_warps}"
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),

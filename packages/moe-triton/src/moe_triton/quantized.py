@@ -7,9 +7,12 @@ router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
 interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
 each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
-also quantizes GEMM2's input per token, group or tensor. For one token, the GEMMs' split-K and top-k
-sums are finished by their last contributor (`quant_gemm.LastArrival`): route, GEMM1, GEMM2 (and a
-fill when GEMM1 is split) is the whole layer.
+also quantizes GEMM2's input per token, group or tensor. The GEMMs' split-K and top-k sums are
+finished by their last contributor (`quant_gemm.LastArrival`): route, align (not for one token),
+GEMM1, GEMM2, and a fill when GEMM1 is split, is the whole layer.
+
+On Hopper the GEMMs are launched before the kernel ahead of them ends (programmatic dependent
+launch), so their launch latency hides behind it.
 """
 
 from __future__ import annotations
@@ -227,8 +230,11 @@ class _QuantTritonExperts(Experts):
                                                                 self.expert_map)
             gemm = partial(moe_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post, num_valid=P)
         x = hidden_states
+        routed = None  # GEMM2's router weights, converted here: no launch between the GEMMs
         if cfg.routing.weight_on_input:  # Llama4 (top-1): scale the input, not the output
             x = (x.float() * topk_weights.float()).to(cfg.dtype)
+        else:
+            routed = topk_weights.float().contiguous()
         packed = self._packed()
         qm = self._qmode
         fp8 = torch.float8_e4m3fn
@@ -236,14 +242,12 @@ class _QuantTritonExperts(Experts):
         # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
         inter_dtype = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
 
-        # GEMM2 sums a token's top-k choices (and K-splits) in fp32, zero on entry: GEMM1 clears it
-        # on the side. One token's sums are finished by their last contributor, more by a cast.
+        # GEMM2 sums a token's top-k choices (and K-splits) in fp32 with their arrival counts, zero
+        # on entry: GEMM1 clears them on the side.
         out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
         scratch2 = None
         if topk * split2 > 1:
-            tiles2 = -(-K // c2.block_n)
-            scratch2 = torch.empty(M * K + (M * tiles2 if direct else 0), dtype=torch.int32, device=dev)
-            sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
+            scratch2 = torch.empty(M * K + M * -(-K // c2.block_n), dtype=torch.int32, device=dev)
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
@@ -261,34 +265,27 @@ class _QuantTritonExperts(Experts):
         gemm1 = partial(gemm, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
         chunk = self._gate_up_chunk
-        if qm is QMode.NONE and (split1 == 1 or direct):
+        if qm is QMode.NONE:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if split1 == 1:
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
-                tiles1 = -(-R // c1.block_n)
-                scratch1 = torch.zeros(P * R + P * tiles1, dtype=torch.int32, device=dev)
+                scratch1 = torch.zeros(P * R + P * -(-R // c1.block_n), dtype=torch.int32, device=dev)
                 gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
                       gate_up_chunk=chunk, last_arrival=LastArrival(a2, scratch1[P * R:]))
             a2_scale = None
         else:
             # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
-            h_dtype = torch.float32 if (split1 > 1 or qm is not QMode.NONE) else inter_dtype
-            h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=h_dtype, device=dev)
+            h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=torch.float32, device=dev)
             gemm1(h, atomic=split1 > 1)
-            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
-                                     1, pair_expert, E_local, gate_up_chunk=chunk)
+            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8, P, 1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=None if cfg.routing.weight_on_input else topk_weights.float().contiguous(),
-                        reduce_topk=topk)
+                        topk_weights=routed, reduce_topk=topk)
         if scratch2 is None:  # one contribution per output row: stored as it is
             gemm2(out)
-        elif direct:
-            gemm2(sums2, last_arrival=LastArrival(out, scratch2[M * K:]))
         else:
-            gemm2(sums2, atomic=True)
-            out.copy_(sums2)
+            gemm2(scratch2[:M * K].view(torch.float32).view(M, K), last_arrival=LastArrival(out, scratch2[M * K:]))
         return out
 
     @property

@@ -38,12 +38,14 @@ canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
 from __future__ import annotations
 
 import enum
+import functools
 import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
@@ -311,19 +313,19 @@ def _store_finished(out_ptr, acc, out_rows, row_mask, pid_n, N, stride_om, alpha
 
 
 @triton.jit
-def _arrive(fin_ptr, sums_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N,
-            stride_sm, stride_fm, alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr,
-            BLOCK_N: tl.constexpr):
-    """Counts one program's contribution to an output tile (its partial sums already added to
-    sums_ptr); the last of `expected` reads the whole sums and stores the finished tile."""
-    # Every thread's atomics are issued before one thread's acquire-release count publishes them.
+def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_sm,
+            stride_fm, alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Counts one program's contribution to its rows of an N tile (partial sums already added to
+    sums_ptr; one counter per (output row, N tile)); the last of a row's `expected` contributors
+    reads the row's whole sums and stores it finished."""
+    # Every thread's atomics are issued before the acquire-release counts publish them.
     tl.debug_barrier()
-    if tl.atomic_add(arrivals_ptr + tile_index, 1, sem="acq_rel") == expected - 1:
-        # Read at L2, where the other programs' atomics landed.
-        tile = tl.load(sums_ptr + out_rows[:, None] * stride_sm + offs_n[None, :],
-                       mask=row_mask[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
-        _store_finished(fin_ptr, tile, out_rows, row_mask, pid_n, N, stride_fm, alpha, limit, ACT,
-                        GATE_UP_CHUNK, BLOCK_N)
+    counters = arrivals_ptr + out_rows * tl.num_programs(1) + pid_n
+    last = row_mask & (tl.atomic_add(counters, 1, mask=row_mask, sem="acq_rel") == expected - 1)
+    # Read at L2, where the other programs' atomics landed.
+    tile = tl.load(sums_ptr + out_rows[:, None] * stride_sm + offs_n[None, :], mask=last[:, None] & n_mask[None, :],
+                   other=0.0, cache_modifier=".cg")
+    _store_finished(fin_ptr, tile, out_rows, last, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 @triton.jit
@@ -341,10 +343,15 @@ def _moe_wgemm_kernel(
     ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, ZERO_SIDE: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
-    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr,
+    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if PDL:
+        # Launched while the previous kernel may still run (programmatic dependent launch): wait
+        # for it to finish, then let the next launch start early too.
+        gdc_wait()
+        gdc_launch_dependents()
     if ZERO_SIDE:
         # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
         # which saves that GEMM a fill launch.
@@ -377,12 +384,10 @@ def _moe_wgemm_kernel(
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    # Direct launches count arrivals per (output row, N tile): one output row per program.
-    tile_index = (pid_m // REDUCE_TOPK) * tl.num_programs(1) + pid_n
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
         if SINK == 2:
-            _arrive(fin_ptr, c_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n,
-                    N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_cm,
+                    stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
         return
     a_rows = (ids // A_ROWS_DIV).to(tl.int64)
 
@@ -509,8 +514,8 @@ def _moe_wgemm_kernel(
         mask = row_mask[:, None] & n_mask[None, :]
         tl.atomic_add(c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :], acc, mask=mask, sem="relaxed")
         if SINK == 2:
-            _arrive(fin_ptr, c_ptr, arrivals_ptr, tile_index, expected, out_rows, row_mask, offs_n, n_mask, pid_n,
-                    N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_cm,
+                    stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 # ---- launch configuration ---------------------------------------------------------------------
@@ -573,16 +578,32 @@ class Sink(enum.IntEnum):
 
 @dataclass(frozen=True)
 class LastArrival:
-    """A direct launch's partial sums meet in the fp32 `out` passed to the GEMM (zero on entry);
-    the program that adds the last of a tile's contributions (top-k choices x K-splits), counted
-    in `arrivals`, stores the finished tile (activation, 16-bit cast) to `finished`. No launch
-    after the GEMM, and no fp32 pass over the output.
+    """Partial sums meet in the fp32 `out` passed to the GEMM (zero on entry); the program that
+    adds the last of an output row's contributions to an N tile (top-k choices x K-splits), counted
+    in `arrivals`, stores that row of the tile finished (activation, 16-bit cast) to `finished`.
+    No launch after the GEMM, and no fp32 pass over the output.
 
     Invariants: `arrivals` int32 with one zero counter per (output row, N tile), row-major;
     `finished` [output rows, N] (N / 2 after a gated activation), unit column stride."""
 
     finished: torch.Tensor
     arrivals: torch.Tensor
+
+
+@functools.cache
+def _pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA Hopper and later (griddepcontrol), compiled kernels."""
+    return (device.type == "cuda" and torch.version.hip is None and not _interpreting()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _dependent_launch(device: torch.device) -> bool:
+    """Whether the GEMM launches programmatically dependent; MOE_TRITON_PDL=0 turns it off (to compare)."""
+    flag = os.environ.get("MOE_TRITON_PDL", "1")
+    if flag not in ("0", "1"):
+        raise ValueError(f"MOE_TRITON_PDL={flag!r}: accepted values are 0 (plain launches) and 1 (dependent "
+                         "launches where the GPU has them, the default)")
+    return flag == "1" and _pdl_capable(device)
 
 
 def effective_split(split_k: int, w: WeightOperand) -> int:
@@ -595,20 +616,25 @@ def moe_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: t
              expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int, cfg: GemmConfig, *,
              a_rows_div: int = 1, a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
              bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
-             reduce_topk: int = 1, atomic: bool = False, activation: Activation | None = None,
-             gate_up_chunk: int = 0, zero_side: torch.Tensor | None = None) -> None:
+             reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
+             activation: Activation | None = None, gate_up_chunk: int = 0,
+             zero_side: torch.Tensor | None = None) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
-    of GEMM2 when reduce_topk > 1), otherwise each pair's row is stored once in out's dtype, after
-    `activation` if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side`
-    (int32, any size): zeroed by the launch's programs on the side, for the next GEMM.
+    of GEMM2 when reduce_topk > 1), `last_arrival` too, finished by the last contributor
+    (`LastArrival`); otherwise each pair's row is stored once in out's dtype, after `activation`
+    if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side` (int32, any
+    size): zeroed by the launch's programs on the side, for the next GEMM.
+
+    On Hopper and later the launch may start before the previous kernel on the stream ends
+    (programmatic dependent launch); its programs wait for that kernel before they read or write.
     """
     _launch(a, w, out, cfg, rows=sorted_ids, experts=expert_ids, num_post=num_post, num_valid=num_valid,
             grid_m=min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
-            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=Sink.ATOMIC if atomic else Sink.STORE,
-            last_arrival=None, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
 
 
 def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -622,16 +648,20 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
-    `last_arrival`: out holds fp32 partial sums, finished by their last contributor (`LastArrival`).
     """
     pairs = topk_ids.view(-1)
-    sink = Sink.LAST_ARRIVAL if last_arrival is not None else (Sink.ATOMIC if atomic else Sink.STORE)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
     _launch(a, w, out, cfg, rows=pairs, experts=expert_map if expert_map is not None else pairs, num_post=pairs,
             num_valid=pairs.numel(), grid_m=pairs.numel(), direct=True, has_map=expert_map is not None,
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
-            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=sink, last_arrival=last_arrival,
-            activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+
+
+def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
+    if atomic and last_arrival is not None:
+        raise ValueError("atomic and last_arrival are two different sinks: pass one")
+    return Sink.LAST_ARRIVAL if last_arrival is not None else (Sink.ATOMIC if atomic else Sink.STORE)
 
 
 def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfig, *, rows: torch.Tensor,
@@ -666,11 +696,12 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     if last_arrival is not None:
         fin, arrivals = last_arrival.finished, last_arrival.arrivals
         out_rows = -(-num_valid // reduce_topk)
-        if not direct or arrivals.dtype != torch.int32 or arrivals.numel() < out_rows * n_tiles:
-            raise ValueError(f"last-arrival sums run direct with int32 arrivals >= {out_rows} rows x {n_tiles} "
-                             f"N tiles, got {arrivals.dtype} [{arrivals.numel()}]")
+        if arrivals.dtype != torch.int32 or arrivals.numel() < out_rows * n_tiles:
+            raise ValueError(f"last-arrival sums need int32 arrivals >= {out_rows} rows x {n_tiles} N tiles, got "
+                             f"{arrivals.dtype} [{arrivals.numel()}]")
         if fin.stride(1) != 1:
             raise ValueError("the finished output needs a unit column stride")
+    pdl = _dependent_launch(w.codes.device)
     programs = grid_m * n_tiles * split
     zero_numel = zero_side.numel() if zero_side is not None else 0
     if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
@@ -710,7 +741,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
 
 
