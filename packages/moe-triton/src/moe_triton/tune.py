@@ -12,8 +12,10 @@ the top-k sum when GEMM2 is.
 
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
-(`quant_gemm.pick_config`), its neighbours (`quant_candidates`) and then the best neighbour's
-neighbours; the fastest is written.
+(`quant_gemm.pick_config`), the configuration shipped for that shape and M (if any), the
+heuristic's neighbours (`quant_candidates`) and then the best neighbour's neighbours; with
+`--per-gemm`, then each GEMM's grid of split-K x block_n x warps (`per_gemm_grid`) with the other
+GEMM held at the best so far. The fastest is written.
 
 The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
 `moe_triton/configs/` to ship them.
@@ -36,10 +38,12 @@ from moe_triton.configs import (
     QuantKernelConfig,
     TileConfig,
     device_tag,
+    lookup_exact,
     write_configs,
 )
 
-__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "quant_candidates", "random_int4_weights"]
+__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_grid", "quant_candidates",
+           "random_int4_weights"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -125,6 +129,20 @@ def quant_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
     return found
 
 
+def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
+    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), the other GEMM as in base."""
+    found = {}
+    for gemm in ("gemm1", "gemm2"):
+        for split in (1, 2, 4, 8):
+            for block_n in (64, 128, 256):
+                for warps in (4, 8):
+                    tile = dataclasses.replace(getattr(base, gemm), split_k=split, block_n=block_n, num_warps=warps)
+                    cand = dataclasses.replace(base, **{gemm: tile})
+                    if cand != base:
+                        found[f"{gemm}:split={split},block_n={block_n},warps={warps}"] = cand
+    return found
+
+
 def random_int4_weights(cfg, group: int, dev) -> tuple:
     """(quant, ExpertWeights) of an int4 layer with random codes and positive scales: a valid
     checkpoint for timing (quantizing float weights of the big presets would need tens of GB)."""
@@ -176,9 +194,11 @@ def _graph_time_us(fn, rep_ms: int) -> float:
     return do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tuple[dict[int, QuantKernelConfig], dict]:
-    """Per token count, time the layer (routing included) with the heuristic's neighbours and then
-    the best one's neighbours; keep the fastest."""
+def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False
+                     ) -> tuple[dict[int, QuantKernelConfig], dict]:
+    """Per token count, time the layer (routing included) with the heuristic, the shipped
+    configuration, the heuristic's neighbours and then the best one's neighbours (and with
+    per_gemm, `per_gemm_grid` of the best); keep the fastest."""
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -214,9 +234,15 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us) -> tup
         if "heuristic" not in times:
             experts.config_override = None
             raise RuntimeError(f"M={M}: the heuristic configuration did not run")
+        shipped = lookup_exact(experts.config_key, M)
+        if shipped is not None:
+            time_all({"shipped": shipped.config})
         first = min(times, key=times.get)
         if first != "heuristic":
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
+        if per_gemm:
+            second = min(times, key=times.get)
+            time_all({f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()})
         experts.config_override = None
         best = min(times, key=times.get)
         table[M] = cands[best]
@@ -317,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
     p.add_argument("--quant", default="none", choices=["none", "int4"],
                    help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size")
+    p.add_argument("--per-gemm", action="store_true",
+                   help="int4: after the greedy steps, each GEMM's split-K x block_n x warps grid (48 more "
+                        "layer timings per M)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
@@ -363,13 +392,15 @@ def _main_int4(args) -> int:
     for name in presets:
         start = time.time()
         experts = _random_int4_layer(get_preset(name), torch.device("cuda"))
-        table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True))
+        table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
+                                           per_gemm=args.per_gemm)
         key = experts.config_key
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
-               "random int4 codes and scales; the heuristic (pick_config), its neighbours "
-               "(tune.quant_candidates) and the best neighbour's neighbours, the fastest kept")
+               "random int4 codes and scales; the heuristic (pick_config), the shipped configuration, its "
+               "neighbours (tune.quant_candidates) and the best neighbour's neighbours"
+               + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
     return 0
 
 
