@@ -81,10 +81,28 @@ def test_wna16_matches_reference(quant, activation, dtype):
 
 
 def test_int4_layer_with_both_layouts():
-    # K = 192: GEMM1's weights take the halves layout, GEMM2's (K = N = 128) the quads.
-    out, ref = _run(TritonWna16Experts, int4_w4a16(64, zero_point=True), Activation.swiglu_oai(), torch.bfloat16,
+    # Per-channel scales, K = 192: GEMM1's weights take the halves layout, GEMM2's (K = N = 128) the quads.
+    out, ref = _run(TritonWna16Experts, int4_w4a16(-1, zero_point=True), Activation.swiglu_oai(), torch.bfloat16,
                     K=192, N=128, bias=True)
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_int4_pads_k_to_whole_quads_tiles(zero_point):
+    """Grouped int4 whose K 128 does not divide (gpt-oss's 2880; 192 here): the quads layout padded to
+    whole tiles, the padding dequantizing to exactly 0, and the layer (M = 1 and many) as the reference."""
+    from moe_triton._details.quant_gemm import dequantize_padded
+
+    quant = int4_w4a16(64, zero_point=zero_point)
+    w = _gemm1_operand(quant, 192, seed=4)
+    assert w.quads and w.k == 192 and w.k_tiles == 2 and w.codes.shape[2] == 2
+    assert w.scale.shape[1] == 256 // 64 and (w.zero is None or w.zero.shape[1] == 4)
+    full = dequantize_padded(w)
+    assert full.shape[2] == 256 and bool((full[:, :, 192:] == 0).all()) and bool((full[:, :, :192] != 0).any())
+    for M in (1, 9):
+        out, ref = _run(TritonWna16Experts, quant, Activation.swiglu_oai(), torch.bfloat16, K=192, N=192, bias=True,
+                        M=M)
+        assert rel_l2(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment
@@ -245,9 +263,11 @@ def test_int4_quad_packing_roundtrip():
     (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
     (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
     (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
-    # K = 192: only 64-wide K tiles divide it, so int4 takes the halves layout (as gpt-oss's 2880)
+    # K = 192: grouped int4 pads it to two 128-wide quads tiles (as gpt-oss's 2880), per-channel int4
+    # takes the halves layout's 64-wide tiles
     (int4_w4a16(64), 192, 1, True, 64, 4, 16), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4, 16),
-    (int4_w4a16(64, zero_point=True), 192, 1, True, 64, 4, 64),
+    (int4_w4a16(32, zero_point=True), 192, 1, True, 64, 4, 64), (int4_w4a16(-1), 192, 2, True, 64, 4, 16),
+    (int4_w4a16(-1, zero_point=True), 192, 1, True, 128, 4, 32),
     (mxfp4_w4a16(), 256, 1, False, 64, 4, 16), (mxfp4_w4a16(), 256, 2, True, 64, 4, 16),
 ])
 def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
@@ -255,7 +275,7 @@ def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     operands, and int4 scaled per weight or after the dots (`quant_gemm._POST_SCALE_MAX_TILE`)."""
     w = _gemm1_operand(quant, K, seed=3)
     if quant.weight.dtype.value == "int4":
-        assert w.codes.dtype == (torch.int16 if K % 128 == 0 else torch.uint8)  # quads, else halves
+        assert w.quads == (K % 128 == 0 or w.group < K)  # quads (padded for groups), else halves
     assert _gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 
@@ -292,11 +312,12 @@ def _gemm1_error(w, launch: GemmConfig) -> float:
 
 
 _SPECIALIZATIONS = {
-    # int4 quads, groups of 64 (scaled per weight), zero points; the activation in the epilogue
-    # and GEMM2's sums zeroed on the side (the launch shape that once failed only in the compiler),
-    # launched programmatically dependent
+    # int4 quads, groups of 64 (scaled per weight), zero points, K padded to whole tiles; the
+    # activation in the epilogue and GEMM2's sums zeroed on the side (the launch shape that once
+    # failed only in the compiler), launched programmatically dependent
     "quads-store-act": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=2,
-                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True, PDL=True), {"b_ptr": "*i16"}),
+                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True, PDL=True, K_TAIL=True),
+                        {"b_ptr": "*i16"}),
     # GEMM2 of many tokens: rows finished by their last contributor
     "quads-gemm2-last-arrival": (dict(GROUP=128, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=2,
                                       MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),

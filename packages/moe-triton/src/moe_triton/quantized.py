@@ -68,14 +68,21 @@ def _interpreting() -> bool:
 
 
 def _int4_quads(cols: int, group: int) -> bool:
-    """int4 weights take the quads layout (`quant_gemm`'s docstring) when 128-wide K tiles fit;
-    otherwise the halves layout with 64-wide tiles."""
-    return cols % 128 == 0 and group % 32 == 0
+    """int4 weights take the quads layout (`quant_gemm`'s docstring) when 128-wide K tiles fit, K
+    padded to whole tiles where the scale groups divide the padded K (zero scale rows pad it);
+    otherwise (per-channel scales: group == cols) the halves layout with 64-wide tiles."""
+    return group % 32 == 0 and (cols % 128 == 0 or (group < cols and _padded_k(cols) % group == 0))
+
+
+def _padded_k(cols: int) -> int:
+    """K of the int4 quads layout: whole 128-wide tiles."""
+    return -(-cols // 128) * 128
 
 
 def _block_k(wtype: WType, cols: int, group: int) -> int:
-    """K tile of one GEMM: it must divide K, and each dequantized slice (a quarter of the tile for
-    int4 quads, half for the halves layout: one dot each) must sit inside one scale group."""
+    """K tile of one GEMM: it must divide K (int4 quads pad K instead), and each dequantized slice (a
+    quarter of the tile for int4 quads, half for the halves layout: one dot each) must sit inside
+    one scale group."""
     if wtype is WType.INT4 and _int4_quads(cols, group):
         return 128
     for bk in (128, 64, 32):
@@ -135,7 +142,15 @@ class _Processor:
                 continue
             group = _group(key, cols)
             bk = _block_k(wt, cols, group)
+            zero = canonical(zero) if zero is not None else None
             if wt is WType.INT4 and _int4_quads(cols, group):
+                if cols % bk:
+                    # Whole K tiles: the padding's codes sit at the implicit zero and its scale rows are
+                    # zero, so it dequantizes to exactly 0 (the kernel also masks the activations there).
+                    pad = (_padded_k(cols) - cols) // group
+                    codes = torch.nn.functional.pad(codes, (0, (_padded_k(cols) - cols) // 2), value=0x88)
+                    scale = torch.nn.functional.pad(scale, (0, pad), value=0.0)
+                    zero = torch.nn.functional.pad(zero, (0, pad), value=8) if zero is not None else None
                 out[name] = pack_int4_quads(codes, bk)
             elif wt in (WType.INT4, WType.MXFP4):
                 out[name] = pack_int4_tiles(codes, bk)
@@ -143,7 +158,7 @@ class _Processor:
                 out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
-                out[f"{name}_zero"] = _rows_first(canonical(zero), key)
+                out[f"{name}_zero"] = _rows_first(zero, key)
         if weights.has_bias:
             bias = weights.w13_bias.to(device)
             out["w13_bias"] = (bias if order is None else bias.index_select(1, order)).float().contiguous()
@@ -319,7 +334,8 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor(f"triton.wna16.tiled-quads-or-halves.gate-up-{GATE_UP_CHUNK}", interleave_gate_up=True)
+    weight_processor = _Processor(f"triton.wna16.quads-k-padded-or-halves.gate-up-{GATE_UP_CHUNK}",
+                                  interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(

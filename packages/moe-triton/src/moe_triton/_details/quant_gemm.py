@@ -12,7 +12,7 @@ contributor (`LastArrival`, direct launches). A launch may also zero the next GE
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
 order is the one the H100 streamed fastest (benchmarks/results/int4_tile_major_2026-11-21.md).
-- INT4 with 128-wide K tiles (K % 128 == 0): int16 [E, N, K/block_k, block_k/4] ("quads"), stored
+- INT4 with 128-wide K tiles: int16 [E, N, cdiv(K, block_k), block_k/4] ("quads"), stored
   tile-major ([E, K tile, N, word] in memory: one program's N x K tile of weights is one contiguous
   run of block_n * 64 bytes; stored row-major the tile was 64-byte pieces of block_n rows, and the
   whole layer 1.06-1.42x slower at M <= 512). Word i of K tile t holds in nibble j (bits 4j..4j+3)
@@ -23,7 +23,10 @@ order is the one the H100 streamed fastest (benchmarks/results/int4_tile_major_2
   over contiguous K quarters. About 3.0 SASS instructions per weight in the K loop (sm_90, triton
   3.6, 16 x 128 tile, 4 warps; 2.65 when the scale is applied after the dots, see POST_SCALE)
   against 4.5 for the halves layout below, whose bytes reach the MMA layout two at a time.
-- INT4 whose K only 64-wide tiles divide (gpt-oss's 2880), and MXFP4: uint8 [E, N, K/block_k,
+  A K that 128 does not divide (gpt-oss's 2880) is padded to whole tiles when its scale groups
+  divide the padded K: the padding's scale rows are zero, so its weights dequantize to exactly 0,
+  and the kernel masks the activations' columns past K (K_TAIL).
+- INT4 that cannot be padded so (per-channel scales, K % 128 != 0), and MXFP4: uint8 [E, N, K/block_k,
   block_k/2] ("halves"), stored K-major ([E, K tile, byte, N] in memory: a program's tile is
   block_k/2 runs of block_n bytes; tile-major, gpt-oss's int4 layer was 5-16% slower and MXFP4
   within 5%). Byte i of K tile t holds k = t*block_k + i in its low nibble and
@@ -78,9 +81,10 @@ class WeightOperand:
     """One GEMM's weights in kernel layout.
 
     Invariants: `codes` follows the module docstring's layout for `wtype`; `n`, `k` are the GEMM's
-    output and input sizes; `block_k` divides k, and for grouped int/mxfp4 scales each
-    block_k/4 (int4 quads), block_k/2 (halves) or block_k (int8) slice of K lies inside one scale group;
-    `group` is the K extent of one scale row (k itself for per-channel).
+    output and input sizes; `block_k` divides k, except for int4 quads, whose codes, scales and
+    zero points cover `k_tiles` whole tiles and dequantize to 0 past k; for grouped int/mxfp4
+    scales each block_k/4 (int4 quads), block_k/2 (halves) or block_k (int8) slice of K lies inside
+    one scale group; `group` is the K extent of one scale row (k itself for per-channel).
     """
 
     wtype: WType
@@ -101,6 +105,11 @@ class WeightOperand:
     def quads(self) -> bool:
         """INT4 codes in the quads layout (int16 words); the halves layout is uint8."""
         return self.wtype is WType.INT4 and self.codes.dtype == torch.int16
+
+    @property
+    def k_tiles(self) -> int:
+        """K tiles the kernel loops over (the last one padded past k for quads, see the invariants)."""
+        return -(-self.k // self.block_k)
 
 
 def _interpreting() -> bool:
@@ -255,9 +264,11 @@ def _int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CODE_OFFSET
 
 
 @triton.jit
-def _dot_at(w, a_ptrs, row_mask, acc_t, CT: tl.constexpr):
-    """acc_t + w . A^T, A's [BM, k] tile read at a_ptrs (masked rows read as zeros)."""
-    return tl.dot(w, tl.trans(tl.load(a_ptrs, mask=row_mask[:, None], other=0.0).to(CT)), acc_t)
+def _dot_at(w, a_ptrs, row_mask, k, K, acc_t, CT: tl.constexpr, K_TAIL: tl.constexpr):
+    """acc_t + w . A^T, A's [BM, k] tile read at a_ptrs (masked rows, and with K_TAIL columns k >= K,
+    read as zeros)."""
+    mask = row_mask[:, None] & (k < K)[None, :] if K_TAIL else row_mask[:, None]
+    return tl.dot(w, tl.trans(tl.load(a_ptrs, mask=mask, other=0.0).to(CT)), acc_t)
 
 
 @triton.jit
@@ -344,6 +355,7 @@ def _moe_wgemm_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
+    K_TAIL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -360,7 +372,8 @@ def _moe_wgemm_kernel(
         for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
             z_offs = zero_start + tl.arange(0, _ZERO_BLOCK)
             tl.store(zero_ptr + z_offs, tl.zeros((_ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
-    k_tiles = K // BLOCK_K
+    tl.static_assert(QUADS or not K_TAIL, "only the quads layout pads K to whole tiles")
+    k_tiles = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_tiles, SPLIT_K)
     kt0 = tl.program_id(2) * per_split
     kt1 = tl.minimum(kt0 + per_split, k_tiles)
@@ -414,16 +427,18 @@ def _moe_wgemm_kernel(
             k0 = kt * BLOCK_K
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             v0, v1, v2, v3 = _unpack_quads(words, CT, PTX_UNPACK)
-            a_ptrs = a_base + (k0 + offs_q)[None, :] * stride_ak
+            k = k0 + offs_q
+            a_ptrs = a_base + k[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
                 z = _int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                part = _dot_at(v0 - z, a_ptrs, row_mask, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), CT)
-                part = _dot_at(v1 - z, a_ptrs + QK * stride_ak, row_mask, part, CT)
-                part = _dot_at(v2 - z, a_ptrs + 2 * QK * stride_ak, row_mask, part, CT)
-                part = _dot_at(v3 - z, a_ptrs + 3 * QK * stride_ak, row_mask, part, CT)
+                part = _dot_at(v0 - z, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), CT,
+                               K_TAIL)
+                part = _dot_at(v1 - z, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                part = _dot_at(v2 - z, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                part = _dot_at(v3 - z, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
                 acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
             else:
                 s0, z0 = _int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
@@ -438,10 +453,12 @@ def _moe_wgemm_kernel(
                     s3, z3 = _int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
                 # the scale's multiply, as in the reference.
-                acc_t = _dot_at((v0 - z0) * s0, a_ptrs, row_mask, acc_t, CT)
-                acc_t = _dot_at((v1 - z1) * s1, a_ptrs + QK * stride_ak, row_mask, acc_t, CT)
-                acc_t = _dot_at((v2 - z2) * s2, a_ptrs + 2 * QK * stride_ak, row_mask, acc_t, CT)
-                acc_t = _dot_at((v3 - z3) * s3, a_ptrs + 3 * QK * stride_ak, row_mask, acc_t, CT)
+                acc_t = _dot_at((v0 - z0) * s0, a_ptrs, row_mask, k, K, acc_t, CT, K_TAIL)
+                acc_t = _dot_at((v1 - z1) * s1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, acc_t, CT, K_TAIL)
+                acc_t = _dot_at((v2 - z2) * s2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, acc_t, CT,
+                                K_TAIL)
+                acc_t = _dot_at((v3 - z3) * s3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, acc_t, CT,
+                                K_TAIL)
         acc = tl.trans(acc_t)
     elif WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
@@ -549,7 +566,7 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
         bm, bn, warps, stages = 128, 128, 8, 3
     m_blocks = min(num_pairs, -(-num_pairs // bm) + min(num_experts, num_pairs))
     programs = m_blocks * -(-w.n // bn)
-    k_tiles = w.k // w.block_k
+    k_tiles = w.k_tiles
     # 8 programs per SM: at M=8 twice the K-splits of a 4-per-SM target were up to 15% faster (mixtral).
     target = 8 * _num_sms(device)
     split = 1
@@ -608,7 +625,7 @@ def _dependent_launch(device: torch.device) -> bool:
 
 def effective_split(split_k: int, w: WeightOperand) -> int:
     """K-splits a launch runs: split_k, less any that would get no K tile (so every split adds)."""
-    k_tiles = w.k // w.block_k
+    k_tiles = w.k_tiles
     return -(-k_tiles // -(-k_tiles // split_k))
 
 
@@ -670,8 +687,9 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
             zero_side: torch.Tensor | None) -> None:
-    if w.k % w.block_k:
-        raise ValueError(f"block_k={w.block_k} does not divide K={w.k}")
+    if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
+        raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only int4 quads codes pad K to whole "
+                         f"tiles), codes {list(w.codes.shape)}")
     if a.shape[1] != w.k:
         raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
     split = effective_split(cfg.split_k, w)
@@ -741,7 +759,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}),
+        PDL=pdl, K_TAIL=w.k % w.block_k != 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -758,13 +776,18 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
         if s.dim() == 2:
             return c * s.view(E, N, 1)
         return c * s.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)[:, :, :K]
+    return dequantize_padded(w)[:, :, :K]
+
+
+def dequantize_padded(w: WeightOperand) -> torch.Tensor:
+    """fp32 [E, N, k_tiles * block_k] of a 4-bit or int8 operand, quads' K padding included."""
     if w.quads:
         codes = unpack_int4_quads(w.codes)
     elif w.wtype in (WType.INT4, WType.MXFP4):
         codes = unpack_int4_tiles(w.codes)
     else:
         codes = w.codes
-    scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, K]
+    scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
     if w.wtype is WType.MXFP4:
         return E2M1_VALUES.to(codes.device)[codes.long()] * torch.exp2(scale.float() - 127)
     zero = (w.zero.transpose(1, 2).repeat_interleave(w.group, 2).float() if w.zero is not None
