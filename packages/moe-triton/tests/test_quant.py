@@ -34,7 +34,13 @@ from moe_triton._details.quant_gemm import (
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, QuantKernelConfig
-from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.quantized import (
+    GATE_UP_CHUNK,
+    LAST_ARRIVAL_MAX_TOKENS,
+    TritonFp8Experts,
+    TritonMxfp4Experts,
+    TritonWna16Experts,
+)
 from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -143,13 +149,15 @@ def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])
 @pytest.mark.parametrize("splits", [(1, 1), (2, 2)])
-def test_many_tokens_sums_finish_row_by_row(splits):
-    """M > 1: the activation in GEMM1's epilogue, after the last K-split of a row when split; GEMM2's
-    top-k x K-split sums finished row by row by their last contributor (rows of a tile finish in
-    different programs)."""
+def test_many_tokens_sums_finish_row_by_row_or_by_a_cast(splits, M):
+    """Aligned tokens: up to LAST_ARRIVAL_MAX_TOKENS, the activation in GEMM1's epilogue after the last
+    K-split of a row, and GEMM2's top-k x K-split sums finished row by row by their last contributor
+    (rows of a tile finish in different programs); beyond, atomic sums, the activation launch after
+    a split GEMM1 and a cast after GEMM2."""
     out, ref = _run(TritonWna16Experts, int4_w4a16(128, zero_point=True), Activation.silu(), torch.float16,
-                    K=256, N=128, E=4, topk=2, M=9, bias=True, override=_splits(*splits, block_n=128))
+                    K=256, N=128, E=4, topk=2, M=M, bias=True, override=_splits(*splits, block_n=128))
     assert rel_l2(out, ref) < 1e-2
 
 
@@ -323,8 +331,8 @@ _SPECIALIZATIONS = {
                                       MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
     "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
                                 GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
-    "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64),
-                      {"b_ptr": "*u8"}),
+    "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
+                           PDL=True), {"b_ptr": "*u8"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
     # fp16 activations: the e2m1 values are scaled in fp32 first

@@ -7,9 +7,10 @@ router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
 interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
 each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
-also quantizes GEMM2's input per token, group or tensor. The GEMMs' split-K and top-k sums are
-finished by their last contributor (`quant_gemm.LastArrival`): route, align (not for one token),
-GEMM1, GEMM2, and a fill when GEMM1 is split, is the whole layer.
+also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
+GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
+route, align (not for one token), GEMM1, GEMM2, and a fill when GEMM1 is split, is the whole layer;
+more tokens take a cast launch after GEMM2 (and the activation launch after a split GEMM1).
 
 On Hopper the GEMMs are launched before the kernel ahead of them ends (programmatic dependent
 launch), so their launch latency hides behind it.
@@ -45,7 +46,7 @@ from moe_triton._details.quant_gemm import (
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
 
-__all__ = ["TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
+__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
 # What the three quantized classes share: 16-bit activations in and out, 64-wide K/N tiles, the runs
@@ -61,6 +62,11 @@ _SHARED_CAPABILITY = dict(
 _GPUS = frozenset({Platform.CUDA, Platform.ROCM})
 # Rows per gate/up chunk of an interleaved w13: half of the narrowest GEMM1 tile (64 rows).
 GATE_UP_CHUNK = 32
+# Most tokens whose sums are finished by their last contributor. H100, 2026-11-21 (session 8): at
+# 8 tokens that beat the cast launch after GEMM2 (qwen3-30b 78 vs 79 us), while from 32 tokens up
+# the layer ran 1-8% slower than the atomic sums with a cast did in session 7 (every GEMM2 program
+# then counts each of its rows with an acquire-release atomic).
+LAST_ARRIVAL_MAX_TOKENS = 8
 
 
 def _interpreting() -> bool:
@@ -257,12 +263,15 @@ class _QuantTritonExperts(Experts):
         # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
         inter_dtype = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
 
-        # GEMM2 sums a token's top-k choices (and K-splits) in fp32 with their arrival counts, zero
+        # GEMM2 sums a token's top-k choices (and K-splits) in fp32 (and their arrival counts), zero
         # on entry: GEMM1 clears them on the side.
+        finish_last = M <= LAST_ARRIVAL_MAX_TOKENS
         out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
         scratch2 = None
         if topk * split2 > 1:
-            scratch2 = torch.empty(M * K + M * -(-K // c2.block_n), dtype=torch.int32, device=dev)
+            arrivals2 = M * -(-K // c2.block_n) if finish_last else 0
+            scratch2 = torch.empty(M * K + arrivals2, dtype=torch.int32, device=dev)
+            sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
@@ -280,7 +289,7 @@ class _QuantTritonExperts(Experts):
         gemm1 = partial(gemm, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
         chunk = self._gate_up_chunk
-        if qm is QMode.NONE:
+        if qm is QMode.NONE and (split1 == 1 or finish_last):
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if split1 == 1:
@@ -292,15 +301,20 @@ class _QuantTritonExperts(Experts):
             a2_scale = None
         else:
             # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
-            h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=torch.float32, device=dev)
+            h_dtype = torch.float32 if (split1 > 1 or qm is not QMode.NONE) else inter_dtype
+            h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=h_dtype, device=dev)
             gemm1(h, atomic=split1 > 1)
-            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8, P, 1, pair_expert, E_local, gate_up_chunk=chunk)
+            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
+                                     1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
                         topk_weights=routed, reduce_topk=topk)
         if scratch2 is None:  # one contribution per output row: stored as it is
             gemm2(out)
+        elif finish_last:
+            gemm2(sums2, last_arrival=LastArrival(out, scratch2[M * K:]))
         else:
-            gemm2(scratch2[:M * K].view(torch.float32).view(M, K), last_arrival=LastArrival(out, scratch2[M * K:]))
+            gemm2(sums2, atomic=True)
+            out.copy_(sums2)
         return out
 
     @property

@@ -6,8 +6,11 @@ streams the expert's weights once per (M-block, N-tile), dequantizes them in reg
 stream weights at once to saturate memory bandwidth. `moe_gemm_direct` skips the alignment: a
 block per pair, read from topk_ids (one token's top-k choices are distinct experts).
 A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when its columns are
-interleaved gate/up chunks), added atomically into fp32 sums, or added and finished by the last
-contributor (`LastArrival`, direct launches). A launch may also zero the next GEMM's sums on the side.
+interleaved gate/up chunks), added atomically into fp32 sums, or added and finished row by row by
+its last contributor (`LastArrival`). A launch may also zero the next GEMM's sums on the side.
+On Hopper and later every launch is programmatically dependent (`launch_pdl`): its programs wait
+for the kernel before (griddepcontrol.wait) before they read or write anything, then let the next
+launch start, so launch latency hides behind the previous kernel. MOE_TRITON_PDL=0 turns it off.
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
