@@ -28,7 +28,9 @@ order is the one the H100 streamed fastest (benchmarks/results/int4_tile_major_2
   against 4.5 for the halves layout below, whose bytes reach the MMA layout two at a time.
   A K that 128 does not divide (gpt-oss's 2880) is padded to whole tiles when its scale groups
   divide the padded K: the padding's scale rows are zero, so its weights dequantize to exactly 0,
-  and the kernel masks the activations' columns past K (K_TAIL).
+  and the kernel masks the activations' columns past K (K_TAIL). gpt-oss's int4 layer then took
+  0.86-0.94x the halves layout's time on the H100 at M = 8..512, about the same at M = 1 and
+  1.07-1.08x at M >= 2048 (benchmarks/results/int4_pdl_padded_quads_2026-11-21.md).
 - INT4 that cannot be padded so (per-channel scales, K % 128 != 0), and MXFP4: uint8 [E, N, K/block_k,
   block_k/2] ("halves"), stored K-major ([E, K tile, byte, N] in memory: a program's tile is
   block_k/2 runs of block_n bytes; tile-major, gpt-oss's int4 layer was 5-16% slower and MXFP4
