@@ -153,10 +153,10 @@ class _Processor:
                 if cols % bk:
                     # Whole K tiles: the padding's codes sit at the implicit zero and its scale rows are
                     # zero, so it dequantizes to exactly 0 (the kernel also masks the activations there).
-                    pad = (_padded_k(cols) - cols) // group
-                    codes = torch.nn.functional.pad(codes, (0, (_padded_k(cols) - cols) // 2), value=0x88)
-                    scale = torch.nn.functional.pad(scale, (0, pad), value=0.0)
-                    zero = torch.nn.functional.pad(zero, (0, pad), value=8) if zero is not None else None
+                    pad_k = _padded_k(cols) - cols
+                    codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88)
+                    scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0.0)
+                    zero = torch.nn.functional.pad(zero, (0, pad_k // group), value=8) if zero is not None else None
                 out[name] = pack_int4_quads(codes, bk)
             elif wt in (WType.INT4, WType.MXFP4):
                 out[name] = pack_int4_tiles(codes, bk)
