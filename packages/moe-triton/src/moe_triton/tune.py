@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", default="none", choices=["none", "int4"],
                    help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size")
     p.add_argument("--per-gemm", action="store_true",
-                   help="int4: after the greedy steps, each GEMM's split-K x block_n x warps grid (48 more "
+                   help="int4: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
                         "layer timings per M)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
