@@ -31,6 +31,7 @@ from moe_triton._details.quant_gemm import (
     stored_tile_major,
     unpack_int4_quads,
     unpack_int4_tiles,
+    wgmma_capable,
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, QuantKernelConfig
@@ -41,7 +42,7 @@ from moe_triton.quantized import (
     TritonMxfp4Experts,
     TritonWna16Experts,
 )
-from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates
+from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates, wgmma_grid
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # What `supports` is asked about (a Hopper GPU), and where the kernels run (the interpreter on CPU).
@@ -332,7 +333,7 @@ _SPECIALIZATIONS = {
     "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
                                 GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
-                           PDL=True), {"b_ptr": "*u8"}),
+                           PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
     # fp16 activations: the e2m1 values are scaled in fp32 first
@@ -341,7 +342,7 @@ _SPECIALIZATIONS = {
     "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
                                GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
-                              SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True),
+                              SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True, N_FIRST=True),
                          {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
     "fp8-row-store": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False),
                       {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*bf16"}),
@@ -374,6 +375,136 @@ def test_gemm_compiles_for_hopper():
         # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name
         assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
+
+
+_WGMMA_SPECIALIZATIONS = {
+    "gemm1-silu": ({}, {}, 8),
+    "gemm2-atomic": (dict(ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
+                          ZERO_SIDE=False, BLOCK_M=256, STAGES=3), {"c_ptr": "*fp32"}, 8),
+    "zero-points-g32": (dict(HAS_ZP=True, GROUP=32, BLOCK_M=64, STAGES=3), {}, 4),
+    "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2),
+                         {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}, 8),
+    "relu2-channel": (dict(GROUP=4096, ACT=5, GATE_UP_CHUNK=0, BLOCK_M=16, BLOCK_N=64), {}, 4),
+}
+_COMPILE_WGMMA = """
+import json, sys
+from moe_triton._details.offline import compile_wgmma_gemm
+for name, (consts, pointers, warps) in json.loads(sys.stdin.read()).items():
+    ptx = compile_wgmma_gemm(consts, pointers, num_warps=warps).asm["ptx"]
+    print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1"), flush=True)
+"""
+
+
+def test_wgmma_gemm_compiles_for_hopper():
+    """The Gluon kernel built for sm_90 by the installed Triton: every quarter's MMA is asynchronous
+    and the K loop waits with one in flight (three `wait_group 1` per 128-wide tile)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_WGMMA], input=json.dumps(_WGMMA_SPECIALIZATIONS),
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    built = {name: (int(mmas), int(waits)) for name, mmas, waits in map(str.split, run.stdout.splitlines())}
+    assert set(built) == set(_WGMMA_SPECIALIZATIONS)
+    for name, (mmas, waits) in built.items():
+        assert mmas >= 4 and waits == 3, (name, mmas, waits)
+
+
+def _wgmma(block_m: int, block_n: int, warps: int, stages: int, split: int = 1) -> GemmConfig:
+    return GemmConfig(block_m, block_n, split, warps, stages, swap_ab=True, wgmma=True)
+
+
+def test_wgmma_config_limits():
+    assert _wgmma(256, 128, 8, 3).wgmma
+    for bad in (dict(swap_ab=False), dict(block_m=512), dict(num_stages=2), dict(block_n=64, num_warps=8)):
+        with pytest.raises(ValueError, match="the wgmma kernel takes"):
+            dataclasses.replace(_wgmma(128, 128, 8, 3), **bad)
+
+
+def test_wgmma_grid_fits_hopper_shared_memory():
+    for name, cand in wgmma_grid().items():
+        t = cand.gemm1
+        assert cand.gemm2 == t and t.wgmma
+        ring = t.num_stages * (t.block_m * 128 * 2 + t.block_n * 32 * 2 + t.block_n * 2)  # x, words, scales
+        assert ring <= 227 * 1024, name
+
+
+def test_wgmma_gemm_is_refused_off_hopper():
+    """On CPU (and any GPU but sm_90) a forced wgmma launch fails with the reason; a tuned file from
+    another device that asks for it runs its GEMMs as tl.dot ones and says so."""
+    if wgmma_capable(DEV):
+        pytest.skip("this GPU runs the wgmma kernel")
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
+    q = int4_w4a16(128)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    weights = ExpertWeights.random(cfg, q, seed=3)
+    experts.load_weights(weights)
+    experts.config_override = QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))
+    x = torch.randn(20, 256).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(20, 4).to(DEV), cfg.routing, 2)
+    with pytest.raises(ValueError, match="needs an NVIDIA Hopper GPU"):
+        experts.apply(x, tw, ids)
+
+
+def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
+    if wgmma_capable(DEV):
+        pytest.skip("this GPU runs the wgmma kernel")
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
+    q = int4_w4a16(128)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    weights = ExpertWeights.random(cfg, q, seed=4)
+    experts.load_weights(weights)
+    hopper_key = dataclasses.replace(experts.config_key, device="NVIDIA_H100_80GB_HBM3")
+    if hopper_key == experts.config_key:
+        pytest.skip("this is the device the file is for")
+    configs.write_configs(hopper_key, {16: QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = experts.config_for(16)
+        assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
+        assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 8, 3, True), GemmConfig(64, 128, 1, 8, 3, True))
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(16, 256, generator=gen).to(torch.bfloat16).to(DEV)
+        tw, ids = route_torch(torch.randn(16, 4, generator=gen).to(DEV), cfg.routing, 2)
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, q, cfg.expert_map(DEV))
+        assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch"), [
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 512,
+                 QuantKernelConfig(_wgmma(64, 128, 8, 4), _wgmma(64, 128, 8, 4)), id="g128-silu-64x128"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 2048,
+                 QuantKernelConfig(_wgmma(256, 128, 8, 3), _wgmma(256, 128, 8, 3)), id="g128-silu-256x128"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 700,
+                 QuantKernelConfig(_wgmma(128, 256, 8, 3), _wgmma(128, 128, 4, 4)), id="g128-128x256-w4"),
+    pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
+                 QuantKernelConfig(_wgmma(128, 128, 8, 3), _wgmma(128, 128, 8, 3)), id="g64-zp-bias-k-tail"),
+    pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 300,
+                 QuantKernelConfig(_wgmma(64, 256, 8, 4, split=2), _wgmma(64, 128, 8, 3)), id="g32-fp16-split"),
+    pytest.param(int4_w4a16(-1, zero_point=True), torch.float16, 1024, 512, Activation.relu2(), False, 200,
+                 QuantKernelConfig(_wgmma(16, 64, 4, 3), _wgmma(16, 64, 4, 3)), id="channel-zp-relu2"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
+                 QuantKernelConfig(_wgmma(64, 128, 8, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
+])
+def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
+    out, ref = _run(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                    override=launch)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+def test_wgmma_gemm_with_expert_parallel_on_gpu():
+    out, ref = _run(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=16,
+                    topk=4, M=300, parallel=ParallelConfig(ep_size=2, ep_rank=1),
+                    override=QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3)))
+    assert rel_l2(out, ref) < 1e-2
 
 
 def test_int4_gemm_refuses_unswapped():

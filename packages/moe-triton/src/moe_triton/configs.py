@@ -99,12 +99,20 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
+    # int4 quads on NVIDIA Hopper only: the Gluon kernel with asynchronous wgmma
+    # (`quant_gemm_wgmma`); then swap_ab, block_m <= 256, num_stages >= 3 (its ring) and
+    # block_n a multiple of 16 * num_warps.
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"GemmConfig: split_k, num_warps and num_stages must be >= 1, got {self}")
+        if self.wgmma and not (self.swap_ab and self.block_m <= 256 and self.num_stages >= 3
+                               and self.num_warps in (4, 8) and self.block_n % (16 * self.num_warps) == 0):
+            raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 256, num_stages >= 3, "
+                             f"4 or 8 warps and block_n a multiple of 16 * num_warps, got {self}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,8 @@ class QuantKernelConfig:
 
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
-            return f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
+            return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
+                    f"{' wgmma' if c.wgmma else ''}")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

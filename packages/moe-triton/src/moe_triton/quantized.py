@@ -19,6 +19,7 @@ launch), so their launch latency hides behind it.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import partial
 from typing import ClassVar
 
@@ -42,6 +43,7 @@ from moe_triton._details.quant_gemm import (
     pack_int4_quads,
     pack_int4_tiles,
     pick_config,
+    wgmma_capable,
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
@@ -201,6 +203,10 @@ class _QuantTritonExperts(Experts):
             if hit is None:
                 hit = Lookup(self.heuristic_config(num_tokens), "default",
                              "pick_config heuristic (no tuned file of this shape)")
+            elif not wgmma_capable(self.device.torch_device) and (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma):
+                # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
+                plain = QuantKernelConfig(replace(hit.config.gemm1, wgmma=False), replace(hit.config.gemm2, wgmma=False))
+                hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
             self._lookups[num_tokens] = hit
         return hit
 

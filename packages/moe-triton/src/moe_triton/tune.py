@@ -13,9 +13,10 @@ the top-k sum when GEMM2 is.
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
 (`quant_gemm.pick_config`), the configuration shipped for that shape and M (if any), the
-heuristic's neighbours (`quant_candidates`) and then the best neighbour's neighbours; with
-`--per-gemm`, then each GEMM's grid of split-K x block_n x warps (`per_gemm_grid`) with the other
-GEMM held at the best so far. The fastest is written.
+heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for
+both GEMMs (`wgmma_grid`), and then the best one's neighbours; with `--per-gemm`, then each GEMM's
+grid of split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
+The fastest is written.
 
 The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
 `moe_triton/configs/` to ship them.
@@ -34,6 +35,7 @@ import torch
 
 from moe_triton.configs import (
     ConfigKey,
+    GemmConfig,
     KernelConfig,
     QuantKernelConfig,
     TileConfig,
@@ -43,7 +45,7 @@ from moe_triton.configs import (
 )
 
 __all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_grid", "quant_candidates",
-           "random_int4_weights"]
+           "random_int4_weights", "wgmma_grid"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -136,10 +138,29 @@ def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
         for split in (1, 2, 4, 8):
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
-                    tile = dataclasses.replace(getattr(base, gemm), split_k=split, block_n=block_n, num_warps=warps)
+                    try:
+                        tile = dataclasses.replace(getattr(base, gemm), split_k=split, block_n=block_n,
+                                                   num_warps=warps)
+                    except ValueError:  # a wgmma tile narrower than its warps
+                        continue
                     cand = dataclasses.replace(base, **{gemm: tile})
                     if cand != base:
                         found[f"{gemm}:split={split},block_n={block_n},warps={warps}"] = cand
+    return found
+
+
+# (block_m, block_n, warps, stages) of the wgmma kernel: the ring of stages x (block_m + block_n / 4)
+# x 256 bytes must fit Hopper's 227 KB of shared memory.
+_WGMMA_TILES = ((64, 128, 8, 4), (64, 256, 8, 4), (128, 128, 8, 4), (128, 256, 8, 3), (128, 256, 8, 4),
+                (256, 128, 8, 3))
+
+
+def wgmma_grid() -> dict[str, QuantKernelConfig]:
+    """Both GEMMs on the wgmma kernel (`quant_gemm_wgmma`), one candidate per tile of _WGMMA_TILES."""
+    found = {}
+    for bm, bn, warps, stages in _WGMMA_TILES:
+        tile = GemmConfig(bm, bn, 1, warps, stages, swap_ab=True, wgmma=True)
+        found[f"wgmma:{bm}x{bn},w{warps},s{stages}"] = QuantKernelConfig(tile, tile)
     return found
 
 
@@ -194,11 +215,11 @@ def _graph_time_us(fn, rep_ms: int) -> float:
     return do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False
-                     ) -> tuple[dict[int, QuantKernelConfig], dict]:
+def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False,
+                     wgmma: bool = False) -> tuple[dict[int, QuantKernelConfig], dict]:
     """Per token count, time the layer (routing included) with the heuristic, the shipped
-    configuration, the heuristic's neighbours and then the best one's neighbours (and with
-    per_gemm, `per_gemm_grid` of the best); keep the fastest."""
+    configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
+    one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -237,6 +258,8 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_ge
         shipped = lookup_exact(experts.config_key, M)
         if shipped is not None:
             time_all({"shipped": shipped.config})
+        if wgmma:
+            time_all(wgmma_grid())
         first = min(times, key=times.get)
         if first != "heuristic":
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
@@ -346,12 +369,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
                         "layer timings per M)")
+    p.add_argument("--wgmma", action="store_true",
+                   help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
+                        "6 more layer timings per M); pays off from a few hundred pairs per expert")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
         return 2
     if any(m < 1 for m in args.m):
         p.error("--m values must be positive token counts")
+    if args.wgmma and args.quant != "int4":
+        p.error("--wgmma is an int4 option (the quantized GEMM's Hopper kernel)")
     if args.quant == "int4":
         if args.shape:
             p.error("--shape is for the bf16 kernels; int4 tunes model presets (--preset)")
@@ -393,13 +421,14 @@ def _main_int4(args) -> int:
         start = time.time()
         experts = _random_int4_layer(get_preset(name), torch.device("cuda"))
         table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
-                                           per_gemm=args.per_gemm)
+                                           per_gemm=args.per_gemm, wgmma=args.wgmma)
         key = experts.config_key
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
                "random int4 codes and scales; the heuristic (pick_config), the shipped configuration, its "
-               "neighbours (tune.quant_candidates) and the best neighbour's neighbours"
+               "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
+               + " and the best one's neighbours"
                + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
     return 0
 

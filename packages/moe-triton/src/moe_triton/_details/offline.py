@@ -3,7 +3,8 @@
 The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel can pass every
 interpreted test and still fail to compile (a loop-carried variable changing type, a layout the
 backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
-and `benchmarks/gpu/sass_check.py` reads the SASS of the same build.
+and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
+same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from triton.compiler import ASTSource
 
 from moe_triton._details import quant_gemm
 
-__all__ = ["DEFAULT_CONSTEXPRS", "compile_quant_gemm"]
+__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_quant_gemm", "compile_wgmma_gemm"]
 
 # A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
 DEFAULT_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
     BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
-    POST_SCALE=False, PDL=False, K_TAIL=False)
+    POST_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
@@ -32,16 +33,37 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
              "alpha": "fp32", "limit": "fp32"}
 
 
+# GEMM1 of a bf16 int4 (quads, group 128) layer with its gated activation, on the wgmma kernel.
+WGMMA_CONSTEXPRS = dict(
+    GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
+    ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128, BLOCK_N=128, STAGES=4,
+    K_TAIL=False)
+
+
+def _source(fn, source_type, constexprs: dict, pointers: dict[str, str]):
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+    return source_type(fn, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
+
+
 def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4,
                        num_stages: int = 3, arch: int = 90):
     """The compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`) for `constexprs` over DEFAULT_CONSTEXPRS
     (strides named there are specialized to that value) and pointer types over `_POINTERS`."""
-    constexprs = {**DEFAULT_CONSTEXPRS, **constexprs}
-    fn = quant_gemm._moe_wgemm_kernel
-    names = list(inspect.signature(fn.fn).parameters)
-    types = {**_POINTERS, **(pointers or {})}
-    sig = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
-    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
+    src = _source(quant_gemm._moe_wgemm_kernel, ASTSource, {**DEFAULT_CONSTEXPRS, **constexprs},
+                  {**_POINTERS, **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", arch, 64),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 8):
+    """`compile_quant_gemm` for the Gluon wgmma kernel (sm_90), over WGMMA_CONSTEXPRS; the quads
+    words are int16."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from moe_triton._details import quant_gemm_wgmma
+
+    src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, {**WGMMA_CONSTEXPRS, **constexprs},
+                  {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=num_warps))

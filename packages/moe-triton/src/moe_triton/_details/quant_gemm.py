@@ -11,6 +11,11 @@ its last contributor (`LastArrival`). A launch may also zero the next GEMM's sum
 On Hopper and later every launch is programmatically dependent (`launch_pdl`): its programs wait
 for the kernel before (griddepcontrol.wait) before they read or write anything, then let the next
 launch start, so launch latency hides behind the previous kernel. MOE_TRITON_PDL=0 turns it off.
+Aligned launches above the decode sizes put N tiles first in the launch order (N_FIRST): the
+programs running together then share one block of gathered activation rows, read from DRAM once
+and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
+layers on the H100 at 2048 and 8192 tokens, benchmarks/results/int4_wgmma_n_first_2026-11-21.md).
+A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only).
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
@@ -63,7 +68,7 @@ from moe_triton.configs import GemmConfig
 
 __all__ = ["AScale", "GemmConfig", "LastArrival", "WType", "WeightOperand", "effective_split", "moe_gemm",
            "moe_gemm_direct", "moe_gemm_torch", "pack_int4_quads", "pack_int4_tiles", "pick_config",
-           "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles"]
+           "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles", "wgmma_capable"]
 
 
 class WType(enum.IntEnum):
@@ -360,10 +365,17 @@ def _moe_wgemm_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
-    K_TAIL: tl.constexpr,
+    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    if N_FIRST:
+        # N tiles vary fastest in the launch order: the programs running together share one block
+        # of gathered activation rows (read from DRAM once, then from L2) and a few experts' weights.
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+    tl.static_assert(not (N_FIRST and SINK == 2), "last-arrival counters index N tiles by the grid's second axis")
     if PDL:
         # Launched while the previous kernel may still run (programmatic dependent launch): wait
         # for it to finish, then let the next launch start early too.
@@ -372,7 +384,7 @@ def _moe_wgemm_kernel(
     if ZERO_SIDE:
         # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
         # which saves that GEMM a fill launch.
-        pid = (pid_m * tl.num_programs(1) + pid_n) * tl.num_programs(2) + tl.program_id(2)
+        pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
         z_end = tl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
         for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
             z_offs = zero_start + tl.arange(0, _ZERO_BLOCK)
@@ -713,7 +725,10 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
                          f"got {cfg}")
     n_tiles = triton.cdiv(w.n, cfg.block_n)
-    grid = (grid_m, n_tiles, split)
+    # N tiles first in the launch order (the kernel's N_FIRST) where the grid's second axis holds
+    # the M blocks; decode keeps M first (one token: blocks are pairs of distinct experts).
+    n_first = not direct and sink is not Sink.LAST_ARRIVAL and grid_m < 2**16
+    grid = (n_tiles, grid_m, split) if n_first else (grid_m, n_tiles, split)
     fin = out
     arrivals = rows  # never read without LAST_ARRIVAL
     if last_arrival is not None:
@@ -724,13 +739,37 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
                              f"{arrivals.dtype} [{arrivals.numel()}]")
         if fin.stride(1) != 1:
             raise ValueError("the finished output needs a unit column stride")
-    pdl = _dependent_launch(w.codes.device)
     programs = grid_m * n_tiles * split
     zero_numel = zero_side.numel() if zero_side is not None else 0
     if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
                                   or zero_numel >= 2**31):
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = triton.cdiv(triton.cdiv(zero_numel, programs), _ZERO_BLOCK.value) * _ZERO_BLOCK.value
+    if cfg.wgmma:
+        _check_wgmma(a, w, direct=direct, sink=sink, a_scale_mode=a_scale_mode)
+        # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
+        # the scale-row addresses provably 16-byte aligned for cp.async.
+        scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
+        # Gluon is imported only when a configuration asks for this kernel.
+        from moe_triton._details.quant_gemm_wgmma import moe_w4a16_wgmma_kernel
+
+        if not n_first:
+            raise ValueError(f"the wgmma GEMM launches M blocks on the grid's second axis (below 65536): "
+                             f"{grid_m} blocks of {cfg.block_m} pairs; take a larger block_m")
+        moe_w4a16_wgmma_kernel[grid](
+            a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
+            out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post,
+            zero_side if zero_side is not None else rows, w.n, w.k, num_valid, zero_numel, zero_chunk,
+            float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+            a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), scale_rows_stride,
+            bias.stride(0) if bias is not None else 0, out.stride(0),
+            GROUP=w.group, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
+            A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
+            ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
+            GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0, num_warps=cfg.num_warps)
+        return
+    pdl = _dependent_launch(w.codes.device)
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
@@ -764,9 +803,43 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        PDL=pdl, K_TAIL=w.k % w.block_k != 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
+
+
+def wgmma_capable(device: torch.device) -> bool:
+    """The wgmma kernel's GPUs: NVIDIA Hopper (sm_90; wgmma is not in later architectures), compiled kernels."""
+    return (device.type == "cuda" and torch.version.hip is None and not _interpreting()
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+def _check_wgmma(a: torch.Tensor, w: WeightOperand, *, direct: bool, sink: Sink, a_scale_mode: AScale) -> None:
+    """What the wgmma kernel (`quant_gemm_wgmma`) takes; a clear error for anything else."""
+    wants = []
+    if not wgmma_capable(a.device):
+        wants.append(f"an NVIDIA Hopper GPU (sm_90), got {a.device}"
+                     + (f" (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))})"
+                        if a.is_cuda and not _interpreting() else ""))
+    if not (w.quads and w.block_k == 128):
+        wants.append(f"int4 weights in the quads layout with 128-wide K tiles, got {w.wtype.name} "
+                     f"{w.codes.dtype} block_k={w.block_k}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
+        wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
+    if direct or sink is Sink.LAST_ARRIVAL:
+        wants.append("aligned launches with a STORE or ATOMIC sink (no direct launch, no last-arrival sums)")
+    if a.stride(1) != 1 or w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
+            w.zero is not None and w.zero.stride() != w.scale.stride()):
+        wants.append("unit-stride activation columns, quads words, scale columns, and zero points "
+                     "strided like the scales")
+    # cp.async moves 16-byte pieces: activation rows, scale rows (and uint8 zero-point rows).
+    piece = 16 if w.zero is not None else 8
+    scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0  # one row per channel: unused
+    if a.stride(0) % 8 or w.n % piece or scale_rows_stride % piece or w.scale.stride(0) % piece:
+        wants.append(f"rows that split into 16-byte pieces (activation row stride a multiple of 8, N and the "
+                     f"scale strides multiples of {piece}), got {a.stride(0)}, N={w.n}, {w.scale.stride()}")
+    if wants:
+        raise ValueError("the wgmma GEMM (GemmConfig.wgmma) needs " + "; ".join(wants))
 
 
 # ---- torch twin -----------------------------------------------------------------------------
