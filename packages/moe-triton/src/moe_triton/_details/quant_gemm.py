@@ -746,10 +746,10 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = triton.cdiv(triton.cdiv(zero_numel, programs), _ZERO_BLOCK.value) * _ZERO_BLOCK.value
     if cfg.wgmma:
-        _check_wgmma(a, w, direct=direct, sink=sink, a_scale_mode=a_scale_mode)
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
         # the scale-row addresses provably 16-byte aligned for cp.async.
         scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
+        _check_wgmma(a, w, scale_rows_stride, direct=direct, sink=sink, a_scale_mode=a_scale_mode)
         # Gluon is imported only when a configuration asks for this kernel.
         from moe_triton._details.quant_gemm_wgmma import moe_w4a16_wgmma_kernel
 
@@ -814,7 +814,8 @@ def wgmma_capable(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] == 9)
 
 
-def _check_wgmma(a: torch.Tensor, w: WeightOperand, *, direct: bool, sink: Sink, a_scale_mode: AScale) -> None:
+def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, direct: bool, sink: Sink,
+                 a_scale_mode: AScale) -> None:
     """What the wgmma kernel (`quant_gemm_wgmma`) takes; a clear error for anything else."""
     wants = []
     if not wgmma_capable(a.device):
@@ -834,7 +835,6 @@ def _check_wgmma(a: torch.Tensor, w: WeightOperand, *, direct: bool, sink: Sink,
                      "strided like the scales")
     # cp.async moves 16-byte pieces: activation rows, scale rows (and uint8 zero-point rows).
     piece = 16 if w.zero is not None else 8
-    scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0  # one row per channel: unused
     if a.stride(0) % 8 or w.n % piece or scale_rows_stride % piece or w.scale.stride(0) % piece:
         wants.append(f"rows that split into 16-byte pieces (activation row stride a multiple of 8, N and the "
                      f"scale strides multiples of {piece}), got {a.stride(0)}, N={w.n}, {w.scale.stride()}")
