@@ -431,34 +431,36 @@ def test_wgmma_grid_fits_hopper_shared_memory():
         assert ring <= 227 * 1024, name
 
 
-def test_wgmma_gemm_is_refused_off_hopper():
-    """On CPU (and any GPU but sm_90) a forced wgmma launch fails with the reason; a tuned file from
-    another device that asks for it runs its GEMMs as tl.dot ones and says so."""
-    if wgmma_capable(DEV):
-        pytest.skip("this GPU runs the wgmma kernel")
+def _int4_bf16_layer(seed: int):
+    """A small bf16 int4 (group 128) layer with its weights, and 16 routed tokens."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
     q = int4_w4a16(128)
     experts = TritonWna16Experts(cfg, q, RUN_ON)
-    weights = ExpertWeights.random(cfg, q, seed=3)
+    weights = ExpertWeights.random(cfg, q, seed=seed)
     experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(16, 256, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(16, 4, generator=gen).to(DEV), cfg.routing, 2)
+    return experts, weights, x, tw, ids
+
+
+def test_wgmma_gemm_is_refused_off_hopper():
+    """On CPU (and any GPU but sm_90) a forced wgmma launch fails with the reason."""
+    if wgmma_capable(DEV):
+        pytest.skip("this GPU runs the wgmma kernel")
+    experts, _, x, tw, ids = _int4_bf16_layer(3)
     experts.config_override = QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))
-    x = torch.randn(20, 256).to(torch.bfloat16).to(DEV)
-    tw, ids = route_torch(torch.randn(20, 4).to(DEV), cfg.routing, 2)
     with pytest.raises(ValueError, match="needs an NVIDIA Hopper GPU"):
         experts.apply(x, tw, ids)
 
 
 def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
+    """A tuned file from a Hopper GPU that asks for the wgmma kernel runs its GEMMs as tl.dot ones
+    elsewhere, and the lookup says so."""
     if wgmma_capable(DEV):
         pytest.skip("this GPU runs the wgmma kernel")
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    q = int4_w4a16(128)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    weights = ExpertWeights.random(cfg, q, seed=4)
-    experts.load_weights(weights)
+    experts, weights, x, tw, ids = _int4_bf16_layer(4)
     hopper_key = dataclasses.replace(experts.config_key, device="NVIDIA_H100_80GB_HBM3")
-    if hopper_key == experts.config_key:
-        pytest.skip("this is the device the file is for")
     configs.write_configs(hopper_key, {16: QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))}, tmp_path)
     monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
     configs.reload()
@@ -466,10 +468,8 @@ def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
         hit = experts.config_for(16)
         assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
         assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 8, 3, True), GemmConfig(64, 128, 1, 8, 3, True))
-        gen = torch.Generator().manual_seed(5)
-        x = torch.randn(16, 256, generator=gen).to(torch.bfloat16).to(DEV)
-        tw, ids = route_torch(torch.randn(16, 4, generator=gen).to(DEV), cfg.routing, 2)
-        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, q, cfg.expert_map(DEV))
+        cfg = experts.config
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, experts.quant, cfg.expert_map(DEV))
         assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
     finally:
         monkeypatch.delenv(configs.ENV_DIR)

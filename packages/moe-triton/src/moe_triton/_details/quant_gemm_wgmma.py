@@ -38,34 +38,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from moe_triton._details.gemm_kernels import activate
+
 # Renamed after Triton 3.6 (gl.barrier, async_copy.async_load).
 _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 QUARTER = gl.constexpr(32)  # K per quarter of a 128-wide quads tile: one word per row and k
 _ZERO_BLOCK = gl.constexpr(512)
-
-
-@gluon.jit
-def _activate(gate, up, alpha, limit, ACT: gl.constexpr):
-    """`gemm_kernels.activate` in Gluon (same codes, fp32)."""
-    if ACT == 1:
-        out = gate / (1.0 + gl.exp(-gate)) * up
-    elif ACT == 2:
-        out = 0.5 * gate * (1.0 + gl.erf(gate * 0.7071067811865476)) * up
-    elif ACT == 3:
-        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-        out = gate / (1.0 + gl.exp(-2.0 * z)) * up
-    elif ACT == 4:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-        out = gate / (1.0 + gl.exp(-alpha * gate)) * (up + 1.0)
-    elif ACT == 5:
-        r = gl.maximum(gate, 0.0)
-        out = r * r
-    else:
-        out = gate
-    return out
 
 
 @gluon.constexpr_function
@@ -268,12 +248,12 @@ def moe_w4a16_wgmma_kernel(
         for c in gl.static_range(BLOCK_N // (2 * GATE_UP_CHUNK)):
             gate = buf.slice(2 * c * GATE_UP_CHUNK, GATE_UP_CHUNK).load(out_l)
             up = buf.slice((2 * c + 1) * GATE_UP_CHUNK, GATE_UP_CHUNK).load(out_l)
-            y = _activate(gate, up, alpha, limit, ACT)
+            y = activate(gate, up, alpha, limit, ACT)
             cols = pid_n * (BLOCK_N // 2) + c * GATE_UP_CHUNK + gl.arange(0, GATE_UP_CHUNK,
                                                                           layout=gl.SliceLayout(1, out_l))
             gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y.to(c_ptr.dtype.element_ty),
                      mask=(cols < N // 2)[:, None] & rows_ok[None, :])
     else:
-        y = _activate(res, res, alpha, limit, ACT)
+        y = activate(res, res, alpha, limit, ACT)
         gl.store(c_ptr + out_rows[None, :] * stride_cm + offs_n[:, None], y.to(c_ptr.dtype.element_ty),
                  mask=n_mask[:, None] & rows_ok[None, :])
