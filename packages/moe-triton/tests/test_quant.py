@@ -378,26 +378,28 @@ def test_gemm_compiles_for_hopper():
 
 
 _WGMMA_SPECIALIZATIONS = {
-    "gemm1-silu": ({}, {}, 8),
+    "gemm1-silu": ({}, {}),
     "gemm2-atomic": (dict(ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
-                          ZERO_SIDE=False, BLOCK_M=256, STAGES=3), {"c_ptr": "*fp32"}, 8),
-    "zero-points-g32": (dict(HAS_ZP=True, GROUP=32, BLOCK_M=64, STAGES=3), {}, 4),
-    "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2),
-                         {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}, 8),
-    "relu2-channel": (dict(GROUP=4096, ACT=5, GATE_UP_CHUNK=0, BLOCK_M=16, BLOCK_N=64), {}, 4),
+                          ZERO_SIDE=False, STAGES=3), {"c_ptr": "*fp32"}),
+    "zero-points-g32": (dict(HAS_ZP=True, GROUP=32, BLOCK_M=64, BLOCK_N=128, STAGES=3), {}),
+    "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2, BLOCK_N=128),
+                         {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
+    "relu2-channel": (dict(GROUP=4096, ACT=5, GATE_UP_CHUNK=0, BLOCK_M=16, BLOCK_N=128), {}),
 }
 _COMPILE_WGMMA = """
 import json, sys
 from moe_triton._details.offline import compile_wgmma_gemm
-for name, (consts, pointers, warps) in json.loads(sys.stdin.read()).items():
-    ptx = compile_wgmma_gemm(consts, pointers, num_warps=warps).asm["ptx"]
-    print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1"), flush=True)
+for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
+    ptx = compile_wgmma_gemm(consts, pointers).asm["ptx"]
+    print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
+          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), flush=True)
 """
 
 
 def test_wgmma_gemm_compiles_for_hopper():
-    """The Gluon kernel built for sm_90 by the installed Triton: every quarter's MMA is asynchronous
-    and the K loop waits with one in flight (three `wait_group 1` per 128-wide tile)."""
+    """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
+    between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
+    with one in flight at each of its four waits per 128-wide tile."""
     import json
     import subprocess
     import sys
@@ -406,21 +408,23 @@ def test_wgmma_gemm_compiles_for_hopper():
     run = subprocess.run([sys.executable, "-c", _COMPILE_WGMMA], input=json.dumps(_WGMMA_SPECIALIZATIONS),
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    built = {name: (int(mmas), int(waits)) for name, mmas, waits in map(str.split, run.stdout.splitlines())}
+    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, run.stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
-    for name, (mmas, waits) in built.items():
-        assert mmas >= 4 and waits == 3, (name, mmas, waits)
+    for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
+        # Two consumers (the default partition and a worker) run the same loop.
+        assert mmas >= 8 and waits == 8 and copy_arrivals >= 1 and setmaxnreg >= 3, (name, mmas, waits)
 
 
-def _wgmma(block_m: int, block_n: int, warps: int, stages: int, split: int = 1) -> GemmConfig:
-    return GemmConfig(block_m, block_n, split, warps, stages, swap_ab=True, wgmma=True)
+def _wgmma(block_m: int, block_n: int, stages: int, split: int = 1) -> GemmConfig:
+    return GemmConfig(block_m, block_n, split, 4, stages, swap_ab=True, wgmma=True)
 
 
 def test_wgmma_config_limits():
-    assert _wgmma(256, 128, 8, 3).wgmma
-    for bad in (dict(swap_ab=False), dict(block_m=512), dict(num_stages=2), dict(block_n=64, num_warps=8)):
+    assert _wgmma(128, 256, 3).wgmma
+    for bad in (dict(swap_ab=False), dict(block_m=256), dict(num_stages=2), dict(block_n=64),
+                dict(num_warps=8)):
         with pytest.raises(ValueError, match="the wgmma kernel takes"):
-            dataclasses.replace(_wgmma(128, 128, 8, 3), **bad)
+            dataclasses.replace(_wgmma(128, 128, 3), **bad)
 
 
 def test_wgmma_grid_fits_hopper_shared_memory():
@@ -449,7 +453,7 @@ def test_wgmma_gemm_is_refused_off_hopper():
     if wgmma_capable(DEV):
         pytest.skip("this GPU runs the wgmma kernel")
     experts, _, x, tw, ids = _int4_bf16_layer(3)
-    experts.config_override = QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))
+    experts.config_override = QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3))
     with pytest.raises(ValueError, match="needs an NVIDIA Hopper GPU"):
         experts.apply(x, tw, ids)
 
@@ -461,13 +465,13 @@ def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
         pytest.skip("this GPU runs the wgmma kernel")
     experts, weights, x, tw, ids = _int4_bf16_layer(4)
     hopper_key = dataclasses.replace(experts.config_key, device="NVIDIA_H100_80GB_HBM3")
-    configs.write_configs(hopper_key, {16: QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3))}, tmp_path)
+    configs.write_configs(hopper_key, {16: QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3))}, tmp_path)
     monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
     configs.reload()
     try:
         hit = experts.config_for(16)
         assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
-        assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 8, 3, True), GemmConfig(64, 128, 1, 8, 3, True))
+        assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 4, 3, True), GemmConfig(64, 128, 1, 4, 3, True))
         cfg = experts.config
         ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, experts.quant, cfg.expert_map(DEV))
         assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
@@ -479,19 +483,19 @@ def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch"), [
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 512,
-                 QuantKernelConfig(_wgmma(64, 128, 8, 4), _wgmma(64, 128, 8, 4)), id="g128-silu-64x128"),
+                 QuantKernelConfig(_wgmma(64, 128, 4), _wgmma(64, 128, 4)), id="g128-silu-64x128"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 2048,
-                 QuantKernelConfig(_wgmma(256, 128, 8, 3), _wgmma(256, 128, 8, 3)), id="g128-silu-256x128"),
+                 QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 256, 3)), id="g128-silu-128x256"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 700,
-                 QuantKernelConfig(_wgmma(128, 256, 8, 3), _wgmma(128, 128, 4, 4)), id="g128-128x256-w4"),
+                 QuantKernelConfig(_wgmma(128, 256, 4), _wgmma(128, 128, 4)), id="g128-128x256-128x128"),
     pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
-                 QuantKernelConfig(_wgmma(128, 128, 8, 3), _wgmma(128, 128, 8, 3)), id="g64-zp-bias-k-tail"),
+                 QuantKernelConfig(_wgmma(128, 128, 3), _wgmma(128, 256, 3)), id="g64-zp-bias-k-tail"),
     pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 300,
-                 QuantKernelConfig(_wgmma(64, 256, 8, 4, split=2), _wgmma(64, 128, 8, 3)), id="g32-fp16-split"),
+                 QuantKernelConfig(_wgmma(64, 256, 4, split=2), _wgmma(64, 128, 3, split=2)), id="g32-fp16-split"),
     pytest.param(int4_w4a16(-1, zero_point=True), torch.float16, 1024, 512, Activation.relu2(), False, 200,
-                 QuantKernelConfig(_wgmma(16, 64, 4, 3), _wgmma(16, 64, 4, 3)), id="channel-zp-relu2"),
+                 QuantKernelConfig(_wgmma(16, 128, 3), _wgmma(16, 256, 3)), id="channel-zp-relu2"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
-                 QuantKernelConfig(_wgmma(64, 128, 8, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
+                 QuantKernelConfig(_wgmma(64, 128, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
 ])
 def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
     out, ref = _run(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
@@ -503,7 +507,7 @@ def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
 def test_wgmma_gemm_with_expert_parallel_on_gpu():
     out, ref = _run(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=16,
                     topk=4, M=300, parallel=ParallelConfig(ep_size=2, ep_rank=1),
-                    override=QuantKernelConfig(_wgmma(64, 128, 8, 3), _wgmma(64, 128, 8, 3)))
+                    override=QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3)))
     assert rel_l2(out, ref) < 1e-2
 
 

@@ -99,9 +99,10 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
-    # int4 quads on NVIDIA Hopper only: the Gluon kernel with asynchronous wgmma
-    # (`quant_gemm_wgmma`); then swap_ab, block_m <= 256, num_stages >= 3 (its ring) and
-    # block_n a multiple of 16 * num_warps.
+    # int4 quads on NVIDIA Hopper only: the Gluon kernel with warp-specialized asynchronous wgmma
+    # (`quant_gemm_wgmma`); then swap_ab, block_m <= 128, block_n 128 or 256 (two consumer
+    # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 12 warps run in all)
+    # and num_stages >= 3 (its ring).
     wgmma: bool = False
 
     def __post_init__(self) -> None:
@@ -109,10 +110,10 @@ class GemmConfig:
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"GemmConfig: split_k, num_warps and num_stages must be >= 1, got {self}")
-        if self.wgmma and not (self.swap_ab and self.block_m <= 256 and self.num_stages >= 3
-                               and self.num_warps in (4, 8) and self.block_n % (16 * self.num_warps) == 0):
-            raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 256, num_stages >= 3, "
-                             f"4 or 8 warps and block_n a multiple of 16 * num_warps, got {self}")
+        if self.wgmma and not (self.swap_ab and self.block_m <= 128 and self.block_n in (128, 256)
+                               and self.num_warps == 4 and self.num_stages >= 3):
+            raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 128, block_n 128 or 256, "
+                             f"num_warps 4 and num_stages >= 3, got {self}")
 
 
 @dataclass(frozen=True)

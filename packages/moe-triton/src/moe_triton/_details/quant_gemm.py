@@ -15,7 +15,8 @@ Aligned launches above the decode sizes put N tiles first in the launch order (N
 programs running together then share one block of gathered activation rows, read from DRAM once
 and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
 layers on the H100 at 2048 and 8192 tokens, benchmarks/results/int4_wgmma_n_first_2026-11-21.md).
-A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only).
+A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only:
+warp-specialized, a producer warpgroup and two consumer warpgroups per program).
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
@@ -602,6 +603,20 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
 _POST_SCALE_MAX_TILE = 16 * 128
 
 
+@dataclass(frozen=True)
+class WarpSpecializedRegs:
+    """Register plan of the warp-specialized wgmma kernel (`quant_gemm_wgmma`): 12 warps launched
+    (a consumer warpgroup as the default partition, a second one, the producer's warpgroup)."""
+
+    producer_warps: int  # copy warps; their warpgroup is allocated whole
+    consumer_regs: int  # per consumer thread; 2 * consumer_regs + producer_regs <= 3 * maxnreg
+    producer_regs: int  # per producer thread; below the MMA loop's need, ptxas serializes the wgmma
+    maxnreg: int  # per thread at launch; 12 warps * 32 * maxnreg fit the 64K-register file
+
+
+WS_REGS = WarpSpecializedRegs(producer_warps=4, consumer_regs=192, producer_regs=120, maxnreg=168)
+
+
 class Sink(enum.IntEnum):
     """Where a GEMM's tile of results goes (after bias and router weight)."""
 
@@ -767,7 +782,9 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
             ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0, num_warps=cfg.num_warps)
+            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
+            PRODUCER_WARPS=WS_REGS.producer_warps, CONSUMER_REGS=WS_REGS.consumer_regs,
+            PRODUCER_REGS=WS_REGS.producer_regs, num_warps=4, maxnreg=WS_REGS.maxnreg)
         return
     pdl = _dependent_launch(w.codes.device)
     s = w.scale

@@ -1,25 +1,29 @@
-"""The int4 quads GEMM of `quant_gemm` written in Gluon for Hopper: asynchronous wgmma.
+"""The int4 quads GEMM of `quant_gemm` written in Gluon for Hopper: warp-specialized, asynchronous wgmma.
 
 Same contract as `quant_gemm._moe_wgemm_kernel` for int4 quads weights over align-sorted pairs
 (STORE and ATOMIC sinks, split-K, GEMM1's activation over interleaved gate/up chunks, bias,
 router weight, zeroing the next GEMM's sums on the side); its torch twin is `quant_gemm.moe_gemm_torch`.
 
 Why a second kernel: with `tl.dot`, Triton 3.6 waits for every dot whose operand was dequantized in
-registers (`wgmma.wait_group 0`), so the unpacking of the next quarter never overlaps the tensor
-cores (benchmarks/results/int4_large_m_experiments_2026-11-21.md). Here each quarter's MMA is
-issued asynchronously and waited for only after the next quarter has been unpacked and issued
-(`warpgroup_mma_wait(1)`), and activations, weight words and scale rows stream through a ring of
-shared-memory stages filled by cp.async (activation rows are gathered, so no TMA). Measured on the
-H100 (benchmarks/results/int4_wgmma_n_first_2026-11-21.md): faster than the `tl.dot` kernel only
-at 8192 tokens for mixtral and gpt-oss (0.7% and 3.5%); slower from 512 to 2048 tokens and for
-the other presets. Its best tiles (128 x 256) leave one CTA of 8 warps per SM, with a CTA barrier
-per K tile, so its two warpgroups cannot take turns on the tensor cores; a producer warp and per-stage mbarriers are the
-next step.
+registers (`wgmma.wait_group 0`), so unpacking never overlaps the tensor cores, and the warps that
+unpack also issue the copies and meet at a CTA barrier every K tile. Here each CTA's warps split
+the work (`gl.warp_specialize`):
+- a producer warpgroup copies each K tile (gathered activation rows, int16 words, scale rows) into
+  a ring stage by cp.async; each copy thread's completion arrives on the stage's `ready` mbarrier;
+- two consumer warpgroups each own WG_ROWS of the tile's BLOCK_N weight rows (64 or 128): they
+  wait for `ready`, unpack a quarter of the tile into wgmma's register operand while the previous
+  quarter's MMA runs, hand the stage back on its `empty` mbarrier once its MMAs retired, and
+  finish their own rows (epilogue) without waiting for each other.
+Nothing is shared between the consumers but the ring, so one unpacks while the other's MMAs run.
 
-Ring discipline (STAGES >= 3, one commit group per K tile): at K tile t every thread waits for its
-copies of tile t, fences them for the async proxy and meets the others at a CTA barrier; past the
-barrier every warpgroup has retired the MMAs of tile t - 2 (it waited with one MMA, tile t - 1's
-last quarter, in flight), so tile t + STAGES - 2 is copied into that tile's stage.
+Gated tiles are regrouped by the producer (`_ring_row`): each consumer's first half of rows are
+gates and its second half the matching ups, so one thread ends with both sums of an output.
+
+Registers: 12 warps (the producer's warpgroup counted whole) at 168 each; the consumers raise theirs
+to 192 and the producer drops to 120 (`WS_REGS` of `quant_gemm`). ptxas keeps wgmma asynchronous only
+when every partition, the producer too, holds the registers the MMA loop needs: with 128 tokens
+per block and 128 rows per consumer it serializes each warpgroup's MMAs, and the two consumers take
+turns on the tensor cores instead (measured: benchmarks/results/int4_wgmma_ws_2026-11-21.md).
 
 NVIDIA Hopper (sm_90) only: wgmma does not exist elsewhere. Not run by the CPU interpreter; CI
 compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
@@ -34,14 +38,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
+    mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from moe_triton._details.gemm_kernels import activate
 
-# Renamed after Triton 3.6 (gl.barrier, async_copy.async_load).
-_cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+# Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 QUARTER = gl.constexpr(32)  # K per quarter of a 128-wide quads tile: one word per row and k
@@ -80,10 +84,9 @@ def _row_copy_layout(dtype, num_warps):
 def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, z_ptrs, s_mask,
                 z_mask, k_in_q, K, stride_bt, stride_sk, GROUP: gl.constexpr, GROUPS: gl.constexpr,
                 HAS_ZP: gl.constexpr, K_TAIL: gl.constexpr):
-    """cp.async of K tile kt into ring stage `stage` (not committed): four [BLOCK_M, 32] activation
-    quarters (one ring each: copies into one allocation get a CTA barrier between them from
-    Triton's hazard analysis), the [BLOCK_N, 32] int16 words and the tile's GROUPS scale (and zero
-    point) rows."""
+    """cp.async of K tile kt into ring stage `stage`: four [BLOCK_M, 32] activation quarters (one
+    ring each, each a wgmma B operand), the [BLOCK_N, 32] int16 words and the tile's GROUPS scale
+    (and zero point) rows."""
     k0 = kt * (4 * QUARTER)
     _async_load(w_ring.index(stage), w_ptrs + kt * stride_bt, mask=w_mask)
     for j in gl.static_range(4):
@@ -100,23 +103,153 @@ def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_pt
 
 
 @gluon.jit
-def _quarter(words, s_ring, z_ring, stage, j: gl.constexpr, GROUP: gl.constexpr, GROUPS: gl.constexpr,
-             HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr, layout: gl.constexpr):
-    """Dequantized weights of quarter j of the tile in `words`: wgmma's register operand."""
+def _ring_row(p, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr):
+    """Weight-tile row that ring row p holds. Gated tiles (CHUNK > 0: rows interleaved by gate/up
+    chunks of CHUNK) are regrouped so that each consumer warpgroup's first WG_ROWS / 2 ring rows are
+    gates and its last WG_ROWS / 2 the matching ups."""
+    if CHUNK == 0:
+        row = p
+    else:
+        HALF: gl.constexpr = WG_ROWS // 2
+        q = p % HALF
+        row = ((p // WG_ROWS) * (HALF // CHUNK) + q // CHUNK) * (2 * CHUNK) + ((p // HALF) % 2) * CHUNK + q % CHUNK
+    return row
+
+
+@gluon.jit
+def _produce(x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0,
+                pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk,
+                GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, K_TAIL: gl.constexpr,
+                A_ROWS_DIV: gl.constexpr, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The copy warps: each K tile's activations (gathered rows), words and scale rows into a free
+    ring stage by cp.async; each thread's copies arrive on the stage's `ready` barrier."""
+    PW: gl.constexpr = gl.num_warps()
+    cp: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])
+    k_in_q = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, cp))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp)))
+    x_ptrs = a_ptr + (ids // A_ROWS_DIV).to(gl.int64)[:, None] * stride_am + k_in_q[None, :]
+    x_mask = (ids < num_valid)[:, None]
+    n_cp = n0 + _ring_row(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp)), CHUNK, WG_ROWS)
+    w_ptrs = b_ptr + e * stride_be + n_cp[:, None] * stride_bn + k_in_q[None, :]
+    w_mask = (n_cp < N)[:, None]
+    # Regrouped rows stay in runs of CHUNK (a multiple of 16): whole 16-byte pieces for cp.async.
+    s_l: gl.constexpr = _row_copy_layout(s_ptr.dtype.element_ty, PW)
+    n_s = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(gl.arange(0, BLOCK_N, layout=s_l), CHUNK, WG_ROWS), 16), 16)
+    s_ptrs = s_ptr + e * stride_se + n_s
+    z_l: gl.constexpr = _row_copy_layout(z_ptr.dtype.element_ty, PW)
+    n_z = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(gl.arange(0, BLOCK_N, layout=z_l), CHUNK, WG_ROWS), 16), 16)
+    z_ptrs = z_ptr + e * stride_se + n_z
+    for kt in range(kt0, kt1):
+        i = kt - kt0
+        stage = i % STAGES
+        mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+        _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, z_ptrs,
+                    n_s < N, n_z < N, k_in_q, K, stride_bt, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL)
+        async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+
+@gluon.jit
+def _wg_quarter(words, s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, WG_ROWS: gl.constexpr,
+                GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+                CT: gl.constexpr, layout: gl.constexpr):
+    """Quarter j of the warpgroup's ring rows from r0 (`words` holds them), dequantized: wgmma's A operand."""
     if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
         P: gl.constexpr = 1024.0
     else:
         P: gl.constexpr = 128.0
     row = stage * GROUPS + (j * QUARTER) // GROUP if GROUPS > 1 else stage
     rows_l: gl.constexpr = gl.SliceLayout(1, layout)
-    s = gl.expand_dims(s_ring.index(row).load(rows_l).to(gl.float32).to(CT), 1)
+    s = gl.expand_dims(s_ring.index(row).slice(r0, WG_ROWS).load(rows_l).to(gl.float32).to(CT), 1)
     if HAS_ZP:
-        z = gl.expand_dims(z_ring.index(row).load(rows_l).to(CT) + P, 1)
+        z = gl.expand_dims(z_ring.index(row).slice(r0, WG_ROWS).load(rows_l).to(CT) + P, 1)
     else:
-        z = gl.full(s.shape, P + CODE_OFFSET, CT, layout=s.type.layout)  # a float constant would promote to fp32
-    # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is the
-    # scale's multiply, as in the reference.
+        z = gl.full(s.shape, P + CODE_OFFSET, CT, layout=s.type.layout)
     return (_nibble(words, j, CT) - z) * s
+
+
+@gluon.jit
+def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm,
+                GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+                HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
+                ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr,
+                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
+    waits on no other warpgroup: stages are handed back through `empty`."""
+    CT: gl.constexpr = x_rings[0].dtype
+    HALF: gl.constexpr = WG_ROWS // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_M, 16])
+    w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    r0: gl.constexpr = WG * WG_ROWS
+    acc = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=mma)
+    gl.assume(kt1 > kt0)  # checked before the partitions fork; a possibly empty loop makes ptxas serialize wgmma
+    for kt in range(kt0, kt1):
+        i = kt - kt0
+        stage = i % STAGES
+        mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+        fence_async_shared()  # cp.async wrote the stage; wgmma reads it through the async proxy
+        words = w_ring.index(stage).slice(r0, WG_ROWS).load(w_op)
+        w0 = _wg_quarter(words, s_ring, z_ring, stage, 0, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
+        acc = warpgroup_mma(w0, x_rings[0].index(stage).permute((1, 0)), acc, is_async=True)
+        # One quarter's MMA stays in flight; past this wait the previous K tile's are done.
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+        w1 = _wg_quarter(words, s_ring, z_ring, stage, 1, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
+        acc = warpgroup_mma(w1, x_rings[1].index(stage).permute((1, 0)), acc, is_async=True)
+        acc, w0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w0))
+        w2 = _wg_quarter(words, s_ring, z_ring, stage, 2, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
+        acc = warpgroup_mma(w2, x_rings[2].index(stage).permute((1, 0)), acc, is_async=True)
+        acc, w1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w1))
+        w3 = _wg_quarter(words, s_ring, z_ring, stage, 3, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
+        acc = warpgroup_mma(w3, x_rings[3].index(stage).permute((1, 0)), acc, is_async=True)
+        acc, w2 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w2))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    # Epilogue: threads along N (the output rows' contiguous dimension), ring rows r and r + HALF
+    # (a gate and its up when gated) in one thread.
+    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
+    if WG_ROWS == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
+        half0, half1 = acc.reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
+        res0 = gl.convert_layout(half0, out_l)
+        res1 = gl.convert_layout(half1, out_l)
+    else:
+        pair_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
+        half0, half1 = gl.convert_layout(acc, pair_l).reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
+        res0 = gl.convert_layout(half0, out_l)
+        res1 = gl.convert_layout(half1, out_l)
+    rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l)))
+    rows_ok = ids < num_valid
+    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
+    n_0 = n0 + _ring_row(r0 + rows, CHUNK, WG_ROWS)
+    n_1 = n0 + _ring_row(r0 + HALF + rows, CHUNK, WG_ROWS)
+    if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
+        if kt0 == 0:  # once per output, not once per K-split
+            res0 += gl.load(bias_ptr + e * stride_biase + n_0, mask=n_0 < N, other=0.0).to(gl.float32)[:, None]
+            res1 += gl.load(bias_ptr + e * stride_biase + n_1, mask=n_1 < N, other=0.0).to(gl.float32)[:, None]
+    if MUL_ROUTED:
+        w_routed = gl.load(topk_w_ptr + ids, mask=rows_ok, other=0.0).to(gl.float32)[None, :]
+        res0 *= w_routed
+        res1 *= w_routed
+    if CHUNK > 0:
+        y = activate(res0, res1, alpha, limit, ACT)
+        cols = n0 // 2 + WG * HALF + rows
+        gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y.to(c_ptr.dtype.element_ty),
+                 mask=(cols < N // 2)[:, None] & rows_ok[None, :])
+    elif ATOMIC:
+        gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + n_0[:, None], res0,
+                      mask=(n_0 < N)[:, None] & rows_ok[None, :], sem="relaxed")
+        gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + n_1[:, None], res1,
+                      mask=(n_1 < N)[:, None] & rows_ok[None, :], sem="relaxed")
+    else:
+        y0 = activate(res0, res0, alpha, limit, ACT)
+        gl.store(c_ptr + out_rows[None, :] * stride_cm + n_0[:, None], y0.to(c_ptr.dtype.element_ty),
+                 mask=(n_0 < N)[:, None] & rows_ok[None, :])
+        y1 = activate(res1, res1, alpha, limit, ACT)
+        gl.store(c_ptr + out_rows[None, :] * stride_cm + n_1[:, None], y1.to(c_ptr.dtype.element_ty),
+                 mask=(n_1 < N)[:, None] & rows_ok[None, :])
 
 
 @gluon.jit
@@ -128,20 +261,21 @@ def moe_w4a16_wgmma_kernel(
     A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
     ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr, SPLIT_K: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr,
+    PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
     NW: gl.constexpr = gl.num_warps()
     CT: gl.constexpr = a_ptr.dtype.element_ty
     TILE_K: gl.constexpr = 4 * QUARTER
-    GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1  # scale rows per K tile
-    gl.static_assert(STAGES >= 3, "the ring needs three stages (module docstring)")
-    gl.static_assert(BLOCK_N % (16 * NW) == 0, "each warp owns 16-row slices of BLOCK_N (wgmma)")
+    GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1
+    WG_ROWS: gl.constexpr = BLOCK_N // 2  # weight rows per consumer warpgroup
+    gl.static_assert(NW == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(WG_ROWS == 64 or WG_ROWS == 128, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(GROUP % QUARTER == 0, "each quarter lies in one scale group")
-    # N tiles vary fastest in the launch order: the programs running together share one block of
-    # gathered activation rows (read from DRAM once, then from L2) and a few experts' weights.
+    gl.static_assert(GATE_UP_CHUNK == 0 or ((WG_ROWS // 2) % GATE_UP_CHUNK == 0 and GATE_UP_CHUNK % 16 == 0),
+                     "gate/up chunks of 16 rows or more tile half a warpgroup's rows")
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     if ZERO_SIDE:
-        # A side job: clear the next GEMM's fp32 sums (zero bits), a slice per program.
         zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         pid = (pid_m * gl.num_programs(0) + pid_n) * gl.num_programs(2) + gl.program_id(2)
         z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
@@ -157,25 +291,9 @@ def moe_w4a16_wgmma_kernel(
     if pid_m * BLOCK_M >= gl.load(num_post_ptr):
         return
     e = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
-    if e < 0:  # another rank's expert: its pairs add nothing and their rows are never read
+    if e < 0:
         return
     n0 = pid_n * BLOCK_N
-
-    # Copy-side addressing, computed once: rows of activations (gathered), words, scale rows.
-    cp: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [NW, 1], [1, 0])  # 16 bytes per thread and copy
-    k_in_q = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, cp))
-    ids_cp = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp)))
-    x_ptrs = a_ptr + (ids_cp // A_ROWS_DIV).to(gl.int64)[:, None] * stride_am + k_in_q[None, :]
-    x_mask = (ids_cp < num_valid)[:, None]
-    n_cp = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp))
-    w_ptrs = b_ptr + e * stride_be + n_cp[:, None] * stride_bn + k_in_q[None, :]
-    w_mask = (n_cp < N)[:, None]
-    s_l: gl.constexpr = _row_copy_layout(s_ptr.dtype.element_ty, NW)
-    n_s = n0 + gl.arange(0, BLOCK_N, layout=s_l)
-    s_ptrs = s_ptr + e * stride_se + n_s
-    z_l: gl.constexpr = _row_copy_layout(z_ptr.dtype.element_ty, NW)
-    n_z = n0 + gl.arange(0, BLOCK_N, layout=z_l)
-    z_ptrs = z_ptr + e * stride_se + n_z
 
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -187,73 +305,23 @@ def moe_w4a16_wgmma_kernel(
     rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
     z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * GROUPS if HAS_ZP else 1, BLOCK_N], rows)
-    for t in gl.static_range(STAGES - 2):
-        if kt0 + t < kt1:
-            _issue_tile(x_rings, w_ring, s_ring, z_ring, t, kt0 + t, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, z_ptrs,
-                        n_s < N, n_z < N, k_in_q, K, stride_bt, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL)
-        async_copy.commit_group()
-
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
-                                                  instr_shape=[16, BLOCK_M, 16])
-    w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma)
-    for kt in range(kt0, kt1):
-        i = kt - kt0
-        stage = i % STAGES
-        async_copy.wait_group(STAGES - 3)
-        fence_async_shared()
-        _cta_barrier()
-        if kt + STAGES - 2 < kt1:
-            _issue_tile(x_rings, w_ring, s_ring, z_ring, (i + STAGES - 2) % STAGES, kt + STAGES - 2, x_ptrs, x_mask,
-                        w_ptrs, w_mask, s_ptrs, z_ptrs, n_s < N, n_z < N, k_in_q, K, stride_bt, stride_sk, GROUP,
-                        GROUPS, HAS_ZP, K_TAIL)
-        async_copy.commit_group()
-        words = w_ring.index(stage).load(w_op)
-        # Quarter j's MMA runs while quarter j + 1 is unpacked; one MMA stays in flight at each wait.
-        w0 = _quarter(words, s_ring, z_ring, stage, 0, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w0, x_rings[0].index(stage).permute((1, 0)), acc, is_async=True)
-        w1 = _quarter(words, s_ring, z_ring, stage, 1, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w1, x_rings[1].index(stage).permute((1, 0)), acc, is_async=True)
-        acc, w0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w0))
-        w2 = _quarter(words, s_ring, z_ring, stage, 2, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w2, x_rings[2].index(stage).permute((1, 0)), acc, is_async=True)
-        acc, w1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w1))
-        w3 = _quarter(words, s_ring, z_ring, stage, 3, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w3, x_rings[3].index(stage).permute((1, 0)), acc, is_async=True)
-        acc, w2 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w2))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    async_copy.wait_group(0)
-
-    # Epilogue in a layout whose threads run along N, the contiguous dimension of the output rows.
-    out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NW], [0, 1])
-    res = gl.convert_layout(acc, out_l)
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
-    n_mask = offs_n < N
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l)))
-    rows_ok = ids < num_valid
-    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
-    if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
-        if kt0 == 0:  # once per output, not once per K-split
-            res += gl.load(bias_ptr + e * stride_biase + offs_n, mask=n_mask, other=0.0).to(gl.float32)[:, None]
-    if MUL_ROUTED:
-        res *= gl.load(topk_w_ptr + ids, mask=rows_ok, other=0.0).to(gl.float32)[None, :]
-    if ATOMIC:
-        gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + offs_n[:, None], res,
-                      mask=n_mask[:, None] & rows_ok[None, :], sem="relaxed")
-    elif GATE_UP_CHUNK > 0:
-        # The tile's rows are [gate chunk | up chunk] pairs: paired through shared memory.
-        buf = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0, 1]))
-        buf.store(res)
-        _cta_barrier()
-        for c in gl.static_range(BLOCK_N // (2 * GATE_UP_CHUNK)):
-            gate = buf.slice(2 * c * GATE_UP_CHUNK, GATE_UP_CHUNK).load(out_l)
-            up = buf.slice((2 * c + 1) * GATE_UP_CHUNK, GATE_UP_CHUNK).load(out_l)
-            y = activate(gate, up, alpha, limit, ACT)
-            cols = pid_n * (BLOCK_N // 2) + c * GATE_UP_CHUNK + gl.arange(0, GATE_UP_CHUNK,
-                                                                          layout=gl.SliceLayout(1, out_l))
-            gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y.to(c_ptr.dtype.element_ty),
-                     mask=(cols < N // 2)[:, None] & rows_ok[None, :])
-    else:
-        y = activate(res, res, alpha, limit, ACT)
-        gl.store(c_ptr + out_rows[None, :] * stride_cm + offs_n[:, None], y.to(c_ptr.dtype.element_ty),
-                 mask=n_mask[:, None] & rows_ok[None, :])
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS)  # every copy thread arrives
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    # Partitions take flat argument tuples, spelled out per consumer (Gluon builds them at compile time).
+    gl.warp_specialize([
+        (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
+                    e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm, GROUP, GROUPS,
+                    HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, WG_ROWS,
+                    BLOCK_M, STAGES)),
+        (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
+                    e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm, GROUP, GROUPS,
+                    HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, WG_ROWS,
+                    BLOCK_M, STAGES)),
+        (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
+                    n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
+                    stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
+                    BLOCK_N, STAGES)),
+    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
