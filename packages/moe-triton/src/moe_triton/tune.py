@@ -141,7 +141,7 @@ def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
                     try:
                         tile = dataclasses.replace(getattr(base, gemm), split_k=split, block_n=block_n,
                                                    num_warps=warps)
-                    except ValueError:  # a wgmma tile narrower than its warps
+                    except ValueError:  # a tile the wgmma kernel does not take (block_n, warps)
                         continue
                     cand = dataclasses.replace(base, **{gemm: tile})
                     if cand != base:
@@ -370,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        "6 more layer timings per M); on the H100 it won only at 8192 tokens (mixtral, gpt-oss)")
+                        "5 more layer timings per M); on the H100 it won at 8192 tokens (all presets but "
+                        "qwen3-30b-a3b) and for mixtral at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
