@@ -214,9 +214,8 @@ def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bi
         half0, half1 = acc.reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
         res0 = gl.convert_layout(half0, out_l)
         res1 = gl.convert_layout(half1, out_l)
-    else:
-        pair_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
-        half0, half1 = gl.convert_layout(acc, pair_l).reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
+    else:  # out_l repeats every 32 rows: rows r and r + 32 become one thread's there
+        half0, half1 = gl.convert_layout(acc, out_l).reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
         res0 = gl.convert_layout(half0, out_l)
         res1 = gl.convert_layout(half1, out_l)
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
