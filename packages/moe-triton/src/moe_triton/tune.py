@@ -151,7 +151,9 @@ def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
 # bytes, and the epilogue's exchange of block_m x block_n / 2 fp32 sums, fit Hopper's 227 KB of shared memory.
-_WGMMA_TILES = ((64, 128, 4), (64, 256, 4), (128, 128, 4), (128, 256, 3), (128, 256, 4))
+# One CTA per SM whatever the tile (12 warps at 168 registers), so small blocks get deeper rings.
+_WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128, 4), (64, 256, 4), (64, 256, 5),
+                (128, 128, 4), (128, 256, 3), (128, 256, 4))
 
 
 def wgmma_grid() -> dict[str, QuantKernelConfig]:
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        "5 more layer timings per M); on the H100 it won at 8192 tokens (all presets but "
+                        "10 more layer timings per M); on the H100 it won at 8192 tokens (all presets but "
                         "qwen3-30b-a3b) and for mixtral at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
