@@ -411,8 +411,11 @@ def test_wgmma_gemm_compiles_for_hopper():
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, run.stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
     for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
-        # Two consumers (the default partition and a worker) run the same loop.
-        assert mmas >= 8 and waits == 8 and copy_arrivals >= 1 and setmaxnreg >= 3, (name, mmas, waits)
+        # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
+        # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs.
+        loops = 2 * (2 if _WGMMA_SPECIALIZATIONS[name][0].get("BLOCK_M", 128) == 128 else 1)
+        assert mmas >= 4 * loops and waits == 4 * loops and copy_arrivals >= 1 and setmaxnreg >= 3, (
+            name, mmas, waits, copy_arrivals, setmaxnreg)
 
 
 def _wgmma(block_m: int, block_n: int, stages: int, split: int = 1) -> GemmConfig:
@@ -501,6 +504,26 @@ def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
     out, ref = _run(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
                     override=launch)
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+def test_wgmma_narrow_and_full_blocks_on_gpu():
+    """128-pair blocks run their MMAs over 64 rows when at most 64 are valid (an expert's last block):
+    experts with exactly 64, 65, 128, 129 and 1 pairs put blocks on both sides of that boundary."""
+    counts = [64, 65, 1, 128, 129, 0, 192, 63]
+    cfg = MoEConfig(num_experts=len(counts), top_k=1, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16)
+    quant = int4_w4a16(128)
+    weights = ExpertWeights.random(cfg, quant, seed=3)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.config_override = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
+    experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)].view(-1, 1).to(DEV)
+    tw = (torch.rand(ids.shape, generator=gen) + 0.5).to(DEV)
+    x = torch.randn(ids.shape[0], 1024, generator=gen).to(torch.bfloat16).to(DEV)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
 
 
 @pytest.mark.device("cuda")

@@ -34,12 +34,11 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 
 
 # GEMM1 of a bf16 int4 (quads, group 128) layer with its gated activation, on the wgmma kernel
-# with its launch's register plan (`quant_gemm.WS_REGS`).
+# (launched with the register plan `quant_gemm.ws_regs` gives its BLOCK_M).
 WGMMA_CONSTEXPRS = dict(
     GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
     ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, STAGES=4,
-    K_TAIL=False, PRODUCER_WARPS=quant_gemm.WS_REGS.producer_warps, CONSUMER_REGS=quant_gemm.WS_REGS.consumer_regs,
-    PRODUCER_REGS=quant_gemm.WS_REGS.producer_regs)
+    K_TAIL=False)
 
 
 def _source(fn, source_type, constexprs: dict, pointers: dict[str, str]):
@@ -61,12 +60,15 @@ def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None,
 
 def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None):
     """`compile_quant_gemm` for the Gluon wgmma kernel (sm_90), over WGMMA_CONSTEXPRS, launched as
-    `quant_gemm` does (4 warps, the register plan's maxnreg); the quads words are int16."""
+    `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from moe_triton._details import quant_gemm_wgmma
 
-    src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, {**WGMMA_CONSTEXPRS, **constexprs},
+    consts = {**WGMMA_CONSTEXPRS, **constexprs}
+    regs = quant_gemm.ws_regs(consts["BLOCK_M"])
+    consts.update(PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
+                  PRODUCER_REGS=regs.producer_regs)
+    src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, consts,
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 64),
-                          options=dict(num_warps=4, maxnreg=quant_gemm.WS_REGS.maxnreg))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))

@@ -605,16 +605,29 @@ _POST_SCALE_MAX_TILE = 16 * 128
 
 @dataclass(frozen=True)
 class WarpSpecializedRegs:
-    """Register plan of the warp-specialized wgmma kernel (`quant_gemm_wgmma`): 12 warps launched
-    (a consumer warpgroup as the default partition, a second one, the producer's warpgroup)."""
+    """Register plan of the warp-specialized wgmma kernel (`quant_gemm_wgmma`): two consumer
+    warpgroups (the default partition and a worker) and, unless the consumers copy their own
+    tiles, a producer warpgroup."""
 
-    producer_warps: int  # copy warps; their warpgroup is allocated whole
-    consumer_regs: int  # per consumer thread; 2 * consumer_regs + producer_regs <= 3 * maxnreg
+    producer_warps: int  # copy warps, their warpgroup allocated whole; 0: the consumers copy (the kernel's FOLDED)
+    consumer_regs: int  # per consumer thread; 2 * consumer_regs + producer_regs <= 3 * maxnreg (with a producer)
     producer_regs: int  # per producer thread; below the MMA loop's need, ptxas serializes the wgmma
-    maxnreg: int  # per thread at launch; 12 warps * 32 * maxnreg fit the 64K-register file
+    maxnreg: int  # per thread at launch; all warps * 32 * maxnreg fit the 64K-register file
 
 
+# A producer warpgroup: 12 warps at 168 registers, the consumers raised to 192, the producer down to 120.
 WS_REGS = WarpSpecializedRegs(producer_warps=4, consumer_regs=192, producer_regs=120, maxnreg=168)
+# Copies folded into the consumers: 8 warps at 240 registers, which a 128-token block's MMA loop needs
+# to stay asynchronous (no partition below it). With the producer, ptxas serialized each consumer's
+# wgmma there; folded, layers ran 1.04-1.18x faster at 2048 and 8192 tokens (H200, 2026-11-21,
+# benchmarks/results/int4_wgmma_folded_2026-11-21.md). With 64 tokens or fewer the producer's plan
+# keeps the MMAs asynchronous and measured faster.
+FOLDED_REGS = WarpSpecializedRegs(producer_warps=0, consumer_regs=240, producer_regs=0, maxnreg=240)
+
+
+def ws_regs(block_m: int) -> WarpSpecializedRegs:
+    """The wgmma kernel's register plan for blocks of block_m pairs."""
+    return FOLDED_REGS if block_m == 128 else WS_REGS
 
 
 class Sink(enum.IntEnum):
@@ -771,6 +784,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         if not n_first:
             raise ValueError(f"the wgmma GEMM launches M blocks on the grid's second axis (below 65536): "
                              f"{grid_m} blocks of {cfg.block_m} pairs; take a larger block_m")
+        regs = ws_regs(cfg.block_m)
         moe_w4a16_wgmma_kernel[grid](
             a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
             out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post,
@@ -783,8 +797,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
-            PRODUCER_WARPS=WS_REGS.producer_warps, CONSUMER_REGS=WS_REGS.consumer_regs,
-            PRODUCER_REGS=WS_REGS.producer_regs, num_warps=4, maxnreg=WS_REGS.maxnreg)
+            PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
+            PRODUCER_REGS=regs.producer_regs, num_warps=4, maxnreg=regs.maxnreg)
         return
     pdl = _dependent_launch(w.codes.device)
     s = w.scale

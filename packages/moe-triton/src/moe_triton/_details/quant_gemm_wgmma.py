@@ -8,22 +8,27 @@ Why a second kernel: with `tl.dot`, Triton 3.6 waits for every dot whose operand
 registers (`wgmma.wait_group 0`), so unpacking never overlaps the tensor cores, and the warps that
 unpack also issue the copies and meet at a CTA barrier every K tile. Here each CTA's warps split
 the work (`gl.warp_specialize`):
-- a producer warpgroup copies each K tile (gathered activation rows, int16 words, scale rows) into
-  a ring stage by cp.async; each copy thread's completion arrives on the stage's `ready` mbarrier;
 - two consumer warpgroups each own WG_ROWS of the tile's BLOCK_N weight rows (64 or 128): they
-  wait for `ready`, unpack a quarter of the tile into wgmma's register operand while the previous
-  quarter's MMA runs, hand the stage back on its `empty` mbarrier once its MMAs retired, and
-  finish their own rows (epilogue) without waiting for each other.
+  wait for the K tile's ring stage (its `ready` mbarrier), unpack a quarter of the tile into
+  wgmma's register operand while the previous quarter's MMA runs, hand the stage back on its
+  `empty` mbarrier once its MMAs retired, and finish their own rows (epilogue) without waiting
+  for each other;
+- the copies (gathered activation rows, int16 words, scale rows, by cp.async, each copy thread's
+  completion arriving on `ready`) are issued, for blocks of up to 64 pairs, by a producer
+  warpgroup; for 128-pair blocks by the consumers themselves (FOLDED: each its own weight and
+  scale rows and half the activation rows, STAGES - 1 tiles ahead).
 Nothing is shared between the consumers but the ring, so one unpacks while the other's MMAs run.
 
-Gated tiles are regrouped by the producer (`_ring_row`): each consumer's first half of rows are
-gates and its second half the matching ups, so one thread ends with both sums of an output.
+Registers (`quant_gemm.ws_regs`): ptxas keeps wgmma asynchronous only when every partition holds
+the registers the MMA loop needs. With a producer, 12 warps at 168 each: the consumers raise
+theirs to 192, the producer drops to 120, enough for 64-pair blocks only; with 128 pairs ptxas
+serialized each consumer's MMAs. Folded, 8 warps at 240 each, no partition below the MMA loop's
+need: 1.04-1.18x faster layers at 2048 and 8192 tokens on an H200 (benchmarks/results/int4_wgmma_folded_2026-11-21.md).
+A folded block with at most 64 valid pairs (an expert's last) runs a second copy of the loop
+whose MMAs cover its first 64 rows: half the padding's tensor-core work.
 
-Registers: 12 warps (the producer's warpgroup counted whole) at 168 each; the consumers raise theirs
-to 192 and the producer drops to 120 (`WS_REGS` of `quant_gemm`). ptxas keeps wgmma asynchronous only
-when every partition, the producer too, holds the registers the MMA loop needs: with 128 tokens
-per block and 128 rows per consumer it serializes each warpgroup's MMAs, and the two consumers take
-turns on the tensor cores instead (measured: benchmarks/results/int4_wgmma_ws_2026-11-21.md).
+Gated tiles are regrouped (`_ring_row`) as they are copied: each consumer's first half of rows
+are gates and its second half the matching ups, so one thread ends with both sums of an output.
 
 NVIDIA Hopper (sm_90) only: wgmma does not exist elsewhere. Not run by the CPU interpreter; CI
 compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
@@ -81,25 +86,54 @@ def _row_copy_layout(dtype, num_warps):
 
 
 @gluon.jit
-def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, z_ptrs, s_mask,
+def _copy_share(a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be,
+                stride_bn, stride_se, A_ROWS_DIV: gl.constexpr, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr,
+                BLOCK_M: gl.constexpr, X_R0: gl.constexpr, X_ROWS: gl.constexpr, R0: gl.constexpr,
+                ROWS: gl.constexpr):
+    """Source pointers and masks of one copier's share of every K tile (K tile 0; `_issue_tile`
+    adds the tile's offset): activation rows [X_R0, X_R0 + X_ROWS) of the block and ring rows
+    [R0, R0 + ROWS) of the words and scale rows."""
+    PW: gl.constexpr = gl.num_warps()
+    cp: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])
+    k_in_q = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, cp))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + X_R0 + gl.arange(0, X_ROWS, layout=gl.SliceLayout(1, cp)))
+    x_ptrs = a_ptr + (ids // A_ROWS_DIV).to(gl.int64)[:, None] * stride_am + k_in_q[None, :]
+    x_mask = (ids < num_valid)[:, None]
+    n_cp = n0 + _ring_row(R0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, cp)), CHUNK, WG_ROWS)
+    w_ptrs = b_ptr + e * stride_be + n_cp[:, None] * stride_bn + k_in_q[None, :]
+    w_mask = (n_cp < N)[:, None]
+    # Regrouped rows stay in runs of CHUNK (a multiple of 16): whole 16-byte pieces for cp.async.
+    s_l: gl.constexpr = _row_copy_layout(s_ptr.dtype.element_ty, PW)
+    n_s = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(R0 + gl.arange(0, ROWS, layout=s_l), CHUNK, WG_ROWS), 16),
+                            16)
+    z_l: gl.constexpr = _row_copy_layout(z_ptr.dtype.element_ty, PW)
+    n_z = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(R0 + gl.arange(0, ROWS, layout=z_l), CHUNK, WG_ROWS), 16),
+                            16)
+    return (x_ptrs, x_mask, w_ptrs, w_mask, s_ptr + e * stride_se + n_s, n_s < N, z_ptr + e * stride_se + n_z,
+            n_z < N, k_in_q)
+
+
+@gluon.jit
+def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, s_mask, z_ptrs,
                 z_mask, k_in_q, K, stride_bt, stride_sk, GROUP: gl.constexpr, GROUPS: gl.constexpr,
-                HAS_ZP: gl.constexpr, K_TAIL: gl.constexpr):
-    """cp.async of K tile kt into ring stage `stage`: four [BLOCK_M, 32] activation quarters (one
-    ring each, each a wgmma B operand), the [BLOCK_N, 32] int16 words and the tile's GROUPS scale
-    (and zero point) rows."""
+                HAS_ZP: gl.constexpr, K_TAIL: gl.constexpr, X_R0: gl.constexpr, X_ROWS: gl.constexpr,
+                R0: gl.constexpr, ROWS: gl.constexpr):
+    """cp.async of a copier's share (`_copy_share`) of K tile kt into ring stage `stage`: rows of
+    the four [BLOCK_M, 32] activation quarters (one ring each, each a wgmma B operand), of the
+    [BLOCK_N, 32] int16 words and of the tile's GROUPS scale (and zero point) rows."""
     k0 = kt * (4 * QUARTER)
-    _async_load(w_ring.index(stage), w_ptrs + kt * stride_bt, mask=w_mask)
+    _async_load(w_ring.index(stage).slice(R0, ROWS), w_ptrs + kt * stride_bt, mask=w_mask)
     for j in gl.static_range(4):
         if K_TAIL:
             mask = x_mask & (k0 + j * QUARTER + k_in_q < K)[None, :]
         else:
             mask = x_mask
-        _async_load(x_rings[j].index(stage), x_ptrs + (k0 + j * QUARTER), mask=mask)
+        _async_load(x_rings[j].index(stage).slice(X_R0, X_ROWS), x_ptrs + (k0 + j * QUARTER), mask=mask)
     for g in gl.static_range(GROUPS):
         row = ((k0 + g * GROUP) // GROUP) * stride_sk
-        _async_load(s_ring.index(stage * GROUPS + g), s_ptrs + row, mask=s_mask)
+        _async_load(s_ring.index(stage * GROUPS + g).slice(R0, ROWS), s_ptrs + row, mask=s_mask)
         if HAS_ZP:
-            _async_load(z_ring.index(stage * GROUPS + g), z_ptrs + row, mask=z_mask)
+            _async_load(z_ring.index(stage * GROUPS + g).slice(R0, ROWS), z_ptrs + row, mask=z_mask)
 
 
 @gluon.jit
@@ -124,28 +158,16 @@ def _produce(x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr,
                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """The copy warps: each K tile's activations (gathered rows), words and scale rows into a free
     ring stage by cp.async; each thread's copies arrive on the stage's `ready` barrier."""
-    PW: gl.constexpr = gl.num_warps()
-    cp: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])
-    k_in_q = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, cp))
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp)))
-    x_ptrs = a_ptr + (ids // A_ROWS_DIV).to(gl.int64)[:, None] * stride_am + k_in_q[None, :]
-    x_mask = (ids < num_valid)[:, None]
-    n_cp = n0 + _ring_row(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp)), CHUNK, WG_ROWS)
-    w_ptrs = b_ptr + e * stride_be + n_cp[:, None] * stride_bn + k_in_q[None, :]
-    w_mask = (n_cp < N)[:, None]
-    # Regrouped rows stay in runs of CHUNK (a multiple of 16): whole 16-byte pieces for cp.async.
-    s_l: gl.constexpr = _row_copy_layout(s_ptr.dtype.element_ty, PW)
-    n_s = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(gl.arange(0, BLOCK_N, layout=s_l), CHUNK, WG_ROWS), 16), 16)
-    s_ptrs = s_ptr + e * stride_se + n_s
-    z_l: gl.constexpr = _row_copy_layout(z_ptr.dtype.element_ty, PW)
-    n_z = gl.max_contiguous(gl.multiple_of(n0 + _ring_row(gl.arange(0, BLOCK_N, layout=z_l), CHUNK, WG_ROWS), 16), 16)
-    z_ptrs = z_ptr + e * stride_se + n_z
+    x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, s_mask, z_ptrs, z_mask, k_in_q = _copy_share(
+        a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be, stride_bn,
+        stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, 0, BLOCK_M, 0, BLOCK_N)
     for kt in range(kt0, kt1):
         i = kt - kt0
         stage = i % STAGES
         mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
-        _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, z_ptrs,
-                    n_s < N, n_z < N, k_in_q, K, stride_bt, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL)
+        _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_ptrs, w_mask, s_ptrs, s_mask,
+                    z_ptrs, z_mask, k_in_q, K, stride_bt, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, 0, BLOCK_M, 0,
+                    BLOCK_N)
         async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
 
 
@@ -169,21 +191,60 @@ def _wg_quarter(words, s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr,
 
 
 @gluon.jit
-def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
-                sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm,
-                GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
-                HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
-                ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr,
-                BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr,
+             c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+             stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+             GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+             HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
+             ACT: gl.constexpr, CHUNK: gl.constexpr, K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr,
+             WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
     """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
-    waits on no other warpgroup: stages are handed back through `empty`."""
+    waits on no other warpgroup: stages are handed back through `empty`. FOLDED: it also copies
+    its share of each K tile (half the activation rows, its own weight and scale rows),
+    STAGES - 1 tiles ahead, into a stage both consumers handed back. A `narrow` block (at most
+    BLOCK_M / 2 valid rows, the last of an expert's) runs MMAs over its first half of rows only."""
+    X_ROWS: gl.constexpr = BLOCK_M // 2
+    x_r0: gl.constexpr = WG * X_ROWS
+    r0: gl.constexpr = WG * WG_ROWS
+    # Unused (and dropped by the compiler) unless FOLDED.
+    copy = _copy_share(a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be,
+                       stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, x_r0, X_ROWS, r0, WG_ROWS)
+    if FOLDED:
+        for p in gl.static_range(STAGES - 1):  # fresh stages: no wait
+            if kt0 + p < kt1:
+                _issue_tile(x_rings, w_ring, s_ring, z_ring, p, kt0 + p, *copy, K, stride_bt, stride_sk, GROUP, GROUPS,
+                            HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
+                async_copy.mbarrier_arrive(ready.index(p), increment_count=False)
+    if FOLDED and narrow:
+        _mma_then_store(WG, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
+                        stride_biase, stride_cm, copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED,
+                        REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M // 2, STAGES, FOLDED)
+    else:
+        _mma_then_store(WG, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
+                        stride_biase, stride_cm, copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED,
+                        REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M, STAGES, FOLDED)
+
+
+@gluon.jit
+def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                    sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
+                    stride_biase, stride_cm, copy, GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr,
+                    CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr,
+                    REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr,
+                    K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, MMA_N: gl.constexpr,
+                    STAGES: gl.constexpr, FOLDED: gl.constexpr):
+    """The consumer's K loop over the block's first MMA_N rows (its MMA's N), then its epilogue."""
     CT: gl.constexpr = x_rings[0].dtype
     HALF: gl.constexpr = WG_ROWS // 2
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_M, 16])
-    w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    X_ROWS: gl.constexpr = BLOCK_M // 2
+    x_r0: gl.constexpr = WG * X_ROWS
     r0: gl.constexpr = WG * WG_ROWS
-    acc = gl.zeros([WG_ROWS, BLOCK_M], gl.float32, layout=mma)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, MMA_N, 16])
+    w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
     gl.assume(kt1 > kt0)  # checked before the partitions fork; a possibly empty loop makes ptxas serialize wgmma
     for kt in range(kt0, kt1):
         i = kt - kt0
@@ -192,34 +253,43 @@ def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bi
         fence_async_shared()  # cp.async wrote the stage; wgmma reads it through the async proxy
         words = w_ring.index(stage).slice(r0, WG_ROWS).load(w_op)
         w0 = _wg_quarter(words, s_ring, z_ring, stage, 0, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w0, x_rings[0].index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w0, x_rings[0].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
         # One quarter's MMA stays in flight; past this wait the previous K tile's are done.
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
         mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
         w1 = _wg_quarter(words, s_ring, z_ring, stage, 1, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w1, x_rings[1].index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w1, x_rings[1].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
         acc, w0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w0))
         w2 = _wg_quarter(words, s_ring, z_ring, stage, 2, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w2, x_rings[2].index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w2, x_rings[2].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
         acc, w1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w1))
         w3 = _wg_quarter(words, s_ring, z_ring, stage, 3, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w3, x_rings[3].index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w3, x_rings[3].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
         acc, w2 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w2))
+        if FOLDED:
+            # Tile i + STAGES - 1 refills the stage of tile i - 1 once both consumers handed it back.
+            ahead = i + STAGES - 1
+            if kt0 + ahead < kt1:
+                refill = ahead % STAGES
+                mbarrier.wait(empty.index(refill), ((ahead // STAGES) & 1) ^ 1)
+                _issue_tile(x_rings, w_ring, s_ring, z_ring, refill, kt0 + ahead, *copy, K, stride_bt, stride_sk,
+                            GROUP, GROUPS, HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
+                async_copy.mbarrier_arrive(ready.index(refill), increment_count=False)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
     # Epilogue: threads along N (the output rows' contiguous dimension), ring rows r and r + HALF
     # (a gate and its up when gated) in one thread.
     out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
     if WG_ROWS == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
-        half0, half1 = acc.reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
+        half0, half1 = acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
         res0 = gl.convert_layout(half0, out_l)
         res1 = gl.convert_layout(half1, out_l)
     else:  # out_l repeats every 32 rows: rows r and r + 32 become one thread's there
-        half0, half1 = gl.convert_layout(acc, out_l).reshape([2, HALF, BLOCK_M]).permute((1, 2, 0)).split()
+        half0, half1 = gl.convert_layout(acc, out_l).reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
         res0 = gl.convert_layout(half0, out_l)
         res1 = gl.convert_layout(half1, out_l)
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l)))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
     rows_ok = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(gl.int64)
     n_0 = n0 + _ring_row(r0 + rows, CHUNK, WG_ROWS)
@@ -251,6 +321,8 @@ def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bi
                  mask=(n_1 < N)[:, None] & rows_ok[None, :])
 
 
+
+
 @gluon.jit
 def moe_w4a16_wgmma_kernel(
     a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -267,6 +339,7 @@ def moe_w4a16_wgmma_kernel(
     TILE_K: gl.constexpr = 4 * QUARTER
     GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1
     WG_ROWS: gl.constexpr = BLOCK_N // 2  # weight rows per consumer warpgroup
+    FOLDED: gl.constexpr = PRODUCER_WARPS == 0  # the consumers copy their own share of each tile
     gl.static_assert(NW == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(WG_ROWS == 64 or WG_ROWS == 128, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(GROUP % QUARTER == 0, "each quarter lies in one scale group")
@@ -293,6 +366,9 @@ def moe_w4a16_wgmma_kernel(
     if e < 0:
         return
     n0 = pid_n * BLOCK_N
+    # Valid rows are a prefix of the block (the alignment pads each expert's last block): at most
+    # half of them when the middle row is padding.
+    narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
 
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -307,20 +383,37 @@ def moe_w4a16_wgmma_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=32 * PRODUCER_WARPS)  # every copy thread arrives
+        # Every copy thread arrives: the producer's, or (FOLDED) both consumers'.
+        mbarrier.init(ready.index(s), count=32 * (8 if FOLDED else PRODUCER_WARPS))
         mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
     # Partitions take flat argument tuples, spelled out per consumer (Gluon builds them at compile time).
-    gl.warp_specialize([
-        (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
-                    e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm, GROUP, GROUPS,
-                    HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, WG_ROWS,
-                    BLOCK_M, STAGES)),
-        (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
-                    e, n0, pid_m, kt0, kt1, N, num_valid, alpha, limit, stride_biase, stride_cm, GROUP, GROUPS,
-                    HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, WG_ROWS,
-                    BLOCK_M, STAGES)),
-        (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
-                    n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-                    stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
-                    BLOCK_N, STAGES)),
-    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    if FOLDED:
+        gl.warp_specialize([
+            (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
+                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
+                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
+                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+            (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
+                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
+                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
+                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+        ], [4], [CONSUMER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
+                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
+                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
+                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+            (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
+                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
+                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
+                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+            (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
+                        n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
+                        stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
+                        BLOCK_N, STAGES)),
+        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
