@@ -101,7 +101,7 @@ class GemmConfig:
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
     # int4 quads on NVIDIA Hopper only: the Gluon kernel with warp-specialized asynchronous wgmma
     # (`quant_gemm_wgmma`); then swap_ab, block_m <= 128, block_n 128 or 256 (two consumer
-    # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 12 warps run in all)
+    # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 8 or 12 warps run in all)
     # and num_stages >= 3 (its ring).
     wgmma: bool = False
 

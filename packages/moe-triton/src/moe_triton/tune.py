@@ -151,7 +151,7 @@ def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
 # bytes, and the epilogue's exchange of block_m x block_n / 2 fp32 sums, fit Hopper's 227 KB of shared memory.
-# One CTA per SM whatever the tile (12 warps at 168 registers), so small blocks get deeper rings.
+# One CTA per SM whatever the tile (its register plan fills the register file), so small blocks get deeper rings.
 _WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128, 4), (64, 256, 4), (64, 256, 5),
                 (128, 128, 4), (128, 256, 3), (128, 256, 4))
 
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
                         "10 more layer timings per M); on the H100 it won at 8192 tokens (all presets but "
-                        "qwen3-30b-a3b) and for mixtral at 2048")
+                        "qwen3-30b-a3b) and for mixtral-8x7b and qwen3-235b-a22b at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)

@@ -16,7 +16,8 @@ programs running together then share one block of gathered activation rows, read
 and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
 layers on the H100 at 2048 and 8192 tokens, benchmarks/results/int4_wgmma_n_first_2026-11-21.md).
 A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only:
-warp-specialized, a producer warpgroup and two consumer warpgroups per program).
+warp-specialized: two consumer warpgroups per program, and a producer warpgroup for blocks of
+at most 64 pairs).
 
 Weight operand layouts (`WeightOperand`, built by `moe_triton.quantized`'s processors). Both 4-bit
 layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides; the memory
