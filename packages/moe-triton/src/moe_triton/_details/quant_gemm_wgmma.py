@@ -321,8 +321,6 @@ def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, em
                  mask=(n_1 < N)[:, None] & rows_ok[None, :])
 
 
-
-
 @gluon.jit
 def moe_w4a16_wgmma_kernel(
     a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
@@ -386,32 +384,33 @@ def moe_w4a16_wgmma_kernel(
         # Every copy thread arrives: the producer's, or (FOLDED) both consumers'.
         mbarrier.init(ready.index(s), count=32 * (8 if FOLDED else PRODUCER_WARPS))
         mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
-    # Partitions take flat argument tuples, spelled out per consumer (Gluon builds them at compile time).
+    # Partitions take flat argument tuples, spelled out per consumer and per plan (Gluon builds them at
+    # compile time; a list of them cannot be assembled in a JIT variable).
     if FOLDED:
         gl.warp_specialize([
             (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
-                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
-                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
             (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
-                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
-                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
         ], [4], [CONSUMER_REGS])
     else:
         gl.warp_specialize([
             (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
-                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
-                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
             (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit, stride_am,
-                        stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS,
-                        HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                        A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
             (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
                         n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
                         stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
