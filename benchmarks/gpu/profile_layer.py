@@ -3,15 +3,19 @@
 Same layer, inputs and weights as bench_triton.py; the L2 cache is flushed (a bitwise_not over
 256 MiB, left out of the table) before each of the profiled calls, as do_bench does. The table
 lists each kernel's GPU time per layer call and the sum; the gap between that sum and the graph
-replay time of bench_triton is launch and idle time.
+replay time of bench_triton is launch and idle time. With --graph the profiled calls are replays
+of a CUDA graph of the layer, as bench_triton times them, and each cell also reports the span
+from the first kernel's start to the last one's end (median over the calls): span - sum is the
+idle time between the layer's kernels.
 
-    python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4]
+    python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4] [--graph]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,7 +25,8 @@ from bench_triton import _bf16_weights
 CALLS = 10
 
 
-def profile_cell(layer, cfg, M: int, dev) -> list[tuple[str, float, int]]:
+def profile_cell(layer, cfg, M: int, dev, graph: bool) -> tuple[list[tuple[str, float, int]], float | None]:
+    """(kernel name, GPU us per call, launches per call) rows, and with `graph` the median span."""
     gen = torch.Generator(device=dev).manual_seed(M)
     inputs = [(torch.randn(M, cfg.hidden_size, device=dev, generator=gen, dtype=torch.bfloat16),
                torch.randn(M, cfg.num_experts, device=dev, generator=gen)) for _ in range(2)]
@@ -30,18 +35,35 @@ def profile_cell(layer, cfg, M: int, dev) -> list[tuple[str, float, int]]:
     for x, logits in inputs:
         layer(x, logits, bias)
     torch.cuda.synchronize()
+    calls = [lambda x=x, logits=logits: layer(x, logits, bias) for x, logits in inputs]
+    if graph:
+        graphs = []
+        for call in calls:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                call()
+            graphs.append(g)
+        calls = [g.replay for g in graphs]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for i in range(CALLS):
             flush.bitwise_not_()
-            x, logits = inputs[i % 2]
-            layer(x, logits, bias)
+            calls[i % 2]()
         torch.cuda.synchronize()
     per_kernel: dict[str, list[float]] = defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "bitwise_not" not in ev.name:
-            per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time)
+    spans: list[list[float]] = []  # [first start, last end] of each call's kernels
+    for ev in sorted(prof.events(), key=lambda ev: ev.time_range.start):
+        if ev.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if "bitwise_not" in ev.name:
+            spans.append([float("inf"), 0.0])
+            continue
+        per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time)
+        if spans:
+            spans[-1][0] = min(spans[-1][0], ev.time_range.start)
+            spans[-1][1] = max(spans[-1][1], ev.time_range.end)
     rows = [(name[:90], sum(ts) / CALLS, len(ts) // CALLS) for name, ts in per_kernel.items()]
-    return sorted(rows, key=lambda r: -r[1])
+    span = statistics.median(end - start for start, end in spans) if graph and spans else None
+    return sorted(rows, key=lambda r: -r[1]), span
 
 
 def main(argv=None) -> int:
@@ -57,6 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--preset", nargs="*", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"])
     p.add_argument("--m", nargs="*", type=int, default=[1, 8, 512, 2048])
     p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4"])
+    p.add_argument("--graph", action="store_true", help="profile CUDA graph replays and report each call's span")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
@@ -80,10 +103,13 @@ def main(argv=None) -> int:
                 return experts.apply(x, tw, ti)
 
             for M in args.m:
-                rows = profile_cell(layer, cfg, M, dev)
+                rows, span = profile_cell(layer, cfg, M, dev, args.graph)
                 total = sum(r[1] for r in rows)
-                result["cells"].append({"model": name, "dtype": dtype, "M": M, "kernels": rows, "sum_us": total})
-                print(f"\n{name} {dtype} M={M}: {total:.1f} us of kernels, {sum(r[2] for r in rows)} launches")
+                result["cells"].append({"model": name, "dtype": dtype, "M": M, "kernels": rows, "sum_us": total,
+                                        "span_us": span})
+                spanned = f", span {span:.1f} us" if span is not None else ""
+                print(f"\n{name} {dtype} M={M}: {total:.1f} us of kernels, {sum(r[2] for r in rows)} launches"
+                      f"{spanned}")
                 for kname, us, count in rows:
                     print(f"  {us:8.1f} us  x{count}  {kname}")
             del experts

@@ -39,6 +39,8 @@ CASES = {
     "empty-experts": (3, 2, 64, 16),
     "wide-block": (5, 4, 16, 64),
     "many-experts": (4, 8, 256, 16),
+    "pairwise-largest": (32, 8, 128, 16),  # 256 choices: the most the pairwise kernel ranks
+    "single-program": (150, 2, 8, 16),  # a one-hot tile of 512 x 8 in one program
     "multi-launch": (700, 4, 32, 32),
     "multi-launch-many-experts": (300, 8, 128, 64),
     "multi-launch-long-scan": (200, 8, 256, 16),  # 25 chunks: the offsets scan takes two steps
@@ -89,7 +91,7 @@ def test_rejects_bad_input(device):
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize("M", [1, 16384])
+@pytest.mark.parametrize("M", [1, 8, 32, 16384])
 def test_real_sizes_on_gpu(M):
     gen = torch.Generator().manual_seed(M)
     ids = torch.randint(0, 256, (M, 8), generator=gen, dtype=torch.int32).cuda()

@@ -1,8 +1,11 @@
 """Triton kernels behind `moe_triton.align`.
 
-Ranks are computed with a one-hot [choices, experts] tile and a cumulative sum down the choices,
-which is stable and needs no atomics. Small inputs take one single-program launch (the decode
-case, where launch count is the cost); large inputs take three launches over chunks:
+Up to 256 choices (decode and small batches), one program ranks every choice by comparing it with
+the earlier ones (`_align_pairs_kernel`): a [choices, choices] tile whatever the expert count, 2.3-2.4
+us a launch at 64 choices of 128 or 256 experts on an H100, where the one-hot kernel below took
+6.8 and 9.7 us (benchmarks/results/align_pairwise_2026-11-21.md). Beyond that, ranks come from a
+one-hot [choices, experts] tile and a cumulative sum down the choices, which is stable and needs
+no atomics: one program while that tile is small, else three launches over chunks:
 count per chunk -> per-expert prefix over chunks + padded segment ends -> scatter + expert per block.
 """
 
@@ -12,7 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-# One program handles the whole input while its one-hot tile stays this small.
+# Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
+_PAIRWISE_CHOICES = 256
+# Else one program handles the whole input while its one-hot tile stays this small.
 _SINGLE_PROGRAM_TILE = 16384
 # Target one-hot tile of a chunk program in the multi-launch path.
 _CHUNK_TILE = 16384
@@ -61,6 +66,40 @@ def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
     my_start = tl.sum(onehot * starts[None, :], axis=1)
     tl.store(sorted_ptr + my_start + rank, offs, mask=valid)
     _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, 0, max_blocks, HAS_MAP, BLOCK_SIZE, E_P2, 128)
+
+
+@triton.jit
+def _align_pairs_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+                        numel, max_padded, max_blocks,
+                        HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUMEL_P2: tl.constexpr,
+                        E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
+    """Up to _PAIRWISE_CHOICES choices: ranks from a pairwise [choices, choices] comparison instead
+    of a one-hot [choices, experts] scan, segment starts gathered per choice, and each choice writes
+    its block's expert (every live block holds a choice, and a block's choices agree), so no tile
+    grows with the expert count."""
+    offs = tl.arange(0, NUMEL_P2)
+    valid = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
+    counts = tl.histogram(ids, E_P2, mask=valid)
+    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(total_ptr, tl.sum(padded, axis=0))
+    # Stable: a choice's rank counts the earlier choices of its expert.
+    rank = tl.sum(((ids[None, :] == ids[:, None]) & (offs[None, :] < offs[:, None])).to(tl.int32), axis=1)
+    dest = tl.gather(ends - padded, ids, 0) + rank
+    for start in range(0, max_padded, FILL_TILE):
+        pos = start + tl.arange(0, FILL_TILE)
+        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=pos < max_padded)
+    for start in range(0, max_blocks, FILL_TILE):
+        pos = start + tl.arange(0, FILL_TILE)
+        tl.store(expert_ids_ptr + pos, tl.full([FILL_TILE], -1, tl.int32), mask=pos < max_blocks)
+    # The fills and the scatters below touch the same addresses from different threads.
+    tl.debug_barrier()
+    tl.store(sorted_ptr + dest, offs, mask=valid)
+    block_expert = ids
+    if HAS_MAP:
+        block_expert = tl.load(expert_map_ptr + ids, mask=valid, other=-1)
+    tl.store(expert_ids_ptr + dest // BLOCK_SIZE, block_expert, mask=valid)
 
 
 @triton.jit
@@ -142,6 +181,11 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     numel_p2 = triton.next_power_of_2(max(numel, 1))
     has_map = expert_map is not None
     map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
+    if numel_p2 <= _PAIRWISE_CHOICES:
+        _align_pairs_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,
+                                  HAS_MAP=has_map, BLOCK_SIZE=block_size, NUMEL_P2=numel_p2, E_P2=e_p2,
+                                  FILL_TILE=_FILL_TILE, num_warps=4)
+        return sorted_ids, expert_ids, total
     if numel_p2 * e_p2 <= _SINGLE_PROGRAM_TILE:
         _align_single_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, num_experts,
                                    max_padded, max_blocks, HAS_MAP=has_map, BLOCK_SIZE=block_size,
