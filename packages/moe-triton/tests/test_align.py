@@ -41,9 +41,12 @@ CASES = {
     "many-experts": (4, 8, 256, 16),
     "pairwise-largest": (32, 8, 128, 16),  # 256 choices: the most the pairwise kernel ranks
     "single-program": (150, 2, 8, 16),  # a one-hot tile of 512 x 8 in one program
-    "multi-launch": (700, 4, 32, 32),
-    "multi-launch-many-experts": (300, 8, 128, 64),
-    "multi-launch-long-scan": (200, 8, 256, 16),  # 25 chunks: the offsets scan takes two steps
+    "chunks": (700, 4, 32, 32),
+    "chunks-many-experts": (300, 8, 128, 64),
+    "chunks-wide-block": (200, 8, 256, 128),
+    "chunks-odd-block": (100, 8, 64, 24),
+    "multi-launch": (1100, 4, 32, 32),
+    "multi-launch-long-scan": (600, 8, 256, 16),  # 75 chunks: the offsets scan takes five steps
 }
 
 

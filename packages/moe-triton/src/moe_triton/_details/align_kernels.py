@@ -1,12 +1,17 @@
 """Triton kernels behind `moe_triton.align`.
 
-Up to 256 choices (decode and small batches), one program ranks every choice by comparing it with
-the earlier ones (`_align_pairs_kernel`): a [choices, choices] tile whatever the expert count, 2.3-2.4
-us a launch at 64 choices of 128 or 256 experts on an H100, where the one-hot kernel below took
-6.8 and 9.7 us (benchmarks/results/align_pairwise_2026-11-21.md). Beyond that, ranks come from a
-one-hot [choices, experts] tile and a cumulative sum down the choices, which is stable and needs
-no atomics: one program while that tile is small, else three launches over chunks:
-count per chunk -> per-expert prefix over chunks + padded segment ends -> scatter + expert per block.
+One launch up to 4096 choices, three beyond:
+- up to 256 choices (decode and small batches), one program ranks every choice by comparing it
+  with the earlier ones (`_align_pairs_kernel`): a [choices, choices] tile whatever the expert
+  count;
+- while a one-hot [choices, experts] tile stays small (few experts), one program ranks with a
+  cumulative sum down it, which is stable and needs no atomics (`_align_single_kernel`);
+- up to 4096 choices, programs of 128 choices each count all choices and rank their own pairwise
+  (`_align_chunks_kernel`): nothing passes between programs;
+- beyond, three launches over chunks, with one-hot tiles: count per chunk -> per-expert prefix
+  over chunks + padded segment ends -> scatter + expert per block.
+On an H100 the first took 2.3-2.4 us a launch at 64 choices of 128 or 256 experts, where the
+one-hot kernel took 6.8 and 9.7 us (benchmarks/results/align_one_launch_2026-11-21.md).
 """
 
 from __future__ import annotations
@@ -17,8 +22,12 @@ import triton.language as tl
 
 # Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
 _PAIRWISE_CHOICES = 256
-# Else one program handles the whole input while its one-hot tile stays this small.
+# Else one program handles the whole input while its one-hot tile stays this small (few experts).
 _SINGLE_PROGRAM_TILE = 16384
+# Else up to this many, programs of _RANK_CHUNK choices each count them all and rank their own
+# (`_align_chunks_kernel`), in one launch.
+_CHUNKED_CHOICES = 4096
+_RANK_CHUNK = 128
 # Target one-hot tile of a chunk program in the multi-launch path.
 _CHUNK_TILE = 16384
 _FILL_TILE = 1024
@@ -100,6 +109,54 @@ def _align_pairs_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr
     if HAS_MAP:
         block_expert = tl.load(expert_map_ptr + ids, mask=valid, other=-1)
     tl.store(expert_ids_ptr + dest // BLOCK_SIZE, block_expert, mask=valid)
+
+
+@triton.jit
+def _align_chunks_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+                         numel, max_padded, max_blocks, fill_per_program, blocks_per_program,
+                         HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BS_P2: tl.constexpr,
+                         NUMEL_P2: tl.constexpr, E_P2: tl.constexpr, EXPERTS_PER_PROGRAM: tl.constexpr,
+                         CHUNK: tl.constexpr, FILL_TILE: tl.constexpr):
+    """One launch over chunks of CHUNK choices, nothing shared between programs: each counts every
+    choice (all: segment sizes; those before its chunk: its bases within them), ranks its chunk's
+    choices pairwise and scatters them. The sentinel goes only where no choice lands (the tails of
+    segments, a few experts per program, and past the padded total), so no program's fill can
+    overwrite another's scatter; each program also fills a stripe of the block experts."""
+    pid = tl.program_id(0)
+    num_chunks = tl.num_programs(0)
+    everyone = tl.arange(0, NUMEL_P2)
+    all_ids = tl.load(topk_ids_ptr + everyone, mask=everyone < numel, other=0)
+    counts = tl.histogram(all_ids, E_P2, mask=everyone < numel)
+    earlier = tl.histogram(all_ids, E_P2, mask=everyone < tl.minimum(pid * CHUNK, numel))
+    padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    if pid == 0:
+        tl.store(total_ptr, total)
+    local = tl.arange(0, CHUNK)
+    offs = pid * CHUNK + local
+    valid = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
+    rank = tl.sum(((ids[None, :] == ids[:, None]) & (local[None, :] < local[:, None])).to(tl.int32), axis=1)
+    tl.store(sorted_ptr + tl.gather(starts + earlier, ids, 0) + rank, offs, mask=valid)
+    # Segment tails of experts pid, pid + num_chunks, ...
+    mine = pid + tl.arange(0, EXPERTS_PER_PROGRAM) * num_chunks
+    expert = tl.where(mine < E_P2, mine, 0)
+    tail_start = tl.gather(starts + counts, expert, 0)
+    tail_len = tl.where(mine < E_P2, tl.gather(padded - counts, expert, 0), 0)
+    j = tl.arange(0, BS_P2)
+    tl.store(sorted_ptr + tail_start[:, None] + j[None, :], tl.full([EXPERTS_PER_PROGRAM, BS_P2], 0, tl.int32) + numel,
+             mask=j[None, :] < tail_len[:, None])
+    # Past the padded total, a stripe per program.
+    lo = pid * fill_per_program
+    for start in range(lo, lo + fill_per_program, FILL_TILE):
+        pos = start + tl.arange(0, FILL_TILE)
+        keep = (pos >= total) & (pos < max_padded) & (pos < lo + fill_per_program)
+        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=keep)
+    first = pid * blocks_per_program
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, tl.minimum(first + blocks_per_program, max_blocks),
+                   HAS_MAP, BLOCK_SIZE, E_P2, 16)
 
 
 @triton.jit
@@ -190,6 +247,15 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
         _align_single_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, num_experts,
                                    max_padded, max_blocks, HAS_MAP=has_map, BLOCK_SIZE=block_size,
                                    NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, num_warps=4)
+        return sorted_ids, expert_ids, total
+    if numel_p2 <= _CHUNKED_CHOICES:
+        num_chunks = triton.cdiv(numel, _RANK_CHUNK)
+        _align_chunks_kernel[(num_chunks,)](
+            topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,
+            triton.cdiv(max_padded, num_chunks), triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
+            BLOCK_SIZE=block_size, BS_P2=triton.next_power_of_2(block_size), NUMEL_P2=numel_p2, E_P2=e_p2,
+            EXPERTS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
+            FILL_TILE=_FILL_TILE, num_warps=4)
         return sorted_ids, expert_ids, total
     chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
     num_chunks = triton.cdiv(numel, chunk)
