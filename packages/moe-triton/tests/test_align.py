@@ -1,5 +1,9 @@
 """`align_block_size` (Triton) against its torch twin, and the twin against the definition."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -102,3 +106,29 @@ def test_real_sizes_on_gpu(M):
         got = align_block_size(ids, bs, 256)
         want = align_block_size_torch(ids, bs, 256)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+_COMPILE_ALIGN = """
+from moe_triton._details import align_kernels as ak
+from moe_triton._details.offline import compile_kernel
+ptrs = dict.fromkeys(("topk_ids_ptr", "expert_map_ptr", "sorted_ptr", "expert_ids_ptr", "total_ptr", "hist_ptr",
+                      "ends_ptr"), "*i32")
+common = dict(HAS_MAP=True, BLOCK_SIZE=16, E_P2=256)
+compile_kernel(ak._align_pairs_kernel, dict(common, NUMEL_P2=256, FILL_TILE=1024), ptrs)
+compile_kernel(ak._align_single_kernel, dict(common, E_P2=8, NUMEL_P2=2048, FILL_TILE=1024), ptrs)
+compile_kernel(ak._align_chunks_kernel, dict(common, BLOCK_SIZE=24, BS_P2=32, NUMEL_P2=4096, EXPERTS_PER_PROGRAM=8,
+                                             CHUNK=128, FILL_TILE=1024), ptrs)
+compile_kernel(ak._align_count_kernel, dict(CHUNK=64, E_P2=256, FILL_TILE=256), ptrs)
+compile_kernel(ak._align_offsets_kernel, dict(BLOCK_SIZE=16, E_P2=256, ROWS=16), ptrs, num_warps=8)
+compile_kernel(ak._align_scatter_kernel, dict(common, CHUNK=64), ptrs)
+print("built")
+"""
+
+
+def test_kernels_compile_for_hopper():
+    """Triton's compiler on every alignment kernel for sm_90, which the interpreter never runs (in a
+    child process, since this module may interpret the kernels)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_ALIGN], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["built"]

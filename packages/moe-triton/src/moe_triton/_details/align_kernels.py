@@ -34,6 +34,14 @@ _FILL_TILE = 1024
 
 
 @triton.jit
+def _fill(ptr, value, lo, hi, TILE: tl.constexpr):
+    """ptr[lo:hi] = value (int32)."""
+    for start in range(lo, hi, TILE):
+        pos = start + tl.arange(0, TILE)
+        tl.store(ptr + pos, tl.full([TILE], 0, tl.int32) + value, mask=pos < hi)
+
+
+@triton.jit
 def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, last,
                    HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, TILE: tl.constexpr):
     """expert_ids[b] for first <= b < last: the expert whose padded segment holds block b (mapped),
@@ -67,9 +75,7 @@ def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
     starts = ends - padded
     total = tl.sum(padded, axis=0)
     tl.store(total_ptr, total)
-    for start in range(0, max_padded, FILL_TILE):
-        pos = start + tl.arange(0, FILL_TILE)
-        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=pos < max_padded)
+    _fill(sorted_ptr, numel, 0, max_padded, FILL_TILE)
     # The sentinel fill and the scatter below touch the same addresses from different threads.
     tl.debug_barrier()
     my_start = tl.sum(onehot * starts[None, :], axis=1)
@@ -96,12 +102,8 @@ def _align_pairs_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr
     # Stable: a choice's rank counts the earlier choices of its expert.
     rank = tl.sum(((ids[None, :] == ids[:, None]) & (offs[None, :] < offs[:, None])).to(tl.int32), axis=1)
     dest = tl.gather(ends - padded, ids, 0) + rank
-    for start in range(0, max_padded, FILL_TILE):
-        pos = start + tl.arange(0, FILL_TILE)
-        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=pos < max_padded)
-    for start in range(0, max_blocks, FILL_TILE):
-        pos = start + tl.arange(0, FILL_TILE)
-        tl.store(expert_ids_ptr + pos, tl.full([FILL_TILE], -1, tl.int32), mask=pos < max_blocks)
+    _fill(sorted_ptr, numel, 0, max_padded, FILL_TILE)
+    _fill(expert_ids_ptr, -1, 0, max_blocks, FILL_TILE)
     # The fills and the scatters below touch the same addresses from different threads.
     tl.debug_barrier()
     tl.store(sorted_ptr + dest, offs, mask=valid)
@@ -150,10 +152,7 @@ def _align_chunks_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
              mask=j[None, :] < tail_len[:, None])
     # Past the padded total, a stripe per program.
     lo = pid * fill_per_program
-    for start in range(lo, lo + fill_per_program, FILL_TILE):
-        pos = start + tl.arange(0, FILL_TILE)
-        keep = (pos >= total) & (pos < max_padded) & (pos < lo + fill_per_program)
-        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=keep)
+    _fill(sorted_ptr, numel, tl.maximum(lo, total), tl.minimum(lo + fill_per_program, max_padded), FILL_TILE)
     first = pid * blocks_per_program
     _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, tl.minimum(first + blocks_per_program, max_blocks),
                    HAS_MAP, BLOCK_SIZE, E_P2, 16)
@@ -170,10 +169,7 @@ def _align_count_kernel(topk_ids_ptr, hist_ptr, sorted_ptr, numel, max_padded, f
     tl.store(hist_ptr + pid * E_P2 + experts, counts)
     # Each program also writes the sentinel over its stripe; the scatter runs in a later launch.
     lo = pid * fill_per_program
-    for start in range(0, fill_per_program, FILL_TILE):
-        pos = lo + start + tl.arange(0, FILL_TILE)
-        keep = (pos < max_padded) & (start + tl.arange(0, FILL_TILE) < fill_per_program)
-        tl.store(sorted_ptr + pos, tl.full([FILL_TILE], 0, tl.int32) + numel, mask=keep)
+    _fill(sorted_ptr, numel, lo, tl.minimum(lo + fill_per_program, max_padded), FILL_TILE)
 
 
 @triton.jit

@@ -1,10 +1,11 @@
-"""Compile the quantized grouped GEMM for a GPU target without a GPU (Triton's own ptxas).
+"""Compile the kernels for a GPU target without a GPU (Triton's own ptxas).
 
 The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel can pass every
 interpreted test and still fail to compile (a loop-carried variable changing type, a layout the
 backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
 and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
-same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all.
+same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all;
+`compile_kernel` for any other Triton kernel (the alignment's).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from triton.compiler import ASTSource
 
 from moe_triton._details import quant_gemm
 
-__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_quant_gemm", "compile_wgmma_gemm"]
+__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm"]
 
 # A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
 DEFAULT_CONSTEXPRS = dict(
@@ -48,14 +49,20 @@ def _source(fn, source_type, constexprs: dict, pointers: dict[str, str]):
     return source_type(fn, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
 
 
+def compile_kernel(fn, constexprs: dict, pointers: dict[str, str], *, num_warps: int = 4, num_stages: int = 3,
+                   arch: int = 90):
+    """The compiled Triton kernel `fn` (`.asm["ptx"]`, `.asm["cubin"]`): arguments named in `constexprs`
+    fixed, those in `pointers` of the given types ("*i32", ...), the others i32 scalars."""
+    return triton.compile(_source(fn, ASTSource, constexprs, pointers), target=GPUTarget("cuda", arch, 64),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
 def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4,
                        num_stages: int = 3, arch: int = 90):
-    """The compiled kernel (`.asm["ptx"]`, `.asm["cubin"]`) for `constexprs` over DEFAULT_CONSTEXPRS
-    (strides named there are specialized to that value) and pointer types over `_POINTERS`."""
-    src = _source(quant_gemm._moe_wgemm_kernel, ASTSource, {**DEFAULT_CONSTEXPRS, **constexprs},
-                  {**_POINTERS, **(pointers or {})})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 64),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    """`compile_kernel` of the quantized GEMM for `constexprs` over DEFAULT_CONSTEXPRS (strides named
+    there are specialized to that value) and pointer types over `_POINTERS`."""
+    return compile_kernel(quant_gemm._moe_wgemm_kernel, {**DEFAULT_CONSTEXPRS, **constexprs},
+                          {**_POINTERS, **(pointers or {})}, num_warps=num_warps, num_stages=num_stages, arch=arch)
 
 
 def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None):
