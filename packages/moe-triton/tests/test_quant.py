@@ -162,6 +162,30 @@ def test_many_tokens_sums_finish_row_by_row_or_by_a_cast(splits, M):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("cls, quant", [
+    (TritonWna16Experts, int4_w4a16(128, zero_point=True)),
+    (TritonFp8Experts, fp8_w8a8(block=(128, 128))),
+])
+def test_many_pairs_sum_stored_rows(monkeypatch, cls, quant):
+    """From ROWS_SUM_MIN_PAIRS pairs (lowered here to this test's 36) GEMM2 stores each pair's
+    16-bit row, with bias and router weight, and one reduce sums a token's top-k rows."""
+    from moe_triton import quantized
+
+    monkeypatch.setattr(quantized, "ROWS_SUM_MIN_PAIRS", 36)
+    gemm2_outputs = []
+
+    def recording_gemm(a, w, out, *args, **kwargs):
+        if a.shape[1] == 128:  # GEMM2 (K of w2 = N)
+            gemm2_outputs.append((out.shape, out.dtype, kwargs["reduce_topk"]))
+        return moe_gemm(a, w, out, *args, **kwargs)
+
+    monkeypatch.setattr(quantized, "moe_gemm", recording_gemm)
+    out, ref = _run(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=4, topk=3, M=12, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+    rows_dtype = torch.float32 if DEV.type == "cpu" else torch.bfloat16  # the interpreter's bf16 stores truncate
+    assert gemm2_outputs == [((36, 256), rows_dtype, 1)]
+
+
 def test_gemm1_with_the_activation_matches_twin():
     """The fused epilogue of one GEMM1 launch against the twin's pre-activation rows, de-interleaved
     and activated by the reference."""
@@ -576,7 +600,7 @@ def test_act_quant_matches_twin(qmode, chunk):
     (fp8_w8a8("channel"), 2048, 768, Activation.silu()),
     (mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai()),
 ])
-@pytest.mark.parametrize("M", [1, 64, 1024])
+@pytest.mark.parametrize("M", [1, 64, 1024, 4096])  # 4096 x top-4: GEMM2 stores rows (ROWS_SUM_MIN_PAIRS)
 def test_real_shapes_on_gpu(quant, K, N, activation, M):
     cls = {"int4": TritonWna16Experts, "int8": TritonWna16Experts, "fp8e4m3": TritonFp8Experts,
            "fp4e2m1": TritonMxfp4Experts}[quant.weight.dtype.value]

@@ -2,7 +2,8 @@
 
 All three run the same pipeline: align the (token, k) pairs by expert (not for one token), GEMM1
 with the weights dequantized in registers, the activation, and GEMM2 whose epilogue applies the
-router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on the side by GEMM1.
+router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on the side by GEMM1
+(from `ROWS_SUM_MIN_PAIRS` pairs, it stores each pair's 16-bit row and one reduce sums them).
 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
 interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
@@ -10,7 +11,8 @@ each output tile holds matching gate and up columns. fp8 keeps a separate activa
 also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
 GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
 route, align (not for one token), GEMM1, GEMM2, and a fill when GEMM1 is split, is the whole layer;
-more tokens take a cast launch after GEMM2 (and the activation launch after a split GEMM1).
+more tokens take a cast launch after GEMM2, or the reduce from `ROWS_SUM_MIN_PAIRS` pairs (and the
+activation launch after a split GEMM1).
 
 On Hopper the GEMMs are launched before the kernel ahead of them ends (programmatic dependent
 launch), so their launch latency hides behind it.
@@ -48,7 +50,7 @@ from moe_triton._details.quant_gemm import (
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
 
-__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
+__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
 # What the three quantized classes share: 16-bit activations in and out, 64-wide K/N tiles, the runs
@@ -69,6 +71,12 @@ GATE_UP_CHUNK = 32
 # the layer ran 1-8% slower than the atomic sums with a cast did in session 7 (every GEMM2 program
 # then counts each of its rows with an acquire-release atomic).
 LAST_ARRIVAL_MAX_TOKENS = 8
+# Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
+# rows, instead of fp32 atomic sums and a cast. H100, 2026-11-21 (session 13, whole layer, alternated
+# A/B): at 8192 tokens the rows were 1.04-1.12x faster for the top-4/8 presets (GEMM2 then issues
+# no atomic per output), 1.01x for mixtral (top-2); at 16384 pairs (2048 tokens of the top-8
+# presets) 1.01-1.02x; below, within the spread or slower (mixtral at 4096 pairs: 0.94x).
+ROWS_SUM_MIN_PAIRS = 16384
 
 
 def _interpreting() -> bool:
@@ -270,11 +278,12 @@ class _QuantTritonExperts(Experts):
         inter_dtype = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
 
         # GEMM2 sums a token's top-k choices (and K-splits) in fp32 (and their arrival counts), zero
-        # on entry: GEMM1 clears them on the side.
+        # on entry: GEMM1 clears them on the side. Many pairs: GEMM2 stores each pair's row instead,
+        # and one reduce sums them.
         finish_last = M <= LAST_ARRIVAL_MAX_TOKENS
-        out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
+        sum_rows = topk > 1 and split2 == 1 and not finish_last and P >= ROWS_SUM_MIN_PAIRS
         scratch2 = None
-        if topk * split2 > 1:
+        if topk * split2 > 1 and not sum_rows:
             arrivals2 = M * -(-K // c2.block_n) if finish_last else 0
             scratch2 = torch.empty(M * K + arrivals2, dtype=torch.int32, device=dev)
             sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
@@ -314,6 +323,11 @@ class _QuantTritonExperts(Experts):
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
                         topk_weights=routed, reduce_topk=topk)
+        if sum_rows:
+            rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
+            gemm2(rows, reduce_topk=1)
+            return rows.view(M, topk, K).sum(dim=1, dtype=cfg.dtype)
+        out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
         if scratch2 is None:  # one contribution per output row: stored as it is
             gemm2(out)
         elif finish_last:

@@ -372,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        "10 more layer timings per M); on the H100 it won at 8192 tokens (all presets but "
-                        "qwen3-30b-a3b) and for mixtral-8x7b and qwen3-235b-a22b at 2048")
+                        "10 more layer timings per M); on the H100 it won at 8192 tokens (all five presets) and "
+                        "for mixtral-8x7b, qwen3-30b-a3b and qwen3-235b-a22b at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
