@@ -114,9 +114,10 @@ from moe_triton._details.offline import compile_kernel
 ptrs = dict.fromkeys(("topk_ids_ptr", "expert_map_ptr", "sorted_ptr", "expert_ids_ptr", "total_ptr", "hist_ptr",
                       "ends_ptr"), "*i32")
 common = dict(HAS_MAP=True, BLOCK_SIZE=16, E_P2=256)
-compile_kernel(ak._align_pairs_kernel, dict(common, NUMEL_P2=256, FILL_TILE=1024), ptrs)
-compile_kernel(ak._align_single_kernel, dict(common, E_P2=8, NUMEL_P2=2048, FILL_TILE=1024), ptrs)
-compile_kernel(ak._align_chunks_kernel, dict(common, BLOCK_SIZE=24, BS_P2=32, NUMEL_P2=4096, EXPERTS_PER_PROGRAM=8,
+one_launch = dict(common, PDL=True)  # launched dependent on the kernel ahead
+compile_kernel(ak._align_pairs_kernel, dict(one_launch, NUMEL_P2=256, FILL_TILE=1024), ptrs)
+compile_kernel(ak._align_single_kernel, dict(one_launch, E_P2=8, NUMEL_P2=2048, FILL_TILE=1024), ptrs)
+compile_kernel(ak._align_chunks_kernel, dict(one_launch, BLOCK_SIZE=24, BS_P2=32, NUMEL_P2=4096, EXPERTS_PER_PROGRAM=8,
                                              CHUNK=128, FILL_TILE=1024), ptrs)
 compile_kernel(ak._align_count_kernel, dict(CHUNK=64, E_P2=256, FILL_TILE=256), ptrs)
 compile_kernel(ak._align_offsets_kernel, dict(BLOCK_SIZE=16, E_P2=256, ROWS=16), ptrs, num_warps=8)

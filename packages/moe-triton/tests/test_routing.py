@@ -1,5 +1,9 @@
 """The fused Triton router against `moe_core.routing.route_torch`, every routing method."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -88,3 +92,27 @@ def test_deepseek_and_qwen_shapes_on_gpu(M):
         w_ref, ids_ref = route_torch(logits, routing, k, bias)
         assert torch.equal(ids, ids_ref)
         torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+
+
+_COMPILE_ROUTE = """
+from moe_triton._details.offline import compile_kernel
+from moe_triton._details.routing_kernels import _route_kernel
+ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+        "renormalize_eps": "fp32", "scaling": "fp32"}
+for grouped in (False, True):
+    compile_kernel(_route_kernel, dict(TOP_K=8, K_P2=8, SOFTMAX=not grouped, HAS_BIAS=grouped, GROUPS=8 if grouped else 1,
+                                       G_P2=8 if grouped else 1, PER_GROUP=32 if grouped else 128,
+                                       PG_P2=32 if grouped else 128, TOPK_GROUPS=4 if grouped else 1,
+                                       RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, LAUNCH_DEPENDENTS=True), ptrs,
+                   num_warps=1)
+print("built")
+"""
+
+
+def test_kernel_compiles_for_hopper():
+    """Triton's compiler on the router for sm_90 with its dependent-launch trigger, which the
+    interpreter never runs (in a child process, since this module may interpret the kernel)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_ROUTE], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["built"]

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton._details.pdl import dependent_launch, wait_then_release
+
 # Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
 _PAIRWISE_CHOICES = 256
 # Else one program handles the whole input while its one-hot tile stays this small (few experts).
@@ -62,7 +64,8 @@ def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, last,
 def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                          numel, num_experts, max_padded, max_blocks,
                          HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUMEL_P2: tl.constexpr,
-                         E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
+                         E_P2: tl.constexpr, FILL_TILE: tl.constexpr, PDL: tl.constexpr):
+    wait_then_release(PDL)  # topk_ids come from the kernel ahead (routing, in a layer)
     offs = tl.arange(0, NUMEL_P2)
     valid = offs < numel
     ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1)
@@ -87,11 +90,12 @@ def _align_single_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
 def _align_pairs_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                         numel, max_padded, max_blocks,
                         HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUMEL_P2: tl.constexpr,
-                        E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
+                        E_P2: tl.constexpr, FILL_TILE: tl.constexpr, PDL: tl.constexpr):
     """Up to _PAIRWISE_CHOICES choices: ranks from a pairwise [choices, choices] comparison instead
     of a one-hot [choices, experts] scan, segment starts gathered per choice, and each choice writes
     its block's expert (every live block holds a choice, and a block's choices agree), so no tile
     grows with the expert count."""
+    wait_then_release(PDL)  # topk_ids come from the kernel ahead (routing, in a layer)
     offs = tl.arange(0, NUMEL_P2)
     valid = offs < numel
     ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
@@ -118,12 +122,13 @@ def _align_chunks_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
                          numel, max_padded, max_blocks, fill_per_program, blocks_per_program,
                          HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BS_P2: tl.constexpr,
                          NUMEL_P2: tl.constexpr, E_P2: tl.constexpr, EXPERTS_PER_PROGRAM: tl.constexpr,
-                         CHUNK: tl.constexpr, FILL_TILE: tl.constexpr):
+                         CHUNK: tl.constexpr, FILL_TILE: tl.constexpr, PDL: tl.constexpr):
     """One launch over chunks of CHUNK choices, nothing shared between programs: each counts every
     choice (all: segment sizes; those before its chunk: its bases within them), ranks its chunk's
     choices pairwise and scatters them. The sentinel goes only where no choice lands (the tails of
     segments, a few experts per program, and past the padded total), so no program's fill can
     overwrite another's scatter; each program also fills a stripe of the block experts."""
+    wait_then_release(PDL)  # topk_ids come from the kernel ahead (routing, in a layer)
     pid = tl.program_id(0)
     num_chunks = tl.num_programs(0)
     everyone = tl.arange(0, NUMEL_P2)
@@ -234,15 +239,19 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     numel_p2 = triton.next_power_of_2(max(numel, 1))
     has_map = expert_map is not None
     map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
+    # The one-launch kernels launch dependent on the routing kernel ahead (`moe_triton._details.pdl`).
+    pdl = dependent_launch(device)
+    dependent = {"launch_pdl": True} if pdl else {}
     if numel_p2 <= _PAIRWISE_CHOICES:
         _align_pairs_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,
                                   HAS_MAP=has_map, BLOCK_SIZE=block_size, NUMEL_P2=numel_p2, E_P2=e_p2,
-                                  FILL_TILE=_FILL_TILE, num_warps=4)
+                                  FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     if numel_p2 * e_p2 <= _SINGLE_PROGRAM_TILE:
         _align_single_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, num_experts,
                                    max_padded, max_blocks, HAS_MAP=has_map, BLOCK_SIZE=block_size,
-                                   NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, num_warps=4)
+                                   NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4,
+                                   **dependent)
         return sorted_ids, expert_ids, total
     if numel_p2 <= _CHUNKED_CHOICES:
         num_chunks = triton.cdiv(numel, _RANK_CHUNK)
@@ -251,7 +260,7 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
             triton.cdiv(max_padded, num_chunks), triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
             BLOCK_SIZE=block_size, BS_P2=triton.next_power_of_2(block_size), NUMEL_P2=numel_p2, E_P2=e_p2,
             EXPERTS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
-            FILL_TILE=_FILL_TILE, num_warps=4)
+            FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
     num_chunks = triton.cdiv(numel, chunk)

@@ -8,9 +8,9 @@ block per pair, read from topk_ids (one token's top-k choices are distinct exper
 A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when its columns are
 interleaved gate/up chunks), added atomically into fp32 sums, or added and finished row by row by
 its last contributor (`LastArrival`). A launch may also zero the next GEMM's sums on the side.
-On Hopper and later every launch is programmatically dependent (`launch_pdl`): its programs wait
-for the kernel before (griddepcontrol.wait) before they read or write anything, then let the next
-launch start, so launch latency hides behind the previous kernel. MOE_TRITON_PDL=0 turns it off.
+On Hopper and later every launch is programmatically dependent (`moe_triton._details.pdl`): its
+programs wait for the kernel before (griddepcontrol.wait) before they read or write anything, then
+let the next launch start, so launch latency hides behind the previous kernel.
 Aligned launches above the decode sizes put N tiles first in the launch order (N_FIRST): the
 programs running together then share one block of gathered activation rows, read from DRAM once
 and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
@@ -53,18 +53,17 @@ canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
 from __future__ import annotations
 
 import enum
-import functools
 import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
 from moe_triton._details.gemm_kernels import activate
+from moe_triton._details.pdl import dependent_launch, wait_then_release
 from moe_triton._details.quant_act import act_kind
 from moe_triton.configs import GemmConfig
 
@@ -378,11 +377,8 @@ def _moe_wgemm_kernel(
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
     tl.static_assert(not (N_FIRST and SINK == 2), "last-arrival counters index N tiles by the grid's second axis")
-    if PDL:
-        # Launched while the previous kernel may still run (programmatic dependent launch): wait
-        # for it to finish, then let the next launch start early too.
-        gdc_wait()
-        gdc_launch_dependents()
+    # Launched while the previous kernel may still run (programmatic dependent launch).
+    wait_then_release(PDL)
     if ZERO_SIDE:
         # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
         # which saves that GEMM a fill launch.
@@ -653,22 +649,6 @@ class LastArrival:
     arrivals: torch.Tensor
 
 
-@functools.cache
-def _pdl_capable(device: torch.device) -> bool:
-    """Programmatic dependent launch: NVIDIA Hopper and later (griddepcontrol), compiled kernels."""
-    return (device.type == "cuda" and torch.version.hip is None and not _interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def _dependent_launch(device: torch.device) -> bool:
-    """Whether the GEMM launches programmatically dependent; MOE_TRITON_PDL=0 turns it off (to compare)."""
-    flag = os.environ.get("MOE_TRITON_PDL", "1")
-    if flag not in ("0", "1"):
-        raise ValueError(f"MOE_TRITON_PDL={flag!r}: accepted values are 0 (plain launches) and 1 (dependent "
-                         "launches where the GPU has them, the default)")
-    return flag == "1" and _pdl_capable(device)
-
-
 def effective_split(split_k: int, w: WeightOperand) -> int:
     """K-splits a launch runs: split_k, less any that would get no K tile (so every split adds)."""
     k_tiles = w.k_tiles
@@ -801,7 +781,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
             PRODUCER_REGS=regs.producer_regs, num_warps=4, maxnreg=regs.maxnreg)
         return
-    pdl = _dependent_launch(w.codes.device)
+    pdl = dependent_launch(w.codes.device)
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (

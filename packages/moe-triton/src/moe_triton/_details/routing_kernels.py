@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+
+from moe_triton._details.pdl import dependent_launch
 
 # Scores held per program (BLOCK_M x padded experts): 16 per thread at 4 warps. The earlier
 # 32 x 128 tile took 24 us per program on an H100, one wave, at any M.
@@ -23,7 +26,11 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m,
                   TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
                   GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                   TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
+                  BLOCK_M: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+    if LAUNCH_DEPENDENTS:
+        # The dependent launch behind (alignment, or a one-token GEMM1) may start now: it waits for
+        # this kernel's results itself (`moe_triton._details.pdl`).
+        gdc_launch_dependents()
     C: tl.constexpr = G_P2 * PG_P2
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, C)
@@ -112,4 +119,5 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
         float(renormalize_eps), float(scaling),
         TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
         GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
-        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, num_warps=num_warps)
+        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m,
+        LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=num_warps)
