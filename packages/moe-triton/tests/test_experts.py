@@ -1,6 +1,9 @@
 """`TritonExperts` against the fp32 reference, its GEMM against the torch twin, and the plugin glue."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -329,3 +332,31 @@ def test_moe_tune_forwards_its_options(capsys):
     if not torch.cuda.is_available():
         assert cli.main(["tune", "--quant", "int4"]) == 2
         assert "torch sees no GPU" in capsys.readouterr().err
+
+
+_COMPILE_BF16 = """
+from moe_triton._details import gemm_kernels as gk
+from moe_triton._details.offline import compile_kernel
+ptrs = {"a_ptr": "*bf16", "b_ptr": "*bf16", "b_desc": "*bf16", "bias_ptr": "*bf16", "c_ptr": "*bf16",
+        "topk_weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32",
+        "x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "topk_ids_ptr": "*i32", "expert_map_ptr": "*i32",
+        "alpha": "fp32", "limit": "fp32"}
+compile_kernel(gk.moe_gemm_kernel, dict(A_ROW_DIV=8, GATED=True, ACT=gk.ACT_SILU, HAS_BIAS=False, MUL_WEIGHT=False,
+                                        ZERO_FOREIGN=False, EVEN_K=True, B_TMA=False, UPCAST=False,
+                                        DOT_PRECISION="tf32", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8,
+                                        PDL=True), ptrs)
+direct = dict(HAS_BIAS=True, MUL_WEIGHT=False, HAS_MAP=False, EVEN_K=True, BLOCK_N=8, BLOCK_K=256, PDL=True)
+compile_kernel(gk.moe_gemv1_kernel, dict(direct, TOP_K=8, GATED=True, ACT=gk.ACT_SWIGLU_OAI), ptrs)
+compile_kernel(gk.moe_gemv2_kernel, dict(direct, TOP_K=8, K_P2=8), ptrs)
+print("built")
+"""
+
+
+def test_kernels_compile_for_hopper():
+    """Triton's compiler on the bf16 GEMM and the direct kernels for sm_90, launched dependent (their
+    griddepcontrol code never runs under the interpreter); in a child process, since this module may
+    interpret the kernels."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_BF16], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["built"]

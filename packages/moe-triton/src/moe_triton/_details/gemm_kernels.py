@@ -24,6 +24,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from moe_triton._details.pdl import wait_then_release
+
 # Activation codes (constexpr); `moe_triton._details.pipeline` maps ActivationKind onto them.
 ACT_NONE, ACT_SILU, ACT_GELU, ACT_GELU_TANH, ACT_SWIGLU_OAI, ACT_RELU2 = range(6)
 
@@ -71,7 +73,9 @@ def moe_gemm_kernel(
     UPCAST: tl.constexpr,  # the CPU interpreter mishandles 16-bit dot: compute it in fp32 there
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PDL: tl.constexpr,  # launched dependent on the kernel ahead (`moe_triton._details.pdl`)
 ):
+    wait_then_release(PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -170,8 +174,10 @@ def moe_gemv1_kernel(
     TOP_K: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,  # weight on the input: scales the products before bias and activation
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[choice, n] = act(x[choice // TOP_K] . w13[expert][n]) for one choice and BLOCK_N outputs."""
+    wait_then_release(PDL)
     pid_n = tl.program_id(0)
     choice = tl.program_id(1)
     expert = tl.load(topk_ids_ptr + choice)
@@ -235,12 +241,14 @@ def moe_gemv2_kernel(
     TOP_K: tl.constexpr, K_P2: tl.constexpr, HAS_BIAS: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,  # router weight on the output, after the bias
     HAS_MAP: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[token, n] = sum over the token's choices of weight * (a[choice] . w2[expert][n] + bias).
 
     All TOP_K experts' tiles are loaded together as one [K_P2, BLOCK_N, BLOCK_K] tile, which keeps
     TOP_K times more bytes in flight per program than a loop over the choices would.
     """
+    wait_then_release(PDL)
     pid_n = tl.program_id(0)
     token = tl.program_id(1)
     slots = tl.arange(0, K_P2)
