@@ -405,6 +405,8 @@ _WGMMA_SPECIALIZATIONS = {
     "gemm1-silu": ({}, {}),
     "gemm2-atomic": (dict(ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
                           ZERO_SIDE=False, STAGES=3), {"c_ptr": "*fp32"}),
+    "gemm2-rows": (dict(ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, HAS_BIAS=True, A_ROWS_DIV=1, ZERO_SIDE=False),
+                   {}),  # from ROWS_SUM_MIN_PAIRS pairs: bf16 rows, summed by a reduce after the GEMM
     "zero-points-g32": (dict(HAS_ZP=True, GROUP=32, BLOCK_M=64, BLOCK_N=128, STAGES=3), {}),
     "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2, BLOCK_N=128),
                          {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
