@@ -4,6 +4,7 @@ On a machine without a GPU the kernels run under TRITON_INTERPRET=1 at tiny shap
 """
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -20,6 +21,7 @@ from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
+from moe_triton._details.offline import run_compiler_script
 from moe_triton._details.quant_act import QMode, act_quant, act_quant_torch
 from moe_triton._details.quant_gemm import (
     GemmConfig,
@@ -384,15 +386,8 @@ def test_gemm_compiles_for_hopper():
     """Triton's compiler on the kernel, which the interpreter never runs: one specialization per
     epilogue, weight type and layout, built for sm_90 by the installed Triton (in a child process,
     since this module interprets the kernels)."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_ALL], input=json.dumps(_SPECIALIZATIONS),
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    built = {name: flags for name, *flags in map(str.split, run.stdout.splitlines())}
+    stdout = run_compiler_script(_COMPILE_ALL, json.dumps(_SPECIALIZATIONS))
+    built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
         wgmma, waits = (flag == "True" for flag in built[name])
@@ -426,15 +421,8 @@ def test_wgmma_gemm_compiles_for_hopper():
     """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
     between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
     with one in flight at each of its four waits per 128-wide tile."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_WGMMA], input=json.dumps(_WGMMA_SPECIALIZATIONS),
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, run.stdout.splitlines())}
+    stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
+    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
     for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
         # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks

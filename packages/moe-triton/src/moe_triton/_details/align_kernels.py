@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_triton._details.pdl import dependent_launch, wait_then_release
+from moe_triton._details.pdl import dependent_options, wait_then_release
 
 # Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
 _PAIRWISE_CHOICES = 256
@@ -240,18 +240,16 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     has_map = expert_map is not None
     map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
     # The one-launch kernels launch dependent on the routing kernel ahead (`moe_triton._details.pdl`).
-    pdl = dependent_launch(device)
-    dependent = {"launch_pdl": True} if pdl else {}
+    dependent = dependent_options(device)
     if numel_p2 <= _PAIRWISE_CHOICES:
         _align_pairs_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,
                                   HAS_MAP=has_map, BLOCK_SIZE=block_size, NUMEL_P2=numel_p2, E_P2=e_p2,
-                                  FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4, **dependent)
+                                  FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     if numel_p2 * e_p2 <= _SINGLE_PROGRAM_TILE:
         _align_single_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, num_experts,
                                    max_padded, max_blocks, HAS_MAP=has_map, BLOCK_SIZE=block_size,
-                                   NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4,
-                                   **dependent)
+                                   NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     if numel_p2 <= _CHUNKED_CHOICES:
         num_chunks = triton.cdiv(numel, _RANK_CHUNK)
@@ -260,7 +258,7 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
             triton.cdiv(max_padded, num_chunks), triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
             BLOCK_SIZE=block_size, BS_P2=triton.next_power_of_2(block_size), NUMEL_P2=numel_p2, E_P2=e_p2,
             EXPERTS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
-            FILL_TILE=_FILL_TILE, PDL=pdl, num_warps=4, **dependent)
+            FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
     num_chunks = triton.cdiv(numel, chunk)

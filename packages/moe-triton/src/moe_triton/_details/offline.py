@@ -5,12 +5,16 @@ interpreted test and still fail to compile (a loop-carried variable changing typ
 backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
 and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
 same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all;
-`compile_kernel` for any other Triton kernel (the alignment's).
+`compile_kernel` for any other Triton kernel (the alignment's); `run_compiler_script` runs such
+builds in a child process without the interpreter, as the tests do.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -18,7 +22,8 @@ from triton.compiler import ASTSource
 
 from moe_triton._details import quant_gemm
 
-__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm"]
+__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm",
+           "run_compiler_script"]
 
 # A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
 DEFAULT_CONSTEXPRS = dict(
@@ -79,3 +84,14 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, consts,
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
+
+
+def run_compiler_script(script: str, stdin: str = "") -> str:
+    """stdout of `python -c script` in a child process without TRITON_INTERPRET (a process that
+    interprets kernels cannot also compile them); RuntimeError with the end of stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], input=stdin, capture_output=True, text=True, env=env,
+                         timeout=600)
+    if run.returncode != 0:
+        raise RuntimeError(f"the compile script exited with {run.returncode}:\n{run.stderr[-3000:]}")
+    return run.stdout

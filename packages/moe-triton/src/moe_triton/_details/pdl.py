@@ -35,6 +35,13 @@ def dependent_launch(device: torch.device) -> bool:
     return flag == "1" and _pdl_capable(device)
 
 
+def dependent_options(device: torch.device) -> dict:
+    """Launch options of a kernel that starts with `wait_then_release(PDL)`: its PDL constexpr, and
+    `launch_pdl` where it launches dependent."""
+    pdl = dependent_launch(device)
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+
+
 @triton.jit
 def wait_then_release(PDL: tl.constexpr):
     """First thing in a dependent kernel: wait for the kernel ahead (its writes visible), then let

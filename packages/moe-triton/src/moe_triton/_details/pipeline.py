@@ -15,7 +15,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_core.config import Activation, ActivationKind
 from moe_triton._details import gemm_kernels as gk
-from moe_triton._details.pdl import dependent_launch
+from moe_triton._details.pdl import dependent_options
 from moe_triton.align import align_block_size
 from moe_triton.configs import KernelConfig, TileConfig
 
@@ -30,12 +30,6 @@ _ACT_CODE = {
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _dependent(device: torch.device) -> dict:
-    """Launch options of a kernel that waits for the one ahead (`moe_triton._details.pdl`)."""
-    pdl = dependent_launch(device)
-    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
@@ -71,7 +65,7 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
         EVEN_K=K % tile.block_k == 0, B_TMA=tile.tma, UPCAST=interpreting(),
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        **_dependent(a.device), num_warps=tile.num_warps, num_stages=tile.num_stages,
+        **dependent_options(a.device), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
@@ -124,7 +118,7 @@ def moe_gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     K = w.shape[2]
     common = dict(HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, HAS_MAP=expert_map is not None,
                   EVEN_K=K % tile.block_k == 0, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                  num_warps=tile.num_warps, num_stages=tile.num_stages, **_dependent(a.device))
+                  num_warps=tile.num_warps, num_stages=tile.num_stages, **dependent_options(a.device))
     args = (a, w, bias if bias is not None else w, out, topk_weights, topk_ids,
             expert_map if expert_map is not None else topk_ids, N, K, a.stride(0), w.stride(0), w.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0))

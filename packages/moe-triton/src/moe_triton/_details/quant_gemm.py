@@ -63,7 +63,7 @@ import triton.language as tl
 from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
 from moe_triton._details.gemm_kernels import activate
-from moe_triton._details.pdl import dependent_launch, wait_then_release
+from moe_triton._details.pdl import dependent_options, wait_then_release
 from moe_triton._details.quant_act import act_kind
 from moe_triton.configs import GemmConfig
 
@@ -781,7 +781,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
             PRODUCER_REGS=regs.producer_regs, num_warps=4, maxnreg=regs.maxnreg)
         return
-    pdl = dependent_launch(w.codes.device)
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
@@ -815,8 +814,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        PDL=pdl, K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **({"launch_pdl": True} if pdl else {}),
+        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **dependent_options(w.codes.device),
     )
 
 
