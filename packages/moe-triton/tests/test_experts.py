@@ -230,6 +230,64 @@ def test_config_lookup_sources(tmp_path, monkeypatch):
         configs.reload()
 
 
+def test_wgmma_tiles_are_validated():
+    with pytest.raises(ValueError, match="block_k 64"):
+        TileConfig(128, 128, 1, 8, 4, wgmma=True)
+    with pytest.raises(ValueError, match="num_warps 8"):
+        TileConfig(128, 64, 1, 4, 4, wgmma=True)
+    with pytest.raises(ValueError, match="neither direct nor tma"):
+        TileConfig(128, 64, 1, 8, 4, tma=True, wgmma=True)
+    with pytest.raises(ValueError, match="64 or 128 rows"):
+        KernelConfig(32, TileConfig(64, 64, 1, 8, 4, wgmma=True), TileConfig(64, 64, 8, 4, 3))
+    assert "wgmma 128x64 s4" in str(KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True), WGMMA_TILE))
+
+
+WGMMA_TILE = TileConfig(256, 64, 1, 8, 4, wgmma=True)
+
+
+def test_tuner_offers_wgmma_tiles_on_hopper_only():
+    from moe_triton.tune import candidates
+
+    for gated in (True, False):
+        assert not any(t.wgmma for t in candidates(128, gated))
+        assert not any(t.wgmma for t in candidates(32, gated, wgmma=True))  # the kernel takes 64 or 128 rows
+        tiles = [t for t in candidates(128, gated, wgmma=True) if t.wgmma]
+        # 128 and 256 weight rows per program (gated: half as many output columns), N first or grouped by 8
+        assert {(t.block_n * (2 if gated else 1), t.group_m) for t in tiles} == {(128, 1), (128, 8), (256, 1), (256, 8)}
+        assert all(KernelConfig(128, t, t) for t in tiles)
+
+
+def test_wgmma_gemm_refused_off_hopper(device):
+    # The Gluon kernel exists for sm_90 only: a clear error elsewhere, never a silent fallback.
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 4, (5, 2), generator=gen, dtype=torch.int32).to(device)
+    sorted_ids, expert_ids, total = align_block_size(ids, 64, 4)
+    a = torch.randn(10, 64, generator=gen).to(torch.bfloat16).to(device)
+    w = torch.randn(4, 256, 64, generator=gen).to(torch.bfloat16).to(device)
+    out = torch.empty(10, 256, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match=r"wgmma GEMM \(TileConfig.wgmma\) needs an NVIDIA Hopper GPU \(sm_90\)"):
+        moe_gemm(a, w, None, out, torch.rand(5, 2).to(device), sorted_ids, expert_ids, total, top_k=2, block_m=64,
+                 tile=WGMMA_TILE, activation=None, mul_weight=True, zero_foreign=True)
+
+
+def test_wgmma_entry_runs_on_tl_dot_elsewhere(tmp_path, monkeypatch):
+    # A file asking for the Hopper kernel, read on another device: the same widths on the tl.dot kernel.
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    cfg = tiny(num_experts=8, top_k=2, dtype=torch.bfloat16)
+    tuned = KernelConfig(64, TileConfig(64, 64, 1, 8, 3, wgmma=True), WGMMA_TILE)
+    key = ConfigKey("bf16", 8, cfg.intermediate_size, cfg.hidden_size, 2, "bfloat16", "NVIDIA_H100_80GB_HBM3")
+    configs.write_configs(key, {64: tuned}, tmp_path)
+    configs.reload()
+    try:
+        experts = TritonExperts(cfg, unquantized(), DeviceInfo(Platform.CPU))
+        hit = experts.config_for(64)
+        assert hit.source == "other-device" and "wgmma off" in hit.detail
+        assert hit.config == KernelConfig(64, TileConfig(64, 64, 1, 8, 3), TileConfig(256, 64, 1, 8, 4))
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
 def test_malformed_config_file_is_an_error(tmp_path, monkeypatch):
     (tmp_path / "broken.json").write_text(json.dumps({"key": {"kernel": "bf16"}, "configs": {}}))
     monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
@@ -291,6 +349,39 @@ def test_direct_kernels_on_gpu(name):
         run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=tiles)
 
 
+def _wgmma_tiles(block_m: int, rows1: int, rows2: int, stages: int) -> KernelConfig:
+    """Both GEMMs on the wgmma kernel: rows1 / rows2 weight rows per program (GEMM1 gated: half as many columns)."""
+    return KernelConfig(block_m, TileConfig(rows1 // 2, 64, 1, 8, stages, wgmma=True),
+                        TileConfig(rows2, 64, 1, 8, stages, wgmma=True))
+
+
+WGMMA_CASES = {
+    # name: (config, tokens, tiles)
+    "qwen3-30b-bm128": (get_preset("qwen3-30b-a3b").config, 700, _wgmma_tiles(128, 256, 256, 4)),
+    "qwen3-30b-bm64": (get_preset("qwen3-30b-a3b").config, 300, _wgmma_tiles(64, 128, 128, 3)),
+    # biases, the clamped SwiGLU, N = K = 2880 (45 K tiles, a partial N tile)
+    "gpt-oss-32x": (MoEConfig(num_experts=32, top_k=4, hidden_size=2880, intermediate_size=2880,
+                              activation=Activation.swiglu_oai(1.702, 7.0), has_bias=True), 256,
+                    _wgmma_tiles(128, 256, 256, 4)),
+    # fp16, K and N tails, GELU, other ranks' experts (zeroed blocks)
+    "odd-fp16-ep": (MoEConfig(num_experts=16, top_k=3, hidden_size=1000, intermediate_size=520,
+                              activation=Activation.gelu(), has_bias=True, dtype=torch.float16,
+                              parallel=ParallelConfig(ep_size=2, ep_rank=1)), 333, _wgmma_tiles(64, 256, 128, 2)),
+    # top-1 with the router weight on the input (Llama4)
+    "llama4-weight-on-input": (MoEConfig(num_experts=16, top_k=1, hidden_size=1024, intermediate_size=512,
+                                         routing=Routing.llama4()), 200, _wgmma_tiles(128, 128, 256, 4)),
+}
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("name", list(WGMMA_CASES))
+def test_wgmma_gemm_on_gpu(name):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma kernel is Hopper-only (its refusal elsewhere: test_wgmma_gemm_refused_off_hopper)")
+    cfg, M, tiles = WGMMA_CASES[name]
+    run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=tiles)
+
+
 @pytest.mark.device("cuda")
 def test_fused_moe_layer_through_the_oracle():
     from moe_core.layer import FusedMoE
@@ -346,12 +437,22 @@ compile_kernel(gk.moe_gemm_kernel, dict(A_ROW_DIV=8, GATED=True, ACT=gk.ACT_SILU
 direct = dict(HAS_BIAS=True, MUL_WEIGHT=False, HAS_MAP=False, EVEN_K=True, BLOCK_N=8, BLOCK_K=256, PDL=True)
 compile_kernel(gk.moe_gemv1_kernel, dict(direct, TOP_K=8, GATED=True, ACT=gk.ACT_SWIGLU_OAI), ptrs)
 compile_kernel(gk.moe_gemv2_kernel, dict(direct, TOP_K=8, K_P2=8), ptrs)
+from moe_triton._details.offline import compile_bf16_wgmma_gemm
+# GEMM1 (SiLU) of 128-row blocks; GEMM2 with bias, router weight and zeroed foreign blocks; 64-row
+# blocks with a K tail, the clamped SwiGLU, fp16 and sizes and strides that are not multiples of 16
+# (cp.async needs 16-byte pieces: Triton must see them from multiples of 8).
+for consts, fp16 in ((dict(), False),
+                     (dict(GATED=False, ACT=0, A_ROW_DIV=1, HAS_BIAS=True, MUL_WEIGHT=True, ZERO_FOREIGN=True), False),
+                     (dict(BLOCK_M=64, BLOCK_N=128, STAGES=3, ACT=gk.ACT_SWIGLU_OAI, HAS_BIAS=True, K_TAIL=True), True)):
+    ptr16 = "*fp16" if fp16 else "*bf16"
+    k = compile_bf16_wgmma_gemm(consts, {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16)
+    assert k.metadata.shared <= 232448, k.metadata.shared  # an H100 block's shared memory
 print("built")
 """
 
 
 def test_kernels_compile_for_hopper():
     """Triton's compiler on the bf16 GEMM and the direct kernels for sm_90, launched dependent (their
-    griddepcontrol code never runs under the interpreter); in a child process, since this module may
-    interpret the kernels."""
+    griddepcontrol code never runs under the interpreter), and on the Gluon wgmma GEMM, which the
+    interpreter cannot run; in a child process, since this module may interpret the kernels."""
     assert run_compiler_script(_COMPILE_BF16).split() == ["built"]

@@ -38,6 +38,9 @@ class TileConfig:
     direct: the decode kernel instead of the grouped GEMM (see `moe_triton._details.gemm_kernels`):
     no tl.dot, so block_n may be as small as 1; group_m is unused there.
     tma: the grouped GEMM reads the weights through a tensor descriptor (the copy engine).
+    wgmma: NVIDIA Hopper only, 16-bit layers: the Gluon grouped GEMM (`moe_triton._details.gemm_wgmma`):
+    block_k 64, num_warps 8 (two consumer warpgroups), num_stages >= 2 (its ring); its weight rows per program (block_n, gated twice that) must be 128 or 256 and the layer's
+    block_m 64 or 128.
     """
 
     block_n: int
@@ -47,6 +50,7 @@ class TileConfig:
     num_stages: int  # software-pipelining depth of the K loop; >= 1
     direct: bool = False
     tma: bool = False
+    wgmma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -58,6 +62,10 @@ class TileConfig:
             raise ValueError("TileConfig: the direct kernel reads no tiles through a descriptor (tma)")
         if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"TileConfig: group_m, num_warps and num_stages must be >= 1, got {self}")
+        if self.wgmma and (self.direct or self.tma or self.block_k != 64 or self.num_warps != 8
+                           or self.num_stages < 2 or self.block_n > 256):
+            raise ValueError("TileConfig: the wgmma kernel takes block_k 64, num_warps 8, num_stages >= 2, "
+                             f"block_n <= 256, neither direct nor tma, got {self}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,8 @@ class KernelConfig:
     def __post_init__(self) -> None:
         if self.block_m < 16 or self.block_m & (self.block_m - 1):
             raise ValueError(f"KernelConfig.block_m={self.block_m} must be a power of two >= 16")
+        if (self.gemm1.wgmma or self.gemm2.wgmma) and self.block_m not in (64, 128):
+            raise ValueError(f"KernelConfig: the wgmma kernel takes blocks of 64 or 128 rows, got block_m={self.block_m}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +91,8 @@ class KernelConfig:
         def t(c: TileConfig) -> str:
             if c.direct:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
+            if c.wgmma:
+                return f"wgmma {c.block_n}x{c.block_k} s{c.num_stages}"
             return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 

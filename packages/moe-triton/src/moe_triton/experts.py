@@ -5,7 +5,9 @@ the activation fused into its epilogue, GEMM2 with bias and router weight, then 
 decode sizes the tuned config may pick the direct kernels for either GEMM instead: they read the
 routed ids without alignment, and the direct GEMM2 sums the top-k choices itself.
 Launch tiles come from the tuned-config database (`moe_triton.configs`); `config_for(M)` says
-which configuration a call of M tokens uses and where it came from.
+which configuration a call of M tokens uses and where it came from. On Hopper a tuned GEMM may run
+on the Gluon wgmma kernel (`moe_triton._details.gemm_wgmma`); elsewhere such an entry runs the
+tl.dot kernel at the same tile width.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
 from moe_triton._details.pipeline import fused_experts
-from moe_triton.configs import ConfigKey, KernelConfig, Lookup, device_tag, lookup
+from moe_triton._details.quant_gemm import wgmma_capable
+from moe_triton.configs import ConfigKey, KernelConfig, Lookup, TileConfig, device_tag, lookup
 
 __all__ = ["TritonExperts", "TritonWeightProcessor"]
 
@@ -41,6 +44,11 @@ class TritonWeightProcessor:
             tensors["w13_bias"] = weights.w13_bias.to(device=device, dtype=torch.float32).contiguous()
             tensors["w2_bias"] = weights.w2_bias.to(device=device, dtype=torch.float32).contiguous()
         return PackedWeights(self.layout, tensors)
+
+
+def _on_tl_dot(tile: TileConfig) -> TileConfig:
+    """A wgmma tile as the tl.dot kernel's tile of the same output width."""
+    return TileConfig(tile.block_n, 64, tile.group_m, 8, tile.num_stages) if tile.wgmma else tile
 
 
 class TritonExperts(Experts):
@@ -74,7 +82,14 @@ class TritonExperts(Experts):
             return Lookup(self.config_override, "override", "set on this instance")
         hit = self._lookups.get(num_tokens)
         if hit is None:
-            hit = self._lookups[num_tokens] = lookup(self._key, num_tokens)
+            hit = lookup(self._key, num_tokens)
+            cfg = hit.config
+            if (cfg.gemm1.wgmma or cfg.gemm2.wgmma) and not (
+                    wgmma_capable(self.device.torch_device) and self.config.dtype in (torch.bfloat16, torch.float16)):
+                # Another GPU's or dtype's entry: its Hopper-only tiles run on the tl.dot kernel, same shape.
+                hit = Lookup(KernelConfig(cfg.block_m, _on_tl_dot(cfg.gemm1), _on_tl_dot(cfg.gemm2)), hit.source,
+                             hit.detail + ", wgmma off (not an sm_90 GPU with a 16-bit layer)")
+            self._lookups[num_tokens] = hit
         return hit
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

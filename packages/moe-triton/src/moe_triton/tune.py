@@ -8,7 +8,8 @@ flushed before every call) on random weights and routed random tokens, for every
 of a short, regime-specific list; the rows per block (block_m) follow from the tokens each expert
 receives; with many rows per expert twice that block is tried too. At decode sizes the direct
 kernels compete per GEMM, charged for what they save: the alignment when both GEMMs are direct,
-the top-k sum when GEMM2 is.
+the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles join the list at 64
+and 128 rows per block (`candidates(..., wgmma=True)`).
 
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
@@ -63,8 +64,10 @@ def block_m_for(num_tokens: int, top_k: int, num_experts: int) -> int:
     return 128
 
 
-def candidates(block_m: int, gated: bool) -> list[TileConfig]:
-    """Tiles worth trying for one GEMM; gated GEMM1 holds two accumulators, so it avoids the widest."""
+def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfig]:
+    """Tiles worth trying for one GEMM; gated GEMM1 holds two accumulators, so it avoids the widest.
+    wgmma: also the Gluon wgmma kernel's (Hopper) at 128 and 256 weight rows per program, N tiles
+    first or in groups of 8 row blocks."""
     if block_m <= 32:
         tiles = [TileConfig(32, 256, 1, 4, 4), TileConfig(64, 128, 1, 4, 3), TileConfig(64, 128, 1, 4, 5),
                  TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4),
@@ -84,6 +87,9 @@ def candidates(block_m: int, gated: bool) -> list[TileConfig]:
     if block_m >= 64:
         # The same tiles with B through the copy engine (64-wide K rows: one 128-byte swizzle line).
         tiles += [dataclasses.replace(t, tma=True) for t in tiles if t.block_k == 64]
+    if wgmma and block_m in (64, 128):
+        tiles += [TileConfig(rows // 2 if gated else rows, 64, group, 8, 4, wgmma=True)
+                  for rows in (128, 256) for group in (1, 8)]
     return tiles
 
 
@@ -282,9 +288,11 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
     from moe_core.config import Routing
     from moe_core.routing import route_torch as route
     from moe_triton._details.pipeline import moe_gemm, moe_gemv
+    from moe_triton._details.quant_gemm import wgmma_capable
     from moe_triton.align import align_block_size
 
     dev = torch.device("cuda")
+    wgmma = wgmma_capable(dev) and dtype in (torch.bfloat16, torch.float16)
     gen = torch.Generator(device=dev).manual_seed(0)
     R = 2 * N if activation.gated else N
     w13 = (torch.randn(E, R, K, device=dev, generator=gen, dtype=dtype) * K**-0.5)
@@ -318,10 +326,10 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
         for bm in (bm0, 2 * bm0) if double else (bm0,):
             sorted_ids, expert_ids, total = align_block_size(ti, bm, E)
             common = dict(top_k=top_k, block_m=bm, zero_foreign=True)
-            g1 = best_of(name_m, "gemm1", candidates(bm, activation.gated), functools.partial(
+            g1 = best_of(name_m, "gemm1", candidates(bm, activation.gated, wgmma), functools.partial(
                 moe_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total, activation=activation,
                 mul_weight=False, **common))
-            g2 = best_of(name_m, "gemm2", candidates(bm, False), functools.partial(
+            g2 = best_of(name_m, "gemm2", candidates(bm, False, wgmma), functools.partial(
                 moe_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total, activation=None,
                 mul_weight=True, **common))
             if g1 is None or g2 is None:

@@ -5,7 +5,7 @@ interpreted test and still fail to compile (a loop-carried variable changing typ
 backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
 and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
 same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all;
-`compile_kernel` for any other Triton kernel (the alignment's); `run_compiler_script` runs such
+`compile_bf16_wgmma_gemm` for the bf16 one (`gemm_wgmma`); `compile_kernel` for any other Triton kernel (the alignment's); `run_compiler_script` runs such
 builds in a child process without the interpreter, as the tests do.
 """
 
@@ -22,8 +22,8 @@ from triton.compiler import ASTSource
 
 from moe_triton._details import quant_gemm
 
-__all__ = ["DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm",
-           "run_compiler_script"]
+__all__ = ["BF16_WGMMA_CONSTEXPRS", "DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_bf16_wgmma_gemm",
+           "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm", "run_compiler_script"]
 
 # A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
 DEFAULT_CONSTEXPRS = dict(
@@ -47,10 +47,22 @@ WGMMA_CONSTEXPRS = dict(
     K_TAIL=False)
 
 
-def _source(fn, source_type, constexprs: dict, pointers: dict[str, str]):
+# GEMM1 of a bf16 layer with its gated activation on the bf16 wgmma kernel (`gemm_wgmma`).
+BF16_WGMMA_CONSTEXPRS = dict(A_ROW_DIV=8, GATED=True, ACT=1, HAS_BIAS=False, MUL_WEIGHT=False, ZERO_FOREIGN=False,
+                             BLOCK_M=128, BLOCK_N=256, GROUP_M=8, STAGES=4, K_TAIL=False)
+
+_BF16_POINTERS = {"a_ptr": "*bf16", "bias_ptr": "*fp32", "c_ptr": "*bf16", "topk_weights_ptr": "*fp32",
+                  "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32", "alpha": "fp32",
+                  "limit": "fp32"}
+
+
+def _source(fn, source_type, constexprs: dict, pointers: dict[str, str], aligned_ints: bool = True):
+    """aligned_ints: integer arguments specialized as multiples of 16 (as Triton does for such values);
+    pointers always are."""
     names = list(inspect.signature(fn.fn).parameters)
     sig = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n] not in ("constexpr", "fp32")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n].startswith("*") or (aligned_ints and sig[n] == "i32")}
     return source_type(fn, sig, constexprs={(names.index(n),): v for n, v in constexprs.items()}, attrs=attrs)
 
 
@@ -84,6 +96,31 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, consts,
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
+
+
+def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True):
+    """The bf16 Gluon wgmma GEMM (`gemm_wgmma`) for sm_90, over BF16_WGMMA_CONSTEXPRS, launched as
+    `pipeline.moe_gemm` does (4 warps per partition, `gemm_wgmma.REGS` registers); aligned_ints False:
+    sizes and strides that are not multiples of 16."""
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.runtime.jit import mangle_type
+
+    from moe_triton._details import gemm_wgmma
+
+    consts = {**BF16_WGMMA_CONSTEXPRS, **constexprs, "CONSUMER_REGS": gemm_wgmma.REGS}
+    ptrs = {**_BF16_POINTERS, **(pointers or {})}
+    # The weights' descriptor as the launcher builds it (`pipeline._moe_gemm_wgmma`), over a host tensor.
+    dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16}[ptrs["a_ptr"]]
+    copy_rows = consts["BLOCK_N"] // (4 if consts["GATED"] else 2)
+    layout = gl.NVMMASharedLayout.get_default_for([copy_rows, 64], gl.bfloat16 if dtype == torch.bfloat16
+                                                  else gl.float16)
+    ptrs["w_desc"] = mangle_type(GluonDescriptor.from_tensor(torch.empty(256, 64, dtype=dtype),
+                                                             [copy_rows, 64], layout))
+    src = _source(gemm_wgmma.moe_gemm_wgmma_kernel, GluonASTSource, consts, ptrs, aligned_ints)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=gemm_wgmma.REGS))
 
 
 def run_compiler_script(script: str, stdin: str = "") -> str:

@@ -16,6 +16,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from moe_core.config import Activation, ActivationKind
 from moe_triton._details import gemm_kernels as gk
 from moe_triton._details.pdl import dependent_options
+from moe_triton._details.quant_gemm import wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import KernelConfig, TileConfig
 
@@ -39,7 +40,8 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     """out[id] = epilogue(a[id // a_row_div] @ w[expert].T) for every valid sorted id.
 
     activation None: GEMM2 (rows of `a` are choices, N = w.shape[1]); else GEMM1 (rows of `a` are
-    tokens, gated activations read w rows [0, N) as gate and [N, 2N) as up).
+    tokens, gated activations read w rows [0, N) as gate and [N, 2N) as up). A `tile.wgmma` runs
+    on the Gluon kernel (`gemm_wgmma`, Hopper only), any other on `gemm_kernels.moe_gemm_kernel`.
     """
     gated = activation is not None and activation.gated
     N = w.shape[1] // 2 if gated else w.shape[1]
@@ -47,6 +49,11 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     num_valid = topk_weights.numel()
     # A row can only appear in one block, so at most num_valid blocks hold work.
     EM = min(sorted_ids.numel(), num_valid * block_m)
+    if tile.wgmma:
+        _moe_gemm_wgmma(a, w, bias, out, topk_weights, sorted_ids, expert_ids, total, N=N, K=K, EM=EM,
+                        top_k=top_k, block_m=block_m, tile=tile, activation=activation, mul_weight=mul_weight,
+                        zero_foreign=zero_foreign)
+        return
     grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, tile.block_n),)
     if tile.tma:
         if not w.is_contiguous():
@@ -67,6 +74,52 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
         BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         **dependent_options(a.device), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
+
+
+def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                    topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
+                    total: torch.Tensor, *, N: int, K: int, EM: int, top_k: int, block_m: int, tile: TileConfig,
+                    activation: Activation | None, mul_weight: bool, zero_foreign: bool) -> None:
+    """`moe_gemm` on the Gluon wgmma kernel (`gemm_wgmma`); a clear error for what it does not take."""
+    gated = activation is not None and activation.gated
+    rows = 2 * tile.block_n if gated else tile.block_n  # weight rows per program
+    wants = []
+    if not wgmma_capable(a.device):
+        wants.append(f"an NVIDIA Hopper GPU (sm_90), got {a.device}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or w.dtype != a.dtype or out.dtype != a.dtype:
+        wants.append(f"bf16 or fp16 activations, weights and output of one dtype, got {a.dtype}, {w.dtype}, {out.dtype}")
+    if rows not in (128, 256) or block_m not in (64, 128):
+        wants.append(f"128 or 256 weight rows per program (block_n, gated twice that) and blocks of 64 or 128 "
+                     f"rows, got {rows} rows and block_m={block_m}")
+    # cp.async and the copy engine move 16-byte pieces of the activation and weight rows.
+    if not w.is_contiguous() or a.stride(1) != 1 or out.stride(1) != 1 or K % 8 or a.stride(0) % 8:
+        wants.append(f"contiguous weights and unit-stride rows that split into 16-byte pieces (K and the "
+                     f"activation row stride multiples of 8), got K={K}, activation strides {a.stride()}, weight "
+                     f"strides {w.stride()}")
+    if wants:
+        raise ValueError("the wgmma GEMM (TileConfig.wgmma) needs " + "; ".join(wants))
+    # Gluon is imported only when a configuration asks for this kernel.
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    from moe_triton._details import gemm_wgmma
+
+    block_k = gemm_wgmma.BLOCK_K.value
+    copy_rows = rows // 4 if gated else rows // 2  # one copy: a warpgroup's gate (or up) rows, or all its rows
+    layout = gl.NVMMASharedLayout.get_default_for([copy_rows, block_k], gl.bfloat16 if a.dtype == torch.bfloat16
+                                                  else gl.float16)
+    w_desc = GluonDescriptor.from_tensor(w.view(-1, K), [copy_rows, block_k], layout)
+    grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, rows // 2 if gated else rows),)
+    gemm_wgmma.moe_gemm_wgmma_kernel[grid](
+        a, w_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
+        N, K, EM, topk_weights.numel(),
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+        a.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
+        A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
+        ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
+        HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign, BLOCK_M=block_m,
+        BLOCK_N=rows, GROUP_M=tile.group_m, STAGES=tile.num_stages, K_TAIL=K % block_k != 0,
+        CONSUMER_REGS=gemm_wgmma.REGS, num_warps=4, maxnreg=gemm_wgmma.REGS)
 
 
 def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

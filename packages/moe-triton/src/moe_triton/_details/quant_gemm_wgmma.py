@@ -36,7 +36,7 @@ compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel"]
+__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -227,6 +227,24 @@ def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, a_
                         REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M, STAGES, FOLDED)
 
 
+# Epilogue layout of a consumer warpgroup: threads along the weight rows (the output rows'
+# contiguous dimension), tokens across warps.
+EPILOGUE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))
+
+
+@gluon.jit
+def row_halves(acc, out_l: gl.constexpr):
+    """A consumer's [WG_ROWS, MMA_N] accumulator as its two halves of rows, [WG_ROWS / 2, MMA_N]
+    each in out_l, ring rows r and r + WG_ROWS / 2 (a gate and its up when gated) at the same place."""
+    HALF: gl.constexpr = acc.shape[0] // 2
+    MMA_N: gl.constexpr = acc.shape[1]
+    if acc.shape[0] == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
+        half0, half1 = acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
+    else:  # EPILOGUE_LAYOUT repeats every 32 rows: rows r and r + 32 become one thread's there
+        half0, half1 = gl.convert_layout(acc, EPILOGUE_LAYOUT).reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
+    return gl.convert_layout(half0, out_l), gl.convert_layout(half1, out_l)
+
+
 @gluon.jit
 def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                     sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
@@ -277,17 +295,8 @@ def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, em
                 async_copy.mbarrier_arrive(ready.index(refill), increment_count=False)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-    # Epilogue: threads along N (the output rows' contiguous dimension), ring rows r and r + HALF
-    # (a gate and its up when gated) in one thread.
-    out_l: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1])
-    if WG_ROWS == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
-        half0, half1 = acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
-        res0 = gl.convert_layout(half0, out_l)
-        res1 = gl.convert_layout(half1, out_l)
-    else:  # out_l repeats every 32 rows: rows r and r + 32 become one thread's there
-        half0, half1 = gl.convert_layout(acc, out_l).reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
-        res0 = gl.convert_layout(half0, out_l)
-        res1 = gl.convert_layout(half1, out_l)
+    out_l: gl.constexpr = EPILOGUE_LAYOUT
+    res0, res1 = row_halves(acc, out_l)
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
     ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
     rows_ok = ids < num_valid

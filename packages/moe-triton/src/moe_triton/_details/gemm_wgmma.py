@@ -1,0 +1,271 @@
+"""The bf16/fp16 grouped GEMM of `gemm_kernels.moe_gemm_kernel` in Gluon for Hopper: warp-specialized
+asynchronous wgmma with both operands in shared memory.
+
+Same contract as `moe_gemm_kernel` over align-sorted rows (GEMM1: gathered token rows, canonical
+w13 whose rows [0, N) are the gate and [N, 2N) the up projection, the activation in the epilogue;
+GEMM2: bias, router weight, one stored row per (token, slot), zeros for other ranks' blocks); its
+torch twin is `pipeline.moe_gemm_torch`.
+
+The product is computed transposed, out^T = W . X^T: a tile of BLOCK_N weight rows is wgmma's A
+operand (M side) and the block's gathered token rows its B operand (N side), both read from shared
+memory. Two consumer warpgroups (`gl.warp_specialize`, 8 warps at 240 registers) each own half of
+the weight rows; each loads its own weight rows (the copy engine, through a descriptor) and half
+the block's token rows (cp.async: a gather the copy engine cannot do on Hopper) of every 64-wide
+K tile, STAGES - 1 tiles ahead, into a ring the two share (a stage's `ready` mbarrier: both
+warpgroups' weight bytes and all 256 threads' row copies landed; `empty`: both warpgroups' MMAs on
+it retired), and runs its own epilogue. A block with at most BLOCK_M / 2 valid rows (an expert's
+last) runs MMAs over half the tokens. GROUP_M orders the programs as `moe_gemm_kernel` does.
+
+Measured on the H100 (benchmarks/results/bf16_wgmma_2026-11-21.md): about as fast as `tl.dot`
+(which Triton also lowers to pipelined wgmma) on most shapes, 1.04-1.05x faster layers for
+gpt-oss-120b and qwen3-235b-a22b at 2048 tokens, where the tuned files use it.
+
+Gated GEMM1: a warpgroup's first half of ring rows are gate rows and its second half the matching
+up rows, so one thread holds both sums of an output (`quant_gemm_wgmma.row_halves`).
+
+NVIDIA Hopper (sm_90) only; the CPU interpreter cannot run Gluon: CI compiles it for sm_90 and the
+GPU suite checks it against the fp32 reference.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BLOCK_K", "REGS", "moe_gemm_wgmma_kernel"]
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from moe_triton._details.gemm_kernels import activate
+from moe_triton._details.quant_gemm_wgmma import row_halves
+
+# Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+BLOCK_K = gl.constexpr(64)  # one 128-byte swizzle line of 16-bit values per row
+# Registers per thread of both partitions (8 warps: 64K registers): a 128 x 128 fp32 accumulator
+# takes 128 of them, and the MMA loop stays asynchronous only with room to spare.
+REGS = 240
+# Stores: 8 neighbouring output columns (16 bytes) per thread, threads and warps across the tokens.
+_STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
+
+
+@gluon.jit
+def _copy_share(a_ptr, sorted_ids_ptr, pid_m, num_valid, stride_am, WG: gl.constexpr, A_ROW_DIV: gl.constexpr,
+                BLOCK_M: gl.constexpr):
+    """Pointers (K tile 0) and row mask of warpgroup WG's share of the block's gathered rows: rows
+    [WG BLOCK_M / 2, (WG + 1) BLOCK_M / 2)."""
+    cp: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    X_ROWS: gl.constexpr = BLOCK_M // 2
+    k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + WG * X_ROWS + gl.arange(0, X_ROWS, layout=gl.SliceLayout(1, cp)))
+    # stride_am % 8 == 0 (checked at launch), written so that Triton sees 16-byte pieces where its
+    # specialization (multiples of 16) cannot tell.
+    x_ptrs = a_ptr + (ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k[None, :]
+    return x_ptrs, (ids < num_valid)[:, None], k
+
+
+@gluon.jit
+def _issue_tile(x_ring, w_ring, ready, stage, kt, w_desc, w_row0, N, x_ptrs, x_ok, k, K, WG: gl.constexpr,
+                GATED: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, K_TAIL: gl.constexpr):
+    """Warpgroup WG's share of K tile kt into ring stage `stage`: its weight rows by the copy engine
+    (gated: the gate rows from w_row0, the up rows from w_row0 + N), its token rows by cp.async
+    (masked copies zero-fill); both arrive on the stage's `ready` barrier."""
+    X_ROWS: gl.constexpr = BLOCK_M // 2
+    k0 = kt * BLOCK_K
+    bar = ready.index(stage)
+    w_dst = w_ring.index(stage).slice(WG * WG_ROWS, WG_ROWS)
+    mbarrier.expect(bar, WG_ROWS * BLOCK_K * 2)
+    if GATED:
+        HALF: gl.constexpr = WG_ROWS // 2
+        _tma_load(w_desc, [w_row0, k0], bar, w_dst.slice(0, HALF))
+        _tma_load(w_desc, [w_row0 + N, k0], bar, w_dst.slice(HALF, HALF))
+    else:
+        _tma_load(w_desc, [w_row0, k0], bar, w_dst)
+    if K_TAIL:  # K % 8 == 0 (checked at launch): the mask stays whole over each 16-byte piece
+        x_mask = x_ok & (k0 + k < (K // 8) * 8)[None, :]
+    else:
+        x_mask = x_ok
+    _async_load(x_ring.index(stage).slice(WG * X_ROWS, X_ROWS), x_ptrs + k0, mask=x_mask)
+    async_copy.mbarrier_arrive(bar, increment_count=False)
+
+
+@gluon.jit
+def _consume(WG: gl.constexpr, x_ring, w_ring, ready, empty, a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr,
+             sorted_ids_ptr, e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e,
+             stride_cm, A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
+             MUL_WEIGHT: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+             K_TAIL: gl.constexpr):
+    """Consumer warpgroup WG: its copies and MMAs over the K tiles, then its epilogue."""
+    if GATED:  # the first gate row of the warpgroup's output columns in the [E * 2N, K] view
+        w_row0 = (e * (2 * N) + pid_n * WG_ROWS + WG * (WG_ROWS // 2)).to(gl.int32)
+    else:
+        w_row0 = (e * N + pid_n * (2 * WG_ROWS) + WG * WG_ROWS).to(gl.int32)
+    x_ptrs, x_ok, k = _copy_share(a_ptr, sorted_ids_ptr, pid_m, num_valid, stride_am, WG, A_ROW_DIV, BLOCK_M)
+    copy = (w_desc, w_row0, N, x_ptrs, x_ok, k, K)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    for p in gl.static_range(STAGES - 1):  # fresh stages: no wait
+        if p < k_tiles:
+            _issue_tile(x_ring, w_ring, ready, p, p, *copy, WG, GATED, WG_ROWS, BLOCK_M, K_TAIL)
+    if narrow:
+        _store(WG, _mma_loop(WG, x_ring, w_ring, ready, empty, k_tiles, copy, GATED, WG_ROWS, BLOCK_M, BLOCK_M // 2,
+                             STAGES, K_TAIL),
+               bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
+               stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+    else:
+        _store(WG, _mma_loop(WG, x_ring, w_ring, ready, empty, k_tiles, copy, GATED, WG_ROWS, BLOCK_M, BLOCK_M,
+                             STAGES, K_TAIL),
+               bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
+               stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+
+
+@gluon.jit
+def _mma_loop(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, copy, GATED: gl.constexpr,
+              WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, MMA_N: gl.constexpr, STAGES: gl.constexpr,
+              K_TAIL: gl.constexpr):
+    """The warpgroup's [WG_ROWS, MMA_N] fp32 product over every K tile: one tile's MMAs in flight
+    while the next is awaited; tile i + STAGES - 1 refills the stage of tile i - 1 once both
+    warpgroups handed it back."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, MMA_N, 16])
+    acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
+    r0: gl.constexpr = WG * WG_ROWS
+    gl.assume(k_tiles > 0)  # K > 0 is checked at launch; a possibly empty loop makes ptxas serialize wgmma
+    for i in range(k_tiles):
+        stage = i % STAGES
+        mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
+        fence_async_shared()  # cp.async wrote the stage's token rows; wgmma reads them through the async proxy
+        acc = warpgroup_mma(w_ring.index(stage).slice(r0, WG_ROWS), x_ring.index(stage).slice(0, MMA_N).permute((1, 0)),
+                            acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # tile i - 1's MMAs retired
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+        ahead = i + STAGES - 1
+        if ahead < k_tiles:
+            refill = ahead % STAGES
+            mbarrier.wait(empty.index(refill), ((ahead // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            _issue_tile(x_ring, w_ring, ready, refill, ahead, *copy, WG, GATED, WG_ROWS, BLOCK_M, K_TAIL)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _store(WG: gl.constexpr, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid,
+           alpha, limit, stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
+           MUL_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The warpgroup's epilogue, `moe_gemm_kernel`'s: router weight (GEMM1: before the bias), bias,
+    activation or router weight (GEMM2: after the bias), stored at row = sorted id."""
+    out_l: gl.constexpr = _STORE_LAYOUT
+    WG_ROWS: gl.constexpr = acc.shape[0]
+    HALF: gl.constexpr = WG_ROWS // 2
+    res0, res1 = row_halves(acc, out_l)
+    rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, out_l)))
+    ids_ok = ids < num_valid
+    out_rows = c_ptr + ids.to(gl.int64)[None, :] * stride_cm
+    if GATED:  # res0 and res1: the gate and up sums of output columns col0
+        col0 = pid_n * WG_ROWS + WG * HALF + rows
+        b0 = col0
+        b1 = col0 + N
+        ok0 = col0 < N
+        ok1 = ok0
+    else:  # res0 and res1: output columns col0 and col0 + HALF
+        col0 = pid_n * (2 * WG_ROWS) + WG * WG_ROWS + rows
+        b0 = col0
+        b1 = col0 + HALF
+        ok0 = b0 < N
+        ok1 = b1 < N
+    if MUL_WEIGHT:
+        w = gl.load(topk_weights_ptr + ids, mask=ids_ok, other=0.0).to(gl.float32)[None, :]
+    if MUL_WEIGHT and ACT != 0:  # weight on the input (Llama4): (w x) W = w (x W)
+        res0 *= w
+        res1 *= w
+    if HAS_BIAS:
+        bias_row = bias_ptr + e * stride_bias_e
+        res0 += gl.load(bias_row + b0, mask=ok0, other=0.0).to(gl.float32)[:, None]
+        res1 += gl.load(bias_row + b1, mask=ok1, other=0.0).to(gl.float32)[:, None]
+    if GATED:
+        y = activate(res0, res1, alpha, limit, ACT)
+        gl.store(out_rows + col0[:, None], y.to(c_ptr.dtype.element_ty), mask=ok0[:, None] & ids_ok[None, :])
+    else:
+        if ACT != 0:
+            res0 = activate(res0, res0, alpha, limit, ACT)
+            res1 = activate(res1, res1, alpha, limit, ACT)
+        elif MUL_WEIGHT:
+            res0 *= w
+            res1 *= w
+        gl.store(out_rows + b0[:, None], res0.to(c_ptr.dtype.element_ty), mask=ok0[:, None] & ids_ok[None, :])
+        gl.store(out_rows + b1[:, None], res1.to(c_ptr.dtype.element_ty), mask=ok1[:, None] & ids_ok[None, :])
+
+
+@gluon.jit
+def moe_gemm_wgmma_kernel(
+    a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr,
+    N, K, EM, num_valid, alpha, limit,
+    stride_am, stride_bias_e, stride_cm,
+    A_ROW_DIV: gl.constexpr,  # GEMM1: top_k (rows of A are tokens); GEMM2: 1 (rows are choices)
+    GATED: gl.constexpr,  # w rows [0, N) are the gate, [N, 2N) the up projection
+    ACT: gl.constexpr,  # `gemm_kernels` ACT_* code; ACT_NONE marks GEMM2
+    HAS_BIAS: gl.constexpr,
+    MUL_WEIGHT: gl.constexpr,
+    ZERO_FOREIGN: gl.constexpr,  # write zeros for blocks of experts another rank owns
+    BLOCK_M: gl.constexpr,  # sorted rows per block: 64 or 128 (wgmma's N side)
+    BLOCK_N: gl.constexpr,  # weight rows per program (gated: BLOCK_N / 2 gate rows and their up rows): 128 or 256
+    GROUP_M: gl.constexpr,  # row blocks that share weight tiles in the launch order; 1: N tiles first
+    STAGES: gl.constexpr,  # ring depth, >= 2
+    K_TAIL: gl.constexpr,  # K % BLOCK_K != 0: mask the last tile's columns
+    CONSUMER_REGS: gl.constexpr,
+):
+    """w_desc: the weights viewed [E * rows per expert, K], blocks of the weight rows one copy
+    moves (gated BLOCK_N / 4, else BLOCK_N / 2) by BLOCK_K, in the ring's shared layout."""
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "two consumer warpgroups of 64 or 128 weight rows")
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
+    WG_ROWS: gl.constexpr = BLOCK_N // 2
+    OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N  # output columns per program
+    CT: gl.constexpr = a_ptr.dtype.element_ty
+    # Programs that share weight tiles run close together (L2 reuse across GROUP_M row blocks).
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(EM, BLOCK_M)
+    num_pid_n = gl.cdiv(N, OUT_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    if pid_m * BLOCK_M >= gl.load(total_ptr):
+        return
+    e = gl.load(expert_ids_ptr + pid_m)
+    if e < 0:
+        if ZERO_FOREIGN:
+            zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+            ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl)))
+            cols = pid_n * OUT_N + gl.arange(0, OUT_N, layout=gl.SliceLayout(0, zl))
+            gl.store(c_ptr + ids.to(gl.int64)[:, None] * stride_cm + cols[None, :],
+                     gl.zeros([BLOCK_M, OUT_N], c_ptr.dtype.element_ty, layout=zl),
+                     mask=(ids < num_valid)[:, None] & (cols < N)[None, :])
+        return
+    # Valid rows are a prefix of the block (the alignment pads each expert's last block).
+    narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
+
+    x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
+    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        # Every cp.async thread of both warpgroups, and each warpgroup's expected weight bytes.
+        mbarrier.init(ready.index(s), count=256 + 2)
+        mbarrier.init(empty.index(s), count=2)  # one arrival per warpgroup
+    gl.warp_specialize([
+        (_consume, (0, x_ring, w_ring, ready, empty, a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
+                    e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e, stride_cm,
+                    A_ROW_DIV, GATED, ACT, HAS_BIAS, MUL_WEIGHT, WG_ROWS, BLOCK_M, STAGES, K_TAIL)),
+        (_consume, (1, x_ring, w_ring, ready, empty, a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
+                    e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e, stride_cm,
+                    A_ROW_DIV, GATED, ACT, HAS_BIAS, MUL_WEIGHT, WG_ROWS, BLOCK_M, STAGES, K_TAIL)),
+    ], [4], [CONSUMER_REGS])
