@@ -257,16 +257,17 @@ def test_tuner_offers_wgmma_tiles_on_hopper_only():
         assert all(KernelConfig(128, t, t) for t in tiles)
 
 
-def test_wgmma_gemm_refused_off_hopper(device):
-    # The Gluon kernel exists for sm_90 only: a clear error elsewhere, never a silent fallback.
+def test_wgmma_gemm_refused_off_hopper():
+    # The Gluon kernel exists for sm_90 only: a clear error elsewhere (here CPU tensors), never a
+    # silent fallback.
     gen = torch.Generator().manual_seed(9)
-    ids = torch.randint(0, 4, (5, 2), generator=gen, dtype=torch.int32).to(device)
+    ids = torch.randint(0, 4, (5, 2), generator=gen, dtype=torch.int32)
     sorted_ids, expert_ids, total = align_block_size(ids, 64, 4)
-    a = torch.randn(10, 64, generator=gen).to(torch.bfloat16).to(device)
-    w = torch.randn(4, 256, 64, generator=gen).to(torch.bfloat16).to(device)
-    out = torch.empty(10, 256, dtype=torch.bfloat16, device=device)
+    a = torch.randn(10, 64, generator=gen).to(torch.bfloat16)
+    w = torch.randn(4, 256, 64, generator=gen).to(torch.bfloat16)
+    out = torch.empty(10, 256, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"wgmma GEMM \(TileConfig.wgmma\) needs an NVIDIA Hopper GPU \(sm_90\)"):
-        moe_gemm(a, w, None, out, torch.rand(5, 2).to(device), sorted_ids, expert_ids, total, top_k=2, block_m=64,
+        moe_gemm(a, w, None, out, torch.rand(5, 2), sorted_ids, expert_ids, total, top_k=2, block_m=64,
                  tile=WGMMA_TILE, activation=None, mul_weight=True, zero_foreign=True)
 
 

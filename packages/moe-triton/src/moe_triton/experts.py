@@ -66,6 +66,8 @@ class TritonExperts(Experts):
         limitations=(
             "tuned configurations ship for NVIDIA H100 and H200 only; other GPUs use the nearest tuned shape or a default",
             "no split-K: a direct GEMM1 program covers the whole hidden size of its output columns",
+            "the Gluon wgmma GEMM (some tuned H100 entries) runs on sm_90 only; elsewhere those entries run "
+            "the tl.dot kernel at the same tile width",
         ),
     )
 
