@@ -55,6 +55,16 @@ def activate(gate, up, alpha, limit, ACT: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """(row block, column tile) of program pid: programs that share a column tile's weights run
+    close together (L2 reuse across GROUP_M row blocks); GROUP_M 1 puts a row block's tiles first."""
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def moe_gemm_kernel(
     a_ptr, b_ptr, b_desc, bias_ptr, c_ptr, topk_weights_ptr,
     sorted_ids_ptr, expert_ids_ptr, total_ptr,
@@ -76,15 +86,7 @@ def moe_gemm_kernel(
     PDL: tl.constexpr,  # launched dependent on the kernel ahead (`moe_triton._details.pdl`)
 ):
     wait_then_release(PDL)
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(EM, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Programs that share B tiles run close together (L2 reuse across GROUP_M row blocks).
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(EM, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return

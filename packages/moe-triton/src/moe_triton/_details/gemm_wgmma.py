@@ -14,7 +14,8 @@ the block's token rows (cp.async: a gather the copy engine cannot do on Hopper) 
 K tile, STAGES - 1 tiles ahead, into a ring the two share (a stage's `ready` mbarrier: both
 warpgroups' weight bytes and all 256 threads' row copies landed; `empty`: both warpgroups' MMAs on
 it retired), and runs its own epilogue. A block with at most BLOCK_M / 2 valid rows (an expert's
-last) runs MMAs over half the tokens. GROUP_M orders the programs as `moe_gemm_kernel` does.
+last) runs MMAs over half the tokens. GROUP_M orders the programs as `moe_gemm_kernel` does
+(`gemm_kernels.grouped_tile`).
 
 Measured on the H100 (benchmarks/results/bf16_wgmma_2026-11-21.md): about as fast as `tl.dot`
 (which Triton also lowers to pipelined wgmma) on most shapes, 1.04-1.05x faster layers for
@@ -42,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from moe_triton._details.gemm_kernels import activate
+from moe_triton._details.gemm_kernels import activate, grouped_tile
 from moe_triton._details.quant_gemm_wgmma import row_halves
 
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
@@ -228,15 +229,7 @@ def moe_gemm_wgmma_kernel(
     WG_ROWS: gl.constexpr = BLOCK_N // 2
     OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N  # output columns per program
     CT: gl.constexpr = a_ptr.dtype.element_ty
-    # Programs that share weight tiles run close together (L2 reuse across GROUP_M row blocks).
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(EM, BLOCK_M)
-    num_pid_n = gl.cdiv(N, OUT_N)
-    per_group = GROUP_M * num_pid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(gl.program_id(0), gl.cdiv(EM, BLOCK_M), gl.cdiv(N, OUT_N), GROUP_M)
     if pid_m * BLOCK_M >= gl.load(total_ptr):
         return
     e = gl.load(expert_ids_ptr + pid_m)
