@@ -239,7 +239,7 @@ def test_wgmma_tiles_are_validated():
         TileConfig(128, 64, 1, 8, 4, tma=True, wgmma=True)
     with pytest.raises(ValueError, match="64 or 128 rows"):
         KernelConfig(32, TileConfig(64, 64, 1, 8, 4, wgmma=True), TileConfig(64, 64, 8, 4, 3))
-    assert "wgmma 128x64 s4" in str(KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True), WGMMA_TILE))
+    assert "wgmma 128x64 g1 s4" in str(KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True), WGMMA_TILE))
 
 
 WGMMA_TILE = TileConfig(256, 64, 1, 8, 4, wgmma=True)

@@ -39,8 +39,8 @@ class TileConfig:
     no tl.dot, so block_n may be as small as 1; group_m is unused there.
     tma: the grouped GEMM reads the weights through a tensor descriptor (the copy engine).
     wgmma: NVIDIA Hopper only, 16-bit layers: the Gluon grouped GEMM (`moe_triton._details.gemm_wgmma`):
-    block_k 64, num_warps 8 (two consumer warpgroups), num_stages >= 2 (its ring); its weight rows per program (block_n, gated twice that) must be 128 or 256 and the layer's
-    block_m 64 or 128.
+    block_k 64, num_warps 8 (two consumer warpgroups), num_stages >= 2 (its ring); its weight rows
+    per program (block_n, gated twice that) must be 128 or 256 and the layer's block_m 64 or 128.
     """
 
     block_n: int
@@ -92,7 +92,7 @@ class KernelConfig:
             if c.direct:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
             if c.wgmma:
-                return f"wgmma {c.block_n}x{c.block_k} s{c.num_stages}"
+                return f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}"
             return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 

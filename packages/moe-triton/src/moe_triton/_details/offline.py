@@ -4,9 +4,10 @@ The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel
 interpreted test and still fail to compile (a loop-carried variable changing type, a layout the
 backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
 and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
-same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all;
-`compile_bf16_wgmma_gemm` for the bf16 one (`gemm_wgmma`); `compile_kernel` for any other Triton kernel (the alignment's); `run_compiler_script` runs such
-builds in a child process without the interpreter, as the tests do.
+same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all,
+`compile_bf16_wgmma_gemm` for the bf16 one (`gemm_wgmma`); `compile_kernel` for any other Triton
+kernel (the alignment's); `run_compiler_script` runs such builds in a child process without the
+interpreter, as the tests do.
 """
 
 from __future__ import annotations
