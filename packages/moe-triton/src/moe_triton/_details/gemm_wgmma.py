@@ -137,7 +137,7 @@ def _mma_loop(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, copy, GAT
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, MMA_N, 16])
     acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
     r0: gl.constexpr = WG * WG_ROWS
-    gl.assume(k_tiles > 0)  # K > 0 is checked at launch; a possibly empty loop makes ptxas serialize wgmma
+    gl.assume(k_tiles > 0)  # a layer has K >= 1; a possibly empty loop makes ptxas serialize wgmma
     for i in range(k_tiles):
         stage = i % STAGES
         mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
