@@ -260,9 +260,11 @@ def test_tuner_offers_wgmma_tiles_on_hopper_only():
 def test_wgmma_gemm_refused_off_hopper():
     # The Gluon kernel exists for sm_90 only: a clear error elsewhere (here CPU tensors), never a
     # silent fallback.
+    # The refusal comes before any launch: sorted ids built by hand (on a GPU machine the CPU
+    # tensors could not go through the alignment kernel).
     gen = torch.Generator().manual_seed(9)
-    ids = torch.randint(0, 4, (5, 2), generator=gen, dtype=torch.int32)
-    sorted_ids, expert_ids, total = align_block_size(ids, 64, 4)
+    sorted_ids = torch.cat([torch.arange(10, dtype=torch.int32), torch.full((54,), 10, dtype=torch.int32)])
+    expert_ids, total = torch.zeros(1, dtype=torch.int32), torch.tensor([64], dtype=torch.int32)
     a = torch.randn(10, 64, generator=gen).to(torch.bfloat16)
     w = torch.randn(4, 256, 64, generator=gen).to(torch.bfloat16)
     out = torch.empty(10, 256, dtype=torch.bfloat16)
