@@ -22,9 +22,11 @@ from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._details.offline import run_compiler_script
+from moe_triton._details.pdl import dependent_launch
 from moe_triton._details.quant_act import QMode, act_quant, act_quant_torch
 from moe_triton._details.quant_gemm import (
     GemmConfig,
+    _prefetchable,
     moe_gemm,
     moe_gemm_torch,
     pack_int4_quads,
@@ -34,6 +36,7 @@ from moe_triton._details.quant_gemm import (
     unpack_int4_quads,
     unpack_int4_tiles,
     wgmma_capable,
+    zeroed_int32,
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, QuantKernelConfig
@@ -150,6 +153,35 @@ def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
     out, ref = _run(cls, quant, activation, torch.bfloat16, K=512, N=128, E=6, topk=3, M=1, bias=True,
                     parallel=ParallelConfig(ep_size=2, ep_rank=0), override=_splits(*splits))
     assert rel_l2(out, ref) < 1e-2
+
+
+def test_zeroing_launch_clears_its_buffer(monkeypatch):
+    """The zeroing before a split GEMM1 (a dependent launch, not a fill) clears every element of a
+    buffer that held garbage, past the last whole block too."""
+    monkeypatch.setattr(torch, "empty", lambda numel, dtype, device: torch.full((numel,), 0x5A5A5A5A, dtype=dtype,
+                                                                                device=device))
+    buf = zeroed_int32(2500, DEV)
+    assert buf.shape == (2500,) and buf.dtype == torch.int32 and not buf.any()
+
+
+@pytest.mark.device("cuda")
+def test_one_token_gemm2_prefetches_on_gpu():
+    """With dependent launches (Hopper and later), the one-token GEMM2 asks L2 for its first K tiles
+    before waiting for GEMM1: the processors' int4 layout allows it, and the layer (another rank's
+    experts among the choices, GEMM2 split) matches the reference with it."""
+    cfg = MoEConfig(num_experts=8, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16,
+                    parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    quant = int4_w4a16(128)
+    weights = ExpertWeights.random(cfg, quant, seed=3)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = _splits(2, 2)
+    assert _prefetchable(experts._operand("w2", cfg.hidden_size, cfg.intermediate_size)) == dependent_launch(DEV)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(1, 8, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
 
 
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])
@@ -358,6 +390,10 @@ _SPECIALIZATIONS = {
                                       MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
     "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
                                 GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
+    # one token's GEMM2: its weights prefetched into L2 before the wait, zero points g64 among them
+    "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
+                                   MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
+                                   PREFETCH_TILES=2), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
@@ -378,7 +414,7 @@ import json, sys
 from moe_triton._details.offline import compile_quant_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
-    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, flush=True)
+    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, flush=True)
 """
 
 
@@ -390,10 +426,11 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
-        wgmma, waits = (flag == "True" for flag in built[name])
+        wgmma, waits, prefetches = (flag == "True" for flag in built[name])
         # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name
         assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
+        assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
 
 
 _WGMMA_SPECIALIZATIONS = {

@@ -10,12 +10,13 @@ interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_
 each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
 also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
 GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
-route, align (not for one token), GEMM1, GEMM2, and a fill when GEMM1 is split, is the whole layer;
-more tokens take a cast launch after GEMM2, or the reduce from `ROWS_SUM_MIN_PAIRS` pairs (and the
-activation launch after a split GEMM1).
+route, align (not for one token), GEMM1, GEMM2, and a zeroing launch when GEMM1 is split, is the
+whole layer; more tokens take a cast launch after GEMM2, or the reduce from `ROWS_SUM_MIN_PAIRS`
+pairs (and the activation launch after a split GEMM1).
 
-On Hopper the GEMMs are launched before the kernel ahead of them ends (programmatic dependent
-launch), so their launch latency hides behind it.
+On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
+(programmatic dependent launch), so their launch latency hides behind it; for one token, int4
+GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.moe_gemm_direct`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from moe_triton._details.quant_gemm import (
     pack_int4_tiles,
     pick_config,
     wgmma_capable,
+    zeroed_int32,
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
@@ -310,7 +312,7 @@ class _QuantTritonExperts(Experts):
             if split1 == 1:
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
-                scratch1 = torch.zeros(P * R + P * -(-R // c1.block_n), dtype=torch.int32, device=dev)
+                scratch1 = zeroed_int32(P * R + P * -(-R // c1.block_n), dev)
                 gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
                       gate_up_chunk=chunk, last_arrival=LastArrival(a2, scratch1[P * R:]))
             a2_scale = None
@@ -323,6 +325,8 @@ class _QuantTritonExperts(Experts):
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
                         topk_weights=routed, reduce_topk=topk)
+        if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`moe_gemm_direct`'s prefetch_l2)
+            gemm2 = partial(gemm2, prefetch_l2=True)
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
             gemm2(rows, reduce_topk=1)

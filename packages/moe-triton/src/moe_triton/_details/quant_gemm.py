@@ -9,8 +9,10 @@ A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when 
 interleaved gate/up chunks), added atomically into fp32 sums, or added and finished row by row by
 its last contributor (`LastArrival`). A launch may also zero the next GEMM's sums on the side.
 On Hopper and later every launch is programmatically dependent (`moe_triton._details.pdl`): its
-programs wait for the kernel before (griddepcontrol.wait) before they read or write anything, then
-let the next launch start, so launch latency hides behind the previous kernel.
+programs wait for the kernel before (griddepcontrol.wait) before they write anything or read what
+it may have written, then let the next launch start, so launch latency hides behind the previous
+kernel. A one-token GEMM2 of int4 quads uses that head start too: before its wait it asks L2 for
+its first K tiles of weights (PREFETCH_TILES, a bulk prefetch), which arrive while GEMM1 runs.
 Aligned launches above the decode sizes put N tiles first in the launch order (N_FIRST): the
 programs running together then share one block of gathered activation rows, read from DRAM once
 and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
@@ -63,13 +65,14 @@ import triton.language as tl
 from moe_core.config import Activation
 from moe_core.weights.packing import E2M1_VALUES
 from moe_triton._details.gemm_kernels import activate
-from moe_triton._details.pdl import dependent_options, wait_then_release
+from moe_triton._details.pdl import dependent_launch, dependent_options, wait_then_release
 from moe_triton._details.quant_act import act_kind
 from moe_triton.configs import GemmConfig
 
 __all__ = ["AScale", "GemmConfig", "LastArrival", "WType", "WeightOperand", "effective_split", "moe_gemm",
            "moe_gemm_direct", "moe_gemm_torch", "pack_int4_quads", "pack_int4_tiles", "pick_config",
-           "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles", "wgmma_capable"]
+           "stored_k_major", "stored_tile_major", "unpack_int4_quads", "unpack_int4_tiles", "wgmma_capable",
+           "zeroed_int32"]
 
 
 class WType(enum.IntEnum):
@@ -202,6 +205,45 @@ lop3.b32 $3, t2, 0x000F000F, MAGIC, 0xEA;
 }"""
 _QUAD_ASM_BF16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x43004300"))
 _QUAD_ASM_FP16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x64006400"))
+
+# A bulk prefetch into L2 (sm_90), issued by the program's first thread only: every thread runs the
+# statement, and one request per program is what is wanted.
+_PREFETCH_L2_ASM = tl.constexpr("""{
+.reg .pred p;
+.reg .u32 t;
+mov.u32 t, %tid.x;
+setp.eq.u32 p, t, 0;
+@p cp.async.bulk.prefetch.L2.global [$1], $2;
+mov.u32 $0, 0;
+}""")
+
+
+@triton.jit
+def _prefetch_l2(ptr, nbytes):
+    """Asks L2 for nbytes from ptr, rounded out to whole 16-byte granules (which never leave the
+    allocation: allocations are 256-byte aligned). A hint: nothing reaches registers."""
+    start = ptr.to(tl.int64)
+    lo = start & -16
+    hi = (start + nbytes + 15) & -16
+    tl.inline_asm_elementwise(_PREFETCH_L2_ASM, "=r,l,r", [lo, (hi - lo).to(tl.int32)], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, stride_bt, stride_se, stride_sk,
+                         HAS_ZP: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """L2 prefetches of one program's int4 quads weights: K tiles kt0..kt1 of rows n0.. (stored
+    tile-major, so one tile's rows are one run) and the scale (and zero-point) rows they use
+    (N contiguous)."""
+    QK: tl.constexpr = BLOCK_K // 4
+    rows = tl.minimum(N - n0, BLOCK_N)
+    for kt in range(kt0, kt1):
+        _prefetch_l2(b_ptr + e * stride_be + kt * stride_bt + n0 * QK, rows * QK * 2)
+    scale_bytes: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
+    for g in range(kt0 * BLOCK_K // GROUP, tl.cdiv(kt1 * BLOCK_K, GROUP)):
+        _prefetch_l2(s_ptr + e * stride_se + g * stride_sk + n0, rows * scale_bytes)
+        if HAS_ZP:
+            _prefetch_l2(z_ptr + e * stride_se + g * stride_sk + n0, rows)
 
 
 @triton.jit
@@ -366,7 +408,7 @@ def _moe_wgemm_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
-    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr,
+    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, PREFETCH_TILES: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -377,6 +419,23 @@ def _moe_wgemm_kernel(
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
     tl.static_assert(not (N_FIRST and SINK == 2), "last-arrival counters index N tiles by the grid's second axis")
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    kt0 = tl.program_id(2) * per_split
+    kt1 = tl.minimum(kt0 + per_split, k_tiles)
+    if PREFETCH_TILES > 0:
+        # Before the wait, while the kernel ahead (GEMM1) still streams its weights: this program's
+        # first K tiles head for L2, so its K loop starts on L2 hits instead of a cold DRAM stream
+        # after GEMM1's tail. It reads only topk_ids, complete before the kernel ahead passed its
+        # own wait (no launch can start before that), the expert map and the weights.
+        tl.static_assert(DIRECT and QUADS and PDL, "L2 prefetch: dependent direct launches of int4 quads")
+        pre_e = tl.load(sorted_ids_ptr + pid_m)
+        if HAS_MAP:
+            pre_e = tl.load(expert_ids_ptr + pre_e)
+        if pre_e >= 0:
+            _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, pre_e.to(tl.int64), pid_n * BLOCK_N, N, kt0,
+                                 tl.minimum(kt1, kt0 + PREFETCH_TILES), stride_be, stride_bt, stride_se, stride_sk,
+                                 HAS_ZP, GROUP, BLOCK_N, BLOCK_K)
     # Launched while the previous kernel may still run (programmatic dependent launch).
     wait_then_release(PDL)
     if ZERO_SIDE:
@@ -388,10 +447,6 @@ def _moe_wgemm_kernel(
             z_offs = zero_start + tl.arange(0, _ZERO_BLOCK)
             tl.store(zero_ptr + z_offs, tl.zeros((_ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
     tl.static_assert(QUADS or not K_TAIL, "only the quads layout pads K to whole tiles")
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_tiles, SPLIT_K)
-    kt0 = tl.program_id(2) * per_split
-    kt1 = tl.minimum(kt0 + per_split, k_tiles)
     # The launcher leaves no K-split empty; the return tells the compiler the K loop below runs at
     # least once (without it ptxas serializes the wgmma of the loop).
     if kt0 >= kt1:
@@ -599,6 +654,13 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
 # with 16 x 256 or 32 x 256 tiles, and the halves layout's 64-wide tiles lost 27-37%.
 _POST_SCALE_MAX_TILE = 16 * 128
 
+# K tiles per program a one-token GEMM2 asks L2 for while GEMM1 runs (`moe_gemm_direct`'s
+# prefetch_l2): its K loop starts on L2 hits instead of a cold DRAM stream. One tile made the int4
+# layers 0.8-4.7% faster on the H100 (2026-11-21, five presets); two to four were no faster, and the
+# program's whole share made gpt-oss-120b, mixtral and deepseek-v3 3.5-5.4% slower (their GEMM2
+# weights beside GEMM1's stream overflow L2, presumably; benchmarks/results/int4_one_token_prefetch_2026-11-21.md).
+L2_PREFETCH_TILES = 1
+
 
 @dataclass(frozen=True)
 class WarpSpecializedRegs:
@@ -686,11 +748,15 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
                     bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
-                    zero_side: torch.Tensor | None = None) -> None:
+                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
     """`moe_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
+    `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1), whose
+    weights it then streams into L2 while that one runs; it takes effect where the launch is
+    dependent (`moe_triton._details.pdl`) and the weights are int4 quads stored tile-major, and
+    changes no result.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -698,7 +764,8 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
             num_valid=pairs.numel(), grid_m=pairs.numel(), direct=True, has_map=expert_map is not None,
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
-            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
+            prefetch_l2=prefetch_l2)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -712,7 +779,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only int4 quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
@@ -814,9 +881,36 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **dependent_options(w.codes.device),
+        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first,
+        PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
+
+
+def _prefetchable(w: WeightOperand) -> bool:
+    """Whether a dependent direct launch can prefetch w's weights into L2 (`_prefetch_weights_l2`):
+    int4 quads stored tile-major, scales (and zero points) with contiguous rows, on a GPU whose
+    launches are dependent (sm_90 and later: the bulk prefetch is an sm_90 instruction)."""
+    c = w.codes
+    return (w.quads and c.stride(3) == 1 and c.stride(1) == c.shape[3] and w.scale.stride(2) == 1
+            and (w.zero is None or w.zero.stride() == w.scale.stride()) and dependent_launch(c.device))
+
+
+@triton.jit
+def _zero_kernel(ptr, numel, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_then_release(PDL)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offs, tl.zeros((BLOCK,), tl.int32), mask=offs < numel)
+
+
+def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 buffer (GEMM sums and arrival counts), zeroed by a dependent launch: unlike a
+    fill, it starts while the kernel ahead still runs, so its launch latency hides there."""
+    out = torch.empty(numel, dtype=torch.int32, device=device)
+    block = 1024
+    _zero_kernel[(triton.cdiv(numel, block),)](out, numel, BLOCK=block, **dependent_options(device))
+    return out
 
 
 def wgmma_capable(device: torch.device) -> bool:
