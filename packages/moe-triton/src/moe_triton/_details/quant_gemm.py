@@ -658,7 +658,8 @@ _POST_SCALE_MAX_TILE = 16 * 128
 # prefetch_l2): its K loop starts on L2 hits instead of a cold DRAM stream. One tile made the int4
 # layers 0.8-4.7% faster on the H100 (2026-11-21, five presets); two to four were no faster, and the
 # program's whole share made gpt-oss-120b, mixtral and deepseek-v3 3.5-5.4% slower (their GEMM2
-# weights beside GEMM1's stream overflow L2, presumably; benchmarks/results/int4_one_token_prefetch_2026-11-21.md).
+# weights beside GEMM1's stream overflow L2, presumably).
+# benchmarks/results/int4_one_token_prefetch_2026-11-21.md
 L2_PREFETCH_TILES = 1
 
 
@@ -753,10 +754,10 @@ def moe_gemm_direct(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_i
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
-    `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1), whose
-    weights it then streams into L2 while that one runs; it takes effect where the launch is
-    dependent (`moe_triton._details.pdl`) and the weights are int4 quads stored tile-major, and
-    changes no result.
+    `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
+    program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
+    It takes effect where the launch is dependent (`moe_triton._details.pdl`) and the weights
+    are int4 quads stored tile-major, and changes no result.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -883,8 +884,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **dependent_options(w.codes.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
 
 
@@ -899,6 +899,7 @@ def _prefetchable(w: WeightOperand) -> bool:
 
 @triton.jit
 def _zero_kernel(ptr, numel, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # Waits like any dependent launch: the buffer may reuse memory the kernel ahead still uses.
     wait_then_release(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(ptr + offs, tl.zeros((BLOCK,), tl.int32), mask=offs < numel)
