@@ -47,7 +47,8 @@ CASES = {
     "chunks-wide-block": (200, 8, 256, 128),
     "chunks-odd-block": (100, 8, 64, 24),
     "multi-launch": (1100, 4, 32, 32),
-    "multi-launch-long-scan": (600, 8, 256, 16),  # 75 chunks: the offsets scan takes five steps
+    "multi-launch-many-experts": (600, 8, 256, 16),  # the offsets scan: 16 programs of 16 experts
+    "multi-launch-long-scan": (4200, 8, 16, 16),  # 263 chunks: the scan takes two steps of 256
 }
 
 
@@ -109,16 +110,16 @@ _COMPILE_ALIGN = """
 from moe_triton._details import align_kernels as ak
 from moe_triton._details.offline import compile_kernel
 ptrs = dict.fromkeys(("topk_ids_ptr", "expert_map_ptr", "sorted_ptr", "expert_ids_ptr", "total_ptr", "hist_ptr",
-                      "ends_ptr"), "*i32")
+                      "counts_ptr"), "*i32")
 common = dict(HAS_MAP=True, BLOCK_SIZE=16, E_P2=256)
 one_launch = dict(common, PDL=True)  # launched dependent on the kernel ahead
 compile_kernel(ak._align_pairs_kernel, dict(one_launch, NUMEL_P2=256, FILL_TILE=1024), ptrs)
 compile_kernel(ak._align_single_kernel, dict(one_launch, E_P2=8, NUMEL_P2=2048, FILL_TILE=1024), ptrs)
 compile_kernel(ak._align_chunks_kernel, dict(one_launch, BLOCK_SIZE=24, BS_P2=32, NUMEL_P2=4096, EXPERTS_PER_PROGRAM=8,
                                              CHUNK=128, FILL_TILE=1024), ptrs)
-compile_kernel(ak._align_count_kernel, dict(CHUNK=64, E_P2=256, FILL_TILE=256), ptrs)
-compile_kernel(ak._align_offsets_kernel, dict(BLOCK_SIZE=16, E_P2=256, ROWS=16), ptrs, num_warps=8)
-compile_kernel(ak._align_scatter_kernel, dict(common, CHUNK=64), ptrs)
+compile_kernel(ak._align_count_kernel, dict(CHUNK=128, E_P2=256, FILL_TILE=256), ptrs)
+compile_kernel(ak._align_offsets_kernel, dict(E_P2=256, EXPERTS=16, ROWS=256), ptrs)
+compile_kernel(ak._align_scatter_kernel, dict(common, CHUNK=128), ptrs)
 print("built")
 """
 

@@ -8,8 +8,9 @@ One launch up to 4096 choices, three beyond:
   cumulative sum down it, which is stable and needs no atomics (`_align_single_kernel`);
 - up to 4096 choices, programs of 128 choices each count all choices and rank their own pairwise
   (`_align_chunks_kernel`): nothing passes between programs;
-- beyond, three launches over chunks, with one-hot tiles: count per chunk -> per-expert prefix
-  over chunks + padded segment ends -> scatter + expert per block.
+- beyond, three launches over chunks of _RANK_CHUNK choices: a histogram per chunk -> each
+  chunk's base within its experts (programs over slices of the experts, each scanning every
+  chunk) -> pairwise ranks, scatter and the expert per block.
 On an H100 the first took 2.3-2.4 us a launch at 64 choices of 128 or 256 experts, where the
 one-hot kernel took 6.8 and 9.7 us (benchmarks/results/align_one_launch_2026-11-21.md).
 """
@@ -30,8 +31,10 @@ _SINGLE_PROGRAM_TILE = 16384
 # (`_align_chunks_kernel`), in one launch.
 _CHUNKED_CHOICES = 4096
 _RANK_CHUNK = 128
-# Target one-hot tile of a chunk program in the multi-launch path.
-_CHUNK_TILE = 16384
+# The multi-launch scan: experts per program, and counts per step ([rows, experts]). One program
+# over all experts scanned 512-1024 chunks in 27-95 us on an H100 (65536 choices, 128-256 experts).
+_SCAN_EXPERTS = 16
+_SCAN_TILE = 4096
 _FILL_TILE = 1024
 
 
@@ -168,23 +171,22 @@ def _align_count_kernel(topk_ids_ptr, hist_ptr, sorted_ptr, numel, max_padded, f
                         CHUNK: tl.constexpr, E_P2: tl.constexpr, FILL_TILE: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * CHUNK + tl.arange(0, CHUNK)
-    ids = tl.load(topk_ids_ptr + offs, mask=offs < numel, other=-1)
-    experts = tl.arange(0, E_P2)
-    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
-    tl.store(hist_ptr + pid * E_P2 + experts, counts)
+    valid = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
+    tl.store(hist_ptr + pid * E_P2 + tl.arange(0, E_P2), tl.histogram(ids, E_P2, mask=valid))
     # Each program also writes the sentinel over its stripe; the scatter runs in a later launch.
     lo = pid * fill_per_program
     _fill(sorted_ptr, numel, lo, tl.minimum(lo + fill_per_program, max_padded), FILL_TILE)
 
 
 @triton.jit
-def _align_offsets_kernel(hist_ptr, ends_ptr, total_ptr, num_chunks,
-                          BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, ROWS: tl.constexpr):
-    """Turns per-chunk counts into each chunk's exclusive base within its expert, in place, and
-    writes each expert's padded segment end and the padded total."""
-    experts = tl.arange(0, E_P2)
+def _align_offsets_kernel(hist_ptr, counts_ptr, num_chunks,
+                          E_P2: tl.constexpr, EXPERTS: tl.constexpr, ROWS: tl.constexpr):
+    """For experts [pid EXPERTS, (pid + 1) EXPERTS): per-chunk counts -> each chunk's exclusive base
+    within its expert, in place, and each expert's count to counts_ptr."""
+    experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
     rows = tl.arange(0, ROWS)
-    running = tl.zeros([E_P2], tl.int32)
+    running = tl.zeros([EXPERTS], tl.int32)
     counts = tl.load(hist_ptr + rows[:, None] * E_P2 + experts[None, :], mask=rows[:, None] < num_chunks, other=0)
     for start in range(0, num_chunks, ROWS):
         # The next rows are loaded before this step's scan: the loop is bound by load latency.
@@ -197,32 +199,31 @@ def _align_offsets_kernel(hist_ptr, ends_ptr, total_ptr, num_chunks,
                  mask=here[:, None] < num_chunks)
         running += tl.sum(counts, axis=0)
         counts = later_counts
-    padded = (running + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(ends_ptr + experts, ends)
-    tl.store(total_ptr, tl.sum(padded, axis=0))
+    tl.store(counts_ptr + experts, running)
 
 
 @triton.jit
-def _align_scatter_kernel(topk_ids_ptr, hist_ptr, ends_ptr, total_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr,
+def _align_scatter_kernel(topk_ids_ptr, hist_ptr, counts_ptr, total_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr,
                           numel, max_blocks, blocks_per_program,
                           HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    """Every program derives the padded segments from the experts' counts (program 0 stores the
+    total), ranks its chunk's choices pairwise (stable) and scatters them."""
     pid = tl.program_id(0)
+    experts = tl.arange(0, E_P2)
+    padded = (tl.load(counts_ptr + experts) + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
+    ends = tl.cumsum(padded, axis=0)
+    total = tl.sum(padded, axis=0)
+    if pid == 0:
+        tl.store(total_ptr, total)
     local = tl.arange(0, CHUNK)
     offs = pid * CHUNK + local
     valid = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=-1)
-    experts = tl.arange(0, E_P2)
-    onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
-    rank = tl.sum(tl.cumsum(onehot, axis=0) * onehot, axis=1) - 1
-    ends = tl.load(ends_ptr + experts)
-    # An expert's segment starts where the previous one's ends.
-    starts = tl.load(ends_ptr + experts - 1, mask=experts > 0, other=0)
-    base = starts + tl.load(hist_ptr + pid * E_P2 + experts)
-    my_base = tl.sum(onehot * base[None, :], axis=1)
-    tl.store(sorted_ptr + my_base + rank, offs, mask=valid)
+    ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
+    rank = tl.sum(((ids[None, :] == ids[:, None]) & (local[None, :] < local[:, None])).to(tl.int32), axis=1)
+    base = ends - padded + tl.load(hist_ptr + pid * E_P2 + experts)
+    tl.store(sorted_ptr + tl.gather(base, ids, 0) + rank, offs, mask=valid)
     first = pid * blocks_per_program
-    _block_experts(expert_ids_ptr, expert_map_ptr, ends, tl.load(total_ptr), first,
+    _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first,
                    tl.minimum(first + blocks_per_program, max_blocks), HAS_MAP, BLOCK_SIZE, E_P2, 16)
 
 
@@ -260,17 +261,16 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
             EXPERTS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
             FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
-    chunk = max(16, min(1024, _CHUNK_TILE // e_p2))
-    num_chunks = triton.cdiv(numel, chunk)
+    num_chunks = triton.cdiv(numel, _RANK_CHUNK)
     hist = torch.empty(num_chunks * e_p2, dtype=torch.int32, device=device)
-    ends = torch.empty(e_p2, dtype=torch.int32, device=device)
-    fill_per_program = triton.cdiv(max_padded, num_chunks)
-    _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, fill_per_program,
-                                       CHUNK=chunk, E_P2=e_p2, FILL_TILE=256, num_warps=4)
-    _align_offsets_kernel[(1,)](hist, ends, total, num_chunks, BLOCK_SIZE=block_size, E_P2=e_p2,
-                                ROWS=max(1, min(64, 4096 // e_p2)), num_warps=8)
+    counts = torch.empty(e_p2, dtype=torch.int32, device=device)
+    _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, triton.cdiv(max_padded, num_chunks),
+                                       CHUNK=_RANK_CHUNK, E_P2=e_p2, FILL_TILE=256, num_warps=4)
+    scan_experts = min(e_p2, _SCAN_EXPERTS)
+    _align_offsets_kernel[(e_p2 // scan_experts,)](hist, counts, num_chunks, E_P2=e_p2, EXPERTS=scan_experts,
+                                                   ROWS=_SCAN_TILE // scan_experts, num_warps=4)
     # The scatter programs also fill expert_ids, a slice each.
-    _align_scatter_kernel[(num_chunks,)](topk_ids, hist, ends, total, map_arg, sorted_ids, expert_ids, numel,
+    _align_scatter_kernel[(num_chunks,)](topk_ids, hist, counts, total, map_arg, sorted_ids, expert_ids, numel,
                                          max_blocks, triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
-                                         BLOCK_SIZE=block_size, CHUNK=chunk, E_P2=e_p2, num_warps=4)
+                                         BLOCK_SIZE=block_size, CHUNK=_RANK_CHUNK, E_P2=e_p2, num_warps=4)
     return sorted_ids, expert_ids, total
