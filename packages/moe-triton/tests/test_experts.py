@@ -1,5 +1,6 @@
 """`TritonExperts` against the fp32 reference, its GEMM against the torch twin, and the plugin glue."""
 
+import dataclasses
 import json
 
 import pytest
@@ -134,6 +135,33 @@ def test_gemm_matches_torch_twin(gemm, tma, device):
     torch.testing.assert_close(out, twin, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+def test_gemm_narrow_blocks_match_torch_twin(gemm, tma, device):
+    """Narrow tiles over 128-row blocks: an expert's last block with at most 64 valid rows multiplies
+    only its first 64 (`moe_gemm_kernel`'s NARROW); the others all 128."""
+    gen = torch.Generator().manual_seed(11)
+    M, k, E, K, N = 160, 2, 3, 32, 24
+    act = Activation.silu() if gemm == "gemm1" else None
+    # Choices per expert 150, 100, 70: blocks of 128 and 22 (narrow), 100 and 70 rows.
+    ids = torch.tensor([[0, 1] if t < 90 else [0, 2] if t < 150 else [1, 2] for t in range(M)], dtype=torch.int32)
+    ids = ids[torch.randperm(M, generator=gen)].to(device)
+    w = (torch.randn(E, 2 * N if act else N, K, generator=gen) / K**0.5).to(device)
+    bias = torch.randn(E, w.shape[1], generator=gen).to(device)
+    a = torch.randn(M if act else M * k, K, generator=gen).to(device)
+    tw = torch.rand(M, k, generator=gen).to(device)
+    sorted_ids, expert_ids, total = align_block_size(ids, 128, E)
+    valid = [(sorted_ids[b * 128:(b + 1) * 128] < M * k).sum().item() for b in range(int(total) // 128)]
+    assert any(v <= 64 for v in valid) and any(v > 64 for v in valid), valid
+    out = torch.randn(M * k, N, generator=gen).to(device)
+    twin = out.clone()
+    kw = dict(top_k=k, block_m=128, activation=act, mul_weight=True, zero_foreign=True)
+    tile = TileConfig(16, 16, 1, 4, 1, tma=tma, narrow=True)
+    moe_gemm(a, w, bias, out, tw, sorted_ids, expert_ids, total, tile=tile, **kw)
+    moe_gemm_torch(a, w, bias, twin, tw, sorted_ids, expert_ids, total, **kw)
+    torch.testing.assert_close(out, twin, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
 def test_gemv_matches_torch_twin(gemm, device):
     # K = 40 is not a multiple of block_k, N = 20 not of block_n: the masked K loop and wrapped rows.
@@ -240,6 +268,23 @@ def test_wgmma_tiles_are_validated():
     with pytest.raises(ValueError, match="64 or 128 rows"):
         KernelConfig(32, TileConfig(64, 64, 1, 8, 4, wgmma=True), TileConfig(64, 64, 8, 4, 3))
     assert "wgmma 128x64 g1 s4" in str(KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True), WGMMA_TILE))
+
+
+def test_narrow_tiles_are_validated_and_offered():
+    from moe_triton.tune import candidates
+
+    with pytest.raises(ValueError, match=r"tl\.dot grouped GEMM"):
+        TileConfig(128, 64, 1, 8, 4, wgmma=True, narrow=True)
+    with pytest.raises(ValueError, match=r"tl\.dot grouped GEMM"):
+        TileConfig(64, 64, 1, 4, 3, direct=True, narrow=True)
+    with pytest.raises(ValueError, match="64 rows or more"):
+        KernelConfig(32, TileConfig(64, 64, 1, 4, 3, narrow=True), TileConfig(64, 64, 1, 4, 3))
+    tile = TileConfig(128, 64, 8, 8, 4, tma=True, narrow=True)
+    assert "s4 tma narrow" in str(KernelConfig(128, tile, tile))
+    # The tuner tries every 128-row tile both ways; smaller blocks (bandwidth-bound) only whole.
+    wide = [t for t in candidates(128, True) if not t.narrow]
+    assert [dataclasses.replace(t, narrow=True) for t in wide] == [t for t in candidates(128, True) if t.narrow]
+    assert not any(t.narrow for t in candidates(64, True))
 
 
 WGMMA_TILE = TileConfig(256, 64, 1, 8, 4, wgmma=True)
@@ -436,7 +481,12 @@ ptrs = {"a_ptr": "*bf16", "b_ptr": "*bf16", "b_desc": "*bf16", "bias_ptr": "*bf1
 compile_kernel(gk.moe_gemm_kernel, dict(A_ROW_DIV=8, GATED=True, ACT=gk.ACT_SILU, HAS_BIAS=False, MUL_WEIGHT=False,
                                         ZERO_FOREIGN=False, EVEN_K=True, B_TMA=False, UPCAST=False,
                                         DOT_PRECISION="tf32", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_M=8,
-                                        PDL=True), ptrs)
+                                        NARROW=False, PDL=True), ptrs)
+# 128-row blocks with their narrow half-block path.
+compile_kernel(gk.moe_gemm_kernel, dict(A_ROW_DIV=8, GATED=True, ACT=gk.ACT_SILU, HAS_BIAS=False, MUL_WEIGHT=False,
+                                        ZERO_FOREIGN=True, EVEN_K=True, B_TMA=False, UPCAST=False,
+                                        DOT_PRECISION="tf32", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                                        NARROW=True, PDL=True), ptrs, num_warps=8, num_stages=4)
 direct = dict(HAS_BIAS=True, MUL_WEIGHT=False, HAS_MAP=False, EVEN_K=True, BLOCK_N=8, BLOCK_K=256, PDL=True)
 compile_kernel(gk.moe_gemv1_kernel, dict(direct, TOP_K=8, GATED=True, ACT=gk.ACT_SWIGLU_OAI), ptrs)
 compile_kernel(gk.moe_gemv2_kernel, dict(direct, TOP_K=8, K_P2=8), ptrs)

@@ -41,6 +41,8 @@ class TileConfig:
     wgmma: NVIDIA Hopper only, 16-bit layers: the Gluon grouped GEMM (`moe_triton._details.gemm_wgmma`):
     block_k 64, num_warps 8 (two consumer warpgroups), num_stages >= 2 (its ring); its weight rows
     per program (block_n, gated twice that) must be 128 or 256 and the layer's block_m 64 or 128.
+    narrow: the tl.dot grouped GEMM multiplies only the valid half of a block that has no more (an
+    expert's last); the layer's block_m must be 64 or more. (The wgmma kernel always does.)
     """
 
     block_n: int
@@ -51,6 +53,7 @@ class TileConfig:
     direct: bool = False
     tma: bool = False
     wgmma: bool = False
+    narrow: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -66,6 +69,9 @@ class TileConfig:
                            or self.num_stages < 2 or self.block_n > 256):
             raise ValueError("TileConfig: the wgmma kernel takes block_k 64, num_warps 8, num_stages >= 2, "
                              f"block_n <= 256, neither direct nor tma, got {self}")
+        if self.narrow and (self.direct or self.wgmma):
+            raise ValueError(f"TileConfig: narrow is an option of the tl.dot grouped GEMM, not of the direct or "
+                             f"wgmma kernels, got {self}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,8 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.block_m={self.block_m} must be a power of two >= 16")
         if (self.gemm1.wgmma or self.gemm2.wgmma) and self.block_m not in (64, 128):
             raise ValueError(f"KernelConfig: the wgmma kernel takes blocks of 64 or 128 rows, got block_m={self.block_m}")
+        if (self.gemm1.narrow or self.gemm2.narrow) and self.block_m < 64:
+            raise ValueError(f"KernelConfig: narrow tiles need blocks of 64 rows or more, got block_m={self.block_m}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,7 +101,8 @@ class KernelConfig:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
             if c.wgmma:
                 return f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}"
-            return f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
+            return (f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
+                    f"{' narrow' if c.narrow else ''}")
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

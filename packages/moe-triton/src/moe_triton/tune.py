@@ -87,6 +87,9 @@ def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfi
     if block_m >= 64:
         # The same tiles with B through the copy engine (64-wide K rows: one 128-byte swizzle line).
         tiles += [dataclasses.replace(t, tma=True) for t in tiles if t.block_k == 64]
+    if block_m >= 128:
+        # An expert's last block multiplies only its valid half when it has no more (TileConfig.narrow).
+        tiles += [dataclasses.replace(t, narrow=True) for t in tiles]
     if wgmma and block_m in (64, 128):
         tiles += [TileConfig(rows // 2 if gated else rows, 64, group, 8, 4, wgmma=True)
                   for rows in (128, 256) for group in (1, 8)]

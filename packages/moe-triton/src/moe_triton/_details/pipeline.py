@@ -72,7 +72,7 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
         EVEN_K=K % tile.block_k == 0, B_TMA=tile.tma, UPCAST=interpreting(),
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
-        **dependent_options(a.device), num_warps=tile.num_warps, num_stages=tile.num_stages,
+        NARROW=tile.narrow, **dependent_options(a.device), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
