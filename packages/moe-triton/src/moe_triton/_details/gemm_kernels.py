@@ -10,8 +10,8 @@ pointers or (B_TMA) through a host tensor descriptor over B viewed as [E * out, 
 engine then moves B tiles into shared memory without the warps computing addresses, and zero-fills
 past K, so the K loop needs no masks on B. A stays a pointer gather (its rows are scattered
 tokens, which Hopper's TMA cannot gather). NARROW (`TileConfig.narrow`) runs a block with at most
-half its rows valid (an expert's last) over that half only: with 128-row blocks a quarter less
-tensor-core work per expert on average.
+half its rows valid (an expert's last) over that half only: with 128-row blocks, 32 rows of MMA
+padding per expert on average instead of 64.
 
 The direct kernels (`moe_gemv1_kernel`, `moe_gemv2_kernel`) serve decode: with a handful of
 choices, each expert meets one or two rows, so a 16-row MMA tile is mostly padding and the
