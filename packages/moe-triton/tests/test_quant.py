@@ -346,6 +346,46 @@ def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     assert _gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 
+def _routed_counts_layer(counts, quant, launch: QuantKernelConfig, K=256, N=128, dtype=torch.float16, seed=3,
+                         cls=TritonWna16Experts):
+    """(layer output, fp32 reference) with top-1 routing that gives expert e exactly counts[e] tokens."""
+    cfg = MoEConfig(num_experts=len(counts), top_k=1, hidden_size=K, intermediate_size=N, dtype=dtype)
+    weights = ExpertWeights.random(cfg, quant, seed=seed)
+    experts = cls(cfg, quant, RUN_ON)
+    experts.config_override = launch
+    experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)].view(-1, 1).to(DEV)
+    tw = (torch.rand(ids.shape, generator=gen) + 0.5).to(DEV)
+    x = torch.randn(ids.shape[0], K, generator=gen).to(dtype).to(DEV)
+    return experts.apply(x, tw, ids), reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+
+
+@pytest.mark.parametrize(("quant", "block_m"), [(int4_w4a16(128, zero_point=True), 32), (int4_w4a16(64), 64),
+                                                (mxfp4_w4a16(), 32)])
+def test_narrow_blocks_match_reference(quant, block_m):
+    """tl.dot kernel: a block with at most half its pairs valid runs its dots over that half (experts
+    with half a block, one pair more, one pair, a whole block, one more and one and a half put
+    blocks on both sides of that boundary): as the reference, and as whole blocks."""
+    half = block_m // 2
+    counts = [half, half + 1, 1, block_m, 0, block_m + 1, block_m + half, half - 1]
+    whole = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True)
+    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(whole, whole), cls=cls)
+    narrow = dataclasses.replace(whole, narrow=True)
+    narrowed, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(narrow, narrow), cls=cls)
+    assert rel_l2(narrowed, ref) < 1e-2
+    torch.testing.assert_close(narrowed, out, rtol=1e-3, atol=1e-3)
+
+
+def test_narrow_limits():
+    with pytest.raises(ValueError, match=r"narrow is an option of the tl\.dot kernel with block_m >= 32"):
+        GemmConfig(16, 64, 1, 4, 2, swap_ab=True, narrow=True)
+    with pytest.raises(ValueError, match=r"narrow is an option of the tl\.dot kernel"):
+        GemmConfig(128, 256, 1, 4, 3, swap_ab=True, wgmma=True, narrow=True)
+
+
 @pytest.mark.parametrize(("quant", "K"), [(int4_w4a16(128, zero_point=True), 256), (int4_w4a16(64), 192),
                                           (mxfp4_w4a16(), 256)])
 def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
@@ -396,6 +436,9 @@ _SPECIALIZATIONS = {
                                    PREFETCH_TILES=2), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
+    # an expert's last block over its valid half (two copies of the K loop), grouped launch order
+    "quads-narrow-grouped": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, BLOCK_N=256, ACT=1,
+                                  GATE_UP_CHUNK=32, NARROW=True, N_FIRST=True, PDL=True), {"b_ptr": "*i16"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
     # fp16 activations: the e2m1 values are scaled in fp32 first
@@ -562,19 +605,9 @@ def test_wgmma_narrow_and_full_blocks_on_gpu():
     """128-pair blocks run their MMAs over 64 rows when at most 64 are valid (an expert's last block):
     experts with exactly 64, 65, 128, 129 and 1 pairs put blocks on both sides of that boundary."""
     counts = [64, 65, 1, 128, 129, 0, 192, 63]
-    cfg = MoEConfig(num_experts=len(counts), top_k=1, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16)
-    quant = int4_w4a16(128)
-    weights = ExpertWeights.random(cfg, quant, seed=3)
-    experts = TritonWna16Experts(cfg, quant, RUN_ON)
-    experts.config_override = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
-    experts.load_weights(weights)
-    gen = torch.Generator().manual_seed(4)
-    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
-    ids = ids[torch.randperm(ids.numel(), generator=gen)].view(-1, 1).to(DEV)
-    tw = (torch.rand(ids.shape, generator=gen) + 0.5).to(DEV)
-    x = torch.randn(ids.shape[0], 1024, generator=gen).to(torch.bfloat16).to(DEV)
-    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
-    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+    launch = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
+    out, ref = _routed_counts_layer(counts, int4_w4a16(128), launch, K=1024, N=512, dtype=torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
 
 
 @pytest.mark.device("cuda")
@@ -669,6 +702,10 @@ def test_quant_candidates_are_distinct_neighbours():
     assert cands["stages-1"] == QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=3),
                                                   dataclasses.replace(base.gemm2, num_stages=3))
     assert all(c.gemm1.swap_ab and c.gemm2.swap_ab for c in cands.values())  # int4 runs swapped only
+    assert "narrow" not in cands  # narrow blocks have 32 pairs or more
+    wider = quant_candidates(QuantKernelConfig(dataclasses.replace(base.gemm1, block_m=32),
+                                               dataclasses.replace(base.gemm2, block_m=32)))
+    assert wider["narrow"].gemm2 == dataclasses.replace(base.gemm2, block_m=32, narrow=True)
 
 
 def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):

@@ -125,12 +125,19 @@ class GemmConfig:
     # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 8 or 12 warps run in all)
     # and num_stages >= 3 (its ring).
     wgmma: bool = False
+    # An aligned block with at most block_m / 2 valid pairs (an expert's last) runs its dots over
+    # that half only (a direct launch's blocks hold one pair: there it changes nothing). tl.dot
+    # kernel, block_m >= 32 (the wgmma kernel narrows its 128-pair blocks itself).
+    narrow: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"GemmConfig: split_k, num_warps and num_stages must be >= 1, got {self}")
+        if self.narrow and (self.wgmma or self.block_m < 32):
+            raise ValueError("GemmConfig: narrow is an option of the tl.dot kernel with block_m >= 32 (the wgmma "
+                             f"kernel narrows its 128-pair blocks itself), got {self}")
         if self.wgmma and not (self.swap_ab and self.block_m <= 128 and self.block_n in (128, 256)
                                and self.num_warps == 4 and self.num_stages >= 3):
             raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 128, block_n 128 or 256, "
@@ -157,7 +164,7 @@ class QuantKernelConfig:
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
-                    f"{' wgmma' if c.wgmma else ''}")
+                    f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

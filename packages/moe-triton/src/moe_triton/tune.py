@@ -124,6 +124,8 @@ _QUANT_TWEAKS = {
     "warps/2": lambda c: dataclasses.replace(c, num_warps=max(4, c.num_warps // 2)),
     "stages+1": lambda c: dataclasses.replace(c, num_stages=c.num_stages + 1),
     "stages-1": lambda c: dataclasses.replace(c, num_stages=max(2, c.num_stages - 1)),
+    # An expert's last block over its valid half when it has no more (GemmConfig.narrow).
+    "narrow": lambda c: dataclasses.replace(c, narrow=not c.narrow),
 }
 
 

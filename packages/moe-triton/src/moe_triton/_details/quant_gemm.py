@@ -17,6 +17,11 @@ Aligned launches above the decode sizes put N tiles first in the launch order (N
 programs running together then share one block of gathered activation rows, read from DRAM once
 and from L2 for the other N tiles; M first, every N tile re-read them from DRAM (1.05-1.20x slower
 layers on the H100 at 2048 and 8192 tokens, benchmarks/results/int4_wgmma_n_first_2026-11-21.md).
+A configuration with `narrow` runs an aligned block whose second half is padding (an expert's last)
+over its first half only: half the MMA rows for the same dequantized weights (`_wgemm_rows` is
+compiled for both row counts). Grouping M blocks per N tile (as the bf16 GEMM's group_m does, so an
+expert's blocks share weight tiles in L2) measured no faster on the H100 at 128-8192 tokens
+(benchmarks/results/int4_narrow_session18_2026-11-22.md).
 A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only:
 warp-specialized: two consumer warpgroups per program, and a producer warpgroup for blocks of
 at most 64 pairs).
@@ -408,7 +413,7 @@ def _moe_wgemm_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
-    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, PREFETCH_TILES: tl.constexpr,
+    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -457,21 +462,69 @@ def _moe_wgemm_kernel(
         e = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
         if HAS_MAP:
             e = tl.load(expert_ids_ptr + e).to(tl.int64)
-        ids = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_valid)
     else:
         if pid_m * BLOCK_M >= tl.load(num_post_ptr):
             return
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-        ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
+        if SINK == 2:
+            ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
+                    offs_n, offs_n < N, pid_n, N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+        return
+    tile = (a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
+            pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
+            stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
+            stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm)
+    # (Compile-time values lose that status in a tuple: they are spelled out per call.)
+    if NARROW:
+        tl.static_assert(not DIRECT, "direct blocks hold one pair")
+        # Valid pairs are a prefix of the block (the alignment pads each expert's last block).
+        if tl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid:
+            _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
+                        MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
+                        DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2)
+        else:
+            _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
+                        MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
+                        DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M)
+    else:
+        _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
+                    MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M)
+
+
+@triton.jit
+def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """Pair ids of block pid_m's first ROWS rows; num_valid marks padding."""
+    if DIRECT:
+        ids = tl.where(tl.arange(0, ROWS) == 0, pid_m, num_valid)
+    else:
+        ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, ROWS))
+    return ids
+
+
+@triton.jit
+def _wgemm_rows(
+    a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
+    pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
+    stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
+    stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm,
+    GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
+    HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, A_ROWS_DIV: tl.constexpr,
+    MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
+    GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
+    PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, K_TAIL: tl.constexpr, ROWS: tl.constexpr,
+):
+    """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
+    N tile pid_n, K tiles [kt0, kt1))."""
+    ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
-        if SINK == 2:
-            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_cm,
-                    stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
-        return
     a_rows = (ids // A_ROWS_DIV).to(tl.int64)
 
     # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
@@ -483,9 +536,9 @@ def _moe_wgemm_kernel(
     s_base = s_ptr + e * stride_se + offs_n * stride_sn
     z_base = z_ptr + e * stride_se + offs_n * stride_sn
     if SWAP_AB:
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_t = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
 
     if WTYPE == 0 and QUADS:
         # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's wgmma
@@ -504,7 +557,7 @@ def _moe_wgemm_kernel(
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
                 z = _int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                part = _dot_at(v0 - z, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), CT,
+                part = _dot_at(v0 - z, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT,
                                K_TAIL)
                 part = _dot_at(v1 - z, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
                 part = _dot_at(v2 - z, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
@@ -882,7 +935,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
-        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first,
+        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
