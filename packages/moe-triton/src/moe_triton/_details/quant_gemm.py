@@ -477,18 +477,15 @@ def _moe_wgemm_kernel(
             pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
             stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
             stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm)
+    tl.static_assert(not (NARROW and DIRECT), "direct blocks hold one pair")
+    # Valid pairs are a prefix of the block (the alignment pads each expert's last block). Without
+    # NARROW this is False at compile time and only the whole block's code is built.
+    narrow = NARROW and tl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
     # (Compile-time values lose that status in a tuple: they are spelled out per call.)
-    if NARROW:
-        tl.static_assert(not DIRECT, "direct blocks hold one pair")
-        # Valid pairs are a prefix of the block (the alignment pads each expert's last block).
-        if tl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid:
-            _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
-                        MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                        DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2)
-        else:
-            _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
-                        MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                        DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M)
+    if narrow:
+        _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
+                    MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
