@@ -436,8 +436,8 @@ _SPECIALIZATIONS = {
                                    PREFETCH_TILES=2), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
-    # an expert's last block over its valid half (two copies of the K loop), grouped launch order
-    "quads-narrow-grouped": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, BLOCK_N=256, ACT=1,
+    # an expert's last block over its valid half (the K loop built for both row counts), N tiles first
+    "quads-narrow": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, BLOCK_N=256, ACT=1,
                                   GATE_UP_CHUNK=32, NARROW=True, N_FIRST=True, PDL=True), {"b_ptr": "*i16"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
