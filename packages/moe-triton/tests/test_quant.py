@@ -486,6 +486,10 @@ _WGMMA_SPECIALIZATIONS = {
     "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2, BLOCK_N=128),
                          {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
     "relu2-channel": (dict(GROUP=4096, ACT=5, GATE_UP_CHUNK=0, BLOCK_M=16, BLOCK_N=128), {}),
+    "tail8-gemm1-silu": (dict(TAIL=8), {}),
+    "tail16-gemm2-atomic-k-tail": (dict(TAIL=16, ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True,
+                                        REDUCE_TOPK=8, A_ROWS_DIV=1, ZERO_SIDE=False, STAGES=3, K_TAIL=True,
+                                        GROUP=64), {"c_ptr": "*fp32"}),
 }
 _COMPILE_WGMMA = """
 import json, sys
@@ -506,10 +510,12 @@ def test_wgmma_gemm_compiles_for_hopper():
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
     for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
         # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
-        # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs.
+        # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs,
+        # and with TAIL a third one, two MMAs per quarter (block and tail) that it waits for (wait 0).
         loops = 2 * (2 if _WGMMA_SPECIALIZATIONS[name][0].get("BLOCK_M", 128) == 128 else 1)
-        assert mmas >= 4 * loops and waits == 4 * loops and copy_arrivals >= 1 and setmaxnreg >= 3, (
-            name, mmas, waits, copy_arrivals, setmaxnreg)
+        tail_loops = 2 if _WGMMA_SPECIALIZATIONS[name][0].get("TAIL", 0) else 0
+        assert mmas >= 4 * loops + 8 * tail_loops and waits == 4 * loops, (name, mmas, waits)
+        assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)
 
 
 def _wgmma(block_m: int, block_n: int, stages: int, split: int = 1) -> GemmConfig:
@@ -522,6 +528,16 @@ def test_wgmma_config_limits():
                 dict(num_warps=8)):
         with pytest.raises(ValueError, match="the wgmma kernel takes"):
             dataclasses.replace(_wgmma(128, 128, 3), **bad)
+
+
+def test_tail_limits():
+    assert dataclasses.replace(_wgmma(128, 256, 4), tail=16).tail == 16
+    for bad in (dict(tail=4), dict(tail=8, block_m=64), dict(tail=8, wgmma=False)):
+        with pytest.raises(ValueError, match=r"tail \(8 or 16 pairs taken in by the block before\)"):
+            dataclasses.replace(_wgmma(128, 256, 4), **bad)
+    cands = quant_candidates(QuantKernelConfig(_wgmma(128, 256, 4), _wgmma(128, 256, 4)))
+    assert cands["tail8"].gemm1.tail == cands["tail8"].gemm2.tail == 8 and cands["tail16"].gemm2.tail == 16
+    assert "tail8" not in quant_candidates(QuantKernelConfig(_wgmma(64, 256, 4), _wgmma(64, 256, 4)))
 
 
 def test_wgmma_grid_fits_hopper_shared_memory():
@@ -608,6 +624,21 @@ def test_wgmma_narrow_and_full_blocks_on_gpu():
     launch = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
     out, ref = _routed_counts_layer(counts, int4_w4a16(128), launch, K=1024, N=512, dtype=torch.bfloat16)
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("tail", [8, 16])
+def test_wgmma_tail_blocks_on_gpu(tail):
+    """A full block takes in its expert's last block when that holds at most `tail` pairs: experts
+    with 1, tail and tail + 1 pairs past one or two full blocks, a lone short block, an expert with
+    none between; as the reference and as the launch without it."""
+    counts = [129, 128 + tail, 129 + tail, 0, 256 + tail, 5, 128, 257, 128 + tail // 2]
+    plain = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
+    taking = QuantKernelConfig(dataclasses.replace(plain.gemm1, tail=tail), dataclasses.replace(plain.gemm2, tail=tail))
+    out, ref = _routed_counts_layer(counts, int4_w4a16(128), taking, K=1024, N=512, dtype=torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
+    whole, _ = _routed_counts_layer(counts, int4_w4a16(128), plain, K=1024, N=512, dtype=torch.bfloat16)
+    torch.testing.assert_close(out, whole, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.device("cuda")

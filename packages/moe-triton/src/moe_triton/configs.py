@@ -129,6 +129,10 @@ class GemmConfig:
     # that half only (a direct launch's blocks hold one pair: there it changes nothing). tl.dot
     # kernel, block_m >= 32 (the wgmma kernel narrows its 128-pair blocks itself).
     narrow: bool = False
+    # wgmma kernel with 128-pair blocks: 0, 8 or 16. A full block whose expert's next block holds at
+    # most `tail` valid pairs (that expert's last) multiplies them too, with the same dequantized
+    # weights, and the next block's program exits (one dequantization of the expert less).
+    tail: int = 0
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
@@ -142,6 +146,9 @@ class GemmConfig:
                                and self.num_warps == 4 and self.num_stages >= 3):
             raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 128, block_n 128 or 256, "
                              f"num_warps 4 and num_stages >= 3, got {self}")
+        if self.tail and not (self.tail in (8, 16) and self.wgmma and self.block_m == 128):
+            raise ValueError("GemmConfig: tail (8 or 16 pairs taken in by the block before) is an option of the "
+                             f"wgmma kernel with block_m 128, got {self}")
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,7 @@ class QuantKernelConfig:
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
-                    f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}")
+                    f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

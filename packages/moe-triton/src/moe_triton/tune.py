@@ -126,6 +126,9 @@ _QUANT_TWEAKS = {
     "stages-1": lambda c: dataclasses.replace(c, num_stages=max(2, c.num_stages - 1)),
     # An expert's last block over its valid half when it has no more (GemmConfig.narrow).
     "narrow": lambda c: dataclasses.replace(c, narrow=not c.narrow),
+    # A wgmma block takes in its expert's last 8 or 16 pairs (GemmConfig.tail).
+    "tail8": lambda c: dataclasses.replace(c, tail=8),
+    "tail16": lambda c: dataclasses.replace(c, tail=16),
 }
 
 

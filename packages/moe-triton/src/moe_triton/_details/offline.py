@@ -45,7 +45,7 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 WGMMA_CONSTEXPRS = dict(
     GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
     ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, STAGES=4,
-    K_TAIL=False)
+    K_TAIL=False, TAIL=0)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the bf16 wgmma kernel (`gemm_wgmma`).

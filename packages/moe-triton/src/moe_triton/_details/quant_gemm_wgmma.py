@@ -25,7 +25,11 @@ theirs to 192, the producer drops to 120, enough for 64-pair blocks only; with 1
 serialized each consumer's MMAs. Folded, 8 warps at 240 each, no partition below the MMA loop's
 need: 1.04-1.18x faster layers at 2048 and 8192 tokens on an H200 (benchmarks/results/int4_wgmma_folded_2026-11-21.md).
 A folded block with at most 64 valid pairs (an expert's last) runs a second copy of the loop
-whose MMAs cover its first 64 rows: half the padding's tensor-core work.
+whose MMAs cover its first 64 rows: half the padding's tensor-core work. With TAIL (8 or 16), a
+full block whose expert's next block holds at most TAIL valid pairs (that expert's last) takes
+those pairs into its own K loop, as a second accumulator of TAIL columns fed by the same
+dequantized weights, and the next block's program exits: the expert's weights are dequantized
+once less (an aligned block pays the whole dequantization for any number of valid pairs).
 
 Gated tiles are regrouped (`_ring_row`) as they are copied: each consumer's first half of rows
 are gates and its second half the matching ups, so one thread ends with both sums of an output.
@@ -136,6 +140,40 @@ def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_pt
             _async_load(z_ring.index(stage * GROUPS + g).slice(R0, ROWS), z_ptrs + row, mask=z_mask)
 
 
+@gluon.constexpr_function
+def _tail_copy_layout(tail, num_warps):
+    """[tail, QUARTER] 16-bit elements over num_warps warps, each element once: pieces of 4 bytes
+    (8 rows) or 8 (16 rows); 16-byte pieces would cover the tile several times over."""
+    per_thread = tail * QUARTER.value // (32 * num_warps)
+    cols = QUARTER.value // per_thread  # threads along a row
+    return gl.BlockedLayout([1, per_thread], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_ROWS_DIV: gl.constexpr,
+                BLOCK_M: gl.constexpr, TAIL: gl.constexpr):
+    """Source pointers and mask (K tile 0) of the TAIL activation rows after the block: the first
+    rows of the expert's next block, which this block takes in (`_issue_tail`); none unless it absorbs."""
+    tl_: gl.constexpr = _tail_copy_layout(TAIL, gl.num_warps())
+    ids = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + gl.arange(0, TAIL, layout=gl.SliceLayout(1, tl_)),
+                  mask=absorbs, other=num_valid)
+    k_in_q = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, tl_))
+    ptrs = a_ptr + (ids // A_ROWS_DIV).to(gl.int64)[:, None] * stride_am + k_in_q[None, :]
+    return ptrs, (ids < num_valid)[:, None], k_in_q
+
+
+@gluon.jit
+def _issue_tail(x_tails, stage, kt, t_ptrs, t_mask, t_k, K, K_TAIL: gl.constexpr):
+    """cp.async of K tile kt's taken-in tail rows (`_tail_share`) into ring stage `stage`."""
+    k0 = kt * (4 * QUARTER)
+    for j in gl.static_range(4):
+        if K_TAIL:
+            mask = t_mask & (k0 + j * QUARTER + t_k < K)[None, :]
+        else:
+            mask = t_mask
+        _async_load(x_tails[j].index(stage), t_ptrs + (k0 + j * QUARTER), mask=mask)
+
+
 @gluon.jit
 def _ring_row(p, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr):
     """Weight-tile row that ring row p holds. Gated tiles (CHUNK > 0: rows interleaved by gate/up
@@ -191,40 +229,57 @@ def _wg_quarter(words, s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr,
 
 
 @gluon.jit
-def _consume(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr,
-             c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
-             stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
+def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr,
+             bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid,
+             alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
              GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
              HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
              ACT: gl.constexpr, CHUNK: gl.constexpr, K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr,
-             WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
+             WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr,
+             TAIL: gl.constexpr):
     """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
     waits on no other warpgroup: stages are handed back through `empty`. FOLDED: it also copies
-    its share of each K tile (half the activation rows, its own weight and scale rows),
-    STAGES - 1 tiles ahead, into a stage both consumers handed back. A `narrow` block (at most
-    BLOCK_M / 2 valid rows, the last of an expert's) runs MMAs over its first half of rows only."""
+    its share of each K tile (half the activation rows, its own weight and scale rows; warpgroup 0
+    also a taken-in tail's rows), STAGES - 1 tiles ahead, into a stage both consumers handed back.
+    A `narrow` block (at most BLOCK_M / 2 valid rows, the last of an expert's) runs MMAs over its
+    first half of rows only; a block that `absorbs` (TAIL) also multiplies the next block's first TAIL rows."""
     X_ROWS: gl.constexpr = BLOCK_M // 2
     x_r0: gl.constexpr = WG * X_ROWS
     r0: gl.constexpr = WG * WG_ROWS
     # Unused (and dropped by the compiler) unless FOLDED.
     copy = _copy_share(a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be,
                        stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, x_r0, X_ROWS, r0, WG_ROWS)
+    COPIES_TAIL: gl.constexpr = TAIL > 0 and WG == 0
+    if COPIES_TAIL:
+        tail_copy = _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_ROWS_DIV, BLOCK_M, TAIL)
+    else:
+        tail_copy = copy  # unused
     if FOLDED:
         for p in gl.static_range(STAGES - 1):  # fresh stages: no wait
             if kt0 + p < kt1:
                 _issue_tile(x_rings, w_ring, s_ring, z_ring, p, kt0 + p, *copy, K, stride_bt, stride_sk, GROUP, GROUPS,
                             HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
+                if COPIES_TAIL and absorbs:
+                    _issue_tail(x_tails, p, kt0 + p, *tail_copy, K, K_TAIL)
                 async_copy.mbarrier_arrive(ready.index(p), increment_count=False)
-    if FOLDED and narrow:
-        _mma_then_store(WG, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
-                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
-                        stride_biase, stride_cm, copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED,
-                        REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M // 2, STAGES, FOLDED)
+    if TAIL > 0 and absorbs:
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
+                        TAIL, STAGES, FOLDED)
+    elif FOLDED and narrow:
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M // 2,
+                        0, STAGES, FOLDED)
     else:
-        _mma_then_store(WG, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
-                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
-                        stride_biase, stride_cm, copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED,
-                        REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M, STAGES, FOLDED)
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
+                        0, STAGES, FOLDED)
 
 
 # Epilogue layout of a consumer warpgroup: threads along the weight rows (the output rows'
@@ -246,23 +301,37 @@ def row_halves(acc, out_l: gl.constexpr):
 
 
 @gluon.jit
-def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
-                    sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt, stride_sk,
-                    stride_biase, stride_cm, copy, GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr,
-                    CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr,
-                    REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr,
-                    K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, MMA_N: gl.constexpr,
-                    STAGES: gl.constexpr, FOLDED: gl.constexpr):
-    """The consumer's K loop over the block's first MMA_N rows (its MMA's N), then its epilogue."""
+def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr,
+                    topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                    stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP: gl.constexpr, GROUPS: gl.constexpr,
+                    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
+                    MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
+                    CHUNK: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
+    """The consumer's K loop over the block's first MMA_N rows (its MMA's N) and, with TAIL_N, the
+    TAIL_N rows after the block (a second accumulator on the same dequantized weights), then its
+    epilogue for each."""
     CT: gl.constexpr = x_rings[0].dtype
-    HALF: gl.constexpr = WG_ROWS // 2
     X_ROWS: gl.constexpr = BLOCK_M // 2
     x_r0: gl.constexpr = WG * X_ROWS
     r0: gl.constexpr = WG * WG_ROWS
+    COPIES_TAIL: gl.constexpr = TAIL_N > 0 and WG == 0
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, MMA_N, 16])
     w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
+    if TAIL_N > 0:
+        # Same A operand layout as the main MMA's (instr_shape's N does not enter it).
+        mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, TAIL_N, 16])
+        acc_t = gl.zeros([WG_ROWS, TAIL_N], gl.float32, layout=mma_t)
+        # Each quarter's MMAs retire before the next quarter is dequantized: keeping them in flight
+        # takes registers the consumers lack (ptxas then serializes every wgmma of the kernel). The
+        # other consumer's MMAs still overlap this one's dequantization.
+        IN_FLIGHT: gl.constexpr = 0
+    else:
+        acc_t = acc  # unused
+        IN_FLIGHT: gl.constexpr = 1
     gl.assume(kt1 > kt0)  # checked before the partitions fork; a possibly empty loop makes ptxas serialize wgmma
     for kt in range(kt0, kt1):
         i = kt - kt0
@@ -270,20 +339,27 @@ def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, em
         mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
         fence_async_shared()  # cp.async wrote the stage; wgmma reads it through the async proxy
         words = w_ring.index(stage).slice(r0, WG_ROWS).load(w_op)
-        w0 = _wg_quarter(words, s_ring, z_ring, stage, 0, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w0, x_rings[0].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
-        # One quarter's MMA stays in flight; past this wait the previous K tile's are done.
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-        w1 = _wg_quarter(words, s_ring, z_ring, stage, 1, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w1, x_rings[1].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
-        acc, w0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w0))
-        w2 = _wg_quarter(words, s_ring, z_ring, stage, 2, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w2, x_rings[2].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
-        acc, w1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w1))
-        w3 = _wg_quarter(words, s_ring, z_ring, stage, 3, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT, w_op)
-        acc = warpgroup_mma(w3, x_rings[3].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
-        acc, w2 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, w2))
+        w_prev = words  # the quarter before j's operand (static_range unrolls: unused at j == 0)
+        for j in gl.static_range(4):
+            w = _wg_quarter(words, s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT,
+                            w_op)
+            acc = warpgroup_mma(w, x_rings[j].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
+            if TAIL_N > 0:
+                acc_t = warpgroup_mma(w, x_tails[j].index(stage).permute((1, 0)), acc_t, is_async=True)
+            # The newest quarter's MMA stays in flight (IN_FLIGHT 1); past this wait the quarter before
+            # it is done (after quarter 0: the previous K tile, whose stage goes back).
+            if j == 0:
+                if TAIL_N > 0:
+                    acc, acc_t = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, acc_t))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc,))
+                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+            else:
+                if TAIL_N > 0:
+                    acc, acc_t, w_prev = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, acc_t, w_prev))
+                else:
+                    acc, w_prev = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, w_prev))
+            w_prev = w
         if FOLDED:
             # Tile i + STAGES - 1 refills the stage of tile i - 1 once both consumers handed it back.
             ahead = i + STAGES - 1
@@ -292,17 +368,38 @@ def _mma_then_store(WG: gl.constexpr, x_rings, w_ring, s_ring, z_ring, ready, em
                 mbarrier.wait(empty.index(refill), ((ahead // STAGES) & 1) ^ 1)
                 _issue_tile(x_rings, w_ring, s_ring, z_ring, refill, kt0 + ahead, *copy, K, stride_bt, stride_sk,
                             GROUP, GROUPS, HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
+                if COPIES_TAIL:
+                    _issue_tail(x_tails, refill, kt0 + ahead, *tail_copy, K, K_TAIL)
                 async_copy.mbarrier_arrive(ready.index(refill), increment_count=False)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if TAIL_N > 0:
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        _store_tile(WG, acc_t, BLOCK_M, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid,
+                    alpha, limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK,
+                    WG_ROWS, BLOCK_M)
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    _store_tile(WG, acc, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
+                limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
+                BLOCK_M)
 
+
+@gluon.jit
+def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0,
+                pid_m, kt0, N, num_valid, alpha, limit, stride_biase, stride_cm, HAS_BIAS: gl.constexpr,
+                MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
+                CHUNK: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Epilogue of a consumer's accumulator [WG_ROWS, n] for the block's rows row_off .. row_off + n
+    (row_off BLOCK_M: the taken-in tail): bias, router weight, activation, then the sink."""
+    HALF: gl.constexpr = WG_ROWS // 2
+    MMA_N: gl.constexpr = acc.shape[1]
     out_l: gl.constexpr = EPILOGUE_LAYOUT
     res0, res1 = row_halves(acc, out_l)
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + row_off + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
     rows_ok = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(gl.int64)
-    n_0 = n0 + _ring_row(r0 + rows, CHUNK, WG_ROWS)
-    n_1 = n0 + _ring_row(r0 + HALF + rows, CHUNK, WG_ROWS)
+    n_0 = n0 + _ring_row(WG * WG_ROWS + rows, CHUNK, WG_ROWS)
+    n_1 = n0 + _ring_row(WG * WG_ROWS + HALF + rows, CHUNK, WG_ROWS)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
         if kt0 == 0:  # once per output, not once per K-split
             res0 += gl.load(bias_ptr + e * stride_biase + n_0, mask=n_0 < N, other=0.0).to(gl.float32)[:, None]
@@ -340,6 +437,7 @@ def moe_w4a16_wgmma_kernel(
     ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr, SPLIT_K: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr,
     PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    TAIL: gl.constexpr,  # 0, or 8 / 16 with FOLDED: a full block takes in its expert's last <= TAIL pairs
 ):
     NW: gl.constexpr = gl.num_warps()
     CT: gl.constexpr = a_ptr.dtype.element_ty
@@ -350,6 +448,8 @@ def moe_w4a16_wgmma_kernel(
     gl.static_assert(NW == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(WG_ROWS == 64 or WG_ROWS == 128, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(GROUP % QUARTER == 0, "each quarter lies in one scale group")
+    gl.static_assert(TAIL == 0 or (FOLDED and (TAIL == 8 or TAIL == 16)),
+                     "a taken-in tail of 8 or 16 pairs, with the copies folded into the consumers")
     gl.static_assert(GATE_UP_CHUNK == 0 or ((WG_ROWS // 2) % GATE_UP_CHUNK == 0 and GATE_UP_CHUNK % 16 == 0),
                      "gate/up chunks of 16 rows or more tile half a warpgroup's rows")
     pid_n = gl.program_id(0)
@@ -376,6 +476,18 @@ def moe_w4a16_wgmma_kernel(
     # Valid rows are a prefix of the block (the alignment pads each expert's last block): at most
     # half of them when the middle row is padding.
     narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
+    absorbs = pid_m < 0  # False, as a run-time value
+    if TAIL > 0:
+        # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
+        # after a full one) is taken in by that block: the same test on both sides.
+        has_prev = pid_m > 0
+        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        if has_prev & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid) & (prev_e == e):
+            return
+        has_next = (pid_m + 1) * BLOCK_M < gl.load(num_post_ptr)
+        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
 
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -383,6 +495,14 @@ def moe_w4a16_wgmma_kernel(
                gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
                gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
                gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl))
+    if TAIL > 0:
+        t_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, QUARTER], CT)
+        x_tails = (gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl))
+    else:
+        x_tails = x_rings  # unused
     w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], flat)
     rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
@@ -397,29 +517,29 @@ def moe_w4a16_wgmma_kernel(
     # compile time; a list of them cannot be assembled in a JIT variable).
     if FOLDED:
         gl.warp_specialize([
-            (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+            (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
-            (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+            (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
         ], [4], [CONSUMER_REGS])
     else:
         gl.warp_specialize([
-            (_consume, (0, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+            (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
-            (_consume, (1, x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
-                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, N, K, num_valid, alpha, limit,
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+            (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
+                        topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED)),
+                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
                         n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
                         stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
