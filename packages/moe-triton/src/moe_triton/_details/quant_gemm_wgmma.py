@@ -127,12 +127,7 @@ def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_pt
     [BLOCK_N, 32] int16 words and of the tile's GROUPS scale (and zero point) rows."""
     k0 = kt * (4 * QUARTER)
     _async_load(w_ring.index(stage).slice(R0, ROWS), w_ptrs + kt * stride_bt, mask=w_mask)
-    for j in gl.static_range(4):
-        if K_TAIL:
-            mask = x_mask & (k0 + j * QUARTER + k_in_q < K)[None, :]
-        else:
-            mask = x_mask
-        _async_load(x_rings[j].index(stage).slice(X_R0, X_ROWS), x_ptrs + (k0 + j * QUARTER), mask=mask)
+    _issue_rows(x_rings, stage, kt, x_ptrs, x_mask, k_in_q, K, K_TAIL, X_R0, X_ROWS)
     for g in gl.static_range(GROUPS):
         row = ((k0 + g * GROUP) // GROUP) * stride_sk
         _async_load(s_ring.index(stage * GROUPS + g).slice(R0, ROWS), s_ptrs + row, mask=s_mask)
@@ -153,7 +148,7 @@ def _tail_copy_layout(tail, num_warps):
 def _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_ROWS_DIV: gl.constexpr,
                 BLOCK_M: gl.constexpr, TAIL: gl.constexpr):
     """Source pointers and mask (K tile 0) of the TAIL activation rows after the block: the first
-    rows of the expert's next block, which this block takes in (`_issue_tail`); none unless it absorbs."""
+    rows of the expert's next block, which this block takes in (`_issue_rows`); none unless it absorbs."""
     tl_: gl.constexpr = _tail_copy_layout(TAIL, gl.num_warps())
     ids = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + gl.arange(0, TAIL, layout=gl.SliceLayout(1, tl_)),
                   mask=absorbs, other=num_valid)
@@ -163,15 +158,17 @@ def _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_R
 
 
 @gluon.jit
-def _issue_tail(x_tails, stage, kt, t_ptrs, t_mask, t_k, K, K_TAIL: gl.constexpr):
-    """cp.async of K tile kt's taken-in tail rows (`_tail_share`) into ring stage `stage`."""
+def _issue_rows(x_rings, stage, kt, x_ptrs, x_mask, k_in_q, K, K_TAIL: gl.constexpr, X_R0: gl.constexpr,
+                X_ROWS: gl.constexpr):
+    """cp.async of activation rows [X_R0, X_R0 + X_ROWS) of K tile kt (pointers and mask of K tile 0)
+    into ring stage `stage` of the four quarter rings (a block's, or a taken-in tail's)."""
     k0 = kt * (4 * QUARTER)
     for j in gl.static_range(4):
         if K_TAIL:
-            mask = t_mask & (k0 + j * QUARTER + t_k < K)[None, :]
+            mask = x_mask & (k0 + j * QUARTER + k_in_q < K)[None, :]
         else:
-            mask = t_mask
-        _async_load(x_tails[j].index(stage), t_ptrs + (k0 + j * QUARTER), mask=mask)
+            mask = x_mask
+        _async_load(x_rings[j].index(stage).slice(X_R0, X_ROWS), x_ptrs + (k0 + j * QUARTER), mask=mask)
 
 
 @gluon.jit
@@ -260,7 +257,7 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
                 _issue_tile(x_rings, w_ring, s_ring, z_ring, p, kt0 + p, *copy, K, stride_bt, stride_sk, GROUP, GROUPS,
                             HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
                 if COPIES_TAIL and absorbs:
-                    _issue_tail(x_tails, p, kt0 + p, *tail_copy, K, K_TAIL)
+                    _issue_rows(x_tails, p, kt0 + p, *tail_copy, K, K_TAIL, 0, TAIL)
                 async_copy.mbarrier_arrive(ready.index(p), increment_count=False)
     if TAIL > 0 and absorbs:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
@@ -369,7 +366,7 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                 _issue_tile(x_rings, w_ring, s_ring, z_ring, refill, kt0 + ahead, *copy, K, stride_bt, stride_sk,
                             GROUP, GROUPS, HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
                 if COPIES_TAIL:
-                    _issue_tail(x_tails, refill, kt0 + ahead, *tail_copy, K, K_TAIL)
+                    _issue_rows(x_tails, refill, kt0 + ahead, *tail_copy, K, K_TAIL, 0, TAIL_N)
                 async_copy.mbarrier_arrive(ready.index(refill), increment_count=False)
     if TAIL_N > 0:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
