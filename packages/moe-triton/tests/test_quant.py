@@ -26,6 +26,7 @@ from moe_triton._details.pdl import dependent_launch
 from moe_triton._details.quant_act import QMode, act_quant, act_quant_torch
 from moe_triton._details.quant_gemm import (
     GemmConfig,
+    LastArrival,
     _prefetchable,
     moe_gemm,
     moe_gemm_torch,
@@ -386,6 +387,60 @@ def test_narrow_limits():
         GemmConfig(128, 256, 1, 4, 3, swap_ab=True, wgmma=True, narrow=True)
 
 
+@pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [
+    (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
+    (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles
+    (int4_w4a16(128), 256, 64, 16, True),
+])
+def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
+    """tl.dot kernel: a full block takes in its expert's last block when that holds at most `tail`
+    pairs (experts with 1, tail and tail + 1 pairs past one or two full blocks, a lone short
+    block, a lone full one, an empty one): as the reference, and as the launch without tails (with
+    `narrow`, the blocks not taken in that hold at most half a block run narrow)."""
+    counts = [block_m + 1, block_m + tail, block_m + tail + 1, 0, 2 * block_m + tail, 5, block_m, 2 * block_m + 1]
+    plain = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True, narrow=narrow)
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K)
+    taking = dataclasses.replace(plain, tail=tail)
+    taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K)
+    assert rel_l2(taken, ref) < 1e-2
+    torch.testing.assert_close(taken, out, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("sink", ["atomic", "last_arrival"])
+def test_tl_dot_tail_rows_reach_every_sink(sink):
+    """A taken-in tail's rows go through the block's epilogue: split-K sums added atomically, or
+    finished by their last contributor (two K-splits each), as the twin."""
+    w = _gemm1_operand(int4_w4a16(64, zero_point=True), 192, seed=7)
+    counts = [48, 49, 1, 80]  # 32 + 16, one more, a lone pair, 64 + 16
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)].to(DEV)
+    P = ids.numel()
+    x = torch.randn(P, w.k, generator=gen).to(torch.float16).to(DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids.view(-1, 1), 32, w.num_experts)
+    launch = GemmConfig(32, 64, 2, 4, 2, swap_ab=True, tail=16)
+    sums = torch.zeros(P, w.n, dtype=torch.float32, device=DEV)
+    if sink == "atomic":
+        moe_gemm(x, w, sums, sorted_ids, expert_ids, num_post, P, launch, atomic=True)
+        out = sums
+    else:
+        out = torch.empty(P, w.n, dtype=torch.float16, device=DEV)
+        arrivals = zeroed_int32(P * -(-w.n // launch.block_n), DEV)
+        moe_gemm(x, w, sums, sorted_ids, expert_ids, num_post, P, launch, last_arrival=LastArrival(out, arrivals))
+    assert rel_l2(out, moe_gemm_torch(x, w, ids)) < 2e-3
+
+
+def test_tl_dot_tail_refuses_other_weights():
+    w = _gemm1_operand(mxfp4_w4a16(), 256, seed=1)
+    ids = torch.zeros(40, 1, dtype=torch.int32, device=DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 32, w.num_experts)
+    out = torch.zeros(40, w.n, dtype=torch.float32, device=DEV)
+    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of int4 weights in the "
+                                         r"quads layout, got MXFP4"):
+        moe_gemm(torch.randn(40, 256, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
+                 GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
+
+
 @pytest.mark.parametrize(("quant", "K"), [(int4_w4a16(128, zero_point=True), 256), (int4_w4a16(64), 192),
                                           (mxfp4_w4a16(), 256)])
 def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
@@ -439,6 +494,13 @@ _SPECIALIZATIONS = {
     # an expert's last block over its valid half (the K loop built for both row counts), N tiles first
     "quads-narrow": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, BLOCK_N=256, ACT=1,
                                   GATE_UP_CHUNK=32, NARROW=True, N_FIRST=True, PDL=True), {"b_ptr": "*i16"}),
+    # a full block taking in its expert's last 16 pairs, GEMM1 with the activation and GEMM2 finishing
+    # its sums at the last arrival
+    "quads-tail-act": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=256, ACT=1,
+                            GATE_UP_CHUNK=32, N_FIRST=True, PDL=True, TAIL=16), {"b_ptr": "*i16"}),
+    "quads-tail-last-arrival": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_M=64, SINK=2,
+                                     MUL_ROUTED=True, REDUCE_TOPK=8, K_TAIL=True, NARROW=True, TAIL=32),
+                                {"b_ptr": "*i16"}),
     "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
                     {"b_ptr": "*u8", "s_ptr": "*u8"}),
     # fp16 activations: the e2m1 values are scaled in fp32 first
@@ -532,12 +594,25 @@ def test_wgmma_config_limits():
 
 def test_tail_limits():
     assert dataclasses.replace(_wgmma(128, 256, 4), tail=16).tail == 16
-    for bad in (dict(tail=4), dict(tail=8, block_m=64), dict(tail=8, wgmma=False)):
-        with pytest.raises(ValueError, match=r"tail \(8 or 16 pairs taken in by the block before\)"):
+    for bad in (dict(tail=4), dict(tail=8, block_m=64), dict(tail=32)):
+        with pytest.raises(ValueError, match=r"tail \(8 or 16 pairs taken in by the block before\) is an option "
+                                             r"of the wgmma kernel"):
             dataclasses.replace(_wgmma(128, 256, 4), **bad)
+    assert GemmConfig(32, 128, 1, 4, 3, swap_ab=True, tail=16).tail == 16
+    for bad in (dict(tail=8), dict(tail=32), dict(tail=16, block_m=16), dict(tail=16, swap_ab=False)):
+        with pytest.raises(ValueError, match=r"tail \(16 or 32 pairs taken in by the block before\) is an option "
+                                             r"of the swapped tl.dot kernel"):
+            dataclasses.replace(GemmConfig(32, 128, 1, 4, 3, swap_ab=True), **bad)
     cands = quant_candidates(QuantKernelConfig(_wgmma(128, 256, 4), _wgmma(128, 256, 4)))
     assert cands["tail8"].gemm1.tail == cands["tail8"].gemm2.tail == 8 and cands["tail16"].gemm2.tail == 16
+    assert "tail32" not in cands
     assert "tail8" not in quant_candidates(QuantKernelConfig(_wgmma(64, 256, 4), _wgmma(64, 256, 4)))
+    tl_dot = GemmConfig(32, 256, 1, 4, 3, swap_ab=True)
+    cands = quant_candidates(QuantKernelConfig(tl_dot, tl_dot))
+    assert cands["tail16"].gemm1.tail == cands["tail16"].gemm2.tail == 16 and "tail8" not in cands
+    assert "tail32" not in cands  # below block_m only
+    wide = dataclasses.replace(tl_dot, block_m=64)
+    assert quant_candidates(QuantKernelConfig(wide, wide))["tail32"].gemm2.tail == 32
 
 
 def test_wgmma_grid_fits_hopper_shared_memory():

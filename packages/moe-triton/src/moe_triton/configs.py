@@ -129,9 +129,10 @@ class GemmConfig:
     # that half only (a direct launch's blocks hold one pair: there it changes nothing). tl.dot
     # kernel, block_m >= 32 (the wgmma kernel narrows its 128-pair blocks itself).
     narrow: bool = False
-    # wgmma kernel with 128-pair blocks: 0, 8 or 16. A full block whose expert's next block holds at
-    # most `tail` valid pairs (that expert's last) multiplies them too, with the same dequantized
-    # weights, and the next block's program exits (one dequantization of the expert less).
+    # int4 quads: 0, or a full block whose expert's next block holds at most `tail` valid pairs (that
+    # expert's last) multiplies them too, with the same dequantized weights, and the next block's
+    # program exits (one dequantization of the expert less). wgmma kernel: 8 or 16 with 128-pair
+    # blocks; tl.dot kernel (its dots are at least 16 wide): 16 or 32, below block_m, swapped.
     tail: int = 0
 
     def __post_init__(self) -> None:
@@ -146,9 +147,12 @@ class GemmConfig:
                                and self.num_warps == 4 and self.num_stages >= 3):
             raise ValueError("GemmConfig: the wgmma kernel takes swap_ab, block_m <= 128, block_n 128 or 256, "
                              f"num_warps 4 and num_stages >= 3, got {self}")
-        if self.tail and not (self.tail in (8, 16) and self.wgmma and self.block_m == 128):
+        if self.tail and self.wgmma and not (self.tail in (8, 16) and self.block_m == 128):
             raise ValueError("GemmConfig: tail (8 or 16 pairs taken in by the block before) is an option of the "
                              f"wgmma kernel with block_m 128, got {self}")
+        if self.tail and not self.wgmma and not (self.tail in (16, 32) and self.tail < self.block_m and self.swap_ab):
+            raise ValueError("GemmConfig: tail (16 or 32 pairs taken in by the block before) is an option of the "
+                             f"swapped tl.dot kernel with block_m above it, got {self}")
 
 
 @dataclass(frozen=True)

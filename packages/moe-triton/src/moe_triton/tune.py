@@ -126,9 +126,11 @@ _QUANT_TWEAKS = {
     "stages-1": lambda c: dataclasses.replace(c, num_stages=max(2, c.num_stages - 1)),
     # An expert's last block over its valid half when it has no more (GemmConfig.narrow).
     "narrow": lambda c: dataclasses.replace(c, narrow=not c.narrow),
-    # A wgmma block takes in its expert's last 8 or 16 pairs (GemmConfig.tail).
+    # A block takes in its expert's last few pairs (GemmConfig.tail: 8 or 16 on the wgmma kernel's
+    # 128-pair blocks, 16 or 32 on the tl.dot kernel's blocks of more).
     "tail8": lambda c: dataclasses.replace(c, tail=8),
     "tail16": lambda c: dataclasses.replace(c, tail=16),
+    "tail32": lambda c: dataclasses.replace(c, tail=32),
 }
 
 

@@ -22,6 +22,14 @@ over its first half only: half the MMA rows for the same dequantized weights (`_
 compiled for both row counts). Grouping M blocks per N tile (as the bf16 GEMM's group_m does, so an
 expert's blocks share weight tiles in L2) measured no faster on the H100 at 128-8192 tokens
 (benchmarks/results/int4_narrow_session18_2026-11-22.md).
+A configuration with `tail` (int4 quads) has a full block take in its expert's next block when that
+holds at most `tail` valid pairs (that expert's last): a second accumulator of `tail` columns fed by
+the same dequantized weights, its rows through the same epilogue, and the next block's program
+exits, so the expert's weights are dequantized once less. At 32 pairs per expert (512 tokens of
+the top-8 presets) random routing spills about half the experts into a second block; tail16 made
+those layers 1.14-1.16x faster on the H100; where `narrow` already cut the spilled blocks' cost,
+and with 64-pair blocks (whose second accumulator spills registers), it was slower
+(benchmarks/results/int4_tl_dot_tail_session20_2026-11-22.md).
 A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only:
 warp-specialized: two consumer warpgroups per program, and a producer warpgroup for blocks of
 at most 64 pairs).
@@ -414,6 +422,7 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
     K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr,
+    TAIL: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -477,19 +486,37 @@ def _moe_wgemm_kernel(
             pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
             stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
             stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm)
-    tl.static_assert(not (NARROW and DIRECT), "direct blocks hold one pair")
+    tl.static_assert(not ((NARROW or TAIL > 0) and DIRECT), "direct blocks hold one pair")
+    absorbs = False
+    if TAIL > 0:
+        tl.static_assert(WTYPE == 0 and QUADS and SWAP_AB and not POST_SCALE and TAIL < BLOCK_M,
+                         "taken-in tails: int4 quads, swapped, scaled per weight, TAIL below BLOCK_M")
+        # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
+        # after a full one) is taken in by that block: the same test on both sides.
+        has_prev = pid_m > 0
+        prev_e = tl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        if has_prev & (tl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid) & (prev_e == e):
+            return
+        has_next = (pid_m + 1) * BLOCK_M < tl.load(num_post_ptr)
+        next_e = tl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = tl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
     # Valid pairs are a prefix of the block (the alignment pads each expert's last block). Without
-    # NARROW this is False at compile time and only the whole block's code is built.
+    # NARROW (TAIL) this is False at compile time and only the whole block's code is built.
     narrow = NARROW and tl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
     # (Compile-time values lose that status in a tuple: they are spelled out per call.)
-    if narrow:
+    if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M, TAIL)
+    elif narrow:
+        _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
+                    MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2, 0)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M, 0)
 
 
 @triton.jit
@@ -514,15 +541,18 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, K_TAIL: tl.constexpr, ROWS: tl.constexpr,
+    TAIL: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
-    N tile pid_n, K tiles [kt0, kt1))."""
+    N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
+    (int4 quads: a second accumulator fed by the same dequantized weights)."""
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
-    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     a_rows = (ids // A_ROWS_DIV).to(tl.int64)
+    sink_args = (a_scale_ptr, s_ptr, bias_ptr, c_ptr, topk_w_ptr, fin_ptr, arrivals_ptr, pid_n, N, expected, alpha, limit,
+                 stride_asm, stride_se, stride_sn, stride_biase, stride_cm, stride_fm)
 
     # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
     # whose bf16 dot is wrong.
@@ -543,6 +573,11 @@ def _wgemm_rows(
         # padding its 64-row M side.
         QK: tl.constexpr = BLOCK_K // 4
         offs_q = tl.arange(0, QK)
+        if TAIL > 0:
+            tail_ids = tl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + tl.arange(0, TAIL))
+            tail_mask = tail_ids < num_valid
+            tail_base = a_ptr + (tail_ids // A_ROWS_DIV).to(tl.int64)[:, None] * stride_am
+            tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
@@ -573,13 +608,17 @@ def _wgemm_rows(
                     s3, z3 = _int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
                 # the scale's multiply, as in the reference.
-                acc_t = _dot_at((v0 - z0) * s0, a_ptrs, row_mask, k, K, acc_t, CT, K_TAIL)
-                acc_t = _dot_at((v1 - z1) * s1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, acc_t, CT, K_TAIL)
-                acc_t = _dot_at((v2 - z2) * s2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, acc_t, CT,
-                                K_TAIL)
-                acc_t = _dot_at((v3 - z3) * s3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, acc_t, CT,
-                                K_TAIL)
+                values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                for j in tl.static_range(4):
+                    w = (values[j] - zeros[j]) * scales[j]
+                    acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
+                    if TAIL > 0:
+                        tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask, k + j * QK,
+                                             K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
+        if TAIL > 0:
+            _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, e, kt0, offs_n, n_mask, *sink_args, A_SCALE,
+                         W_SCALE_PER_N, HAS_BIAS, A_ROWS_DIV, MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
     elif WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
@@ -632,8 +671,21 @@ def _wgemm_rows(
                 # K tile's partial result is promoted to the fp32 accumulator (as DeepSeek-V3 does).
                 acc += tl.dot(a, codes)
 
+    _finish_rows(acc, ids, row_mask, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N, HAS_BIAS,
+                 A_ROWS_DIV, MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
+
+
+@triton.jit
+def _finish_rows(acc, ids, row_mask, e, kt0, offs_n, n_mask, a_scale_ptr, s_ptr, bias_ptr, c_ptr, topk_w_ptr, fin_ptr,
+                 arrivals_ptr, pid_n, N, expected, alpha, limit, stride_asm, stride_se, stride_sn, stride_biase,
+                 stride_cm, stride_fm, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr,
+                 ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [rows, BLOCK_N] product of pairs `ids` (row_mask: the valid ones): activation scale, bias
+    (once per output, by the first K-split), router weight, then the sink."""
+    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     if A_SCALE == 1:
-        a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
+        a_s = tl.load(a_scale_ptr + (ids // A_ROWS_DIV).to(tl.int64) * stride_asm, mask=row_mask, other=0.0)
         if W_SCALE_PER_N:
             w_s = tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_mask, other=0.0)
             acc = acc * a_s[:, None] * w_s[None, :]
@@ -701,7 +753,8 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
 # the output tile has at most this many elements: one fp32 multiply per output instead of one per
 # weight pair, for a second accumulator. On the H100 (2026-11-21) that was 1-6% faster with
 # BLOCK_M x BLOCK_N = 16 x 128 (mixtral-8x7b, qwen3-235b, deepseek-v3 at M <= 128) and 4-12% slower
-# with 16 x 256 or 32 x 256 tiles, and the halves layout's 64-wide tiles lost 27-37%.
+# with 16 x 256 or 32 x 256 tiles, and the halves layout's 64-wide tiles lost 27-37%. A launch that
+# takes in tails (GemmConfig.tail) scales per weight: its tiles are larger anyway.
 _POST_SCALE_MAX_TILE = 16 * 128
 
 # K tiles per program a one-token GEMM2 asks L2 for while GEMM1 runs (`moe_gemm_direct`'s
@@ -851,6 +904,10 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     if w.wtype is WType.INT4 and not cfg.swap_ab:
         raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
                          f"got {cfg}")
+    if cfg.tail and not w.quads:
+        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of int4 weights in the quads layout, got "
+                         f"{w.wtype.name} {w.codes.dtype}")
+    tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
     n_tiles = triton.cdiv(w.n, cfg.block_n)
     # N tiles first in the launch order (the kernel's N_FIRST) where the grid's second axis holds
     # the M blocks; decode keeps M first (one token: blocks are pairs of distinct experts).
@@ -931,9 +988,9 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
         UPCAST=_interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not _interpreting(),
-        POST_SCALE=w.quads and w.group % w.block_k == 0 and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
+        POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= _POST_SCALE_MAX_TILE,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, NARROW=cfg.narrow and not direct,
-        PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0,
+        PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
 
