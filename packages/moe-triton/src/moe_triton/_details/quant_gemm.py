@@ -548,6 +548,7 @@ def _wgemm_rows(
     (int4 quads: a second accumulator fed by the same dequantized weights)."""
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
+    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     a_rows = (ids // A_ROWS_DIV).to(tl.int64)
@@ -576,7 +577,8 @@ def _wgemm_rows(
         if TAIL > 0:
             tail_ids = tl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + tl.arange(0, TAIL))
             tail_mask = tail_ids < num_valid
-            tail_base = a_ptr + (tail_ids // A_ROWS_DIV).to(tl.int64)[:, None] * stride_am
+            tail_a_rows = (tail_ids // A_ROWS_DIV).to(tl.int64)
+            tail_base = a_ptr + tail_a_rows[:, None] * stride_am
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
@@ -617,8 +619,9 @@ def _wgemm_rows(
                                              K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
         if TAIL > 0:
-            _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, e, kt0, offs_n, n_mask, *sink_args, A_SCALE,
-                         W_SCALE_PER_N, HAS_BIAS, A_ROWS_DIV, MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
+            _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
+                         tail_a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N, HAS_BIAS,
+                         MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
     elif WTYPE == 0 or WTYPE == 3:
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
@@ -671,21 +674,21 @@ def _wgemm_rows(
                 # K tile's partial result is promoted to the fp32 accumulator (as DeepSeek-V3 does).
                 acc += tl.dot(a, codes)
 
-    _finish_rows(acc, ids, row_mask, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N, HAS_BIAS,
-                 A_ROWS_DIV, MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
+    _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N,
+                 HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 @triton.jit
-def _finish_rows(acc, ids, row_mask, e, kt0, offs_n, n_mask, a_scale_ptr, s_ptr, bias_ptr, c_ptr, topk_w_ptr, fin_ptr,
-                 arrivals_ptr, pid_n, N, expected, alpha, limit, stride_asm, stride_se, stride_sn, stride_biase,
-                 stride_cm, stride_fm, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr,
-                 ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
-    """A [rows, BLOCK_N] product of pairs `ids` (row_mask: the valid ones): activation scale, bias
-    (once per output, by the first K-split), router weight, then the sink."""
-    out_rows = (ids // REDUCE_TOPK).to(tl.int64)
+def _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, a_scale_ptr, s_ptr, bias_ptr, c_ptr,
+                 topk_w_ptr, fin_ptr, arrivals_ptr, pid_n, N, expected, alpha, limit, stride_asm, stride_se, stride_sn,
+                 stride_biase, stride_cm, stride_fm, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, MUL_ROUTED: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
+                 GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A [rows, BLOCK_N] product of pairs `ids` (row_mask: the valid ones; their output rows and
+    activation rows): activation scale, bias (once per output, by the first K-split), router
+    weight, then the sink."""
     if A_SCALE == 1:
-        a_s = tl.load(a_scale_ptr + (ids // A_ROWS_DIV).to(tl.int64) * stride_asm, mask=row_mask, other=0.0)
+        a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
         if W_SCALE_PER_N:
             w_s = tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_mask, other=0.0)
             acc = acc * a_s[:, None] * w_s[None, :]
