@@ -27,7 +27,7 @@ holds at most `tail` valid pairs (that expert's last): a second accumulator of `
 the same dequantized weights, its rows through the same epilogue, and the next block's program
 exits, so the expert's weights are dequantized once less. At 32 pairs per expert (512 tokens of
 the top-8 presets) random routing spills about half the experts into a second block; tail16 made
-those layers 1.14-1.16x faster on the H100; where `narrow` already cut the spilled blocks' cost,
+those layers 1.12-1.16x faster on the H100; where `narrow` already cut the spilled blocks' cost,
 and with 64-pair blocks (whose second accumulator spills registers), it was slower
 (benchmarks/results/int4_tl_dot_tail_session20_2026-11-22.md).
 A configuration with `wgmma` runs int4 quads on `quant_gemm_wgmma` instead (Gluon, Hopper only:
