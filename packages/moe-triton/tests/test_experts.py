@@ -268,6 +268,10 @@ def test_wgmma_tiles_are_validated():
     with pytest.raises(ValueError, match="64 or 128 rows"):
         KernelConfig(32, TileConfig(64, 64, 1, 8, 4, wgmma=True), TileConfig(64, 64, 8, 4, 3))
     assert "wgmma 128x64 g1 s4" in str(KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True), WGMMA_TILE))
+    assert "wgmma 128x64 g1 s4 persistent" in str(
+        KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True, persistent=True), WGMMA_TILE))
+    with pytest.raises(ValueError, match="persistent is an option of the wgmma kernel"):
+        TileConfig(128, 64, 1, 8, 4, persistent=True)
 
 
 def test_narrow_tiles_are_validated_and_offered():
@@ -296,9 +300,11 @@ def test_tuner_offers_wgmma_tiles_on_hopper_only():
     for gated in (True, False):
         assert not any(t.wgmma for t in candidates(128, gated))
         assert not any(t.wgmma for t in candidates(32, gated, wgmma=True))  # the kernel takes 64 or 128 rows
-        tiles = [t for t in candidates(128, gated, wgmma=True) if t.wgmma]
+        tiles = [t for t in candidates(128, gated, wgmma=True) if t.wgmma and not t.persistent]
         # 128 and 256 weight rows per program (gated: half as many output columns), N first or grouped by 8
         assert {(t.block_n * (2 if gated else 1), t.group_m) for t in tiles} == {(128, 1), (128, 8), (256, 1), (256, 8)}
+        persistent = [t for t in candidates(128, gated, wgmma=True) if t.persistent]
+        assert {(t.block_n * (2 if gated else 1), t.group_m) for t in persistent} == {(256, 1), (256, 4), (256, 8)}
         assert all(KernelConfig(128, t, t) for t in tiles)
 
 
@@ -361,7 +367,7 @@ def test_shipped_configs_parse():
 GPU_SHAPES = {
     # name: (preset, experts kept so the fp32 reference fits, M values)
     "qwen3-30b-a3b": ("qwen3-30b-a3b", None, (1, 64, 2048)),
-    "mixtral-8x7b": ("mixtral-8x7b", None, (1, 300)),
+    "mixtral-8x7b": ("mixtral-8x7b", None, (1, 300, 2048)),  # 2048: the H100 file's persistent wgmma tiles
     "gpt-oss-120b": ("gpt-oss-120b", 32, (1, 512)),
     "deepseek-v3": ("deepseek-v3", 32, (8, 1024)),
 }
@@ -397,10 +403,10 @@ def test_direct_kernels_on_gpu(name):
         run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=tiles)
 
 
-def _wgmma_tiles(block_m: int, rows1: int, rows2: int, stages: int) -> KernelConfig:
+def _wgmma_tiles(block_m: int, rows1: int, rows2: int, stages: int, persistent: bool = False) -> KernelConfig:
     """Both GEMMs on the wgmma kernel: rows1 / rows2 weight rows per program (GEMM1 gated: half as many columns)."""
-    return KernelConfig(block_m, TileConfig(rows1 // 2, 64, 1, 8, stages, wgmma=True),
-                        TileConfig(rows2, 64, 1, 8, stages, wgmma=True))
+    return KernelConfig(block_m, TileConfig(rows1 // 2, 64, 1, 8, stages, wgmma=True, persistent=persistent),
+                        TileConfig(rows2, 64, 1, 8, stages, wgmma=True, persistent=persistent))
 
 
 WGMMA_CASES = {
@@ -422,12 +428,27 @@ WGMMA_CASES = {
 
 
 @pytest.mark.device("cuda")
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-tile", "persistent"])
 @pytest.mark.parametrize("name", list(WGMMA_CASES))
-def test_wgmma_gemm_on_gpu(name):
+def test_wgmma_gemm_on_gpu(name, persistent):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the wgmma kernel is Hopper-only (its refusal elsewhere: test_wgmma_gemm_refused_off_hopper)")
     cfg, M, tiles = WGMMA_CASES[name]
+    if persistent:
+        tiles = KernelConfig(tiles.block_m, dataclasses.replace(tiles.gemm1, persistent=True),
+                             dataclasses.replace(tiles.gemm2, persistent=True))
     run_and_compare(cfg, M, torch.device("cuda"), seed=M, tiles=tiles)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("tokens", [1, 3000])
+def test_persistent_wgmma_gemm_loops_over_more_tiles_than_programs(tokens):
+    """More tiles than SMs (each program runs several, the ring's phases carry across tiles), and
+    fewer (programs without a second tile)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma kernel is Hopper-only (its refusal elsewhere: test_wgmma_gemm_refused_off_hopper)")
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=512, intermediate_size=768)
+    run_and_compare(cfg, tokens, torch.device("cuda"), seed=tokens, tiles=_wgmma_tiles(128, 256, 128, 3, True))
 
 
 @pytest.mark.device("cuda")
@@ -498,8 +519,10 @@ for consts, fp16 in ((dict(), False),
                      (dict(GATED=False, ACT=0, A_ROW_DIV=1, HAS_BIAS=True, MUL_WEIGHT=True, ZERO_FOREIGN=True), False),
                      (dict(BLOCK_M=64, BLOCK_N=128, STAGES=3, ACT=gk.ACT_SWIGLU_OAI, HAS_BIAS=True, K_TAIL=True), True)):
     ptr16 = "*fp16" if fp16 else "*bf16"
-    k = compile_bf16_wgmma_gemm(consts, {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16)
-    assert k.metadata.shared <= 232448, k.metadata.shared  # an H100 block's shared memory
+    for persistent in (False, True):
+        k = compile_bf16_wgmma_gemm(consts, {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16,
+                                    persistent=persistent)
+        assert k.metadata.shared <= 232448, k.metadata.shared  # an H100 block's shared memory
 print("built")
 """
 

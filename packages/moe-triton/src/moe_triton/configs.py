@@ -43,6 +43,9 @@ class TileConfig:
     per program (block_n, gated twice that) must be 128 or 256 and the layer's block_m 64 or 128.
     narrow: the tl.dot grouped GEMM multiplies only the valid half of a block that has no more (an
     expert's last); the layer's block_m must be 64 or more. (The wgmma kernel always does.)
+    persistent: the wgmma kernel as one program per SM looping over the tiles, a loader warpgroup
+    filling the ring (`gemm_wgmma.moe_gemm_wgmma_persistent_kernel`): a tile's epilogue overlaps
+    the next tile's copies. wgmma tiles only.
     """
 
     block_n: int
@@ -54,6 +57,7 @@ class TileConfig:
     tma: bool = False
     wgmma: bool = False
     narrow: bool = False
+    persistent: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -69,6 +73,8 @@ class TileConfig:
                            or self.num_stages < 2 or self.block_n > 256):
             raise ValueError("TileConfig: the wgmma kernel takes block_k 64, num_warps 8, num_stages >= 2, "
                              f"block_n <= 256, neither direct nor tma, got {self}")
+        if self.persistent and not self.wgmma:
+            raise ValueError(f"TileConfig: persistent is an option of the wgmma kernel, got {self}")
         if self.narrow and (self.direct or self.wgmma):
             raise ValueError(f"TileConfig: narrow is an option of the tl.dot grouped GEMM, not of the direct or "
                              f"wgmma kernels, got {self}")
@@ -100,7 +106,7 @@ class KernelConfig:
             if c.direct:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
             if c.wgmma:
-                return f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}"
+                return f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}{' persistent' if c.persistent else ''}"
             return (f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
                     f"{' narrow' if c.narrow else ''}")
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"

@@ -67,7 +67,7 @@ def block_m_for(num_tokens: int, top_k: int, num_experts: int) -> int:
 def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfig]:
     """Tiles worth trying for one GEMM; gated GEMM1 holds two accumulators, so it avoids the widest.
     wgmma: also the Gluon wgmma kernel's (Hopper) at 128 and 256 weight rows per program, N tiles
-    first or in groups of 8 row blocks."""
+    first or in groups of 8 row blocks, and its persistent form at 256 rows (groups of 1, 4, 8)."""
     if block_m <= 32:
         tiles = [TileConfig(32, 256, 1, 4, 4), TileConfig(64, 128, 1, 4, 3), TileConfig(64, 128, 1, 4, 5),
                  TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4),
@@ -93,6 +93,8 @@ def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfi
     if wgmma and block_m in (64, 128):
         tiles += [TileConfig(rows // 2 if gated else rows, 64, group, 8, 4, wgmma=True)
                   for rows in (128, 256) for group in (1, 8)]
+        tiles += [TileConfig(128 if gated else 256, 64, group, 8, 4, wgmma=True, persistent=True)
+                  for group in (1, 4, 8)]
     return tiles
 
 

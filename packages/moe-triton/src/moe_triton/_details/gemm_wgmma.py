@@ -21,6 +21,14 @@ Measured on the H100 (benchmarks/results/bf16_wgmma_2026-11-21.md): about as fas
 (which Triton also lowers to pipelined wgmma) on most shapes, 1.04-1.05x faster layers for
 gpt-oss-120b and qwen3-235b-a22b at 2048 tokens, where the tuned files use it.
 
+`moe_gemm_wgmma_persistent_kernel` (`TileConfig.persistent`) runs the same tiles as one program
+per SM: a loader warpgroup takes tiles from a counter in the launch order and fills the ring, so
+a tile's epilogue overlaps the next tile's copies. Taking tiles in a fixed round-robin instead ran
+0.65-0.97x as fast as the per-tile kernel (programs drift apart, and blocks that share an expert's
+weight tile stop reading it together); from the counter, layers at 2048-8192 tokens ran
+1.05-1.16x faster than the shipped `tl.dot` tiles on the H100 (mixtral-8x7b, qwen3-30b-a3b,
+qwen3-235b-a22b, gpt-oss-120b; benchmarks/results/bf16_persistent_session21_2026-11-22.md).
+
 Gated GEMM1: a warpgroup's first half of ring rows are gate rows and its second half the matching
 up rows, so one thread holds both sums of an output (`quant_gemm_wgmma.row_halves`).
 
@@ -30,7 +38,8 @@ GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["BLOCK_K", "REGS", "moe_gemm_wgmma_kernel"]
+__all__ = ["BLOCK_K", "LOADER_REGS", "PERSISTENT_MAXNREG", "PERSISTENT_REGS", "REGS", "moe_gemm_wgmma_kernel",
+           "moe_gemm_wgmma_persistent_kernel"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -49,6 +58,7 @@ from moe_triton._details.quant_gemm_wgmma import row_halves
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_warpgroup_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed after Triton 3.6
 
 BLOCK_K = gl.constexpr(64)  # one 128-byte swizzle line of 16-bit values per row
 # Registers per thread of both partitions (8 warps: 64K registers): a 128 x 128 fp32 accumulator
@@ -262,3 +272,221 @@ def moe_gemm_wgmma_kernel(
                     e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e, stride_cm,
                     A_ROW_DIV, GATED, ACT, HAS_BIAS, MUL_WEIGHT, WG_ROWS, BLOCK_M, STAGES, K_TAIL)),
     ], [4], [CONSUMER_REGS])
+
+
+# The persistent kernel's register plan: 12 warps launched at 168 each (65536 / 384, a multiple of
+# 8); the loader warpgroup drops to LOADER_REGS (its gather keeps 8 row pointers per thread: 64 spilled
+# a word), the worker consumer rises to PERSISTENT_REGS and Triton gives the default consumer what
+# is left (208 under Triton 3.9's sm_90 build): no spills, no serialized wgmma (ptxas).
+LOADER_REGS = 72
+PERSISTENT_REGS = 224
+PERSISTENT_MAXNREG = 168
+
+
+@gluon.jit
+def _publish(tile_ids, tile_ready, tile_free, taken, t):
+    """The loader hands tile index t (its taken-th) to the consumers, in slot taken % 2."""
+    slot = taken % 2
+    mbarrier.wait(tile_free.index(slot), ((taken // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
+    tile_ids.index(slot).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [gl.num_warps()], [0])))
+    mbarrier.arrive(tile_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _receive(tile_ids, tile_ready, tile_free, taken):
+    """A consumer's taken-th tile index from the loader; the slot is handed back once every warp read it."""
+    slot = taken % 2
+    mbarrier.wait(tile_ready.index(slot), (taken // 2) & 1)
+    t = gl.max(tile_ids.index(slot).load(gl.BlockedLayout([1], [32], [gl.num_warps()], [0])), axis=0)
+    _warpgroup_barrier()
+    mbarrier.arrive(tile_free.index(slot), count=1)
+    return t
+
+
+@gluon.jit
+def _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M: gl.constexpr):
+    """Row block, column tile and expert of the persistent loop's tile t (every partition derives
+    the same sequence)."""
+    pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
+    return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m)
+
+
+@gluon.jit
+def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
+                sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr):
+    """The loader warpgroup: takes the program's next tile from the layer's counter (so the tiles in
+    flight stay a window of the launch order, as a hardware-scheduled grid's would, and the
+    programs that share an expert's weight tile read it together), hands its index to the
+    consumers, and copies its K tiles into the ring as stages are handed back (the next tile's
+    first stages land during the consumers' epilogue). Weight rows by the copy engine, the block's
+    gathered token rows by cp.async (each thread's completion arrives on the stage's `ready`)."""
+    cp: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    WG_ROWS: gl.constexpr = BLOCK_N // 2
+    OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N
+    k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp))
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp))
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    num_pid_n = gl.cdiv(N, OUT_N)
+    used = 0  # ring stages filled so far: stage used % STAGES, its round used // STAGES
+    taken = 0  # tiles taken so far
+    t = gl.atomic_add(tile_counter_ptr, 1)
+    while t < num_pid_m * num_pid_n:
+        _publish(tile_ids, tile_ready, tile_free, taken, t)
+        pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
+        if e >= 0:
+            ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + rows)
+            # stride_am % 8 == 0 (checked at launch), written so that Triton sees 16-byte pieces.
+            x_ptrs = a_ptr + (ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k[None, :]
+            x_ok = (ids < num_valid)[:, None]
+            if GATED:  # consumer j's gate rows from w_row0 + j WG_ROWS / 2, its up rows N further
+                w_row0 = (e * (2 * N) + pid_n * WG_ROWS).to(gl.int32)
+            else:
+                w_row0 = (e * N + pid_n * BLOCK_N).to(gl.int32)
+            for kt in range(k_tiles):
+                stage = used % STAGES
+                mbarrier.wait(empty.index(stage), ((used // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+                k0 = kt * BLOCK_K
+                bar = ready.index(stage)
+                w_dst = w_ring.index(stage)
+                mbarrier.expect(bar, BLOCK_N * BLOCK_K * 2)
+                if GATED:
+                    Q: gl.constexpr = WG_ROWS // 2
+                    _tma_load(w_desc, [w_row0, k0], bar, w_dst.slice(0, Q))
+                    _tma_load(w_desc, [w_row0 + N, k0], bar, w_dst.slice(Q, Q))
+                    _tma_load(w_desc, [w_row0 + Q, k0], bar, w_dst.slice(WG_ROWS, Q))
+                    _tma_load(w_desc, [w_row0 + Q + N, k0], bar, w_dst.slice(WG_ROWS + Q, Q))
+                else:
+                    _tma_load(w_desc, [w_row0, k0], bar, w_dst.slice(0, WG_ROWS))
+                    _tma_load(w_desc, [w_row0 + WG_ROWS, k0], bar, w_dst.slice(WG_ROWS, WG_ROWS))
+                if K_TAIL:  # K % 8 == 0 (checked at launch): the mask stays whole over each 16-byte piece
+                    x_mask = x_ok & (k0 + k < (K // 8) * 8)[None, :]
+                else:
+                    x_mask = x_ok
+                _async_load(x_ring.index(stage), x_ptrs + k0, mask=x_mask)
+                async_copy.mbarrier_arrive(bar, increment_count=False)
+                used += 1
+        taken += 1
+        t = gl.atomic_add(tile_counter_ptr, 1)
+    _publish(tile_ids, tile_ready, tile_free, taken, t)  # past the last tile: the consumers stop
+
+
+@gluon.jit
+def _mma_ring(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS: gl.constexpr,
+              MMA_N: gl.constexpr, STAGES: gl.constexpr):
+    """The warpgroup's [WG_ROWS, MMA_N] fp32 product over a tile's K tiles, ring stages from `used`
+    on: one K tile's MMAs in flight while the next is awaited; each stage handed back (`empty`)
+    once both warpgroups' MMAs on it retired."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, MMA_N, 16])
+    acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
+    r0: gl.constexpr = WG * WG_ROWS
+    gl.assume(k_tiles > 0)  # a possibly empty loop makes ptxas serialize wgmma
+    for i in range(k_tiles):
+        stage = (used + i) % STAGES
+        mbarrier.wait(ready.index(stage), ((used + i) // STAGES) & 1)
+        fence_async_shared()  # cp.async wrote the stage's token rows; wgmma reads them through the async proxy
+        acc = warpgroup_mma(w_ring.index(stage).slice(r0, WG_ROWS), x_ring.index(stage).slice(0, MMA_N).permute((1, 0)),
+                            acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # K tile i - 1's MMAs retired
+        mbarrier.arrive(empty.index((used + i + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty.index((used + k_tiles - 1) % STAGES), count=1)
+    return acc
+
+
+@gluon.jit
+def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
+                   expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm,
+                   GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_WEIGHT: gl.constexpr,
+                   ZERO_FOREIGN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup WG over the tiles the loader hands it: its MMAs from the ring, then its
+    epilogue (`_store`) while the loader fills the ring for the next tile."""
+    WG_ROWS: gl.constexpr = BLOCK_N // 2
+    OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    num_pid_n = gl.cdiv(N, OUT_N)
+    used = 0
+    taken = 0
+    t = _receive(tile_ids, tile_ready, tile_free, taken)
+    while t < num_pid_m * num_pid_n:
+        pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
+        if e < 0:
+            if ZERO_FOREIGN:
+                _zero_columns(WG, c_ptr, sorted_ids_ptr, pid_m, pid_n, N, num_valid, stride_cm, BLOCK_M, OUT_N)
+        else:
+            # Valid rows are a prefix of the block (the alignment pads each expert's last block).
+            if gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid:
+                _store(WG, _mma_ring(WG, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M // 2, STAGES),
+                       bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
+                       stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+            else:
+                _store(WG, _mma_ring(WG, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M, STAGES),
+                       bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
+                       stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+            used += k_tiles
+        taken += 1
+        t = _receive(tile_ids, tile_ready, tile_free, taken)
+
+
+@gluon.jit
+def _zero_columns(WG: gl.constexpr, c_ptr, sorted_ids_ptr, pid_m, pid_n, N, num_valid, stride_cm, BLOCK_M: gl.constexpr,
+                  OUT_N: gl.constexpr):
+    """Zeros in warpgroup WG's half of a foreign block's output columns, 64 at a time."""
+    zl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    HALF: gl.constexpr = OUT_N // 2
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, zl)))
+    rows = c_ptr + ids.to(gl.int64)[:, None] * stride_cm
+    for c0 in gl.static_range(0, HALF, 64):
+        cols = pid_n * OUT_N + WG * HALF + c0 + gl.arange(0, 64, layout=gl.SliceLayout(0, zl))
+        gl.store(rows + cols[None, :], gl.zeros([BLOCK_M, 64], c_ptr.dtype.element_ty, layout=zl),
+                 mask=(ids < num_valid)[:, None] & (cols < N)[None, :])
+
+
+@gluon.jit
+def moe_gemm_wgmma_persistent_kernel(
+    a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, total_ptr, tile_counter_ptr,
+    N, K, num_valid, alpha, limit,
+    stride_am, stride_bias_e, stride_cm,
+    A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
+    MUL_WEIGHT: gl.constexpr, ZERO_FOREIGN: gl.constexpr,
+    BLOCK_M: gl.constexpr,  # sorted rows per block: 64 or 128 (wgmma's N side)
+    BLOCK_N: gl.constexpr,  # weight rows per tile (gated: BLOCK_N / 2 gate rows and their up rows): 128 or 256
+    GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+):
+    """`moe_gemm_wgmma_kernel` as a persistent program per SM over the layer's tiles (launch order
+    `grouped_tile`, taken one at a time from tile_counter_ptr: an int32 zero on entry): a loader
+    warpgroup fills the ring, two consumer warpgroups multiply and run the epilogue, so a tile's
+    epilogue overlaps the next tile's first copies. Same arguments, less EM (the tile count comes
+    from `total_ptr`); w_desc's blocks: gated BLOCK_N / 4, else BLOCK_N / 2 weight rows by BLOCK_K."""
+    gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
+    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "two consumer warpgroups of 64 or 128 weight rows")
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
+    CT: gl.constexpr = a_ptr.dtype.element_ty
+    num_pid_m = gl.cdiv(gl.load(total_ptr), BLOCK_M)
+    x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
+    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=128 + 1)  # the loader's cp.async threads and its expected bytes
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    # The loader's tile indices for the consumers, two in flight.
+    tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    tile_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(2):
+        mbarrier.init(tile_ready.index(s), count=1)
+        mbarrier.init(tile_free.index(s), count=2)
+    gl.warp_specialize([
+        (_consume_tiles, (0, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
+                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm, GATED,
+                          ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N, GROUP_M, STAGES)),
+        (_consume_tiles, (1, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
+                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm, GATED,
+                          ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N, GROUP_M, STAGES)),
+        (_load_tiles, (x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
+                       sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV, GATED, BLOCK_M, BLOCK_N, GROUP_M, STAGES, K_TAIL)),
+    ], [4, 4], [CONSUMER_REGS, LOADER_REGS])

@@ -53,7 +53,8 @@ BF16_WGMMA_CONSTEXPRS = dict(A_ROW_DIV=8, GATED=True, ACT=1, HAS_BIAS=False, MUL
                              BLOCK_M=128, BLOCK_N=256, GROUP_M=8, STAGES=4, K_TAIL=False)
 
 _BF16_POINTERS = {"a_ptr": "*bf16", "bias_ptr": "*fp32", "c_ptr": "*bf16", "topk_weights_ptr": "*fp32",
-                  "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32", "alpha": "fp32",
+                  "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32", "tile_counter_ptr": "*i32",
+                  "alpha": "fp32",
                   "limit": "fp32"}
 
 
@@ -99,10 +100,12 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
 
 
-def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True):
+def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True,
+                            persistent: bool = False):
     """The bf16 Gluon wgmma GEMM (`gemm_wgmma`) for sm_90, over BF16_WGMMA_CONSTEXPRS, launched as
-    `pipeline.moe_gemm` does (4 warps per partition, `gemm_wgmma.REGS` registers); aligned_ints False:
-    sizes and strides that are not multiples of 16."""
+    `pipeline.moe_gemm` does (4 warps per partition, `gemm_wgmma.REGS` registers; persistent: its
+    persistent kernel with that kernel's register plan); aligned_ints False: sizes and strides that
+    are not multiples of 16."""
     import torch
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -111,7 +114,13 @@ def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = 
 
     from moe_triton._details import gemm_wgmma
 
-    consts = {**BF16_WGMMA_CONSTEXPRS, **constexprs, "CONSUMER_REGS": gemm_wgmma.REGS}
+    consts = {**BF16_WGMMA_CONSTEXPRS, **constexprs}
+    if persistent:
+        kernel, maxnreg = gemm_wgmma.moe_gemm_wgmma_persistent_kernel, gemm_wgmma.PERSISTENT_MAXNREG
+        consts.update(CONSUMER_REGS=gemm_wgmma.PERSISTENT_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS)
+    else:
+        kernel, maxnreg = gemm_wgmma.moe_gemm_wgmma_kernel, gemm_wgmma.REGS
+        consts.update(CONSUMER_REGS=gemm_wgmma.REGS)
     ptrs = {**_BF16_POINTERS, **(pointers or {})}
     # The weights' descriptor as the launcher builds it (`pipeline._moe_gemm_wgmma`), over a host tensor.
     dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16}[ptrs["a_ptr"]]
@@ -120,8 +129,8 @@ def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = 
                                                   else gl.float16)
     ptrs["w_desc"] = mangle_type(GluonDescriptor.from_tensor(torch.empty(256, 64, dtype=dtype),
                                                              [copy_rows, 64], layout))
-    src = _source(gemm_wgmma.moe_gemm_wgmma_kernel, GluonASTSource, consts, ptrs, aligned_ints)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=gemm_wgmma.REGS))
+    src = _source(kernel, GluonASTSource, consts, ptrs, aligned_ints)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=maxnreg))
 
 
 def run_compiler_script(script: str, stdin: str = "") -> str:

@@ -109,17 +109,28 @@ def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     layout = gl.NVMMASharedLayout.get_default_for([copy_rows, block_k], gl.bfloat16 if a.dtype == torch.bfloat16
                                                   else gl.float16)
     w_desc = GluonDescriptor.from_tensor(w.view(-1, K), [copy_rows, block_k], layout)
-    grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, rows // 2 if gated else rows),)
-    gemm_wgmma.moe_gemm_wgmma_kernel[grid](
+    tiles = triton.cdiv(EM, block_m) * triton.cdiv(N, rows // 2 if gated else rows)
+    alpha = float(activation.alpha or 0.0) if activation else 0.0
+    limit = float(activation.limit or 0.0) if activation else 0.0
+    strides = (a.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0))
+    common = dict(A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
+                  ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
+                  HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign, BLOCK_M=block_m,
+                  BLOCK_N=rows, GROUP_M=tile.group_m, STAGES=tile.num_stages, K_TAIL=K % block_k != 0, num_warps=4)
+    if tile.persistent:
+        # One program per SM at most; each loops over the tiles the alignment's total holds.
+        grid = (min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count),)
+        gemm_wgmma.moe_gemm_wgmma_persistent_kernel[grid](
+            a, w_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
+            torch.zeros(1, dtype=torch.int32, device=a.device),
+            N, K, topk_weights.numel(), alpha, limit, *strides, **common,
+            CONSUMER_REGS=gemm_wgmma.PERSISTENT_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS,
+            maxnreg=gemm_wgmma.PERSISTENT_MAXNREG)
+        return
+    gemm_wgmma.moe_gemm_wgmma_kernel[(tiles,)](
         a, w_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
-        N, K, EM, topk_weights.numel(),
-        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
-        a.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0),
-        A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
-        ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
-        HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign, BLOCK_M=block_m,
-        BLOCK_N=rows, GROUP_M=tile.group_m, STAGES=tile.num_stages, K_TAIL=K % block_k != 0,
-        CONSUMER_REGS=gemm_wgmma.REGS, num_warps=4, maxnreg=gemm_wgmma.REGS)
+        N, K, EM, topk_weights.numel(), alpha, limit, *strides, **common,
+        CONSUMER_REGS=gemm_wgmma.REGS, maxnreg=gemm_wgmma.REGS)
 
 
 def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
