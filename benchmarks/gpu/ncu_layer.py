@@ -37,7 +37,7 @@ def main() -> None:
         from moe_core.quant import unquantized
         from moe_triton.experts import TritonExperts
         experts = TritonExperts(cfg, unquantized(), detect_device(dev))
-        experts.load_weights(_bf16_weights(cfg, dev))
+        experts.load_weights(_bf16_weights(cfg, dev)[1])
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(args.m, cfg.hidden_size, device=dev, generator=gen).to(torch.bfloat16)
     logits = torch.randn(args.m, cfg.num_experts, device=dev, generator=gen)

@@ -62,11 +62,13 @@ class TritonExperts(Experts):
         activations=frozenset(ActivationKind),
         min_capability=(8, 0),
         requires=("triton",),
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),  # device tests and the benchmark, 2026-11-21
+        # device tests and the benchmark (2026-11-21); the H200: its wgmma layer tests and the
+        # benchmark's fp32 checks up to 512 tokens (2026-11-22)
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "tuned configurations ship for NVIDIA H100 and H200 only; other GPUs use the nearest tuned shape or a default",
             "no split-K: a direct GEMM1 program covers the whole hidden size of its output columns",
-            "the Gluon wgmma GEMM (some tuned H100 entries) runs on sm_90 only; elsewhere those entries run "
+            "the Gluon wgmma GEMM (some tuned H100 and H200 entries) runs on sm_90 only; elsewhere those entries run "
             "the tl.dot kernel at the same tile width",
         ),
     )
