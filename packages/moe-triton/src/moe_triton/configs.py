@@ -106,7 +106,8 @@ class KernelConfig:
             if c.direct:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
             if c.wgmma:
-                return f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}{' persistent' if c.persistent else ''}"
+                return (f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}"
+                        f"{' persistent' if c.persistent else ''}")
             return (f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
                     f"{' narrow' if c.narrow else ''}")
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"

@@ -275,9 +275,9 @@ def moe_gemm_wgmma_kernel(
 
 
 # The persistent kernel's register plan: 12 warps launched at 168 each (65536 / 384, a multiple of
-# 8); the loader warpgroup drops to LOADER_REGS (its gather keeps 8 row pointers per thread: 64 spilled
-# a word), the worker consumer rises to PERSISTENT_REGS and Triton gives the default consumer what
-# is left (208 under Triton 3.9's sm_90 build): no spills, no serialized wgmma (ptxas).
+# 8); the loader warpgroup drops to LOADER_REGS (it holds 8 gathered row pointers per thread; at 64
+# ptxas spilled a word), the worker consumer rises to PERSISTENT_REGS, and Triton gives the default
+# consumer what is left (208 in Triton 3.9's sm_90 build): no spills, no serialized wgmma (ptxas).
 LOADER_REGS = 72
 PERSISTENT_REGS = 224
 PERSISTENT_MAXNREG = 168
@@ -313,8 +313,9 @@ def _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M: gl.constexpr):
 
 @gluon.jit
 def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
-                sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr,
-                BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr):
+                sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV: gl.constexpr,
+                GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                STAGES: gl.constexpr, K_TAIL: gl.constexpr):
     """The loader warpgroup: takes the program's next tile from the layer's counter (so the tiles in
     flight stay a window of the launch order, as a hardware-scheduled grid's would, and the
     programs that share an expert's weight tile read it together), hands its index to the
@@ -395,9 +396,9 @@ def _mma_ring(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, used, WG_
 
 
 @gluon.jit
-def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
-                   expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm,
-                   GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_WEIGHT: gl.constexpr,
+def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+                   topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
+                   stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_WEIGHT: gl.constexpr,
                    ZERO_FOREIGN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Consumer warpgroup WG over the tiles the loader hands it: its MMAs from the ring, then its
@@ -481,12 +482,15 @@ def moe_gemm_wgmma_persistent_kernel(
         mbarrier.init(tile_ready.index(s), count=1)
         mbarrier.init(tile_free.index(s), count=2)
     gl.warp_specialize([
-        (_consume_tiles, (0, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm, GATED,
-                          ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N, GROUP_M, STAGES)),
-        (_consume_tiles, (1, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_bias_e, stride_cm, GATED,
-                          ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N, GROUP_M, STAGES)),
+        (_consume_tiles, (0, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+                          topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
+                          stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N,
+                          GROUP_M, STAGES)),
+        (_consume_tiles, (1, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+                          topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
+                          stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N,
+                          GROUP_M, STAGES)),
         (_load_tiles, (x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
-                       sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV, GATED, BLOCK_M, BLOCK_N, GROUP_M, STAGES, K_TAIL)),
+                       sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV, GATED,
+                       BLOCK_M, BLOCK_N, GROUP_M, STAGES, K_TAIL)),
     ], [4, 4], [CONSUMER_REGS, LOADER_REGS])

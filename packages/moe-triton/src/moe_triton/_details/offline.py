@@ -54,8 +54,7 @@ BF16_WGMMA_CONSTEXPRS = dict(A_ROW_DIV=8, GATED=True, ACT=1, HAS_BIAS=False, MUL
 
 _BF16_POINTERS = {"a_ptr": "*bf16", "bias_ptr": "*fp32", "c_ptr": "*bf16", "topk_weights_ptr": "*fp32",
                   "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "total_ptr": "*i32", "tile_counter_ptr": "*i32",
-                  "alpha": "fp32",
-                  "limit": "fp32"}
+                  "alpha": "fp32", "limit": "fp32"}
 
 
 def _source(fn, source_type, constexprs: dict, pointers: dict[str, str], aligned_ints: bool = True):

@@ -41,7 +41,8 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
 
     activation None: GEMM2 (rows of `a` are choices, N = w.shape[1]); else GEMM1 (rows of `a` are
     tokens, gated activations read w rows [0, N) as gate and [N, 2N) as up). A `tile.wgmma` runs
-    on the Gluon kernel (`gemm_wgmma`, Hopper only), any other on `gemm_kernels.moe_gemm_kernel`.
+    on the Gluon kernel (`gemm_wgmma`, Hopper only; `tile.persistent`: its persistent form), any
+    other on `gemm_kernels.moe_gemm_kernel`.
     """
     gated = activation is not None and activation.gated
     N = w.shape[1] // 2 if gated else w.shape[1]
