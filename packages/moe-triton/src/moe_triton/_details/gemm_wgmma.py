@@ -69,6 +69,22 @@ _STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
 
 
 @gluon.jit
+def _allocate_ring(CT: gl.constexpr, w_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+    """The ring of STAGES K tiles (token rows, weight rows) and its barriers: `ready` completes on
+    READY_COUNT arrivals, `empty` on one per consumer warpgroup."""
+    x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
+    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=READY_COUNT)
+        mbarrier.init(empty.index(s), count=2)
+    return x_ring, w_ring, ready, empty
+
+
+@gluon.jit
 def _copy_share(a_ptr, sorted_ids_ptr, pid_m, num_valid, stride_am, WG: gl.constexpr, A_ROW_DIV: gl.constexpr,
                 BLOCK_M: gl.constexpr):
     """Pointers (K tile 0) and row mask of warpgroup WG's share of the block's gathered rows: rows
@@ -255,15 +271,8 @@ def moe_gemm_wgmma_kernel(
     # Valid rows are a prefix of the block (the alignment pads each expert's last block).
     narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
 
-    x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
-    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        # Every cp.async thread of both warpgroups, and each warpgroup's expected weight bytes.
-        mbarrier.init(ready.index(s), count=256 + 2)
-        mbarrier.init(empty.index(s), count=2)  # one arrival per warpgroup
+    # Every cp.async thread of both warpgroups, and each warpgroup's expected weight bytes.
+    x_ring, w_ring, ready, empty = _allocate_ring(CT, w_desc.layout, BLOCK_M, BLOCK_N, STAGES, 256 + 2)
     gl.warp_specialize([
         (_consume, (0, x_ring, w_ring, ready, empty, a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
                     e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e, stride_cm,
@@ -466,14 +475,8 @@ def moe_gemm_wgmma_persistent_kernel(
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
     CT: gl.constexpr = a_ptr.dtype.element_ty
     num_pid_m = gl.cdiv(gl.load(total_ptr), BLOCK_M)
-    x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
-    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=128 + 1)  # the loader's cp.async threads and its expected bytes
-        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
+    # The loader's cp.async threads and its expected weight bytes.
+    x_ring, w_ring, ready, empty = _allocate_ring(CT, w_desc.layout, BLOCK_M, BLOCK_N, STAGES, 128 + 1)
     # The loader's tile indices for the consumers, two in flight.
     tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
