@@ -69,13 +69,15 @@ _STORE_LAYOUT = gl.constexpr(gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
 
 
 @gluon.jit
-def _allocate_ring(CT: gl.constexpr, w_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
-    """The ring of STAGES K tiles (token rows, weight rows) and its barriers: `ready` completes on
-    READY_COUNT arrivals, `empty` on one per consumer warpgroup."""
+def _allocate_ring(a_ptr, w_desc, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   READY_COUNT: gl.constexpr):
+    """The ring of STAGES K tiles (token rows of a_ptr's dtype, weight rows in w_desc's layout) and
+    its barriers: `ready` completes on READY_COUNT arrivals, `empty` on one per consumer warpgroup.
+    (Triton 3.6 cannot pass a layout to a jit function: it is read from the descriptor here.)"""
+    CT: gl.constexpr = a_ptr.dtype.element_ty
     x_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, BLOCK_K],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], CT))
-    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_layout)
+    w_ring = gl.allocate_shared_memory(CT, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -254,7 +256,6 @@ def moe_gemm_wgmma_kernel(
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
     WG_ROWS: gl.constexpr = BLOCK_N // 2
     OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N  # output columns per program
-    CT: gl.constexpr = a_ptr.dtype.element_ty
     pid_m, pid_n = grouped_tile(gl.program_id(0), gl.cdiv(EM, BLOCK_M), gl.cdiv(N, OUT_N), GROUP_M)
     if pid_m * BLOCK_M >= gl.load(total_ptr):
         return
@@ -272,7 +273,7 @@ def moe_gemm_wgmma_kernel(
     narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
 
     # Every cp.async thread of both warpgroups, and each warpgroup's expected weight bytes.
-    x_ring, w_ring, ready, empty = _allocate_ring(CT, w_desc.layout, BLOCK_M, BLOCK_N, STAGES, 256 + 2)
+    x_ring, w_ring, ready, empty = _allocate_ring(a_ptr, w_desc, BLOCK_M, BLOCK_N, STAGES, 256 + 2)
     gl.warp_specialize([
         (_consume, (0, x_ring, w_ring, ready, empty, a_ptr, w_desc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr,
                     e, pid_m, pid_n, narrow, N, K, num_valid, alpha, limit, stride_am, stride_bias_e, stride_cm,
@@ -407,9 +408,9 @@ def _mma_ring(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, used, WG_
 @gluon.jit
 def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
                    topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
-                   stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_WEIGHT: gl.constexpr,
-                   ZERO_FOREIGN: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                   stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   MUL_WEIGHT: gl.constexpr, ZERO_FOREIGN: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """Consumer warpgroup WG over the tiles the loader hands it: its MMAs from the ring, then its
     epilogue (`_store`) while the loader fills the ring for the next tile."""
     WG_ROWS: gl.constexpr = BLOCK_N // 2
@@ -473,10 +474,9 @@ def moe_gemm_wgmma_persistent_kernel(
     gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
-    CT: gl.constexpr = a_ptr.dtype.element_ty
     num_pid_m = gl.cdiv(gl.load(total_ptr), BLOCK_M)
     # The loader's cp.async threads and its expected weight bytes.
-    x_ring, w_ring, ready, empty = _allocate_ring(CT, w_desc.layout, BLOCK_M, BLOCK_N, STAGES, 128 + 1)
+    x_ring, w_ring, ready, empty = _allocate_ring(a_ptr, w_desc, BLOCK_M, BLOCK_N, STAGES, 128 + 1)
     # The loader's tile indices for the consumers, two in flight.
     tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
