@@ -272,6 +272,12 @@ def test_wgmma_tiles_are_validated():
         KernelConfig(128, TileConfig(128, 64, 1, 8, 4, wgmma=True, persistent=True), WGMMA_TILE))
     with pytest.raises(ValueError, match="persistent is an option of the wgmma kernel"):
         TileConfig(128, 64, 1, 8, 4, persistent=True)
+    with pytest.raises(ValueError, match="tail is 0, or 16 or 32 with the persistent wgmma kernel"):
+        TileConfig(128, 64, 1, 8, 3, wgmma=True, tail=16)
+    with pytest.raises(ValueError, match="tail is 0, or 16 or 32"):
+        TileConfig(128, 64, 1, 8, 3, wgmma=True, persistent=True, tail=8)
+    tail32 = TileConfig(128, 64, 1, 8, 3, wgmma=True, persistent=True, tail=32)
+    assert "s3 persistent tail32" in str(KernelConfig(64, tail32, tail32))
 
 
 def test_narrow_tiles_are_validated_and_offered():
@@ -304,7 +310,8 @@ def test_tuner_offers_wgmma_tiles_on_hopper_only():
         # 128 and 256 weight rows per program (gated: half as many output columns), N first or grouped by 8
         assert {(t.block_n * (2 if gated else 1), t.group_m) for t in tiles} == {(128, 1), (128, 8), (256, 1), (256, 8)}
         persistent = [t for t in candidates(128, gated, wgmma=True) if t.persistent]
-        assert {(t.block_n * (2 if gated else 1), t.group_m) for t in persistent} == {(256, 1), (256, 4), (256, 8)}
+        assert {(t.block_n * (2 if gated else 1), t.group_m, t.num_stages, t.tail) for t in persistent} == {
+            (256, 1, 4, 0), (256, 4, 4, 0), (256, 8, 4, 0), (256, 8, 3, 16), (256, 8, 3, 32)}
         assert all(KernelConfig(128, t, t) for t in tiles)
 
 
@@ -441,6 +448,37 @@ def test_wgmma_gemm_on_gpu(name, persistent):
 
 
 @pytest.mark.device("cuda")
+@pytest.mark.parametrize("tail", [16, 32])
+@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
+def test_persistent_tails_match_torch_twin(gemm, tail):
+    """A full 128-row block takes in its expert's last block of at most `tail` rows (`TileConfig.tail`):
+    experts of 128 + 16, 128 + 17, 128 + 33, 256 + 3, 5, 0 and 128 rows, and one another rank owns."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma kernel is Hopper-only (its refusal elsewhere: test_wgmma_gemm_refused_off_hopper)")
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(tail)
+    counts = [144, 145, 161, 259, 5, 0, 128, 40]
+    E, K, N = len(counts), 192, 128
+    ids = torch.cat([torch.full((c,), e, dtype=torch.int32) for e, c in enumerate(counts)])
+    M = ids.numel()
+    ids = ids[torch.randperm(M, generator=gen)][:, None].to(dev)  # one choice per token
+    expert_map = torch.tensor([0, 1, 2, 3, 4, 5, 6, -1], dtype=torch.int32, device=dev)
+    sorted_ids, expert_ids, total = align_block_size(ids, 128, E, expert_map)
+    act = Activation.silu() if gemm == "gemm1" else None
+    w = (torch.randn(E - 1, 2 * N if act else N, K, generator=gen) / K**0.5).to(dev, torch.bfloat16)
+    bias = torch.randn(E - 1, w.shape[1], generator=gen).to(dev)
+    a = torch.randn(M, K, generator=gen).to(dev, torch.bfloat16)
+    tw = torch.rand(M, 1, generator=gen).to(dev)
+    out = torch.randn(M, N, generator=gen).to(dev, torch.bfloat16)
+    twin = out.clone()
+    kw = dict(top_k=1, block_m=128, activation=act, mul_weight=True, zero_foreign=True)
+    tile = TileConfig(N // 2 if act else N, 64, 1, 8, 3, wgmma=True, persistent=True, tail=tail)
+    moe_gemm(a, w, bias, out, tw, sorted_ids, expert_ids, total, tile=tile, **kw)
+    moe_gemm_torch(a, w, bias, twin, tw, sorted_ids, expert_ids, total, **kw)
+    torch.testing.assert_close(out.float(), twin.float(), atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.device("cuda")
 @pytest.mark.parametrize("tokens", [1, 3000])
 def test_persistent_wgmma_gemm_loops_over_more_tiles_than_programs(tokens):
     """More tiles than SMs (each program runs several, the ring's phases carry across tiles), and
@@ -519,9 +557,9 @@ for consts, fp16 in ((dict(), False),
                      (dict(GATED=False, ACT=0, A_ROW_DIV=1, HAS_BIAS=True, MUL_WEIGHT=True, ZERO_FOREIGN=True), False),
                      (dict(BLOCK_M=64, BLOCK_N=128, STAGES=3, ACT=gk.ACT_SWIGLU_OAI, HAS_BIAS=True, K_TAIL=True), True)):
     ptr16 = "*fp16" if fp16 else "*bf16"
-    for persistent in (False, True):
-        k = compile_bf16_wgmma_gemm(consts, {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16,
-                                    persistent=persistent)
+    for persistent, tail in ((False, 0), (True, 0), (True, 16)):
+        k = compile_bf16_wgmma_gemm({**consts, **({"TAIL": tail, "STAGES": 3} if tail else {})},
+                                    {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16, persistent=persistent)
         assert k.metadata.shared <= 232448, k.metadata.shared  # an H100 block's shared memory
 print("built")
 """

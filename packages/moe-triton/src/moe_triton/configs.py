@@ -46,6 +46,9 @@ class TileConfig:
     persistent: the wgmma kernel as one program per SM looping over the tiles, a loader warpgroup
     filling the ring (`gemm_wgmma.moe_gemm_wgmma_persistent_kernel`): a tile's epilogue overlaps
     the next tile's copies. wgmma tiles only.
+    tail: 0, or 16 / 32 with persistent (below the wgmma kernel's blocks of 64 or 128 rows): a full
+    block takes in its expert's last block when that holds at most `tail` rows, so the expert's
+    weights are read once less.
     """
 
     block_n: int
@@ -58,6 +61,7 @@ class TileConfig:
     wgmma: bool = False
     narrow: bool = False
     persistent: bool = False
+    tail: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -75,6 +79,8 @@ class TileConfig:
                              f"block_n <= 256, neither direct nor tma, got {self}")
         if self.persistent and not self.wgmma:
             raise ValueError(f"TileConfig: persistent is an option of the wgmma kernel, got {self}")
+        if self.tail not in (0, 16, 32) or (self.tail and not self.persistent):
+            raise ValueError(f"TileConfig: tail is 0, or 16 or 32 with the persistent wgmma kernel, got {self}")
         if self.narrow and (self.direct or self.wgmma):
             raise ValueError(f"TileConfig: narrow is an option of the tl.dot grouped GEMM, not of the direct or "
                              f"wgmma kernels, got {self}")
@@ -107,7 +113,7 @@ class KernelConfig:
                 return f"direct {c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages}"
             if c.wgmma:
                 return (f"wgmma {c.block_n}x{c.block_k} g{c.group_m} s{c.num_stages}"
-                        f"{' persistent' if c.persistent else ''}")
+                        f"{' persistent' if c.persistent else ''}{f' tail{c.tail}' if c.tail else ''}")
             return (f"{c.block_n}x{c.block_k} g{c.group_m} w{c.num_warps} s{c.num_stages}{' tma' if c.tma else ''}"
                     f"{' narrow' if c.narrow else ''}")
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"

@@ -28,6 +28,13 @@ a tile's epilogue overlaps the next tile's copies. Taking tiles in a fixed round
 weight tile stop reading it together); from the counter, layers at 2048-8192 tokens ran
 1.05-1.16x faster than the shipped `tl.dot` tiles on the H100 (mixtral-8x7b, qwen3-30b-a3b,
 qwen3-235b-a22b, gpt-oss-120b; benchmarks/results/bf16_persistent_session21_2026-11-22.md).
+With TAIL (16 or 32) a full block takes in its expert's last block when that holds at most TAIL
+rows (a second accumulator on the same weight tiles; the loader copies those rows beside the
+block's), so the expert's weights are read once less: 1.03-1.06x at mixtral-8x7b 512 and
+qwen3-235b-a22b 2048 tokens (H100), where an expert holds about one block of rows.
+
+Both kernels' epilogues compute in the accumulator's layout and move only the 16-bit results to
+the store layout: the shared memory a 256 x 128 tile's four stages leave also holds a tail ring.
 
 Gated GEMM1: a warpgroup's first half of ring rows are gate rows and its second half the matching
 up rows, so one thread holds both sums of an output (`quant_gemm_wgmma.row_halves`).
@@ -53,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from moe_triton._details.gemm_kernels import activate, grouped_tile
-from moe_triton._details.quant_gemm_wgmma import row_halves
+from moe_triton._details.quant_gemm_wgmma import EPILOGUE_LAYOUT
 
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -183,33 +190,39 @@ def _mma_loop(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, copy, GAT
 
 
 @gluon.jit
+def _columns(WG: gl.constexpr, rows, pid_n, N, GATED: gl.constexpr, WG_ROWS: gl.constexpr):
+    """Weight rows (b0, b1) of a consumer's two halves of rows and their bounds; col0: the output
+    columns of the first half (gated: of the activation's result)."""
+    HALF: gl.constexpr = WG_ROWS // 2
+    if GATED:  # halves: the gate and up sums of output columns col0
+        col0 = pid_n * WG_ROWS + WG * HALF + rows
+        return col0, col0 + N, col0 < N, col0 < N, col0
+    col0 = pid_n * (2 * WG_ROWS) + WG * WG_ROWS + rows  # halves: output columns col0 and col0 + HALF
+    return col0, col0 + HALF, col0 < N, col0 + HALF < N, col0
+
+
+@gluon.jit
 def _store(WG: gl.constexpr, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid,
            alpha, limit, stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
            MUL_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr):
     """The warpgroup's epilogue, `moe_gemm_kernel`'s: router weight (GEMM1: before the bias), bias,
-    activation or router weight (GEMM2: after the bias), stored at row = sorted id."""
+    activation or router weight (GEMM2: after the bias), stored at row = sorted id. The arithmetic
+    runs in the accumulator's own layout; only the 16-bit results move to the store layout (half
+    the shared memory of moving fp32 sums: room for a ring stage)."""
     out_l: gl.constexpr = _STORE_LAYOUT
     WG_ROWS: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = WG_ROWS // 2
-    res0, res1 = row_halves(acc, out_l)
-    rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, out_l)))
-    ids_ok = ids < num_valid
-    out_rows = c_ptr + ids.to(gl.int64)[None, :] * stride_cm
-    if GATED:  # res0 and res1: the gate and up sums of output columns col0
-        col0 = pid_n * WG_ROWS + WG * HALF + rows
-        b0 = col0
-        b1 = col0 + N
-        ok0 = col0 < N
-        ok1 = ok0
-    else:  # res0 and res1: output columns col0 and col0 + HALF
-        col0 = pid_n * (2 * WG_ROWS) + WG * WG_ROWS + rows
-        b0 = col0
-        b1 = col0 + HALF
-        ok0 = b0 < N
-        ok1 = b1 < N
+    MMA_N: gl.constexpr = acc.shape[1]
+    CT: gl.constexpr = c_ptr.dtype.element_ty
+    if WG_ROWS == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
+        res0, res1 = acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
+    else:  # EPILOGUE_LAYOUT repeats every 32 rows: rows r and r + 32 become one thread's there
+        res0, res1 = gl.convert_layout(acc, EPILOGUE_LAYOUT).reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
+    hl: gl.constexpr = res0.type.layout
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, hl)))
+    b0, b1, ok0, ok1, _ = _columns(WG, gl.arange(0, HALF, layout=gl.SliceLayout(1, hl)), pid_n, N, GATED, WG_ROWS)
     if MUL_WEIGHT:
-        w = gl.load(topk_weights_ptr + ids, mask=ids_ok, other=0.0).to(gl.float32)[None, :]
+        w = gl.load(topk_weights_ptr + ids, mask=ids < num_valid, other=0.0).to(gl.float32)[None, :]
     if MUL_WEIGHT and ACT != 0:  # weight on the input (Llama4): (w x) W = w (x W)
         res0 *= w
         res1 *= w
@@ -217,9 +230,14 @@ def _store(WG: gl.constexpr, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_
         bias_row = bias_ptr + e * stride_bias_e
         res0 += gl.load(bias_row + b0, mask=ok0, other=0.0).to(gl.float32)[:, None]
         res1 += gl.load(bias_row + b1, mask=ok1, other=0.0).to(gl.float32)[:, None]
+    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
+    ids_ok = ids < num_valid
+    out_rows = c_ptr + ids.to(gl.int64)[None, :] * stride_cm
+    o0, o1, ok0, ok1, col0 = _columns(WG, gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l)), pid_n, N, GATED,
+                                      WG_ROWS)
     if GATED:
-        y = activate(res0, res1, alpha, limit, ACT)
-        gl.store(out_rows + col0[:, None], y.to(c_ptr.dtype.element_ty), mask=ok0[:, None] & ids_ok[None, :])
+        y = gl.convert_layout(activate(res0, res1, alpha, limit, ACT).to(CT), out_l)
+        gl.store(out_rows + col0[:, None], y, mask=ok0[:, None] & ids_ok[None, :])
     else:
         if ACT != 0:
             res0 = activate(res0, res0, alpha, limit, ACT)
@@ -227,8 +245,8 @@ def _store(WG: gl.constexpr, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_
         elif MUL_WEIGHT:
             res0 *= w
             res1 *= w
-        gl.store(out_rows + b0[:, None], res0.to(c_ptr.dtype.element_ty), mask=ok0[:, None] & ids_ok[None, :])
-        gl.store(out_rows + b1[:, None], res1.to(c_ptr.dtype.element_ty), mask=ok1[:, None] & ids_ok[None, :])
+        gl.store(out_rows + o0[:, None], gl.convert_layout(res0.to(CT), out_l), mask=ok0[:, None] & ids_ok[None, :])
+        gl.store(out_rows + o1[:, None], gl.convert_layout(res1.to(CT), out_l), mask=ok1[:, None] & ids_ok[None, :])
 
 
 @gluon.jit
@@ -322,21 +340,46 @@ def _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
-                sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV: gl.constexpr,
-                GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                STAGES: gl.constexpr, K_TAIL: gl.constexpr):
+def _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M: gl.constexpr,
+               TAIL: gl.constexpr):
+    """(taken in, absorbs) of row block pid_m of expert e >= 0. With TAIL, a block with at most TAIL
+    valid rows after one of the same expert's (an expert's last, after a full one) is taken in by
+    that block: the block before multiplies those rows too (a second accumulator on the same weight
+    tiles), so the expert's weights are read once less; the same test on both sides."""
+    taken_in = pid_m < 0  # False, as a run-time value
+    absorbs = taken_in
+    if TAIL > 0:
+        has_prev = pid_m > 0
+        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        taken_in = has_prev & (prev_e == e) & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid)
+        has_next = pid_m + 1 < num_pid_m
+        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
+    return taken_in, absorbs
+
+
+@gluon.jit
+def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr,
+                w_desc, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am,
+                A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr, TAIL: gl.constexpr):
     """The loader warpgroup: takes the program's next tile from the layer's counter (so the tiles in
     flight stay a window of the launch order, as a hardware-scheduled grid's would, and the
     programs that share an expert's weight tile read it together), hands its index to the
     consumers, and copies its K tiles into the ring as stages are handed back (the next tile's
     first stages land during the consumers' epilogue). Weight rows by the copy engine, the block's
-    gathered token rows by cp.async (each thread's completion arrives on the stage's `ready`)."""
+    gathered token rows (and, for a block that absorbs, the next block's first TAIL rows into
+    x_tail) by cp.async (each thread's completion arrives on the stage's `ready`)."""
     cp: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     WG_ROWS: gl.constexpr = BLOCK_N // 2
     OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N
     k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp))
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp))
+    if TAIL > 0:
+        cp_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        k_t = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp_t))
+        rows_t = gl.arange(0, TAIL, layout=gl.SliceLayout(1, cp_t))
     k_tiles = gl.cdiv(K, BLOCK_K)
     num_pid_n = gl.cdiv(N, OUT_N)
     used = 0  # ring stages filled so far: stage used % STAGES, its round used // STAGES
@@ -345,11 +388,16 @@ def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, t
     while t < num_pid_m * num_pid_n:
         _publish(tile_ids, tile_ready, tile_free, taken, t)
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
-        if e >= 0:
+        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
+        if (e >= 0) & (not taken_in):
             ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + rows)
             # stride_am % 8 == 0 (checked at launch), written so that Triton sees 16-byte pieces.
             x_ptrs = a_ptr + (ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k[None, :]
             x_ok = (ids < num_valid)[:, None]
+            if TAIL > 0:
+                t_ids = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + rows_t, mask=absorbs, other=num_valid)
+                t_ptrs = a_ptr + (t_ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k_t[None, :]
+                t_ok = (t_ids < num_valid)[:, None]
             if GATED:  # consumer j's gate rows from w_row0 + j WG_ROWS / 2, its up rows N further
                 w_row0 = (e * (2 * N) + pid_n * WG_ROWS).to(gl.int32)
             else:
@@ -375,6 +423,13 @@ def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, t
                 else:
                     x_mask = x_ok
                 _async_load(x_ring.index(stage), x_ptrs + k0, mask=x_mask)
+                if TAIL > 0:  # noqa: SIM102 (TAIL is a compile-time switch, absorbs a run-time value)
+                    if absorbs:
+                        if K_TAIL:
+                            t_mask = t_ok & (k0 + k_t < (K // 8) * 8)[None, :]
+                        else:
+                            t_mask = t_ok
+                        _async_load(x_tail.index(stage), t_ptrs + k0, mask=t_mask)
                 async_copy.mbarrier_arrive(bar, increment_count=False)
                 used += 1
         taken += 1
@@ -383,34 +438,47 @@ def _load_tiles(x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, t
 
 
 @gluon.jit
-def _mma_ring(WG: gl.constexpr, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS: gl.constexpr,
-              MMA_N: gl.constexpr, STAGES: gl.constexpr):
+def _mma_ring(WG: gl.constexpr, x_ring, x_tail, w_ring, ready, empty, k_tiles, used, WG_ROWS: gl.constexpr,
+              MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr):
     """The warpgroup's [WG_ROWS, MMA_N] fp32 product over a tile's K tiles, ring stages from `used`
-    on: one K tile's MMAs in flight while the next is awaited; each stage handed back (`empty`)
-    once both warpgroups' MMAs on it retired."""
+    on, and with TAIL_N the [WG_ROWS, TAIL_N] product of the same weights with x_tail's rows
+    (else the first product again): one K tile's MMAs in flight while the next is awaited; each
+    stage handed back (`empty`) once both warpgroups' MMAs on it retired."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, MMA_N, 16])
     acc = gl.zeros([WG_ROWS, MMA_N], gl.float32, layout=mma)
+    if TAIL_N > 0:
+        mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, TAIL_N, 16])
+        acc_t = gl.zeros([WG_ROWS, TAIL_N], gl.float32, layout=mma_t)
     r0: gl.constexpr = WG * WG_ROWS
     gl.assume(k_tiles > 0)  # a possibly empty loop makes ptxas serialize wgmma
     for i in range(k_tiles):
         stage = (used + i) % STAGES
         mbarrier.wait(ready.index(stage), ((used + i) // STAGES) & 1)
         fence_async_shared()  # cp.async wrote the stage's token rows; wgmma reads them through the async proxy
-        acc = warpgroup_mma(w_ring.index(stage).slice(r0, WG_ROWS), x_ring.index(stage).slice(0, MMA_N).permute((1, 0)),
-                            acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # K tile i - 1's MMAs retired
+        w_tile = w_ring.index(stage).slice(r0, WG_ROWS)
+        acc = warpgroup_mma(w_tile, x_ring.index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
+        if TAIL_N > 0:
+            acc_t = warpgroup_mma(w_tile, x_tail.index(stage).permute((1, 0)), acc_t, is_async=True)
+            acc, acc_t = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_t))  # K tile i - 1's MMAs retired
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))  # K tile i - 1's MMAs retired
         mbarrier.arrive(empty.index((used + i + STAGES - 1) % STAGES), count=1, pred=i > 0)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    if TAIL_N > 0:
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc_t = acc
     mbarrier.arrive(empty.index((used + k_tiles - 1) % STAGES), count=1)
-    return acc
+    return acc, acc_t
 
 
 @gluon.jit
-def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+def _consume_tiles(WG: gl.constexpr, x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
                    topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
                    stride_bias_e, stride_cm, GATED: gl.constexpr, ACT: gl.constexpr, HAS_BIAS: gl.constexpr,
                    MUL_WEIGHT: gl.constexpr, ZERO_FOREIGN: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                   BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
     """Consumer warpgroup WG over the tiles the loader hands it: its MMAs from the ring, then its
     epilogue (`_store`) while the loader fills the ring for the next tile."""
     WG_ROWS: gl.constexpr = BLOCK_N // 2
@@ -422,19 +490,28 @@ def _consume_tiles(WG: gl.constexpr, x_ring, w_ring, ready, empty, tile_ids, til
     t = _receive(tile_ids, tile_ready, tile_free, taken)
     while t < num_pid_m * num_pid_n:
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
+        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
         if e < 0:
             if ZERO_FOREIGN:
                 _zero_columns(WG, c_ptr, sorted_ids_ptr, pid_m, pid_n, N, num_valid, stride_cm, BLOCK_M, OUT_N)
-        else:
+        elif not taken_in:
+            # (Constexpr arguments stay literal: packed in a tuple they would turn into run-time values.)
+            if absorbs:  # a full block: its rows, then the next block's first TAIL rows
+                acc, acc_t = _mma_ring(WG, x_ring, x_tail, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M,
+                                       TAIL, STAGES)
+                _store(WG, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid,
+                       alpha, limit, stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+                _store(WG, acc_t, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m + 1, pid_n, N,
+                       num_valid, alpha, limit, stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
             # Valid rows are a prefix of the block (the alignment pads each expert's last block).
-            if gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid:
-                _store(WG, _mma_ring(WG, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M // 2, STAGES),
-                       bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
-                       stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+            elif gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid:
+                _store(WG, _mma_ring(WG, x_ring, x_tail, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M // 2,
+                                     0, STAGES)[0], bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid,
+                       alpha, limit, stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
             else:
-                _store(WG, _mma_ring(WG, x_ring, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M, STAGES),
-                       bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid, alpha, limit,
-                       stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
+                _store(WG, _mma_ring(WG, x_ring, x_tail, w_ring, ready, empty, k_tiles, used, WG_ROWS, BLOCK_M, 0,
+                                     STAGES)[0], bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, e, pid_m, pid_n, N, num_valid,
+                       alpha, limit, stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
             used += k_tiles
         taken += 1
         t = _receive(tile_ids, tile_ready, tile_free, taken)
@@ -464,19 +541,26 @@ def moe_gemm_wgmma_persistent_kernel(
     BLOCK_M: gl.constexpr,  # sorted rows per block: 64 or 128 (wgmma's N side)
     BLOCK_N: gl.constexpr,  # weight rows per tile (gated: BLOCK_N / 2 gate rows and their up rows): 128 or 256
     GROUP_M: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr,
+    TAIL: gl.constexpr,  # 0, 16 or 32 (< BLOCK_M): a full block takes in its expert's last block of <= TAIL rows
     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
 ):
     """`moe_gemm_wgmma_kernel` as a persistent program per SM over the layer's tiles (launch order
     `grouped_tile`, taken one at a time from tile_counter_ptr: an int32 zero on entry): a loader
     warpgroup fills the ring, two consumer warpgroups multiply and run the epilogue, so a tile's
-    epilogue overlaps the next tile's first copies. Same arguments, less EM (the tile count comes
+    epilogue overlaps the next tile's first copies; blocks taken in (TAIL) are skipped. Same arguments, less EM (the tile count comes
     from `total_ptr`); w_desc's blocks: gated BLOCK_N / 4, else BLOCK_N / 2 weight rows by BLOCK_K."""
     gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128, "blocks of 64 or 128 sorted rows")
+    gl.static_assert(TAIL == 0 or ((TAIL == 16 or TAIL == 32) and TAIL < BLOCK_M), "tails of 16 or 32 rows")
     num_pid_m = gl.cdiv(gl.load(total_ptr), BLOCK_M)
     # The loader's cp.async threads and its expected weight bytes.
     x_ring, w_ring, ready, empty = _allocate_ring(a_ptr, w_desc, BLOCK_M, BLOCK_N, STAGES, 128 + 1)
+    if TAIL > 0:  # the rows a block takes in, per ring stage (arriving on the stage's `ready`)
+        x_tail = gl.allocate_shared_memory(a_ptr.dtype.element_ty, [STAGES, TAIL, BLOCK_K],
+                                           gl.NVMMASharedLayout.get_default_for([TAIL, BLOCK_K], a_ptr.dtype.element_ty))
+    else:
+        x_tail = x_ring  # never read
     # The loader's tile indices for the consumers, two in flight.
     tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -485,15 +569,15 @@ def moe_gemm_wgmma_persistent_kernel(
         mbarrier.init(tile_ready.index(s), count=1)
         mbarrier.init(tile_free.index(s), count=2)
     gl.warp_specialize([
-        (_consume_tiles, (0, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+        (_consume_tiles, (0, x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
                           topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
                           stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N,
-                          GROUP_M, STAGES)),
-        (_consume_tiles, (1, x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
+                          GROUP_M, STAGES, TAIL)),
+        (_consume_tiles, (1, x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, bias_ptr, c_ptr,
                           topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit,
                           stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, ZERO_FOREIGN, BLOCK_M, BLOCK_N,
-                          GROUP_M, STAGES)),
-        (_load_tiles, (x_ring, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr, w_desc,
-                       sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV, GATED,
-                       BLOCK_M, BLOCK_N, GROUP_M, STAGES, K_TAIL)),
+                          GROUP_M, STAGES, TAIL)),
+        (_load_tiles, (x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr,
+                       w_desc, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am, A_ROW_DIV,
+                       GATED, BLOCK_M, BLOCK_N, GROUP_M, STAGES, K_TAIL, TAIL)),
     ], [4, 4], [CONSUMER_REGS, LOADER_REGS])

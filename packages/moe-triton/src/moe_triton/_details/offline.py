@@ -116,7 +116,7 @@ def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = 
     consts = {**BF16_WGMMA_CONSTEXPRS, **constexprs}
     if persistent:
         kernel, maxnreg = gemm_wgmma.moe_gemm_wgmma_persistent_kernel, gemm_wgmma.PERSISTENT_MAXNREG
-        consts.update(CONSUMER_REGS=gemm_wgmma.PERSISTENT_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS)
+        consts = {"TAIL": 0, **consts, "CONSUMER_REGS": gemm_wgmma.PERSISTENT_REGS, "LOADER_REGS": gemm_wgmma.LOADER_REGS}
     else:
         kernel, maxnreg = gemm_wgmma.moe_gemm_wgmma_kernel, gemm_wgmma.REGS
         consts.update(CONSUMER_REGS=gemm_wgmma.REGS)

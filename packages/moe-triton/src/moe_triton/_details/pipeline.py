@@ -125,7 +125,7 @@ def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
             a, w_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
             torch.zeros(1, dtype=torch.int32, device=a.device),
             N, K, topk_weights.numel(), alpha, limit, *strides, **common,
-            CONSUMER_REGS=gemm_wgmma.PERSISTENT_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS,
+            TAIL=tile.tail, CONSUMER_REGS=gemm_wgmma.PERSISTENT_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS,
             maxnreg=gemm_wgmma.PERSISTENT_MAXNREG)
         return
     gemm_wgmma.moe_gemm_wgmma_kernel[(tiles,)](
