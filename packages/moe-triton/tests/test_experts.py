@@ -552,13 +552,14 @@ compile_kernel(gk.moe_gemv2_kernel, dict(direct, TOP_K=8, K_P2=8), ptrs)
 from moe_triton._details.offline import compile_bf16_wgmma_gemm
 # GEMM1 (SiLU) of 128-row blocks; GEMM2 with bias, router weight and zeroed foreign blocks; 64-row
 # blocks with a K tail, the clamped SwiGLU, fp16 and sizes and strides that are not multiples of 16
-# (cp.async needs 16-byte pieces: Triton must see them from multiples of 8).
+# (cp.async needs 16-byte pieces: Triton must see them from multiples of 8). Each per tile, persistent,
+# and persistent with 32-row tails (the largest ring).
 for consts, fp16 in ((dict(), False),
                      (dict(GATED=False, ACT=0, A_ROW_DIV=1, HAS_BIAS=True, MUL_WEIGHT=True, ZERO_FOREIGN=True), False),
                      (dict(BLOCK_M=64, BLOCK_N=128, STAGES=3, ACT=gk.ACT_SWIGLU_OAI, HAS_BIAS=True, K_TAIL=True), True)):
     ptr16 = "*fp16" if fp16 else "*bf16"
-    for persistent, tail in ((False, 0), (True, 0), (True, 16)):
-        k = compile_bf16_wgmma_gemm({**consts, **({"TAIL": tail, "STAGES": 3} if tail else {})},
+    for persistent, tail in ((False, 0), (True, 0), (True, 32)):
+        k = compile_bf16_wgmma_gemm({**consts, "TAIL": tail} if persistent else consts,
                                     {"a_ptr": ptr16, "c_ptr": ptr16}, aligned_ints=not fp16, persistent=persistent)
         assert k.metadata.shared <= 232448, k.metadata.shared  # an H100 block's shared memory
 print("built")
