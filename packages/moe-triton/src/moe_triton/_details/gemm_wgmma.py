@@ -37,7 +37,7 @@ Both kernels' epilogues compute in the accumulator's layout and move only the 16
 the store layout: the shared memory a 256 x 128 tile's four stages leave also holds a tail ring.
 
 Gated GEMM1: a warpgroup's first half of ring rows are gate rows and its second half the matching
-up rows, so one thread holds both sums of an output (`quant_gemm_wgmma.row_halves`).
+up rows, so one thread holds both sums of an output (split in `_store`).
 
 NVIDIA Hopper (sm_90) only; the CPU interpreter cannot run Gluon: CI compiles it for sm_90 and the
 GPU suite checks it against the fp32 reference.
@@ -207,8 +207,8 @@ def _store(WG: gl.constexpr, acc, bias_ptr, c_ptr, topk_weights_ptr, sorted_ids_
            MUL_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr):
     """The warpgroup's epilogue, `moe_gemm_kernel`'s: router weight (GEMM1: before the bias), bias,
     activation or router weight (GEMM2: after the bias), stored at row = sorted id. The arithmetic
-    runs in the accumulator's own layout; only the 16-bit results move to the store layout (half
-    the shared memory of moving fp32 sums: room for a ring stage)."""
+    runs in the accumulator's own layout; only the 16-bit results move to the store layout (moving
+    the fp32 sums took 28 KB more shared memory: the persistent kernel's tail ring)."""
     out_l: gl.constexpr = _STORE_LAYOUT
     WG_ROWS: gl.constexpr = acc.shape[0]
     HALF: gl.constexpr = WG_ROWS // 2
