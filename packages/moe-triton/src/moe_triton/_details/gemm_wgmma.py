@@ -376,10 +376,8 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
     OUT_N: gl.constexpr = BLOCK_N // 2 if GATED else BLOCK_N
     k = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp))
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, cp))
-    if TAIL > 0:
-        cp_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        k_t = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, cp_t))
-        rows_t = gl.arange(0, TAIL, layout=gl.SliceLayout(1, cp_t))
+    if TAIL > 0:  # the rows a block takes in, in the same copy layout
+        rows_t = gl.arange(0, TAIL, layout=gl.SliceLayout(1, cp))
     k_tiles = gl.cdiv(K, BLOCK_K)
     num_pid_n = gl.cdiv(N, OUT_N)
     used = 0  # ring stages filled so far: stage used % STAGES, its round used // STAGES
@@ -396,7 +394,7 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
             x_ok = (ids < num_valid)[:, None]
             if TAIL > 0:
                 t_ids = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + rows_t, mask=absorbs, other=num_valid)
-                t_ptrs = a_ptr + (t_ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k_t[None, :]
+                t_ptrs = a_ptr + (t_ids // A_ROW_DIV).to(gl.int64)[:, None] * ((stride_am // 8) * 8) + k[None, :]
                 t_ok = (t_ids < num_valid)[:, None]
             if GATED:  # consumer j's gate rows from w_row0 + j WG_ROWS / 2, its up rows N further
                 w_row0 = (e * (2 * N) + pid_n * WG_ROWS).to(gl.int32)
@@ -426,7 +424,7 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
                 if TAIL > 0:  # noqa: SIM102 (TAIL is a compile-time switch, absorbs a run-time value)
                     if absorbs:
                         if K_TAIL:
-                            t_mask = t_ok & (k0 + k_t < (K // 8) * 8)[None, :]
+                            t_mask = t_ok & (k0 + k < (K // 8) * 8)[None, :]
                         else:
                             t_mask = t_ok
                         _async_load(x_tail.index(stage), t_ptrs + k0, mask=t_mask)
