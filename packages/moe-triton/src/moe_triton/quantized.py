@@ -50,7 +50,7 @@ from moe_triton._details.quant_gemm import (
     zeroed_int32,
 )
 from moe_triton.align import align_block_size
-from moe_triton.configs import ConfigKey, Lookup, QuantKernelConfig, device_tag, lookup_exact
+from moe_triton.configs import ConfigKey, GemmConfig, Lookup, QuantKernelConfig, device_tag, lookup_exact
 
 __all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
@@ -215,7 +215,7 @@ class _QuantTritonExperts(Experts):
                              "pick_config heuristic (no tuned file of this shape)")
             elif not wgmma_capable(self.device.torch_device) and (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma):
                 # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
-                plain = QuantKernelConfig(replace(hit.config.gemm1, wgmma=False), replace(hit.config.gemm2, wgmma=False))
+                plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
                 hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
             self._lookups[num_tokens] = hit
         return hit
@@ -345,6 +345,12 @@ class _QuantTritonExperts(Experts):
     def _gate_up_chunk(self) -> int:
         """Rows per gate/up chunk of the packed w13 (0: canonical [gate | up] or not gated)."""
         return GATE_UP_CHUNK if self.weight_processor.interleave_gate_up and self.config.activation.gated else 0
+
+
+def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:
+    """A wgmma launch shape as the tl.dot kernel's: not persistent, and without a tail that kernel
+    does not take (its dots are 16 wide or more)."""
+    return replace(gemm, wgmma=False, persistent=False, tail=gemm.tail if gemm.tail in (16, 32) else 0)
 
 
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:
