@@ -580,44 +580,8 @@ def test_wgmma_gemm_compiles_for_hopper():
         assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)
 
 
-_PERSISTENT_SPECIALIZATIONS = {
-    "gemm1-silu": (dict(ZERO_SIDE=False), {}),
-    "gemm1-zero-side-tail16": (dict(TAIL=16), {}),
-    "gemm2-rows-g64-k-tail-bias": (dict(ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, A_ROWS_DIV=1, ZERO_SIDE=False,
-                                        STAGES=3, K_TAIL=True, GROUP=64, HAS_BIAS=True), {}),
-    "gemm2-atomic-zp-tail8-128": (dict(ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, ATOMIC=True,
-                                       A_ROWS_DIV=1, ZERO_SIDE=False, HAS_ZP=True, TAIL=8, BLOCK_N=128),
-                                  {"c_ptr": "*fp32", "z_ptr": "*u8"}),
-}
-_COMPILE_PERSISTENT = """
-import json, sys
-from moe_triton._details.offline import compile_wgmma_gemm
-for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
-    ptx = compile_wgmma_gemm(consts, pointers, persistent=True).asm["ptx"]
-    print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
-          ptx.count("atom.global"), ptx.count("cp.async.mbarrier.arrive.noinc"), flush=True)
-"""
-
-
-def test_persistent_wgmma_gemm_compiles_for_hopper():
-    """The persistent int4 kernel built for sm_90: each consumer's full and narrow MMA loops (and with
-    TAIL the absorbing one) keep one quarter's MMAs in flight; consumer 0 takes tiles off the counter
-    (one atomic before the loop, one in it); the copies complete on mbarriers."""
-    stdout = run_compiler_script(_COMPILE_PERSISTENT, json.dumps(_PERSISTENT_SPECIALIZATIONS))
-    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
-    assert set(built) == set(_PERSISTENT_SPECIALIZATIONS)
-    for name, (mmas, waits, atomics, copy_arrivals) in built.items():
-        tail_loops = 2 if _PERSISTENT_SPECIALIZATIONS[name][0].get("TAIL", 0) else 0
-        assert mmas >= 4 * 4 + 8 * tail_loops and waits == 4 * 4, (name, mmas, waits)
-        assert atomics == 2 and copy_arrivals >= 1, (name, atomics, copy_arrivals)
-
-
 def _wgmma(block_m: int, block_n: int, stages: int, split: int = 1) -> GemmConfig:
     return GemmConfig(block_m, block_n, split, 4, stages, swap_ab=True, wgmma=True)
-
-
-def _persistent(block_n: int, stages: int, tail: int = 0) -> GemmConfig:
-    return GemmConfig(128, block_n, 1, 4, stages, swap_ab=True, wgmma=True, persistent=True, tail=tail)
 
 
 def test_wgmma_config_limits():
@@ -626,17 +590,6 @@ def test_wgmma_config_limits():
                 dict(num_warps=8)):
         with pytest.raises(ValueError, match="the wgmma kernel takes"):
             dataclasses.replace(_wgmma(128, 128, 3), **bad)
-
-
-def test_persistent_limits():
-    assert _persistent(256, 4, tail=16).persistent
-    for bad in (dict(wgmma=False), dict(block_m=64), dict(split_k=2)):
-        with pytest.raises(ValueError, match="persistent is an option of the wgmma kernel with block_m 128 and split_k 1"):
-            dataclasses.replace(_persistent(256, 4), **bad)
-    cands = quant_candidates(QuantKernelConfig(_wgmma(128, 256, 4), _wgmma(128, 256, 4)))
-    assert cands["persistent"] == QuantKernelConfig(_persistent(256, 4), _persistent(256, 4))
-    assert "persistent" not in quant_candidates(QuantKernelConfig(_wgmma(64, 256, 4), _wgmma(64, 256, 4)))
-    assert "persistent" in str(QuantKernelConfig(_persistent(256, 4), _persistent(256, 4)))
 
 
 def test_tail_limits():
@@ -700,16 +653,16 @@ def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
         pytest.skip("this GPU runs the wgmma kernel")
     experts, weights, x, tw, ids = _int4_bf16_layer(4)
     hopper_key = dataclasses.replace(experts.config_key, device="NVIDIA_H100_80GB_HBM3")
+    tails = (dataclasses.replace(_wgmma(128, 256, 3), tail=8), dataclasses.replace(_wgmma(128, 128, 4), tail=16))
     configs.write_configs(hopper_key, {16: QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3)),
-                                       64: QuantKernelConfig(_persistent(256, 3, tail=8), _persistent(128, 4, tail=16))},
-                          tmp_path)
+                                       64: QuantKernelConfig(*tails)}, tmp_path)
     monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
     configs.reload()
     try:
         hit = experts.config_for(16)
         assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
         assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 4, 3, True), GemmConfig(64, 128, 1, 4, 3, True))
-        # Persistent tiles become per-tile ones; an 8-pair tail (below tl.dot's 16) goes, a 16-pair one stays.
+        # An 8-pair tail (below the tl.dot kernel's 16) goes; a 16-pair one stays.
         assert experts.config_for(64).config == QuantKernelConfig(GemmConfig(128, 256, 1, 4, 3, True),
                                                                   GemmConfig(128, 128, 1, 4, 4, True, tail=16))
         cfg = experts.config
@@ -769,44 +722,10 @@ def test_wgmma_tail_blocks_on_gpu(tail):
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch"), [
-    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 2048,
-                 QuantKernelConfig(_persistent(256, 4), _persistent(256, 4)), id="g128-silu-256"),
-    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 700,
-                 QuantKernelConfig(_persistent(256, 3, tail=16), _persistent(128, 4, tail=8)), id="g128-tails"),
-    pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
-                 QuantKernelConfig(_persistent(128, 3), _persistent(256, 3, tail=16)), id="g64-zp-bias-k-tail"),
-    pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 20,
-                 QuantKernelConfig(_persistent(256, 4), _persistent(128, 3)), id="g32-fp16-few-tokens"),
-])
-def test_persistent_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
-    out, ref = _run(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
-                    override=launch)
-    assert rel_l2(out, ref) < 1e-2
-
-
-@pytest.mark.device("cuda")
-@pytest.mark.parametrize("tail", [0, 8, 16])
-def test_persistent_wgmma_blocks_on_gpu(tail):
-    """The persistent kernel over narrow, full, absorbing and taken-in blocks, and over more tiles
-    than programs (an expert of 3000 pairs: 24 row blocks x 4 N tiles per GEMM beside the others):
-    as the reference and as the per-tile kernel."""
-    counts = [64, 65, 1, 128 + tail, 129 + tail, 0, 3000, 256 + tail // 2, 63]
-    per_tile = QuantKernelConfig(_wgmma(128, 256, 3), _wgmma(128, 128, 4))
-    launch = QuantKernelConfig(_persistent(256, 3, tail), _persistent(128, 4, tail))
-    out, ref = _routed_counts_layer(counts, int4_w4a16(128), launch, K=1024, N=512, dtype=torch.bfloat16)
-    assert rel_l2(out, ref) < 1e-2
-    whole, _ = _routed_counts_layer(counts, int4_w4a16(128), per_tile, K=1024, N=512, dtype=torch.bfloat16)
-    torch.testing.assert_close(out, whole, rtol=1e-3, atol=1e-3)
-
-
-@pytest.mark.device("cuda")
-@pytest.mark.parametrize("persistent", [False, True])
-def test_wgmma_gemm_with_expert_parallel_on_gpu(persistent):
-    launch = (QuantKernelConfig(_persistent(128, 3), _persistent(128, 3)) if persistent
-              else QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3)))
+def test_wgmma_gemm_with_expert_parallel_on_gpu():
     out, ref = _run(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=16,
-                    topk=4, M=300, parallel=ParallelConfig(ep_size=2, ep_rank=1), override=launch)
+                    topk=4, M=300, parallel=ParallelConfig(ep_size=2, ep_rank=1),
+                    override=QuantKernelConfig(_wgmma(64, 128, 3), _wgmma(64, 128, 3)))
     assert rel_l2(out, ref) < 1e-2
 
 

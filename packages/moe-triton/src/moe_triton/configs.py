@@ -147,10 +147,6 @@ class GemmConfig:
     # program exits (one dequantization of the expert less). wgmma kernel: 8 or 16 with 128-pair
     # blocks; tl.dot kernel (its dots are at least 16 wide): 16 or 32, below block_m, swapped.
     tail: int = 0
-    # wgmma kernel with 128-pair blocks and no K split: one program per SM looping over the tiles
-    # (`quant_gemm_wgmma.moe_w4a16_wgmma_persistent_kernel`); a tile's epilogue overlaps the next
-    # tile's first copies.
-    persistent: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
@@ -167,9 +163,6 @@ class GemmConfig:
         if self.tail and self.wgmma and not (self.tail in (8, 16) and self.block_m == 128):
             raise ValueError("GemmConfig: tail (8 or 16 pairs taken in by the block before) is an option of the "
                              f"wgmma kernel with block_m 128, got {self}")
-        if self.persistent and not (self.wgmma and self.block_m == 128 and self.split_k == 1):
-            raise ValueError("GemmConfig: persistent is an option of the wgmma kernel with block_m 128 and split_k 1, "
-                             f"got {self}")
         if self.tail and not self.wgmma and not (self.tail in (16, 32) and self.tail < self.block_m and self.swap_ab):
             raise ValueError("GemmConfig: tail (16 or 32 pairs taken in by the block before) is an option of the "
                              f"swapped tl.dot kernel with block_m above it, got {self}")
@@ -195,8 +188,7 @@ class QuantKernelConfig:
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
-                    f"{' wgmma' if c.wgmma else ''}{' persistent' if c.persistent else ''}{' narrow' if c.narrow else ''}"
-                    f"{f' tail{c.tail}' if c.tail else ''}")
+                    f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

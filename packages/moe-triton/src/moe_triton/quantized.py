@@ -348,9 +348,9 @@ class _QuantTritonExperts(Experts):
 
 
 def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:
-    """A wgmma launch shape as the tl.dot kernel's: not persistent, and without a tail that kernel
-    does not take (its dots are 16 wide or more)."""
-    return replace(gemm, wgmma=False, persistent=False, tail=gemm.tail if gemm.tail in (16, 32) else 0)
+    """A wgmma launch shape as the tl.dot kernel's, without a tail that kernel does not take (its
+    dots are 16 wide or more: an 8-pair tail goes, a 16-pair one stays)."""
+    return replace(gemm, wgmma=False, tail=gemm.tail if gemm.tail in (16, 32) else 0)
 
 
 def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:

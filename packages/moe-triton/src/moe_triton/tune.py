@@ -137,8 +137,6 @@ _QUANT_TWEAKS = {
     "tail8": lambda c: dataclasses.replace(c, tail=8),
     "tail16": lambda c: dataclasses.replace(c, tail=16),
     "tail32": lambda c: dataclasses.replace(c, tail=32),
-    # The wgmma kernel's 128-pair tiles as one program per SM (GemmConfig.persistent).
-    "persistent": lambda c: dataclasses.replace(c, persistent=not c.persistent),
 }
 
 

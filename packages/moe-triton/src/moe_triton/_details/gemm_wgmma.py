@@ -61,11 +61,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from moe_triton._details.gemm_kernels import activate, grouped_tile
 from moe_triton._details.quant_gemm_wgmma import EPILOGUE_LAYOUT
-from moe_triton._details.tile_queue import publish, receive, tail_role
 
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_warpgroup_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed after Triton 3.6
 
 BLOCK_K = gl.constexpr(64)  # one 128-byte swizzle line of 16-bit values per row
 # Registers per thread of both partitions (8 warps: 64K registers): a 128 x 128 fp32 accumulator
@@ -312,11 +312,51 @@ PERSISTENT_MAXNREG = 168
 
 
 @gluon.jit
+def _publish(tile_ids, tile_ready, tile_free, taken, t):
+    """The loader hands tile index t (its taken-th) to the consumers, in slot taken % 2."""
+    slot = taken % 2
+    mbarrier.wait(tile_free.index(slot), ((taken // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
+    tile_ids.index(slot).store(gl.full([1], t, gl.int32, gl.BlockedLayout([1], [32], [gl.num_warps()], [0])))
+    mbarrier.arrive(tile_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _receive(tile_ids, tile_ready, tile_free, taken):
+    """A consumer's taken-th tile index from the loader; the slot is handed back once every warp read it."""
+    slot = taken % 2
+    mbarrier.wait(tile_ready.index(slot), (taken // 2) & 1)
+    t = gl.max(tile_ids.index(slot).load(gl.BlockedLayout([1], [32], [gl.num_warps()], [0])), axis=0)
+    _warpgroup_barrier()
+    mbarrier.arrive(tile_free.index(slot), count=1)
+    return t
+
+
+@gluon.jit
 def _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M: gl.constexpr):
     """Row block, column tile and expert of the persistent loop's tile t (every partition derives
     the same sequence)."""
     pid_m, pid_n = grouped_tile(t, num_pid_m, num_pid_n, GROUP_M)
     return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m)
+
+
+@gluon.jit
+def _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M: gl.constexpr,
+               TAIL: gl.constexpr):
+    """(taken in, absorbs) of row block pid_m of expert e >= 0. With TAIL, a block with at most TAIL
+    valid rows after one of the same expert's (an expert's last, after a full one) is taken in by
+    that block: the block before multiplies those rows too (a second accumulator on the same weight
+    tiles), so the expert's weights are read once less; the same test on both sides."""
+    taken_in = pid_m < 0  # False, as a run-time value
+    absorbs = taken_in
+    if TAIL > 0:
+        has_prev = pid_m > 0
+        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        taken_in = has_prev & (prev_e == e) & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid)
+        has_next = pid_m + 1 < num_pid_m
+        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
+    return taken_in, absorbs
 
 
 @gluon.jit
@@ -344,9 +384,9 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
     taken = 0  # tiles taken so far
     t = gl.atomic_add(tile_counter_ptr, 1)
     while t < num_pid_m * num_pid_n:
-        publish(tile_ids, tile_ready, tile_free, taken, t)
+        _publish(tile_ids, tile_ready, tile_free, taken, t)
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
-        taken_in, absorbs = tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
+        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
         if (e >= 0) & (not taken_in):
             ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + rows)
             # stride_am % 8 == 0 (checked at launch), written so that Triton sees 16-byte pieces.
@@ -392,7 +432,7 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
                 used += 1
         taken += 1
         t = gl.atomic_add(tile_counter_ptr, 1)
-    publish(tile_ids, tile_ready, tile_free, taken, t)  # past the last tile: the consumers stop
+    _publish(tile_ids, tile_ready, tile_free, taken, t)  # past the last tile: the consumers stop
 
 
 @gluon.jit
@@ -445,10 +485,10 @@ def _consume_tiles(WG: gl.constexpr, x_ring, x_tail, w_ring, ready, empty, tile_
     num_pid_n = gl.cdiv(N, OUT_N)
     used = 0
     taken = 0
-    t = receive(tile_ids, tile_ready, tile_free, taken)
+    t = _receive(tile_ids, tile_ready, tile_free, taken)
     while t < num_pid_m * num_pid_n:
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
-        taken_in, absorbs = tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
+        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
         if e < 0:
             if ZERO_FOREIGN:
                 _zero_columns(WG, c_ptr, sorted_ids_ptr, pid_m, pid_n, N, num_valid, stride_cm, BLOCK_M, OUT_N)
@@ -472,7 +512,7 @@ def _consume_tiles(WG: gl.constexpr, x_ring, x_tail, w_ring, ready, empty, tile_
                        alpha, limit, stride_bias_e, stride_cm, GATED, ACT, HAS_BIAS, MUL_WEIGHT, BLOCK_M)
             used += k_tiles
         taken += 1
-        t = receive(tile_ids, tile_ready, tile_free, taken)
+        t = _receive(tile_ids, tile_ready, tile_free, taken)
 
 
 @gluon.jit

@@ -83,25 +83,19 @@ def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None,
                           {**_POINTERS, **(pointers or {})}, num_warps=num_warps, num_stages=num_stages, arch=arch)
 
 
-def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, persistent: bool = False):
+def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None):
     """`compile_quant_gemm` for the Gluon wgmma kernel (sm_90), over WGMMA_CONSTEXPRS, launched as
-    `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16.
-    persistent: its persistent kernel (no SPLIT_K; BLOCK_M 128)."""
+    `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from moe_triton._details import quant_gemm_wgmma
 
     consts = {**WGMMA_CONSTEXPRS, **constexprs}
     regs = quant_gemm.ws_regs(consts["BLOCK_M"])
-    consts.update(CONSUMER_REGS=regs.consumer_regs)
-    if persistent:
-        kernel = quant_gemm_wgmma.moe_w4a16_wgmma_persistent_kernel
-        del consts["SPLIT_K"]
-    else:
-        kernel = quant_gemm_wgmma.moe_w4a16_wgmma_kernel
-        consts.update(PRODUCER_WARPS=regs.producer_warps, PRODUCER_REGS=regs.producer_regs)
-    src = _source(kernel, GluonASTSource, consts, {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16",
-                                                   "tile_counter_ptr": "*i32", **(pointers or {})})
+    consts.update(PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
+                  PRODUCER_REGS=regs.producer_regs)
+    src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, consts,
+                  {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
 
 

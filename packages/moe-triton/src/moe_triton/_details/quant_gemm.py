@@ -926,8 +926,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
                              f"{arrivals.dtype} [{arrivals.numel()}]")
         if fin.stride(1) != 1:
             raise ValueError("the finished output needs a unit column stride")
-    # A persistent launch: one program per SM at most, each looping over the tiles.
-    programs = min(grid_m * n_tiles, _num_sms(a.device)) if cfg.persistent else grid_m * n_tiles * split
+    programs = grid_m * n_tiles * split
     zero_numel = zero_side.numel() if zero_side is not None else 0
     if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
                                   or zero_numel >= 2**31):
@@ -939,33 +938,26 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
         _check_wgmma(a, w, scale_rows_stride, direct=direct, sink=sink, a_scale_mode=a_scale_mode)
         # Gluon is imported only when a configuration asks for this kernel.
-        from moe_triton._details import quant_gemm_wgmma
+        from moe_triton._details.quant_gemm_wgmma import moe_w4a16_wgmma_kernel
 
         if not n_first:
             raise ValueError(f"the wgmma GEMM launches M blocks on the grid's second axis (below 65536): "
                              f"{grid_m} blocks of {cfg.block_m} pairs; take a larger block_m")
         regs = ws_regs(cfg.block_m)
-        operands = (a, w.codes, w.scale, w.zero if w.zero is not None else w.scale,
-                    bias if bias is not None else w.scale, out, topk_weights if topk_weights is not None else w.scale,
-                    rows, experts, num_post, zero_side if zero_side is not None else rows)
-        scalars = (w.n, w.k, num_valid, zero_numel, zero_chunk,
-                   float(activation.alpha or 0.0) if activation else 0.0,
-                   float(activation.limit or 0.0) if activation else 0.0,
-                   a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0),
-                   scale_rows_stride, bias.stride(0) if bias is not None else 0, out.stride(0))
-        common = dict(GROUP=w.group, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
-                      A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
-                      ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
-                      GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, BLOCK_M=cfg.block_m,
-                      BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
-                      CONSUMER_REGS=regs.consumer_regs, TAIL=cfg.tail, num_warps=4, maxnreg=regs.maxnreg)
-        if cfg.persistent:  # the tiles in the per-tile grid's order, taken off a counter
-            quant_gemm_wgmma.moe_w4a16_wgmma_persistent_kernel[(programs,)](
-                *operands, torch.zeros(1, dtype=torch.int32, device=a.device), *scalars, **common)
-            return
-        quant_gemm_wgmma.moe_w4a16_wgmma_kernel[grid](
-            *operands, *scalars, **common, SPLIT_K=split, PRODUCER_WARPS=regs.producer_warps,
-            PRODUCER_REGS=regs.producer_regs)
+        moe_w4a16_wgmma_kernel[grid](
+            a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
+            out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post,
+            zero_side if zero_side is not None else rows, w.n, w.k, num_valid, zero_numel, zero_chunk,
+            float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+            a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), scale_rows_stride,
+            bias.stride(0) if bias is not None else 0, out.stride(0),
+            GROUP=w.group, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
+            A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
+            ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
+            GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
+            PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
+            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, num_warps=4, maxnreg=regs.maxnreg)
         return
     s = w.scale
     if w.wtype is WType.FP8:

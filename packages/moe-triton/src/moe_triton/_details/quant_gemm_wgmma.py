@@ -40,7 +40,7 @@ compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "moe_w4a16_wgmma_persistent_kernel", "row_halves"]
+__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -53,7 +53,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from moe_triton._details.gemm_kernels import activate
-from moe_triton._details.tile_queue import publish, receive, tail_role
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -227,46 +226,6 @@ def _wg_quarter(words, s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr,
 
 
 @gluon.jit
-def _shares(WG: gl.constexpr, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, absorbs, N, num_valid,
-            stride_am, stride_be, stride_bn, stride_se, A_ROWS_DIV: gl.constexpr, CHUNK: gl.constexpr,
-            WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, TAIL: gl.constexpr):
-    """A folded consumer's copy share of a block's K tiles (`_copy_share`: half the activation rows,
-    its own weight and scale rows) and, for warpgroup 0 with TAIL, the taken-in rows' (`_tail_share`;
-    else the first share again, unused)."""
-    X_ROWS: gl.constexpr = BLOCK_M // 2
-    copy = _copy_share(a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be,
-                       stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, WG * X_ROWS, X_ROWS, WG * WG_ROWS,
-                       WG_ROWS)
-    if TAIL > 0 and WG == 0:
-        tail_copy = _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_ROWS_DIV, BLOCK_M, TAIL)
-    else:
-        tail_copy = copy  # unused
-    return copy, tail_copy
-
-
-@gluon.jit
-def _issue_first(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, absorbs,
-                 K, stride_bt, stride_sk, copy, tail_copy, GROUP: gl.constexpr, GROUPS: gl.constexpr,
-                 HAS_ZP: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
-                 STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """A folded consumer's share (`_shares`) of a block's first STAGES - 1 K tiles from kt0 into ring
-    uses used, used + 1, ... (use u: stage u % STAGES, round u // STAGES), each once both consumers
-    handed its stage back."""
-    X_ROWS: gl.constexpr = BLOCK_M // 2
-    COPIES_TAIL: gl.constexpr = TAIL > 0 and WG == 0
-    for p in gl.static_range(STAGES - 1):
-        if kt0 + p < kt1:
-            u = used + p
-            stage = u % STAGES
-            mbarrier.wait(empty.index(stage), ((u // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
-            _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt0 + p, *copy, K, stride_bt, stride_sk, GROUP, GROUPS,
-                        HAS_ZP, K_TAIL, WG * X_ROWS, X_ROWS, WG * WG_ROWS, WG_ROWS)
-            if COPIES_TAIL and absorbs:
-                _issue_rows(x_tails, stage, kt0 + p, *tail_copy, K, K_TAIL, 0, TAIL)
-            async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
-
-
-@gluon.jit
 def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr,
              bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid,
              alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
@@ -277,166 +236,47 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
              TAIL: gl.constexpr):
     """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
     waits on no other warpgroup: stages are handed back through `empty`. FOLDED: it also copies
-    its share of each K tile (`_shares`), STAGES - 1 tiles ahead, into a stage both consumers
-    handed back."""
+    its share of each K tile (half the activation rows, its own weight and scale rows; warpgroup 0
+    also a taken-in tail's rows), STAGES - 1 tiles ahead, into a stage both consumers handed back.
+    A `narrow` block (at most BLOCK_M / 2 valid rows, the last of an expert's) runs MMAs over its
+    first half of rows only; a block that `absorbs` (TAIL) also multiplies the next block's first TAIL rows."""
+    X_ROWS: gl.constexpr = BLOCK_M // 2
+    x_r0: gl.constexpr = WG * X_ROWS
+    r0: gl.constexpr = WG * WG_ROWS
     # Unused (and dropped by the compiler) unless FOLDED.
-    copy, tail_copy = _shares(WG, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, absorbs, N, num_valid,
-                              stride_am, stride_be, stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, TAIL)
+    copy = _copy_share(a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, N, num_valid, stride_am, stride_be,
+                       stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, x_r0, X_ROWS, r0, WG_ROWS)
+    COPIES_TAIL: gl.constexpr = TAIL > 0 and WG == 0
+    if COPIES_TAIL:
+        tail_copy = _tail_share(a_ptr, sorted_ids_ptr, pid_m, absorbs, num_valid, stride_am, A_ROWS_DIV, BLOCK_M, TAIL)
+    else:
+        tail_copy = copy  # unused
     if FOLDED:
-        _issue_first(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, 0, kt0, kt1, absorbs, K, stride_bt,
-                     stride_sk, copy, tail_copy, GROUP, GROUPS, HAS_ZP, K_TAIL, WG_ROWS, BLOCK_M, STAGES, TAIL)
-    _block(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, 0, kt0, kt1, e, n0, pid_m, narrow, absorbs,
-           copy, tail_copy, None, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-           sorted_ids_ptr, N, K, num_valid, alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-           stride_sk, stride_biase, stride_cm, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
-           ATOMIC, ACT, CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL, False)
-
-
-@gluon.jit
-def _block(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, e, n0, pid_m,
-           narrow, absorbs, copy, tail_copy, nxt, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-           sorted_ids_ptr, N, K, num_valid, alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-           stride_sk, stride_biase, stride_cm, GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr,
-           CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
-           ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr, K_TAIL: gl.constexpr,
-           A_ROWS_DIV: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-           FOLDED: gl.constexpr, TAIL: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A consumer's MMAs over one block's K tiles [kt0, kt1) from ring use `used` on, then (PERSISTENT)
-    its share of the next tile's first K tiles (`_issue_next`'s nxt), then its
-    epilogue. A `narrow` block (at most BLOCK_M / 2 valid rows, the last of an expert's) runs MMAs
-    over its first half of rows only; a block that `absorbs` (TAIL) also multiplies the next
-    block's first TAIL rows. (Triton merges a name assigned in several branches: each branch
-    names its own accumulator.)"""
+        for p in gl.static_range(STAGES - 1):  # fresh stages: no wait
+            if kt0 + p < kt1:
+                _issue_tile(x_rings, w_ring, s_ring, z_ring, p, kt0 + p, *copy, K, stride_bt, stride_sk, GROUP, GROUPS,
+                            HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
+                if COPIES_TAIL and absorbs:
+                    _issue_rows(x_tails, p, kt0 + p, *tail_copy, K, K_TAIL, 0, TAIL)
+                async_copy.mbarrier_arrive(ready.index(p), increment_count=False)
     if TAIL > 0 and absorbs:
-        acc_b, acc_t = _mma_loop(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, K, stride_bt,
-                               stride_sk, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, K_TAIL, WG_ROWS, BLOCK_M,
-                               BLOCK_M, TAIL, STAGES, FOLDED)
-        _store_tile(WG, acc_t, BLOCK_M, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid,
-                    alpha, limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK,
-                    WG_ROWS, BLOCK_M)
-        if PERSISTENT:
-            _issue_next(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used + kt1 - kt0, nxt, a_ptr,
-                        b_ptr, s_ptr, z_ptr, sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn,
-                        stride_bt, stride_se, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, CHUNK, WG_ROWS,
-                        BLOCK_M, STAGES, TAIL)
-        _store_tile(WG, acc_b, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
-                    limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
-                    BLOCK_M)
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
+                        TAIL, STAGES, FOLDED)
     elif FOLDED and narrow:
-        acc_h = _mma_loop(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, K, stride_bt,
-                        stride_sk, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, K_TAIL, WG_ROWS, BLOCK_M,
-                        BLOCK_M // 2, 0, STAGES, FOLDED)[0]
-        if PERSISTENT:
-            _issue_next(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used + kt1 - kt0, nxt, a_ptr,
-                        b_ptr, s_ptr, z_ptr, sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn,
-                        stride_bt, stride_se, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, CHUNK, WG_ROWS,
-                        BLOCK_M, STAGES, TAIL)
-        _store_tile(WG, acc_h, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
-                    limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
-                    BLOCK_M)
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M // 2,
+                        0, STAGES, FOLDED)
     else:
-        acc = _mma_loop(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, K, stride_bt,
-                        stride_sk, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, K_TAIL, WG_ROWS, BLOCK_M,
-                        BLOCK_M, 0, STAGES, FOLDED)[0]
-        if PERSISTENT:
-            _issue_next(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used + kt1 - kt0, nxt, a_ptr,
-                        b_ptr, s_ptr, z_ptr, sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn,
-                        stride_bt, stride_se, stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, CHUNK, WG_ROWS,
-                        BLOCK_M, STAGES, TAIL)
-        _store_tile(WG, acc, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
-                    limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
-                    BLOCK_M)
-
-
-@gluon.jit
-def _issue_next(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, nxt, a_ptr, b_ptr,
-                s_ptr, z_ptr, sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-                stride_sk, GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr,
-                K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr, CHUNK: gl.constexpr, WG_ROWS: gl.constexpr,
-                BLOCK_M: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """The persistent consumer's share of the first K tiles of tile t, if a program multiplies it, from
-    ring use `used` on; nxt = (t, the layer's tiles, row blocks, N tiles and K tiles, expert_ids_ptr).
-    (Planned here: a plan carried through the MMA loop would hold registers the loop needs.)"""
-    t, num_tiles, num_pid_m, num_pid_n, k_tiles, expert_ids_ptr = nxt
-    pid_m, n0, e, work, absorbs = _plan(t, num_tiles, num_pid_m, num_pid_n, num_valid, sorted_ids_ptr, expert_ids_ptr,
-                                        BLOCK_M, 2 * WG_ROWS, TAIL)
-    if work:
-        copy, tail_copy = _shares(WG, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, absorbs, N, num_valid,
-                                  stride_am, stride_be, stride_bn, stride_se, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, TAIL)
-        _issue_first(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, 0, k_tiles, absorbs, K,
-                     stride_bt, stride_sk, copy, tail_copy, GROUP, GROUPS, HAS_ZP, K_TAIL, WG_ROWS, BLOCK_M, STAGES,
-                     TAIL)
-
-
-@gluon.jit
-def _plan(t, num_tiles, num_pid_m, num_pid_n, num_valid, sorted_ids_ptr, expert_ids_ptr, BLOCK_M: gl.constexpr,
-          BLOCK_N: gl.constexpr, TAIL: gl.constexpr):
-    """Tile t of the persistent loop, in the per-tile kernel's launch order (a row block's N tiles
-    together): (row block, first weight row, expert, whether a program multiplies it (a tile of the
-    layer, of a local expert, not taken in), whether it absorbs the next block). Past the last tile:
-    an existing row block's, not multiplied."""
-    pid_m = gl.maximum(gl.minimum(t // num_pid_n, num_pid_m - 1), 0)  # in bounds past the last tile too
-    e = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
-    taken_in, absorbs = tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
-    return pid_m, (t % num_pid_n) * BLOCK_N, e, (t < num_tiles) & (e >= 0) & (not taken_in), absorbs
-
-
-@gluon.jit
-def _take(WG: gl.constexpr, tile_counter_ptr, tile_ids, tile_ready, tile_free, taken):
-    """The program's taken-th tile: consumer 0 takes it off the layer's counter and hands it to consumer 1."""
-    if WG == 0:
-        t = gl.atomic_add(tile_counter_ptr, 1)
-        publish(tile_ids, tile_ready, tile_free, taken, t)
-    else:
-        t = receive(tile_ids, tile_ready, tile_free, taken)
-    return t
-
-
-@gluon.jit
-def _consume_tiles(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, tile_ids, tile_ready,
-                   tile_free, tile_counter_ptr, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-                   sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_am, stride_be,
-                   stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP: gl.constexpr,
-                   GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
-                   CHUNK: gl.constexpr, K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr, WG_ROWS: gl.constexpr,
-                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, TAIL: gl.constexpr):
-    """Persistent consumer WG (copies folded in) over the tiles the program takes: each tile's MMAs,
-    then its share of the next tile's first K tiles, then the epilogue, during which those copies land."""
-    k_tiles = gl.cdiv(K, 4 * QUARTER)
-    num_pid_n = gl.cdiv(N, 2 * WG_ROWS)
-    num_tiles = num_pid_m * num_pid_n
-    t = _take(WG, tile_counter_ptr, tile_ids, tile_ready, tile_free, 0)
-    _issue_next(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, 0,
-                (t, num_tiles, num_pid_m, num_pid_n, k_tiles, expert_ids_ptr), a_ptr, b_ptr, s_ptr, z_ptr,
-                sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, GROUP,
-                GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M, STAGES, TAIL)
-    used = 0  # ring uses so far (use u: stage u % STAGES, round u // STAGES)
-    taken = 0
-    while t < num_tiles:
-        taken += 1
-        t_next = _take(WG, tile_counter_ptr, tile_ids, tile_ready, tile_free, taken)
-        nxt = (t_next, num_tiles, num_pid_m, num_pid_n, k_tiles, expert_ids_ptr)
-        pid_m, n0, e, work, absorbs = _plan(t, num_tiles, num_pid_m, num_pid_n, num_valid, sorted_ids_ptr,
-                                            expert_ids_ptr, BLOCK_M, 2 * WG_ROWS, TAIL)
-        if work:
-            # Valid rows are a prefix of the block: at most half of them when the middle row is padding.
-            narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
-            copy, tail_copy = _shares(WG, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e, n0, pid_m, absorbs, N,
-                                      num_valid, stride_am, stride_be, stride_bn, stride_se, A_ROWS_DIV, CHUNK,
-                                      WG_ROWS, BLOCK_M, TAIL)
-            _block(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, 0, k_tiles, e, n0, pid_m, narrow,
-                   absorbs, copy, tail_copy, nxt, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-                   sorted_ids_ptr, N, K, num_valid, alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-                   stride_sk, stride_biase, stride_cm, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED,
-                   REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, True, TAIL, True)
-            used += k_tiles
-        else:
-            _issue_next(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, nxt, a_ptr, b_ptr, s_ptr,
-                        z_ptr, sorted_ids_ptr, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-                        stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, CHUNK, WG_ROWS, BLOCK_M,
-                        STAGES, TAIL)
-        t = t_next
+        _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
+                        sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
+                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
+                        0, STAGES, FOLDED)
 
 
 # Epilogue layout of a consumer warpgroup: threads along the weight rows (the output rows'
@@ -458,15 +298,16 @@ def row_halves(acc, out_l: gl.constexpr):
 
 
 @gluon.jit
-def _mma_loop(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, used, kt0, kt1, K, stride_bt,
-              stride_sk, copy, tail_copy, GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr,
-              CODE_OFFSET: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
-              MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
-    """The consumer's [WG_ROWS, MMA_N] fp32 product over K tiles [kt0, kt1) of the block's first MMA_N
-    rows (its MMA's N) and, with TAIL_N, the [WG_ROWS, TAIL_N] product of the same dequantized
-    weights with the TAIL_N rows after the block (a second accumulator; else the first returned
-    twice). Ring uses from `used` on; each stage goes back on `empty` once this consumer's MMAs on
-    it retired, the last one's too. FOLDED: use u + STAGES - 1 is copied once use u - 1's stage is back."""
+def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr,
+                    topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
+                    stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP: gl.constexpr, GROUPS: gl.constexpr,
+                    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
+                    MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
+                    CHUNK: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
+    """The consumer's K loop over the block's first MMA_N rows (its MMA's N) and, with TAIL_N, the
+    TAIL_N rows after the block (a second accumulator on the same dequantized weights), then its
+    epilogue for each."""
     CT: gl.constexpr = x_rings[0].dtype
     X_ROWS: gl.constexpr = BLOCK_M // 2
     x_r0: gl.constexpr = WG * X_ROWS
@@ -488,14 +329,11 @@ def _mma_loop(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready,
     else:
         acc_t = acc  # unused
         IN_FLIGHT: gl.constexpr = 1
-    # A block has a K tile (the per-tile kernel returns before the fork otherwise); a possibly empty
-    # loop makes ptxas serialize wgmma.
-    gl.assume(kt1 > kt0)
+    gl.assume(kt1 > kt0)  # checked before the partitions fork; a possibly empty loop makes ptxas serialize wgmma
     for kt in range(kt0, kt1):
         i = kt - kt0
-        u = used + i
-        stage = u % STAGES
-        mbarrier.wait(ready.index(stage), (u // STAGES) & 1)
+        stage = i % STAGES
+        mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
         fence_async_shared()  # cp.async wrote the stage; wgmma reads it through the async proxy
         words = w_ring.index(stage).slice(r0, WG_ROWS).load(w_op)
         w_prev = words  # the quarter before j's operand (static_range unrolls: unused at j == 0)
@@ -512,7 +350,7 @@ def _mma_loop(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready,
                     acc, acc_t = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, acc_t))
                 else:
                     acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc,))
-                mbarrier.arrive(empty.index((u + STAGES - 1) % STAGES), count=1, pred=i > 0)
+                mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)
             else:
                 if TAIL_N > 0:
                     acc, acc_t, w_prev = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=(acc, acc_t, w_prev))
@@ -523,8 +361,8 @@ def _mma_loop(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready,
             # Tile i + STAGES - 1 refills the stage of tile i - 1 once both consumers handed it back.
             ahead = i + STAGES - 1
             if kt0 + ahead < kt1:
-                refill = (used + ahead) % STAGES
-                mbarrier.wait(empty.index(refill), (((used + ahead) // STAGES) & 1) ^ 1)
+                refill = ahead % STAGES
+                mbarrier.wait(empty.index(refill), ((ahead // STAGES) & 1) ^ 1)
                 _issue_tile(x_rings, w_ring, s_ring, z_ring, refill, kt0 + ahead, *copy, K, stride_bt, stride_sk,
                             GROUP, GROUPS, HAS_ZP, K_TAIL, x_r0, X_ROWS, r0, WG_ROWS)
                 if COPIES_TAIL:
@@ -532,11 +370,14 @@ def _mma_loop(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready,
                 async_copy.mbarrier_arrive(ready.index(refill), increment_count=False)
     if TAIL_N > 0:
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        _store_tile(WG, acc_t, BLOCK_M, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid,
+                    alpha, limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK,
+                    WG_ROWS, BLOCK_M)
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc_t = acc
-    mbarrier.arrive(empty.index((used + kt1 - kt0 - 1) % STAGES), count=1)
-    return acc, acc_t
+    _store_tile(WG, acc, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
+                limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
+                BLOCK_M)
 
 
 @gluon.jit
@@ -584,49 +425,6 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
 
 
 @gluon.jit
-def _allocate_rings(a_ptr, s_ptr, z_ptr, HAS_ZP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, GROUPS: gl.constexpr, TAIL: gl.constexpr, READY_COUNT: gl.constexpr):
-    """The ring of STAGES K tiles: four [BLOCK_M, QUARTER] activation quarters (wgmma B operands; with
-    TAIL four [TAIL, QUARTER] ones for the taken-in rows, else the same again), the [BLOCK_N, QUARTER]
-    int16 words, GROUPS scale (and zero-point) rows per stage, and its barriers: `ready` completes
-    on READY_COUNT copy-thread arrivals, `empty` on one per consumer warpgroup."""
-    CT: gl.constexpr = a_ptr.dtype.element_ty
-    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
-    x_rings = (gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
-               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
-               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
-               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl))
-    if TAIL > 0:
-        t_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, QUARTER], CT)
-        x_tails = (gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
-                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
-                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
-                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl))
-    else:
-        x_tails = x_rings  # unused
-    w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
-    z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * GROUPS if HAS_ZP else 1, BLOCK_N], rows)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=READY_COUNT)
-        mbarrier.init(empty.index(s), count=2)
-    return x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty
-
-
-@gluon.jit
-def _zero_share(zero_ptr, pid, zero_numel, zero_chunk):
-    """Program pid's chunk of the next GEMM's int32 sums, zeroed on the side."""
-    zl: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
-    z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-    for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
-        z_offs = zero_start + gl.arange(0, _ZERO_BLOCK, layout=zl)
-        gl.store(zero_ptr + z_offs, gl.zeros([_ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
-
-
-@gluon.jit
 def moe_w4a16_wgmma_kernel(
     a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     zero_ptr, N, K, num_valid, zero_numel, zero_chunk, alpha, limit,
@@ -639,6 +437,7 @@ def moe_w4a16_wgmma_kernel(
     TAIL: gl.constexpr,  # 0, or 8 / 16 with FOLDED: a full block takes in its expert's last <= TAIL pairs
 ):
     NW: gl.constexpr = gl.num_warps()
+    CT: gl.constexpr = a_ptr.dtype.element_ty
     TILE_K: gl.constexpr = 4 * QUARTER
     GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1
     WG_ROWS: gl.constexpr = BLOCK_N // 2  # weight rows per consumer warpgroup
@@ -653,8 +452,12 @@ def moe_w4a16_wgmma_kernel(
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     if ZERO_SIDE:
-        _zero_share(zero_ptr, (pid_m * gl.num_programs(0) + pid_n) * gl.num_programs(2) + gl.program_id(2),
-                    zero_numel, zero_chunk)
+        zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
+        pid = (pid_m * gl.num_programs(0) + pid_n) * gl.num_programs(2) + gl.program_id(2)
+        z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
+        for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
+            z_offs = zero_start + gl.arange(0, _ZERO_BLOCK, layout=zl)
+            gl.store(zero_ptr + z_offs, gl.zeros([_ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
     k_tiles = gl.cdiv(K, TILE_K)
     per_split = gl.cdiv(k_tiles, SPLIT_K)
     kt0 = gl.program_id(2) * per_split
@@ -670,14 +473,43 @@ def moe_w4a16_wgmma_kernel(
     # Valid rows are a prefix of the block (the alignment pads each expert's last block): at most
     # half of them when the middle row is padding.
     narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
-    taken_in, absorbs = tail_role(pid_m, e, gl.cdiv(gl.load(num_post_ptr), BLOCK_M), sorted_ids_ptr, expert_ids_ptr,
-                                  num_valid, BLOCK_M, TAIL)
-    if taken_in:
-        return
+    absorbs = pid_m < 0  # False, as a run-time value
+    if TAIL > 0:
+        # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
+        # after a full one) is taken in by that block: the same test on both sides.
+        has_prev = pid_m > 0
+        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        if has_prev & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid) & (prev_e == e):
+            return
+        has_next = (pid_m + 1) * BLOCK_M < gl.load(num_post_ptr)
+        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
 
-    # Every copy thread arrives: the producer's, or (FOLDED) both consumers'.
-    x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty = _allocate_rings(
-        a_ptr, s_ptr, z_ptr, HAS_ZP, BLOCK_M, BLOCK_N, STAGES, GROUPS, TAIL, 32 * (8 if FOLDED else PRODUCER_WARPS))
+    x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    x_rings = (gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
+               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
+               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
+               gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl))
+    if TAIL > 0:
+        t_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, QUARTER], CT)
+        x_tails = (gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl),
+                   gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl))
+    else:
+        x_tails = x_rings  # unused
+    w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], flat)
+    rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
+    z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * GROUPS if HAS_ZP else 1, BLOCK_N], rows)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        # Every copy thread arrives: the producer's, or (FOLDED) both consumers'.
+        mbarrier.init(ready.index(s), count=32 * (8 if FOLDED else PRODUCER_WARPS))
+        mbarrier.init(empty.index(s), count=2)  # one arrival per consumer warpgroup
     # Partitions take flat argument tuples, spelled out per consumer and per plan (Gluon builds them at
     # compile time; a list of them cannot be assembled in a JIT variable).
     if FOLDED:
@@ -710,58 +542,3 @@ def moe_w4a16_wgmma_kernel(
                         stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
                         BLOCK_N, STAGES)),
         ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
-
-
-@gluon.jit
-def moe_w4a16_wgmma_persistent_kernel(
-    a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
-    zero_ptr, tile_counter_ptr, N, K, num_valid, zero_numel, zero_chunk, alpha, limit,
-    stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
-    A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
-    ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr,
-    BLOCK_M: gl.constexpr,  # 128 pairs: the folded register plan
-    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    TAIL: gl.constexpr,  # 0, 8 or 16: a full block takes in its expert's last <= TAIL pairs
-):
-    """`moe_w4a16_wgmma_kernel` with folded copies and no K split, as one program per SM over the
-    layer's tiles in that kernel's launch order (a row block's N tiles together): consumer 0 takes
-    each tile off tile_counter_ptr (an int32 zero on entry) and hands it to consumer 1
-    (`tile_queue`). After a tile's MMAs each consumer issues its share of the next tile's first
-    K tiles, then runs its epilogue, during which those copies land (a per-tile program's next
-    one starts its copies after the epilogue). Same arguments less SPLIT_K and the producer's plan."""
-    gl.static_assert(gl.num_warps() == 4, "the default partition is one consumer warpgroup")
-    gl.static_assert(BLOCK_M == 128, "blocks of 128 pairs, whose register plan folds the copies into the consumers")
-    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "two consumer warpgroups of 64 or 128 weight rows")
-    gl.static_assert(GROUP % QUARTER == 0, "each quarter lies in one scale group")
-    gl.static_assert(TAIL == 0 or TAIL == 8 or TAIL == 16, "a taken-in tail of 8 or 16 pairs")
-    gl.static_assert(GATE_UP_CHUNK == 0 or ((BLOCK_N // 4) % GATE_UP_CHUNK == 0 and GATE_UP_CHUNK % 16 == 0),
-                     "gate/up chunks of 16 rows or more tile half a warpgroup's rows")
-    TILE_K: gl.constexpr = 4 * QUARTER
-    GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1
-    if ZERO_SIDE:
-        _zero_share(zero_ptr, gl.program_id(0), zero_numel, zero_chunk)
-    num_pid_m = gl.cdiv(gl.load(num_post_ptr), BLOCK_M)
-    x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty = _allocate_rings(
-        a_ptr, s_ptr, z_ptr, HAS_ZP, BLOCK_M, BLOCK_N, STAGES, GROUPS, TAIL, 32 * 8)
-    # Tile indices from consumer 0 to consumer 1, two in flight.
-    tile_ids = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    tile_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    tile_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(2):
-        mbarrier.init(tile_ready.index(s), count=1)
-        mbarrier.init(tile_free.index(s), count=1)
-    gl.warp_specialize([
-        (_consume_tiles, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, tile_ids, tile_ready, tile_free,
-                          tile_counter_ptr, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_am, stride_be, stride_bn,
-                          stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS, HAS_ZP,
-                          CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                          A_ROWS_DIV, BLOCK_N // 2, BLOCK_M, STAGES, TAIL)),
-        (_consume_tiles, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, tile_ids, tile_ready, tile_free,
-                          tile_counter_ptr, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_pid_m, N, K, num_valid, alpha, limit, stride_am, stride_be, stride_bn,
-                          stride_bt, stride_se, stride_sk, stride_biase, stride_cm, GROUP, GROUPS, HAS_ZP,
-                          CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL,
-                          A_ROWS_DIV, BLOCK_N // 2, BLOCK_M, STAGES, TAIL)),
-    ], [4], [CONSUMER_REGS])
