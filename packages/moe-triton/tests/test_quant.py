@@ -663,10 +663,13 @@ def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
         assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
         assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 4, 3, True), GemmConfig(64, 128, 1, 4, 3, True))
         # An 8-pair tail (below the tl.dot kernel's 16) goes; a 16-pair one stays.
-        assert experts.config_for(64).config == QuantKernelConfig(GemmConfig(128, 256, 1, 4, 3, True),
-                                                                  GemmConfig(128, 128, 1, 4, 4, True, tail=16))
+        as_tl_dot = experts.config_for(64).config
+        assert as_tl_dot == QuantKernelConfig(GemmConfig(128, 256, 1, 4, 3, True),
+                                              GemmConfig(128, 128, 1, 4, 4, True, tail=16))
         cfg = experts.config
         ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, experts.quant, cfg.expert_map(DEV))
+        assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+        experts.config_override = as_tl_dot  # the converted tiles run too
         assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
     finally:
         monkeypatch.delenv(configs.ENV_DIR)
