@@ -31,6 +31,11 @@ those pairs into its own K loop, as a second accumulator of TAIL columns fed by 
 dequantized weights, and the next block's program exits: the expert's weights are dequantized
 once less (an aligned block pays the whole dequantization for any number of valid pairs).
 
+Not persistent: one program per SM looping over the tiles (consumer 0 taking them off a counter,
+the next tile's first copies issued before each epilogue) ran 0.915-0.947x as fast at 2048-8192
+tokens on the H100, and with a producer warpgroup ptxas serialized the consumers' wgmma at every
+register split tried, 192 to 240 (benchmarks/results/int4_persistent_session22_2026-11-22.md).
+
 Gated tiles are regrouped (`_ring_row`) as they are copied: each consumer's first half of rows
 are gates and its second half the matching ups, so one thread ends with both sums of an output.
 
