@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from moe_triton._details.gemm_kernels import activate, grouped_tile
-from moe_triton._details.quant_gemm_wgmma import EPILOGUE_LAYOUT
+from moe_triton._details.quant_gemm_wgmma import EPILOGUE_LAYOUT, tail_role
 
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -340,26 +340,6 @@ def _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M: gl.constexpr,
-               TAIL: gl.constexpr):
-    """(taken in, absorbs) of row block pid_m of expert e >= 0. With TAIL, a block with at most TAIL
-    valid rows after one of the same expert's (an expert's last, after a full one) is taken in by
-    that block: the block before multiplies those rows too (a second accumulator on the same weight
-    tiles), so the expert's weights are read once less; the same test on both sides."""
-    taken_in = pid_m < 0  # False, as a run-time value
-    absorbs = taken_in
-    if TAIL > 0:
-        has_prev = pid_m > 0
-        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
-        taken_in = has_prev & (prev_e == e) & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid)
-        has_next = pid_m + 1 < num_pid_m
-        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
-        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
-        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
-    return taken_in, absorbs
-
-
-@gluon.jit
 def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile_free, tile_counter_ptr, a_ptr,
                 w_desc, sorted_ids_ptr, expert_ids_ptr, num_pid_m, N, K, num_valid, stride_am,
                 A_ROW_DIV: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -386,7 +366,7 @@ def _load_tiles(x_ring, x_tail, w_ring, ready, empty, tile_ids, tile_ready, tile
     while t < num_pid_m * num_pid_n:
         _publish(tile_ids, tile_ready, tile_free, taken, t)
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
-        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
+        taken_in, absorbs = tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
         if (e >= 0) & (not taken_in):
             ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + rows)
             # stride_am % 8 == 0 (checked at launch), written so that Triton sees 16-byte pieces.
@@ -488,7 +468,7 @@ def _consume_tiles(WG: gl.constexpr, x_ring, x_tail, w_ring, ready, empty, tile_
     t = _receive(tile_ids, tile_ready, tile_free, taken)
     while t < num_pid_m * num_pid_n:
         pid_m, pid_n, e = _tile_at(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_M)
-        taken_in, absorbs = _tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
+        taken_in, absorbs = tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M, TAIL)
         if e < 0:
             if ZERO_FOREIGN:
                 _zero_columns(WG, c_ptr, sorted_ids_ptr, pid_m, pid_n, N, num_valid, stride_cm, BLOCK_M, OUT_N)

@@ -45,7 +45,7 @@ compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves"]
+__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves", "tail_role"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -85,6 +85,27 @@ def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
         v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
                                       dtype=gl.bfloat16)
     return v
+
+
+@gluon.jit
+def tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M: gl.constexpr,
+              TAIL: gl.constexpr):
+    """(taken in, absorbs) of row block pid_m (of num_pid_m) of expert e >= 0. With TAIL, a block
+    with at most TAIL valid rows after one of the same expert's (an expert's last, after a full one)
+    is taken in by that block: the block before multiplies those rows too (a second accumulator on
+    the same weight tiles), so the expert's weights are read once less; the same test on both sides.
+    Shared by both wgmma GEMMs (this one and `gemm_wgmma`'s persistent kernel)."""
+    taken_in = pid_m < 0  # False, as a run-time value
+    absorbs = taken_in
+    if TAIL > 0:
+        has_prev = pid_m > 0
+        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
+        taken_in = has_prev & (prev_e == e) & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid)
+        has_next = pid_m + 1 < num_pid_m
+        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
+        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
+    return taken_in, absorbs
 
 
 @gluon.constexpr_function
@@ -478,18 +499,10 @@ def moe_w4a16_wgmma_kernel(
     # Valid rows are a prefix of the block (the alignment pads each expert's last block): at most
     # half of them when the middle row is padding.
     narrow = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
-    absorbs = pid_m < 0  # False, as a run-time value
-    if TAIL > 0:
-        # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
-        # after a full one) is taken in by that block: the same test on both sides.
-        has_prev = pid_m > 0
-        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
-        if has_prev & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid) & (prev_e == e):
-            return
-        has_next = (pid_m + 1) * BLOCK_M < gl.load(num_post_ptr)
-        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
-        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
-        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
+    taken_in, absorbs = tail_role(pid_m, e, gl.cdiv(gl.load(num_post_ptr), BLOCK_M), sorted_ids_ptr, expert_ids_ptr,
+                                  num_valid, BLOCK_M, TAIL)
+    if taken_in:
+        return
 
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
