@@ -23,6 +23,8 @@ def main() -> None:
     p.add_argument("--preset", required=True)
     p.add_argument("--m", type=int, required=True)
     p.add_argument("--dtype", default="int4", choices=["int4", "bf16"])
+    p.add_argument("--config", help="int4: launch shapes to force, a QuantKernelConfig as JSON "
+                                    '(\'{"gemm1": {...}, "gemm2": {...}}\'); default: the tuned files')
     args = p.parse_args()
     dev = torch.device("cuda")
     preset = get_preset(args.preset)
@@ -30,6 +32,11 @@ def main() -> None:
     if args.dtype == "int4":
         from moe_triton.tune import _random_int4_layer
         experts = _random_int4_layer(preset, dev)
+        if args.config:
+            import json
+
+            from moe_triton.configs import QuantKernelConfig
+            experts.config_override = QuantKernelConfig.from_dict(json.loads(args.config))
     else:
         from bench_triton import _bf16_weights
 
