@@ -366,7 +366,7 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
         w_prev = words  # the quarter before j's operand (static_range unrolls: unused at j == 0)
         for j in gl.static_range(4):
             # Scale rows are read once per group (at the quarter that starts one), not once per quarter:
-            # 1.01-1.07x faster layers at 512-8192 tokens, H100 (int4_dequant_session24_2026-11-22.md).
+            # 1.00-1.07x faster layers at 512-8192 tokens, H100 (int4_dequant_session24_2026-11-22.md).
             if (j * QUARTER) % GROUP == 0:
                 s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT,
                                      w_op)
