@@ -510,7 +510,6 @@ def moe_w4a16_wgmma_kernel(
         return
 
     x_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, QUARTER], CT)
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     x_rings = (gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
                gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
                gl.allocate_shared_memory(CT, [STAGES, BLOCK_M, QUARTER], x_sl),
@@ -523,7 +522,10 @@ def moe_w4a16_wgmma_kernel(
                    gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl))
     else:
         x_tails = x_rings  # unused
-    w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], flat)
+    # Words rows are 64 bytes: unswizzled, the ldmatrix of 8 rows hit 4x its ideal wavefronts (16-way
+    # bank conflicts, Nsight Compute); wgmma's 64-byte swizzle spreads them.
+    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUARTER], gl.int16)
+    w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], w_sl)
     rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
     z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * GROUPS if HAS_ZP else 1, BLOCK_N], rows)
