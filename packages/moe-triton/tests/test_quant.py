@@ -879,6 +879,34 @@ def test_int4_tuner_keeps_the_fastest_candidate():
                              dataclasses.replace(first["split*2"].gemm2, num_stages=base.gemm2.num_stages - 1))
     assert table[3] == best and measured["3"]["best"] == "split*2+stages-1"
     assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
+    assert "shipped" not in measured["3"]  # no file holds this shape
+
+
+@pytest.mark.parametrize("shipped_as", ["split*2", "shipped"])
+def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
+    """The shipped configuration is timed once: under its own name, or under the candidate it equals."""
+    import moe_triton.tune as tune
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    q = int4_w4a16(64)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    base = experts.heuristic_config(3)
+    split = quant_candidates(base)["split*2"]
+    shipped = split if shipped_as == "split*2" else dataclasses.replace(
+        base, gemm2=dataclasses.replace(base.gemm2, block_n=base.gemm2.block_n // 2))
+    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(shipped, "tuned", "a file"))
+    times = {}
+
+    def timer(layer, rep_ms):
+        times[experts.config_override] = 2.0 - (experts.config_override == shipped)
+        return times[experts.config_override]
+
+    logged = []
+    table, measured = _tune_int4_layer(experts, [3], 5, logged.append, timer=timer)
+    assert list(times.values()).count(1.0) == 1 and table[3] == shipped
+    assert measured["3"]["shipped"] == shipped_as and measured["3"]["best"] == shipped_as
+    assert f"shipped ({shipped_as}) 1.0" in logged[-1]
 
 
 def test_per_gemm_grid_changes_one_gemm_at_a_time():

@@ -293,7 +293,14 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_ge
         best = min(times, key=times.get)
         table[M] = cands[best]
         measured[str(M)] = {"best": best, "layer_us": {k: round(v, 2) for k, v in times.items()}}
-        log(f"  M={M}: {best} {cands[best]}  {times[best]:.1f} us (heuristic {times['heuristic']:.1f})")
+        against = f"heuristic {times['heuristic']:.1f}"
+        if shipped is not None:
+            # The shipped configuration, under the name it was timed as (a candidate timed before it if equal).
+            name = next((k for k, c in cands.items() if c == shipped.config), None)
+            measured[str(M)]["shipped"] = name
+            if name in times:
+                against += f", shipped ({name}) {times[name]:.1f}"
+        log(f"  M={M}: {best} {cands[best]}  {times[best]:.1f} us ({against})")
     return table, measured
 
 
