@@ -17,7 +17,8 @@ int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): th
 heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for
 both GEMMs (`wgmma_grid`), and then the best one's neighbours; with `--per-gemm`, then each GEMM's
 grid of split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
-The fastest is written.
+The fastest is written, with every candidate's time and the name the shipped configuration was
+timed under (`measured_us[M]`), so a rerun shows whether the winner beat what ships by more than noise.
 
 The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
 `moe_triton/configs/` to ship them.
