@@ -921,6 +921,26 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
         assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
 
 
+def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():
+    """Up to LAST_ARRIVAL_MAX_TOKENS tokens the layer's GEMMs are direct or finished by their last
+    contributor, which the wgmma kernel refuses: its tiles are not candidates there."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    q = int4_w4a16(64)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    timed = []
+
+    def timer(layer, rep_ms):
+        timed.append(experts.config_override)
+        return 1.0
+
+    few, many = LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1
+    _, measured = _tune_int4_layer(experts, [few, many], 5, lambda s: None, timer=timer, wgmma=True)
+    assert not any(k.startswith("wgmma:") for k in measured[str(few)]["layer_us"])
+    assert {k for k in measured[str(many)]["layer_us"] if k.startswith("wgmma:")} == set(wgmma_grid())
+    assert sum(c.gemm1.wgmma for c in timed) == len(wgmma_grid())
+
+
 def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
     """With --per-gemm a change to GEMM2 alone, which no both-GEMM neighbour makes, is found."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)

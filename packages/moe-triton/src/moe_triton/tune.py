@@ -15,7 +15,8 @@ int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): th
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
 (`quant_gemm.pick_config`), the configuration shipped for that shape and M (if any), the
 heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for
-both GEMMs (`wgmma_grid`), and then the best one's neighbours; with `--per-gemm`, then each GEMM's
+both GEMMs (`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs can run
+on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's
 grid of split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
 The fastest is written, with every candidate's time and the name the shipped configuration was
 timed under (`measured_us[M]`), so a rerun shows whether the winner beat what ships by more than noise.
@@ -244,6 +245,7 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_ge
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
     one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
+    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -282,7 +284,7 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_ge
         shipped = lookup_exact(experts.config_key, M)
         if shipped is not None:
             time_all({"shipped": shipped.config})
-        if wgmma:
+        if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
             time_all(wgmma_grid())
         first = min(times, key=times.get)
         if first != "heuristic":
@@ -404,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        "10 more layer timings per M); on the H100 it won at 8192 tokens (all five presets) and "
+                        "10 more layer timings per M above 8 tokens); on the H100 it won at 8192 tokens (all five presets) and "
                         "for mixtral-8x7b, qwen3-30b-a3b and qwen3-235b-a22b at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
