@@ -853,12 +853,17 @@ def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
         configs.reload()
 
 
+def _tuner_experts() -> TritonWna16Experts:
+    """A small fp16 int4 (group 64) layer with random weights, for the tuner's search."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=9))
+    return experts
+
+
 def test_int4_tuner_keeps_the_fastest_candidate():
     """The search and its record, with a stand-in timer (the real one replays CUDA graphs)."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    q = int4_w4a16(64)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    experts = _tuner_experts()
     runs = []
     base = experts.heuristic_config(3)
 
@@ -887,10 +892,7 @@ def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
     """The shipped configuration is timed once: under its own name, or under the candidate it equals."""
     import moe_triton.tune as tune
 
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    q = int4_w4a16(64)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    experts = _tuner_experts()
     base = experts.heuristic_config(3)
     split = quant_candidates(base)["split*2"]
     shipped = split if shipped_as == "split*2" else dataclasses.replace(
@@ -924,10 +926,7 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
 def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():
     """Up to LAST_ARRIVAL_MAX_TOKENS tokens the layer's GEMMs are direct or finished by their last
     contributor, which the wgmma kernel refuses: its tiles are not candidates there."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    q = int4_w4a16(64)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    experts = _tuner_experts()
     timed = []
 
     def timer(layer, rep_ms):
@@ -943,10 +942,7 @@ def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():
 
 def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
     """With --per-gemm a change to GEMM2 alone, which no both-GEMM neighbour makes, is found."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    q = int4_w4a16(64)
-    experts = TritonWna16Experts(cfg, q, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, q, seed=9))
+    experts = _tuner_experts()
     base = experts.heuristic_config(1)
 
     def timer(layer, rep_ms):

@@ -392,6 +392,8 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
 
 
 def main(argv: list[str] | None = None) -> int:
+    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
+
     p = argparse.ArgumentParser(prog="moe tune", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", nargs="*", default=None, help=f"model presets (default: {', '.join(DEFAULT_PRESETS)})")
     p.add_argument("--shape", nargs="*", default=[], help="extra shapes E,N,K,TOPK (SiLU-gated, no bias)")
@@ -406,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        "10 more layer timings per M above 8 tokens); on the H100 it won at 8192 tokens (all five presets) and "
+                        f"10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens); on the H100 it won at 8192 tokens (all five presets) and "
                         "for mixtral-8x7b, qwen3-30b-a3b and qwen3-235b-a22b at 2048")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
