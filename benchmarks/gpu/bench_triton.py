@@ -6,7 +6,10 @@ activations: time and floor only, the anchor tables have no such column): routin
 tokens), timed with triton.testing.do_bench (L2 flushed before every call; median). Ceilings are
 measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
 8192^3 bf16 matmul rate. floor = max(expected distinct experts' weight bytes / bandwidth,
-2*M*topk*3*N*K / matmul rate), expected distinct experts = E*(1-(1-topk/E)^M).
+2*M*topk*3*N*K / matmul rate), expected distinct experts = E*(1-(1-topk/E)^M). The SM clock is
+sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell are timed: a
+layer that runs tens of milliseconds reaches the board's power limit and slows its clock, while
+the ceiling's synchronized matmuls do not.
 
     python benchmarks/gpu/bench_triton.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4 mxfp4]
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +28,45 @@ import torch
 HERE = Path(__file__).parent
 PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
 MS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+class ClockSampler:
+    """Median SM clock (MHz) over a block, sampled every 5 ms from NVML (`torch.cuda.clock_rate`) on a
+    thread; `median` is None where NVML cannot be read (no pynvml, or not an NVIDIA GPU)."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.PERIOD_S):
+            self.samples.append(torch.cuda.clock_rate(self.device))
+
+    def __enter__(self) -> ClockSampler:
+        try:
+            self.samples.append(torch.cuda.clock_rate(self.device))
+        except Exception:  # no NVML here: the benchmark runs without clocks
+            return self
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self._thread is not None else None
+
+
+def _mhz(clock: float | None) -> str:
+    return f"{clock:.0f} MHz" if clock is not None else "n/a"
 
 
 def measure_ceilings() -> dict:
@@ -43,17 +86,18 @@ def measure_ceilings() -> dict:
     x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     times = []
-    for _ in range(23):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        x @ y
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+    with ClockSampler(x.device) as clock:
+        for _ in range(23):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            x @ y
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
     rate = 2 * 8192**3 / statistics.median(times[3:])
     del x, y
     torch.cuda.empty_cache()
-    return {"copy_bytes_per_s": copy_bw, "matmul_flop_per_s": rate}
+    return {"copy_bytes_per_s": copy_bw, "matmul_flop_per_s": rate, "matmul_sm_clock_mhz": clock.median}
 
 
 def floor_us(cfg, M: int, bytes_per_param: float, ceilings: dict) -> tuple[float, str]:
@@ -150,9 +194,10 @@ def bench_cell(layer_fn, cfg, M: int, dev, check) -> dict:
         graphs[turn[0] % sets].replay()
         turn[0] += 1
 
-    t = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
+    with ClockSampler(dev) as clock:
+        t = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
     graphs.clear()  # free the captured memory before the next cell
-    return {"us": t, "err": err, "distinct_experts": distinct}
+    return {"us": t, "err": err, "distinct_experts": distinct, "sm_clock_mhz": clock.median}
 
 
 def run(args) -> dict:
@@ -172,7 +217,8 @@ def run(args) -> dict:
     anchors = json.loads(anchor_file.read_text())["tables"] if "H100" in info.name or "H200" in info.name else {}
     ceilings = measure_ceilings()
     print(f"device {info.name}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-          f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
+          f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s at {_mhz(ceilings['matmul_sm_clock_mhz'])}",
+          flush=True)
     try:
         from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
         int4_note = ""
@@ -237,7 +283,8 @@ def run(args) -> dict:
                 cells.append(cell)
                 print(f"{name:16s} {dtype:5s} M={M:5d} {cell['us']:9.1f} us  floor {floor:8.1f} ({bound}) "
                       f"frac {cell['floor_fraction']:.2f}  vs anchor {cell.get('speedup_vs_anchor', 0):.2f}x "
-                      f"err {cell['err'] if cell['err'] is not None else '-'}", flush=True)
+                      f"err {cell['err'] if cell['err'] is not None else '-'}  SM {_mhz(cell['sm_clock_mhz'])}",
+                      flush=True)
             del experts, weights
             torch.cuda.empty_cache()
     return {"device": info.name, "capability": list(info.capability or ()), "torch": torch.__version__,
@@ -251,7 +298,8 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# moe-triton whole-layer benchmark on {result['device']}", "",
              f"torch {result['torch']}, triton {result['triton']}, started {result['started']}.", "",
              f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
-             f"8192^3 bf16 matmul {c['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s.", "",
+             f"8192^3 bf16 matmul {c['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s (median SM clock while it ran: "
+             f"{_mhz(c.get('matmul_sm_clock_mhz'))}).", "",
              result["protocol"], "",
              f"Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
              f"fastest anchor; anchors from {result['anchors']}, measured on the same kind of device).", ""]
@@ -265,16 +313,17 @@ def write_markdown(result: dict, path: Path) -> None:
             lines.append(f"- {x['model']}: skipped: {x['skipped']}")
         rows = [x for x in rows if "skipped" not in x]
         if rows:
-            lines += ["| model | M | floor us | time us (floor frac) | anchor us | vs anchor | err | config |",
-                      "|---|---|---|---|---|---|---|---|"]
+            lines += ["| model | M | floor us | time us (floor frac) | anchor us | vs anchor | err | SM clock "
+                      "| config |", "|---|---|---|---|---|---|---|---|---|"]
             for x in rows:
                 if "error" in x:
-                    lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} | error: {x['error']} | | | | |")
+                    lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} | error: {x['error']} | | | | | |")
                     continue
                 err = f"{x['err']:.1e}" if x.get("err") is not None else ""
                 lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} | {x['us']:.1f} "
                              f"({x['floor_fraction']:.2f}) | {x.get('anchor_us', '')} {x.get('anchor', '')} | "
-                             f"{x.get('speedup_vs_anchor', 0):.2f} | {err} | {x.get('config', '')} |")
+                             f"{x.get('speedup_vs_anchor', 0):.2f} | {err} | {_mhz(x.get('sm_clock_mhz'))} | "
+                             f"{x.get('config', '')} |")
         lines.append("")
     path.write_text("\n".join(lines))
 
