@@ -7,9 +7,9 @@ tokens), timed with triton.testing.do_bench (L2 flushed before every call; media
 measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
 8192^3 bf16 matmul rate. floor = max(expected distinct experts' weight bytes / bandwidth,
 2*M*topk*3*N*K / matmul rate), expected distinct experts = E*(1-(1-topk/E)^M). The SM clock is
-sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell are timed: a
-layer that runs tens of milliseconds reaches the board's power limit and slows its clock, while
-the ceiling's synchronized matmuls do not.
+sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell are timed: the
+heaviest layers reach the board's power limit within their timing window and run below the
+clock of the ceiling's short synchronized matmuls.
 
     python benchmarks/gpu/bench_triton.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4 mxfp4]
 """
