@@ -312,6 +312,9 @@ class _QuantTritonExperts(Experts):
             if split1 == 1:
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
+                # The zeroing launch costs 1.1-1.2 us of a one-token layer (H100); GEMM2 summing the
+                # K-splits' stored partials instead, which needs no zeroed memory, ran slower
+                # (benchmarks/results/decode_limits_session28_2026-11-22.md).
                 scratch1 = zeroed_int32(P * R + P * -(-R // c1.block_n), dev)
                 gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
                       gate_up_chunk=chunk, last_arrival=LastArrival(a2, scratch1[P * R:]))
