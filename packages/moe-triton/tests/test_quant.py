@@ -185,6 +185,34 @@ def test_one_token_gemm2_prefetches_on_gpu():
     assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
 
 
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "routing"), [
+    (int4_w4a16(128), Routing.softmax_topk(True)),
+    (fp8_w8a8("block"), Routing.deepseek_v3(num_expert_groups=4, topk_groups=2)),
+    (mxfp4_w4a16(), Routing.softmax_topk(True)),
+])
+def test_fused_layer_on_gpu(quant, routing):
+    """FusedMoE over the quantized Triton classes (route, then experts): its plan routes with
+    moe_triton's router, and the layer matches the reference at one token and at 40."""
+    from moe_core import FusedMoE
+    from moe_triton.routing import route
+
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=256, routing=routing,
+                    dtype=torch.bfloat16)
+    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
+    assert layer.plan.router is route, layer.plan.explain()
+    weights = ExpertWeights.random(cfg, quant, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    bias = (torch.randn(16, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
+    layer.load_weights(weights, correction_bias=bias)
+    for M in (1, 40):
+        x = torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(DEV)
+        logits = torch.randn(M, 16, generator=gen).to(DEV)
+        tw, ids = route_torch(logits, routing, 4, bias)
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+        assert rel_l2(layer(x, logits), ref) < 1e-2, M
+
+
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])
 @pytest.mark.parametrize("splits", [(1, 1), (2, 2)])
 def test_many_tokens_sums_finish_row_by_row_or_by_a_cast(splits, M):

@@ -186,6 +186,9 @@ class _Processor:
 
 class _QuantTritonExperts(Experts):
     backend = Backend.TRITON
+    # FusedMoE routes with the experts class's router: the one-launch Triton router, not moe_core's
+    # torch reference (several launches per call).
+    router = "moe_triton.routing:route"
     _qmode: ClassVar[QMode] = QMode.NONE
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
