@@ -1,8 +1,9 @@
 """Whole-layer benchmark of moe-triton on one GPU, with the anchors-h100.md protocol.
 
 Per model preset x M x {bf16, int4 W4A16} (and, with --dtypes mxfp4, MXFP4 weights with bf16
-activations: time and floor only, the anchor tables have no such column): routing (moe_triton.routing.route) + alignment + GEMM1
-+ activation + GEMM2 + top-k reduce, captured in CUDA graphs (8 rotating input sets, 2 above 512
+activations: time and floor only, the anchor tables have no such column): the layer as users run
+it, `moe_core.FusedMoE` on the triton backend (its experts class's router, alignment, GEMM1 +
+activation, GEMM2, top-k reduce), captured in CUDA graphs (8 rotating input sets, 2 above 512
 tokens), timed with triton.testing.do_bench (L2 flushed before every call; median). Ceilings are
 measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
 8192^3 bf16 matmul rate. floor = max(expected distinct experts' weight bytes / bandwidth,
@@ -161,32 +162,39 @@ def _reference_touched(x, w, cfg, tw, ti) -> torch.Tensor:
     return out
 
 
-def bench_cell(layer_fn, cfg, M: int, dev, check) -> dict:
+def correction_bias(cfg, dev) -> torch.Tensor | None:
+    """The layer's correction bias where its routing has one (DeepSeek-V3): small, so the routing stays
+    close to uniform, which the floor's expected count of distinct experts assumes (a 0.1 bias
+    concentrated DeepSeek's choices on fewer experts)."""
+    if not cfg.routing.has_correction_bias:
+        return None
+    return torch.randn(cfg.num_experts, device=dev, generator=torch.Generator(device=dev).manual_seed(0)) * 1e-3
+
+
+def bench_cell(layer_fn, cfg, M: int, dev, check, bias: torch.Tensor | None) -> dict:
+    """layer_fn(x, logits) timed over M tokens; `bias`: the correction bias it routes with (or None)."""
     from triton.testing import do_bench
 
     sets = 8 if M <= 512 else 2
     gen = torch.Generator(device=dev).manual_seed(M)
     inputs = [(torch.randn(M, cfg.hidden_size, device=dev, generator=gen, dtype=torch.bfloat16),
                torch.randn(M, cfg.num_experts, device=dev, generator=gen)) for _ in range(sets)]
-    # A small correction bias keeps the routing close to uniform, which the floor's expected count of
-    # distinct experts assumes (a 0.1 bias concentrated DeepSeek's choices on fewer experts).
-    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
     from moe_core.routing import route_torch
 
     distinct = statistics.mean(
         route_torch(logits, cfg.routing, cfg.top_k, bias)[1].unique().numel() for _, logits in inputs)
-    err = check(inputs[0][0], inputs[0][1], bias) if check is not None else None
+    err = check(inputs[0][0], inputs[0][1]) if check is not None else None
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for x, logits in inputs[:1]:
-            layer_fn(x, logits, bias)  # compiles and warms up outside the capture
+            layer_fn(x, logits)  # compiles and warms up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graphs = []
     for x, logits in inputs:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            layer_fn(x, logits, bias)
+            layer_fn(x, logits)
         graphs.append(g)
     turn = [0]
 
@@ -203,11 +211,11 @@ def bench_cell(layer_fn, cfg, M: int, dev, check) -> dict:
 def run(args) -> dict:
     import triton
 
+    from moe_core import FusedMoE
     from moe_core.backends import detect_device
+    from moe_core.oracle import BackendUnavailableError
     from moe_core.presets import get_preset
     from moe_core.routing import route_torch
-    from moe_triton.experts import TritonExperts
-    from moe_triton.routing import route
     from moe_triton.tune import random_int4_weights
 
     dev = torch.device("cuda")
@@ -219,54 +227,43 @@ def run(args) -> dict:
     print(f"device {info.name}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"matmul {ceilings['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s at {_mhz(ceilings['matmul_sm_clock_mhz'])}",
           flush=True)
-    try:
-        from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
-        int4_note = ""
-    except ImportError as exc:
-        TritonWna16Experts, int4_note = None, f"moe_triton.quantized not importable: {exc}"
     cells = []
     for name in args.preset:
         preset = get_preset(name)
         cfg = preset.config
+        bias = correction_bias(cfg, dev)
         for dtype in args.dtypes:
-            if dtype in ("int4", "mxfp4"):
-                if TritonWna16Experts is None:
-                    cells.append({"model": name, "dtype": dtype, "skipped": int4_note})
-                    continue
-                if dtype == "int4":
-                    quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
-                    cls, bpp = TritonWna16Experts, 0.5 + 2 / preset.int4_group_size
-                else:
-                    quant, weights = _mxfp4_weights(cfg, dev)
-                    cls, bpp = TritonMxfp4Experts, 0.5 + 1 / 32
+            if dtype == "int4":
+                quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
+                bpp = 0.5 + 2 / preset.int4_group_size
+            elif dtype == "mxfp4":
+                quant, weights = _mxfp4_weights(cfg, dev)
+                bpp = 0.5 + 1 / 32
             else:
                 quant, weights = _bf16_weights(cfg, dev)
-                cls, bpp = TritonExperts, 2.0
-            support = cls.supports(cfg, quant, info)
-            if not support:
-                cells.append({"model": name, "dtype": dtype, "skipped": f"{cls.__name__}: {support.reason}"})
+                bpp = 2.0
+            try:
+                layer = FusedMoE(cfg, quant, device=dev, prefer="triton")
+            except BackendUnavailableError as exc:
+                cells.append({"model": name, "dtype": dtype, "skipped": str(exc).splitlines()[0]})
                 continue
-            experts = cls(cfg, quant, info)
-            experts.load_weights(weights)
+            layer.load_weights(weights, correction_bias=bias)
+            experts = layer.experts
 
-            def layer(x, logits, bias, experts=experts, cfg=cfg):
-                tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
-                return experts.apply(x, tw, ti)
-
-            def check(x, logits, bias, experts=experts, cfg=cfg, weights=weights, dtype=dtype):
+            def check(x, logits, layer=layer, cfg=cfg, weights=weights, dtype=dtype, bias=bias):
                 if dtype != "bf16":
                     return None
                 tw, ti = route_torch(logits, cfg.routing, cfg.top_k, bias)
                 ref = _reference_touched(x, weights, cfg, tw, ti)
-                out = experts.apply(x, tw, ti).float()
+                out = layer(x, logits).float()
                 return float((out - ref).norm() / ref.norm())
 
             for M in args.m:
                 floor, bound = floor_us(cfg, M, bpp, ceilings)
                 cell = {"model": name, "dtype": dtype, "M": M, "floor_us": floor, "bound": bound,
-                        "experts": cls.__name__}
+                        "experts": experts.name(), "router": f"{layer.plan.router.__module__}.{layer.plan.router.__name__}"}
                 try:
-                    cell.update(bench_cell(layer, cfg, M, dev, check if M <= 512 else None))
+                    cell.update(bench_cell(layer, cfg, M, dev, check if M <= 512 else None, bias))
                 except Exception as exc:  # recorded in the results, never hidden
                     cell["error"] = f"{type(exc).__name__}: {exc}"[:300]
                     print(f"{name} {dtype} M={M}: {cell['error']}", flush=True)
@@ -285,11 +282,11 @@ def run(args) -> dict:
                       f"frac {cell['floor_fraction']:.2f}  vs anchor {cell.get('speedup_vs_anchor', 0):.2f}x "
                       f"err {cell['err'] if cell['err'] is not None else '-'}  SM {_mhz(cell['sm_clock_mhz'])}",
                       flush=True)
-            del experts, weights
+            del layer, experts, weights
             torch.cuda.empty_cache()
     return {"device": info.name, "capability": list(info.capability or ()), "torch": torch.__version__,
             "triton": triton.__version__, "started": args.started, "ceilings": ceilings, "cells": cells,
-            "int4_note": int4_note, "anchors": anchor_file.name if anchors else "none for this device",
+            "anchors": anchor_file.name if anchors else "none for this device",
             "protocol": __doc__.split("\n\n")[1].replace("\n", " ")}
 
 
@@ -308,6 +305,9 @@ def write_markdown(result: dict, path: Path) -> None:
         if not rows:
             continue
         lines += [f"## {dtype}", ""]
+        layers = sorted({f"{x['experts']}, routed by {x['router']}" for x in rows if "router" in x})
+        if layers:
+            lines += [f"Layer: FusedMoE with {'; '.join(layers)}.", ""]
         skipped = [x for x in rows if "skipped" in x]
         for x in skipped:
             lines.append(f"- {x['model']}: skipped: {x['skipped']}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -81,7 +82,8 @@ def main(argv=None) -> int:
             times = {"untiled": [], "tile": []}
             for layout in ("untiled", "tile", "untiled", "tile"):
                 use(layout)
-                times[layout].append(bench_cell(layer, cfg, M, dev, None)["us"])
+                routed = partial(layer, bias=bias)
+                times[layout].append(bench_cell(routed, cfg, M, dev, None, bias)["us"])
             row = {"model": name, "dtype": args.dtype, "M": M, "config": str(experts.config_for(M)),
                    "rel_diff": err, "untiled_us": min(times["untiled"]), "tile_us": min(times["tile"]),
                    "times": times}
