@@ -10,6 +10,7 @@ from moe_core.experts import UNQUANTIZED, Capability, SchemeSupport
 from moe_core.plugins import BackendSpec, ExpertsRef
 from moe_core.quant import Granularity, QuantDType
 from moe_core.reference import ReferenceExperts
+from moe_core.routing import route_torch
 from moe_core.weights.processor import PackedWeights
 
 
@@ -27,6 +28,17 @@ class FakeCpuExperts(ReferenceExperts):
     weight_processor = _Canonical()
     capability = Capability(platforms=frozenset({Platform.CPU}), schemes=(UNQUANTIZED,),
                             activations=frozenset({ActivationKind.SILU}))
+
+
+def inverted_router(router_logits, routing, top_k, correction_bias=None):
+    """A router that disagrees with route_torch: it picks the lowest scores."""
+    return route_torch(-router_logits, routing, top_k, correction_bias)
+
+
+class FakeCpuInvertedRouterExperts(FakeCpuExperts):
+    """FakeCpuExperts naming a router of its own, which a conformance run must expose."""
+
+    router = "_fake_backends:inverted_router"
 
 
 class FakeCpuInt4Experts(ReferenceExperts):

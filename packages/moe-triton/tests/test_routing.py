@@ -113,20 +113,16 @@ def test_kernel_compiles_for_hopper():
 
 
 def test_fused_layers_of_every_triton_class_route_with_this_router():
-    """FusedMoE routes with its plan's router, the one its experts class names (`Plan.router`). Every
-    class this distribution registers names this one; the quantized classes once named none, so
-    int4, fp8 and mxfp4 layers routed with moe_core's torch reference, several launches per call."""
-    from moe_core.backends import DeviceInfo, Platform
-    from moe_core.config import MoEConfig
-    from moe_core.oracle import Plan
+    """FusedMoE (and the conformance suite) route with the router an experts class names
+    (`oracle.router_of`). Every class this distribution registers names this one; the quantized
+    classes once named none, so int4, fp8 and mxfp4 layers routed with moe_core's torch reference,
+    several launches per call."""
+    from moe_core.oracle import router_of
     from moe_core.plugins import registry
-    from moe_core.quant import unquantized
     from moe_triton._plugin import backend_spec
 
     classes = [registry().resolve(ref) for ref in backend_spec().experts]
     assert {cls.__name__ for cls in classes} == {"TritonExperts", "TritonWna16Experts", "TritonFp8Experts",
                                                 "TritonMxfp4Experts"}
-    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
     for cls in classes:
-        plan = Plan(cfg, unquantized(), DeviceInfo(Platform.CUDA, 0, "H100", (9, 0)), "triton", cls, (), True)
-        assert plan.router is route, cls.__name__
+        assert router_of(cls) is route, cls.__name__

@@ -19,7 +19,7 @@ from moe_core.plugins import ExpertsRef, PluginState, PluginStatus, Registry, re
 from moe_core.quant import MoEQuantConfig, unquantized
 from moe_core.routing import route_torch
 
-__all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "select"]
+__all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "router_of", "select"]
 
 ENV_BACKEND = "MOE_BACKEND"
 _BUILTIN = (ExpertsRef(Backend.REFERENCE.value, "moe_core.reference:ReferenceExperts"),)
@@ -63,11 +63,7 @@ class Plan:
 
     @property
     def router(self) -> Callable:
-        path = self.experts_cls.router
-        if path is None:
-            return route_torch
-        module, _, name = path.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return router_of(self.experts_cls)
 
     def make_experts(self) -> Experts:
         """A fresh experts instance: one per layer, never shared."""
@@ -86,6 +82,16 @@ class Plan:
         return {"backend": self.backend, "experts": self.experts_cls.name(), "forced": self.forced,
                 "weight_layout": self.weight_layout, "device": str(self.device), "quant": self.quant.name,
                 "config": self.config.describe(), "candidates": [c.to_dict() for c in self.candidates]}
+
+
+def router_of(experts_cls: type[Experts]) -> Callable:
+    """The router a layer of a modular experts class routes with: the one the class names
+    (`Experts.router`), else moe_core's `route_torch`."""
+    path = experts_cls.router
+    if path is None:
+        return route_torch
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:

@@ -15,7 +15,7 @@ import torch
 from moe_core.backends import DeviceInfo, detect_device
 from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
 from moe_core.experts import Experts
-from moe_core.oracle import BackendUnavailableError, select
+from moe_core.oracle import BackendUnavailableError, router_of, select
 from moe_core.plugins import PluginState, registry
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
 from moe_core.reference import ReferenceExperts, reference_moe
@@ -120,9 +120,12 @@ def _layer_inputs(case: Case, m: int, seed: int):
 
 
 def _run(experts: Experts, case: Case, x, logits, bias) -> torch.Tensor:
+    """The layer as `FusedMoE` runs it: a monolithic kernel routes itself; a modular one gets the
+    choices of its class's router (`oracle.router_of`), which must equal `route_torch`'s, from
+    which the reference is computed."""
     if experts.monolithic:
         return experts.apply_monolithic(x, logits, bias)
-    w, ids = route_torch(logits, case.config.routing, case.config.top_k, bias)
+    w, ids = router_of(type(experts))(logits, case.config.routing, case.config.top_k, bias)
     return experts.apply(x, w, ids)
 
 
