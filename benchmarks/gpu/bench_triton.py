@@ -249,6 +249,7 @@ def run(args) -> dict:
                 continue
             layer.load_weights(weights, correction_bias=bias)
             experts = layer.experts
+            router = f"{layer.plan.router.__module__}.{layer.plan.router.__name__}"
 
             def check(x, logits, layer=layer, cfg=cfg, weights=weights, dtype=dtype, bias=bias):
                 if dtype != "bf16":
@@ -261,7 +262,7 @@ def run(args) -> dict:
             for M in args.m:
                 floor, bound = floor_us(cfg, M, bpp, ceilings)
                 cell = {"model": name, "dtype": dtype, "M": M, "floor_us": floor, "bound": bound,
-                        "experts": experts.name(), "router": f"{layer.plan.router.__module__}.{layer.plan.router.__name__}"}
+                        "experts": experts.name(), "router": router}
                 try:
                     cell.update(bench_cell(layer, cfg, M, dev, check if M <= 512 else None, bias))
                 except Exception as exc:  # recorded in the results, never hidden
