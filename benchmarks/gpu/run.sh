@@ -38,7 +38,7 @@ for phase in "$@"; do
     tests)
       # Device-marked tests (Triton kernels at real shapes, transformers parity on cuda), then the
       # moe-core conformance suite against every moe-triton experts class on this GPU.
-      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device \
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=10 -m device \
         "$ROOT/packages/moe-triton/tests" "$ROOT/integration/test_transformers_parity.py"
       rc=$?
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \

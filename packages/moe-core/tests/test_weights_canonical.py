@@ -91,6 +91,33 @@ def test_random_weights_have_the_real_shape():
     assert torch.equal(ExpertWeights.random(cfg, mxfp4_w4a16(), seed=1).w13, w.w13)
 
 
+def _tensors(w: ExpertWeights) -> dict[str, torch.Tensor]:
+    return {f.name: getattr(w, f.name) for f in dataclasses.fields(w) if isinstance(getattr(w, f.name), torch.Tensor)}
+
+
+@pytest.mark.parametrize("quant", [int4_w4a16(32, act_order=True), fp8_w8a8("block"), unquantized()],
+                         ids=["int4-act-order", "fp8-block", "bf16"])
+def test_random_weights_on_a_named_device(quant):
+    cfg = MoEConfig(3, 2, 256, 128, has_bias=True)
+    default = ExpertWeights.random(cfg, quant, seed=2)
+    named = ExpertWeights.random(cfg, quant, seed=2, device=torch.device("cpu"))
+    assert {k: torch.equal(t, _tensors(named)[k]) for k, t in _tensors(default).items()} == dict.fromkeys(
+        _tensors(default), True)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("quant", [int4_w4a16(32, act_order=True), mxfp4_w4a16(), fp8_w8a8("block")],
+                         ids=["int4-act-order", "mxfp4", "fp8-block"])
+def test_random_weights_drawn_on_the_gpu(quant):
+    """Drawn and quantized on the GPU: every tensor lives there, and dequantizes close to its draw's scale."""
+    cfg = MoEConfig(3, 2, 256, 128, activation=Activation.swiglu_oai(), has_bias=True)
+    w = ExpertWeights.random(cfg, quant, seed=2, device="cuda")
+    w.validate(cfg, quant)
+    assert {t.device.type for t in _tensors(w).values()} == {"cuda"}
+    d13, _ = w.dequantize()
+    assert 0.5 < float(d13.float().std() * 256**0.5) < 1.5  # drawn N(0, 1 / fan_in)
+
+
 @pytest.mark.parametrize("mutate, quant, match", [
     (lambda w: dataclasses.replace(w, w13=w.w13[:, :-1]), int4_w4a16(64), r"w13 has shape \[4, 255, 128\], expected \[4, 256, 128\]"),
     (lambda w: dataclasses.replace(w, w2=w.w2.to(torch.int32)), int4_w4a16(64), r"w2 has dtype torch.int32, expected torch.uint8"),

@@ -1,6 +1,7 @@
 """`TritonExperts` against the fp32 reference, its GEMM against the torch twin, and the plugin glue."""
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -36,11 +37,13 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def make_layer(cfg: MoEConfig, device: torch.device, gen: torch.Generator, tiles: KernelConfig | None = TINY):
+    """The layer's weights drawn on gen's device (a GPU draws real shapes in a fraction of the CPU's time)."""
     E, R, K, N = cfg.num_local_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size_per_partition
-    w13 = torch.randn(E, R, K, generator=gen) / K**0.5
-    w2 = torch.randn(E, K, N, generator=gen) / N**0.5
-    b13 = torch.randn(E, R, generator=gen) * 0.1 if cfg.has_bias else None
-    b2 = torch.randn(E, K, generator=gen) * 0.1 if cfg.has_bias else None
+    draw = functools.partial(torch.randn, generator=gen, device=gen.device)
+    w13 = draw(E, R, K) / K**0.5
+    w2 = draw(E, K, N) / N**0.5
+    b13 = draw(E, R) * 0.1 if cfg.has_bias else None
+    b2 = draw(E, K) * 0.1 if cfg.has_bias else None
     weights = ExpertWeights.from_float(w13, w2, unquantized(), b13, b2, dtype=cfg.dtype).to(device)
     info = DeviceInfo(Platform.CPU) if device.type == "cpu" else DeviceInfo(
         Platform.CUDA, device.index or 0, torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
@@ -51,11 +54,12 @@ def make_layer(cfg: MoEConfig, device: torch.device, gen: torch.Generator, tiles
 
 
 def run_and_compare(cfg: MoEConfig, M: int, device: torch.device, seed: int, tiles=TINY, tol=None) -> float:
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     experts, weights = make_layer(cfg, device, gen, tiles)
-    x = torch.randn(M, cfg.hidden_size, generator=gen).to(cfg.dtype).to(device)
-    logits = torch.randn(M, cfg.num_experts, generator=gen).to(device)
-    bias = torch.randn(cfg.num_experts, generator=gen).to(device) * 0.1 if cfg.routing.has_correction_bias else None
+    draw = functools.partial(torch.randn, generator=gen, device=device)
+    x = draw(M, cfg.hidden_size).to(cfg.dtype)
+    logits = draw(M, cfg.num_experts)
+    bias = draw(cfg.num_experts) * 0.1 if cfg.routing.has_correction_bias else None
     tw, ti = route_torch(logits, cfg.routing, cfg.top_k, bias)
     out = experts.apply(x, tw, ti)
     assert out.shape == (M, cfg.hidden_size) and out.dtype == cfg.dtype

@@ -67,7 +67,7 @@ def _run(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, to
                     activation=activation or Activation.silu(), routing=routing or Routing.softmax_topk(True),
                     dtype=dtype, parallel=parallel or ParallelConfig(), has_bias=bias)
     assert cls.supports(cfg, quant, DEVICE), cls.supports(cfg, quant, DEVICE).reason
-    weights = ExpertWeights.random(cfg, quant, seed=seed)
+    weights = ExpertWeights.random(cfg, quant, seed=seed, device=DEV)
     experts = cls(cfg, quant, RUN_ON)
     experts.config_override = override
     experts.load_weights(weights)
@@ -173,7 +173,7 @@ def test_one_token_gemm2_prefetches_on_gpu():
     cfg = MoEConfig(num_experts=8, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16,
                     parallel=ParallelConfig(ep_size=2, ep_rank=1))
     quant = int4_w4a16(128)
-    weights = ExpertWeights.random(cfg, quant, seed=3)
+    weights = ExpertWeights.random(cfg, quant, seed=3, device=DEV)
     experts = TritonWna16Experts(cfg, quant, RUN_ON)
     experts.load_weights(weights)
     experts.config_override = _splits(2, 2)
@@ -201,7 +201,7 @@ def test_fused_layer_on_gpu(quant, routing):
                     dtype=torch.bfloat16)
     layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
     assert layer.plan.router is route, layer.plan.explain()
-    weights = ExpertWeights.random(cfg, quant, seed=11)
+    weights = ExpertWeights.random(cfg, quant, seed=11, device=DEV)
     gen = torch.Generator().manual_seed(12)
     bias = (torch.randn(16, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
     layer.load_weights(weights, correction_bias=bias)
@@ -285,7 +285,7 @@ def test_processor_interleaves_gated_w13_rows():
     for activation, interleaved in ((Activation.silu(), True), (Activation.relu2(), False)):
         cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=128, intermediate_size=128, activation=activation,
                         dtype=torch.float16, has_bias=True)
-        weights = ExpertWeights.random(cfg, q, seed=2)
+        weights = ExpertWeights.random(cfg, q, seed=2, device=DEV)
         experts = TritonWna16Experts(cfg, q, RUN_ON)
         experts.load_weights(weights)
         canonical = weights.dequantize()[0].to(DEV)  # [E, R, K]
@@ -323,7 +323,7 @@ def test_refusals_name_the_reason():
     blk = MoEConfig(num_experts=4, top_k=2, hidden_size=192, intermediate_size=128, dtype=torch.bfloat16)
     assert "divisible by 128" in TritonFp8Experts.supports(blk, fp8_w8a8("block"), DEVICE).reason
     experts = TritonWna16Experts(cfg, int4_w4a16(128), RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(128)))
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(128), device=DEV))
     x = torch.randn(3, 100, dtype=torch.float16, device=DEV)
     with pytest.raises(ValueError, match="hidden_states must be"):
         experts.apply(x, torch.rand(3, 2, device=DEV), torch.zeros(3, 2, dtype=torch.int32, device=DEV))
@@ -379,7 +379,7 @@ def _routed_counts_layer(counts, quant, launch: QuantKernelConfig, K=256, N=128,
                          cls=TritonWna16Experts):
     """(layer output, fp32 reference) with top-1 routing that gives expert e exactly counts[e] tokens."""
     cfg = MoEConfig(num_experts=len(counts), top_k=1, hidden_size=K, intermediate_size=N, dtype=dtype)
-    weights = ExpertWeights.random(cfg, quant, seed=seed)
+    weights = ExpertWeights.random(cfg, quant, seed=seed, device=DEV)
     experts = cls(cfg, quant, RUN_ON)
     experts.config_override = launch
     experts.load_weights(weights)
@@ -486,7 +486,7 @@ def _gemm1_operand(quant, K: int, seed: int):
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
     cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
     experts = cls(cfg, quant, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, quant, seed=seed))
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=seed, device=DEV))
     return experts._operand("w13", 256, K)
 
 
@@ -656,7 +656,7 @@ def _int4_bf16_layer(seed: int):
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
     q = int4_w4a16(128)
     experts = TritonWna16Experts(cfg, q, RUN_ON)
-    weights = ExpertWeights.random(cfg, q, seed=seed)
+    weights = ExpertWeights.random(cfg, q, seed=seed, device=DEV)
     experts.load_weights(weights)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(16, 256, generator=gen).to(torch.bfloat16).to(DEV)
@@ -763,7 +763,7 @@ def test_wgmma_gemm_with_expert_parallel_on_gpu():
 def test_int4_gemm_refuses_unswapped():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1))
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1, device=DEV))
     experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
     x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
     ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
@@ -856,7 +856,7 @@ def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     q = int4_w4a16(64, zero_point=True)
     experts = TritonWna16Experts(cfg, q, RUN_ON)
-    weights = ExpertWeights.random(cfg, q, seed=7)
+    weights = ExpertWeights.random(cfg, q, seed=7, device=DEV)
     experts.load_weights(weights)
     assert experts.config_key.kernel == "wna16-int4-g64-zp"
     assert experts.config_for(5).source == "default"
@@ -885,7 +885,7 @@ def _tuner_experts() -> TritonWna16Experts:
     """A small fp16 int4 (group 64) layer with random weights, for the tuner's search."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=9))
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=9, device=DEV))
     return experts
 
 
@@ -1031,7 +1031,7 @@ def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
     E = min(p.config.num_experts, 16)
     quant = int4_w4a16(p.int4_group_size)
     cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
-    weights = ExpertWeights.random(cfg, quant, seed=M)
+    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
     experts = TritonWna16Experts(cfg, quant, RUN_ON)
     experts.load_weights(weights)
     experts.config_override = tuned

@@ -20,6 +20,7 @@ Dequantization: value = (code - zero) * scale, zero = 2**(bits-1) when symmetric
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -203,20 +204,24 @@ class ExpertWeights:
 
     @staticmethod
     def random(config: MoEConfig, quant: MoEQuantConfig, seed: int = 0,
-               progress: Callable[[int, int], None] | None = None) -> ExpertWeights:
+               progress: Callable[[int, int], None] | None = None,
+               device: torch.device | str = "cpu") -> ExpertWeights:
         """Weights of `config`'s real shape, drawn N(0, 1/fan_in) and quantized expert by expert.
 
         Memory stays near the final size: one expert is drawn in fp32 at a time.
-        `progress(done, total)` is called after each expert.
+        `progress(done, total)` is called after each expert. `device`: where they are drawn and
+        quantized, and live (a GPU draws a real-shape layer in a fraction of the CPU's time); one
+        seed draws other weights on another kind of device.
         """
         E, R, K, N = config.num_local_experts, config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        draw = functools.partial(torch.randn, generator=gen, device=gen.device)
         parts: list[ExpertWeights] = []
         for e in range(E):
-            w13 = torch.randn(1, R, K, generator=gen) * K ** -0.5
-            w2 = torch.randn(1, K, N, generator=gen) * N ** -0.5
-            b13 = torch.randn(1, R, generator=gen) * 0.1 if config.has_bias else None
-            b2 = torch.randn(1, K, generator=gen) * 0.1 if config.has_bias else None
+            w13 = draw(1, R, K) * K ** -0.5
+            w2 = draw(1, K, N) * N ** -0.5
+            b13 = draw(1, R) * 0.1 if config.has_bias else None
+            b2 = draw(1, K) * 0.1 if config.has_bias else None
             gi = None
             if quant.weight.act_order:
                 g = quant.weight.group_size
@@ -283,7 +288,7 @@ def _expand(per_group: torch.Tensor, key: QuantKey, rows: int, cols: int,
 
 def _random_g_idx(k: int, group_size: int, gen: torch.Generator) -> torch.Tensor:
     """An act-order assignment: each group still holds `group_size` channels, in shuffled positions."""
-    return (torch.randperm(k, generator=gen) // group_size).to(torch.int32)
+    return (torch.randperm(k, generator=gen, device=gen.device) // group_size).to(torch.int32)
 
 
 def quantize_expert_tensor(w: torch.Tensor, key: QuantKey, g_idx: torch.Tensor | None = None
