@@ -50,8 +50,10 @@ def main() -> None:
     logits = torch.randn(args.m, cfg.num_experts, device=dev, generator=gen)
     bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
     for _ in range(2):
-        tw, ids = route(logits, cfg.routing, cfg.top_k, bias)
-        experts.apply(x, tw, ids)
+        if experts.monolithic:  # as FusedMoE calls it: the experts route
+            experts.apply_monolithic(x, logits, bias)
+        else:
+            experts.apply(x, *route(logits, cfg.routing, cfg.top_k, bias))
     torch.cuda.synchronize()
     print(f"{args.preset} {args.dtype} M={args.m}: {experts.config_for(args.m) if args.dtype == 'int4' else ''}")
 

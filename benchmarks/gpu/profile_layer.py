@@ -99,8 +99,9 @@ def main(argv=None) -> int:
             del weights
 
             def layer(x, logits, bias, experts=experts, cfg=cfg):
-                tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
-                return experts.apply(x, tw, ti)
+                if experts.monolithic:  # as FusedMoE calls it: the experts route
+                    return experts.apply_monolithic(x, logits, bias)
+                return experts.apply(x, *route(logits, cfg.routing, cfg.top_k, bias))
 
             for M in args.m:
                 rows, span = profile_cell(layer, cfg, M, dev, args.graph)

@@ -165,6 +165,56 @@ def test_zeroing_launch_clears_its_buffer(monkeypatch):
     assert buf.shape == (2500,) and buf.dtype == torch.int32 and not buf.any()
 
 
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16())])
+@pytest.mark.parametrize("M", [1, LAST_ARRIVAL_MAX_TOKENS])
+@pytest.mark.parametrize("splits", [(2, 1), (4, 3)])
+def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, splits):
+    """FusedMoE's call (`apply_monolithic`): a split GEMM1's last-arrival sums are cleared by the
+    routing launch, with no zeroing launch of their own (made to fail here), though every new
+    buffer holds garbage; the layer matches the reference routed by route_torch."""
+    from moe_triton import quantized
+
+    cfg = MoEConfig(num_experts=6, top_k=3, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
+                    has_bias=True, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    experts = cls(cfg, quant, RUN_ON)
+    assert experts.monolithic
+    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
+    experts.load_weights(weights)
+    experts.config_override = _splits(*splits)
+    gen = torch.Generator().manual_seed(M + 1)
+    x = torch.randn(M, 512, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(M, 6, generator=gen).to(DEV)
+    assert experts._gemm1_sums_numel(M) > 0
+
+    def no_zeroing_launch(numel, device):
+        raise AssertionError("a zeroing launch of its own")
+
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x5A)
+        return t
+
+    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
+    monkeypatch.setattr(torch, "empty", garbage)
+    out = experts.apply_monolithic(x, logits, None)
+    monkeypatch.undo()
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_routing_inside_the_experts_checks_its_rows():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    quant = int4_w4a16(128)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=0, device=DEV))
+    x = torch.randn(3, 128, device=DEV).to(torch.float16)
+    with pytest.raises(ValueError, match=r"router_logits must be \[3, 4\] \(a row per token of hidden_states\)"):
+        experts.apply_monolithic(x, torch.randn(2, 4, device=DEV), None)
+
+
 @pytest.mark.device("cuda")
 def test_one_token_gemm2_prefetches_on_gpu():
     """With dependent launches (Hopper and later), the one-token GEMM2 asks L2 for its first K tiles
@@ -192,8 +242,8 @@ def test_one_token_gemm2_prefetches_on_gpu():
     (mxfp4_w4a16(), Routing.softmax_topk(True)),
 ])
 def test_fused_layer_on_gpu(quant, routing):
-    """FusedMoE over the quantized Triton classes (route, then experts): its plan routes with
-    moe_triton's router, and the layer matches the reference at one token and at 40."""
+    """FusedMoE over the quantized Triton classes (the experts route, `apply_monolithic`): its plan
+    names moe_triton's router, and the layer matches the reference at one token and at 40."""
     from moe_core import FusedMoE
     from moe_triton.routing import route
 
@@ -211,6 +261,38 @@ def test_fused_layer_on_gpu(quant, routing):
         tw, ids = route_torch(logits, routing, 4, bias)
         ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
         assert rel_l2(layer(x, logits), ref) < 1e-2, M
+
+
+@pytest.mark.device("cuda")
+def test_one_token_split_layer_launches_on_gpu():
+    """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
+    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from moe_core import FusedMoE
+    from moe_triton.routing import route
+
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16)
+    quant = int4_w4a16(128)
+    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
+    layer.load_weights(ExpertWeights.random(cfg, quant, seed=5, device=DEV))
+    layer.experts.config_override = _splits(2, 2)
+    x = torch.randn(1, 512, device=DEV).to(torch.bfloat16)
+    logits = torch.randn(1, 16, device=DEV)
+
+    def kernels(call) -> list[str]:
+        call()  # compiled before the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        return sorted(e.name for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+    fused = kernels(lambda: layer(x, logits))
+    apart = kernels(lambda: layer.experts.apply(x, *route(logits, cfg.routing, cfg.top_k)))
+    assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
+    assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
 
 
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])

@@ -64,6 +64,29 @@ def test_ties_go_to_the_lower_expert(routing, device):
     torch.testing.assert_close(w, scores.gather(1, expected), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("M", "numel"), [(1, 2500), (1030, 7), (0, 300)])
+def test_clears_a_buffer_beside_routing(M, numel, device):
+    """`zero`: programs of the routing launch beside the routing's fill a buffer that held garbage
+    with zeros, past its last whole block too, and the routing is unchanged (one program of rows
+    at one token, many at 1030, none at zero tokens)."""
+    routing, E, k = ROUTINGS["deepseek-v3"]
+    gen = torch.Generator().manual_seed(numel)
+    logits = (torch.randn(M, E, generator=gen) * 2).to(device)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(device)
+    buf = torch.full((numel,), 0x5A5A5A5A, dtype=torch.int32, device=device)
+    w, ids = route(logits, routing, k, bias, zero=buf)
+    assert not buf.any()
+    w_ref, ids_ref = route(logits, routing, k, bias)
+    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+
+
+def test_rejects_a_buffer_it_cannot_clear(device):
+    logits = torch.randn(4, 8, device=device)
+    for buf in (torch.ones(16, device=device), torch.ones(16, 2, dtype=torch.int32, device=device)[:, 0]):
+        with pytest.raises(ValueError, match="zero must be a contiguous int32 tensor"):
+            route(logits, Routing.softmax_topk(True), 2, zero=buf)
+
+
 def test_rejects_bad_input(device):
     logits = torch.randn(4, 8, device=device)
     with pytest.raises(ValueError, match="top_k"):
@@ -94,13 +117,14 @@ def test_deepseek_and_qwen_shapes_on_gpu(M):
 _COMPILE_ROUTE = """
 from moe_triton._details.offline import compile_kernel
 from moe_triton._details.routing_kernels import _route_kernel
-ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "zero_ptr": "*i32",
         "renormalize_eps": "fp32", "scaling": "fp32"}
 for grouped in (False, True):
     compile_kernel(_route_kernel, dict(TOP_K=8, K_P2=8, SOFTMAX=not grouped, HAS_BIAS=grouped, GROUPS=8 if grouped else 1,
                                        G_P2=8 if grouped else 1, PER_GROUP=32 if grouped else 128,
                                        PG_P2=32 if grouped else 128, TOPK_GROUPS=4 if grouped else 1,
-                                       RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, LAUNCH_DEPENDENTS=True), ptrs,
+                                       RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, ZERO_BLOCK=1024 if grouped else 0,
+                                       LAUNCH_DEPENDENTS=True), ptrs,
                    num_warps=1)
 print("built")
 """
@@ -108,7 +132,8 @@ print("built")
 
 def test_kernel_compiles_for_hopper():
     """Triton's compiler on the router for sm_90 with its dependent-launch trigger, which the
-    interpreter never runs (in a child process, since this module may interpret the kernel)."""
+    interpreter never runs, with and without its zeroing programs (in a child process, since this
+    module may interpret the kernel)."""
     assert run_compiler_script(_COMPILE_ROUTE).split() == ["built"]
 
 

@@ -10,9 +10,10 @@ interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_
 each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
 also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
 GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
-route, align (not for one token), GEMM1, GEMM2, and a zeroing launch when GEMM1 is split, is the
-whole layer; more tokens take a cast launch after GEMM2, or the reduce from `ROWS_SUM_MIN_PAIRS`
-pairs (and the activation launch after a split GEMM1).
+route, align (not for one token), GEMM1 and GEMM2 is the whole layer. A split GEMM1's sums must
+start at zero: the routing launch clears them when FusedMoE routes (`apply_monolithic`), a launch
+of their own when the caller routed (`apply`). More tokens take a cast launch after GEMM2, or the
+reduce from `ROWS_SUM_MIN_PAIRS` pairs (and the activation launch after a split GEMM1).
 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
 (programmatic dependent launch), so their launch latency hides behind it; for one token, int4
@@ -51,6 +52,7 @@ from moe_triton._details.quant_gemm import (
 )
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, GemmConfig, Lookup, QuantKernelConfig, device_tag, lookup_exact
+from moe_triton.routing import route
 
 __all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
 
@@ -186,8 +188,9 @@ class _Processor:
 
 class _QuantTritonExperts(Experts):
     backend = Backend.TRITON
-    # FusedMoE routes with the experts class's router: the one-launch Triton router, not moe_core's
-    # torch reference (several launches per call).
+    # FusedMoE hands the router logits to `apply_monolithic`, which routes with the one-launch Triton
+    # router (`router`, also what the oracle names), not moe_core's torch reference (several launches).
+    monolithic = True
     router = "moe_triton.routing:route"
     _qmode: ClassVar[QMode] = QMode.NONE
 
@@ -246,6 +249,38 @@ class _QuantTritonExperts(Experts):
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
+        return self._apply(hidden_states, topk_weights, topk_ids, None)
+
+    def apply_monolithic(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+                         correction_bias: torch.Tensor | None) -> torch.Tensor:
+        """FusedMoE's call: route with `moe_triton.routing.route`, then `apply`. Where a split GEMM1
+        finishes its sums by last arrival (up to LAST_ARRIVAL_MAX_TOKENS tokens), the routing launch
+        also clears those sums: one launch fewer than routing apart."""
+        cfg = self.config
+        if router_logits.dim() != 2 or router_logits.shape[0] != hidden_states.shape[0]:
+            raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token "
+                             f"of hidden_states), got {list(router_logits.shape)}")
+        numel = self._gemm1_sums_numel(router_logits.shape[0])
+        sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
+        topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums)
+        return self._apply(hidden_states, topk_weights, topk_ids, sums)
+
+    def _gemm1_sums_numel(self, num_tokens: int) -> int:
+        """int32 elements of the sums and arrival counts, zero on entry, that a GEMM1 split over K
+        finishes by last arrival at this many tokens; 0 where GEMM1 needs none."""
+        cfg = self.config
+        if self._qmode is not QMode.NONE or not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS:
+            return 0
+        gemm1 = self.config_for(num_tokens).config.gemm1
+        if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1:
+            return 0
+        pairs, rows = num_tokens * cfg.top_k, cfg.w13_rows
+        return pairs * rows + pairs * -(-rows // gemm1.block_n)
+
+    def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               gemm1_sums: torch.Tensor | None) -> torch.Tensor:
+        """gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch), or
+        None: zeroed here where GEMM1 needs them."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
@@ -315,10 +350,13 @@ class _QuantTritonExperts(Experts):
             if split1 == 1:
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
-                # The zeroing launch costs 1.1-1.2 us of a one-token layer (H100); GEMM2 summing the
-                # K-splits' stored partials instead, which needs no zeroed memory, ran slower
+                # A zeroing launch costs 1.1-1.2 us of a one-token layer (H100): FusedMoE's routing
+                # launch clears these sums instead (`apply_monolithic`). GEMM2 summing the K-splits'
+                # stored partials, which needs no zeroed memory, ran slower
                 # (benchmarks/results/decode_limits_session28_2026-11-22.md).
-                scratch1 = zeroed_int32(P * R + P * -(-R // c1.block_n), dev)
+                numel = P * R + P * -(-R // c1.block_n)
+                scratch1 = gemm1_sums if gemm1_sums is not None else zeroed_int32(numel, dev)
+                assert scratch1.numel() == numel, (scratch1.numel(), numel)
                 gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
                       gate_up_chunk=chunk, last_arrival=LastArrival(a2, scratch1[P * R:]))
             a2_scale = None

@@ -20,17 +20,37 @@ _TILE = 2048
 _MIN_PROGRAMS = 256
 
 
+# int32 elements each zeroing program clears (`launch_route`'s zero).
+_ZERO_BLOCK = 1024
+
+
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m,
+def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, M, stride_m, zero_numel,
                   renormalize_eps, scaling,
                   TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
                   GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                   TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+                  BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     if LAUNCH_DEPENDENTS:
         # The dependent launch behind (alignment, or a one-token GEMM1) may start now: it waits for
         # this kernel's results itself (`moe_triton._details.pdl`).
         gdc_launch_dependents()
+    route_programs = tl.cdiv(M, BLOCK_M)
+    if tl.program_id(0) < route_programs:
+        _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renormalize_eps, scaling,
+                    TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS, RENORMALIZE, SCALE,
+                    BLOCK_M)
+    elif ZERO_BLOCK > 0:
+        offs = (tl.program_id(0) - route_programs) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+        tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], dtype=tl.int32), mask=offs < zero_numel)
+
+
+@triton.jit
+def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renormalize_eps, scaling,
+                TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+                GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
+                TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's BLOCK_M rows of logits -> their top-k weights and ids."""
     C: tl.constexpr = G_P2 * PG_P2
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, C)
@@ -106,18 +126,26 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m,
 
 def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, *,
                  top_k: int, softmax: bool, groups: int, topk_groups: int, renormalize: bool,
-                 renormalize_eps: float, scaling: float) -> None:
+                 renormalize_eps: float, scaling: float, zero: torch.Tensor | None = None) -> None:
+    """zero: a contiguous int32 buffer that programs of this launch beside the routing's fill with
+    zeros (the sums a split GEMM1 adds into), so that it needs no launch of its own."""
     M, E = logits.shape
+    zero_programs = 0
+    if zero is not None:
+        if zero.dtype != torch.int32 or not zero.is_contiguous() or zero.device != logits.device:
+            raise ValueError(f"zero must be a contiguous int32 tensor on {logits.device}, got {zero.dtype} "
+                             f"on {zero.device}, contiguous={zero.is_contiguous()}")
+        zero_programs = triton.cdiv(zero.numel(), _ZERO_BLOCK)
     per_group = E // groups
     g_p2, pg_p2 = triton.next_power_of_2(groups), triton.next_power_of_2(per_group)
     cols = g_p2 * pg_p2
     block_m = max(1, min(_TILE // cols, triton.next_power_of_2(triton.cdiv(M, _MIN_PROGRAMS))))
     # One warp per 256 scores up to four: a decode row reduces within one warp, without shared memory.
     num_warps = max(1, min(4, block_m * cols // 256))
-    _route_kernel[(triton.cdiv(M, block_m),)](
-        logits, bias if bias is not None else logits, weights, ids, M, logits.stride(0),
-        float(renormalize_eps), float(scaling),
+    _route_kernel[(triton.cdiv(M, block_m) + zero_programs,)](
+        logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids, M,
+        logits.stride(0), zero.numel() if zero is not None else 0, float(renormalize_eps), float(scaling),
         TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
         GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
-        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m,
+        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
         LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=num_warps)
