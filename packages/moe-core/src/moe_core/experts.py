@@ -7,6 +7,8 @@ one and nothing is shared between layers.
 Two shapes:
 - modular: `apply(hidden_states, topk_weights, topk_ids)`; the layer routes first.
 - monolithic: `apply_monolithic(hidden_states, router_logits, correction_bias)`; the kernel routes.
+  FusedMoE calls only this; a monolithic class may also serve `apply` to callers that route
+  themselves (moe-triton's quantized classes do).
 """
 
 from __future__ import annotations

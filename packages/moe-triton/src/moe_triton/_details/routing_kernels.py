@@ -1,7 +1,8 @@
 """The Triton routing kernel behind `moe_triton.routing.route`.
 
 Columns are laid out as [groups, experts per group], each padded to a power of two; an
-ungrouped router is one group. Padded columns hold -inf so they are never chosen.
+ungrouped router is one group. Padded columns hold -inf so they are never chosen. Programs past
+the routing's own may clear a buffer for the kernels behind (`launch_route`'s zero).
 """
 
 from __future__ import annotations
