@@ -14,8 +14,8 @@ import argparse
 
 import torch
 
+from moe_core.oracle import apply_layer
 from moe_core.presets import get_preset
-from moe_triton.routing import route
 
 
 def main() -> None:
@@ -50,10 +50,7 @@ def main() -> None:
     logits = torch.randn(args.m, cfg.num_experts, device=dev, generator=gen)
     bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
     for _ in range(2):
-        if experts.monolithic:  # as FusedMoE calls it: the experts route
-            experts.apply_monolithic(x, logits, bias)
-        else:
-            experts.apply(x, *route(logits, cfg.routing, cfg.top_k, bias))
+        apply_layer(experts, x, logits, bias)  # as FusedMoE calls it
     torch.cuda.synchronize()
     print(f"{args.preset} {args.dtype} M={args.m}: {experts.config_for(args.m) if args.dtype == 'int4' else ''}")
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,10 +69,10 @@ def profile_cell(layer, cfg, M: int, dev, graph: bool) -> tuple[list[tuple[str, 
 
 def main(argv=None) -> int:
     from moe_core.backends import detect_device
+    from moe_core.oracle import apply_layer
     from moe_core.presets import get_preset
     from moe_triton.experts import TritonExperts
     from moe_triton.quantized import TritonWna16Experts
-    from moe_triton.routing import route
     from moe_triton.tune import random_int4_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -98,10 +99,7 @@ def main(argv=None) -> int:
             experts.load_weights(weights)
             del weights
 
-            def layer(x, logits, bias, experts=experts, cfg=cfg):
-                if experts.monolithic:  # as FusedMoE calls it: the experts route
-                    return experts.apply_monolithic(x, logits, bias)
-                return experts.apply(x, *route(logits, cfg.routing, cfg.top_k, bias))
+            layer = partial(apply_layer, experts)  # as FusedMoE calls it
 
             for M in args.m:
                 rows, span = profile_cell(layer, cfg, M, dev, args.graph)

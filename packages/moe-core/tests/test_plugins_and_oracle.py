@@ -159,13 +159,12 @@ def test_each_layer_owns_its_kernel_instance(fake_registry):
 
 def test_layers_route_with_their_experts_class_router():
     """FusedMoE and the conformance suite route a modular class's layers with the router the class
-    names (`oracle.router_of`; route_torch where it names none), so a router that disagrees with
-    route_torch fails the suite instead of going unseen."""
+    names (`oracle.apply_layer` through `router_of`; route_torch where it names none), so a router
+    that disagrees with route_torch fails the suite instead of going unseen."""
     from moe_core.backends import detect_device
-    from moe_core.oracle import router_of
+    from moe_core.oracle import apply_layer, router_of
     from moe_core.reference import reference_moe
     from moe_core.routing import route_torch
-    from moe_core.testing.conformance import Case, _run
     from moe_core.weights.canonical import ExpertWeights
 
     assert router_of(fb.FakeCpuExperts) is route_torch
@@ -176,7 +175,7 @@ def test_layers_route_with_their_experts_class_router():
     experts.load_weights(weights)
     gen = torch.Generator().manual_seed(4)
     x, logits = torch.randn(5, 256, generator=gen).bfloat16(), torch.randn(5, 8, generator=gen)
-    out = _run(experts, Case(fb.FakeCpuInvertedRouterExperts, "bf16-silu", CFG, unquantized(), cpu), x, logits, None)
+    out = apply_layer(experts, x, logits, None)
     inverted = reference_moe(x, weights, CFG, *fb.inverted_router(logits, CFG.routing, 2), unquantized())
     routed = reference_moe(x, weights, CFG, *route_torch(logits, CFG.routing, 2), unquantized())
     assert torch.equal(out, inverted.to(out.dtype)) and not torch.allclose(out.float(), routed, rtol=0.1, atol=0.1)

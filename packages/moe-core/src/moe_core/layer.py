@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.config import MoEConfig
-from moe_core.oracle import Plan, select
+from moe_core.oracle import Plan, apply_layer, select
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 
@@ -33,7 +33,6 @@ class FusedMoE(torch.nn.Module):
         self.plan: Plan = select(config, quant, device, prefer)
         self.quant = self.plan.quant
         self.experts = self.plan.make_experts()
-        self._route = self.plan.router
         self.correction_bias: torch.Tensor | None = None
         self._finalize = None
         if config.parallel.use_ep and ep_group != "partial":
@@ -59,7 +58,7 @@ class FusedMoE(torch.nn.Module):
         self.experts.load_weights(weights)
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._route(router_logits, self.config.routing, self.config.top_k, self.correction_bias)
+        return self.plan.router(router_logits, self.config.routing, self.config.top_k, self.correction_bias)
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         cfg = self.config
@@ -81,11 +80,7 @@ class FusedMoE(torch.nn.Module):
                              "or build the layer with a larger max_num_tokens")
         if M == 0 and self._finalize is None:  # every rank must still join the collective
             return hidden_states.new_empty((0, cfg.hidden_size))
-        if self.experts.monolithic:
-            out = self.experts.apply_monolithic(hidden_states, router_logits, self.correction_bias)
-        else:
-            topk_weights, topk_ids = self.route(router_logits)
-            out = self.experts.apply(hidden_states, topk_weights, topk_ids)
+        out = apply_layer(self.experts, hidden_states, router_logits, self.correction_bias)
         return out if self._finalize is None else self._finalize(out)
 
     def extra_repr(self) -> str:

@@ -7,10 +7,13 @@ or refused with its reason; it is never silently replaced by another.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from moe_core.backends import DISTRIBUTION, PRIORITIES, Backend, DeviceInfo, detect_device
 from moe_core.config import MoEConfig
@@ -19,7 +22,7 @@ from moe_core.plugins import ExpertsRef, PluginState, PluginStatus, Registry, re
 from moe_core.quant import MoEQuantConfig, unquantized
 from moe_core.routing import route_torch
 
-__all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "router_of", "select"]
+__all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "apply_layer", "router_of", "select"]
 
 ENV_BACKEND = "MOE_BACKEND"
 _BUILTIN = (ExpertsRef(Backend.REFERENCE.value, "moe_core.reference:ReferenceExperts"),)
@@ -84,6 +87,7 @@ class Plan:
                 "config": self.config.describe(), "candidates": [c.to_dict() for c in self.candidates]}
 
 
+@functools.cache
 def router_of(experts_cls: type[Experts]) -> Callable:
     """The router a layer of a modular experts class routes with: the one the class names
     (`Experts.router`), else moe_core's `route_torch`."""
@@ -92,6 +96,17 @@ def router_of(experts_cls: type[Experts]) -> Callable:
         return route_torch
     module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def apply_layer(experts: Experts, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+                correction_bias: torch.Tensor | None) -> torch.Tensor:
+    """One layer call as `FusedMoE` makes it: a monolithic class routes itself; a modular one gets
+    the choices of its class's router (`router_of`)."""
+    if experts.monolithic:
+        return experts.apply_monolithic(hidden_states, router_logits, correction_bias)
+    cfg = experts.config
+    topk_weights, topk_ids = router_of(type(experts))(router_logits, cfg.routing, cfg.top_k, correction_bias)
+    return experts.apply(hidden_states, topk_weights, topk_ids)
 
 
 def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:

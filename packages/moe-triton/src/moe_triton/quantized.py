@@ -274,8 +274,7 @@ class _QuantTritonExperts(Experts):
         gemm1 = self.config_for(num_tokens).config.gemm1
         if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1:
             return 0
-        pairs, rows = num_tokens * cfg.top_k, cfg.w13_rows
-        return pairs * rows + pairs * -(-rows // gemm1.block_n)
+        return _gemm1_sums_len(num_tokens * cfg.top_k, cfg.w13_rows, gemm1.block_n)
 
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                gemm1_sums: torch.Tensor | None) -> torch.Tensor:
@@ -354,7 +353,7 @@ class _QuantTritonExperts(Experts):
                 # launch clears these sums instead (`apply_monolithic`). GEMM2 summing the K-splits'
                 # stored partials, which needs no zeroed memory, ran slower
                 # (benchmarks/results/decode_limits_session28_2026-11-22.md).
-                numel = P * R + P * -(-R // c1.block_n)
+                numel = _gemm1_sums_len(P, R, c1.block_n)
                 scratch1 = gemm1_sums if gemm1_sums is not None else zeroed_int32(numel, dev)
                 assert scratch1.numel() == numel, (scratch1.numel(), numel)
                 gemm1(scratch1[:P * R].view(torch.float32).view(P, R), activation=cfg.activation,
@@ -389,6 +388,12 @@ class _QuantTritonExperts(Experts):
     def _gate_up_chunk(self) -> int:
         """Rows per gate/up chunk of the packed w13 (0: canonical [gate | up] or not gated)."""
         return GATE_UP_CHUNK if self.weight_processor.interleave_gate_up and self.config.activation.gated else 0
+
+
+def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:
+    """int32 elements of a split GEMM1's last-arrival scratch: fp32 sums [pairs, rows], then an
+    arrival count per pair and block of rows."""
+    return pairs * rows + pairs * -(-rows // block_n)
 
 
 def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:

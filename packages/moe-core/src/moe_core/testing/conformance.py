@@ -15,7 +15,7 @@ import torch
 from moe_core.backends import DeviceInfo, detect_device
 from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
 from moe_core.experts import Experts
-from moe_core.oracle import BackendUnavailableError, router_of, select
+from moe_core.oracle import BackendUnavailableError, apply_layer, select
 from moe_core.plugins import PluginState, registry
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
 from moe_core.reference import ReferenceExperts, reference_moe
@@ -119,16 +119,6 @@ def _layer_inputs(case: Case, m: int, seed: int):
     return x.to(dev), logits.to(dev), bias.to(dev) if bias is not None else None
 
 
-def _run(experts: Experts, case: Case, x, logits, bias) -> torch.Tensor:
-    """The layer as `FusedMoE` runs it: a monolithic kernel routes itself; a modular one gets the
-    choices of its class's router (`oracle.router_of`), which must equal `route_torch`'s, from
-    which the reference is computed."""
-    if experts.monolithic:
-        return experts.apply_monolithic(x, logits, bias)
-    w, ids = router_of(type(experts))(logits, case.config.routing, case.config.top_k, bias)
-    return experts.apply(x, w, ids)
-
-
 def _backend_name(cls: type[Experts]) -> str:
     return getattr(cls.backend, "value", cls.backend)
 
@@ -165,8 +155,9 @@ def test_conformance_matches_reference(conformance_case: Case) -> None:
     emap = case.config.expert_map(case.device.torch_device)
     for m, seed in ((1, 1), (37, 2)):
         x, logits, bias = _layer_inputs(case, m, seed)
-        out = _run(experts, case, x, logits, bias)
+        out = apply_layer(experts, x, logits, bias)  # as FusedMoE calls it, with the class's own router
         assert out.shape == x.shape and out.dtype == x.dtype
+        # Every router must choose as route_torch does: the reference follows its choices.
         w, ids = route_torch(logits, case.config.routing, case.config.top_k, bias)
         ref = reference_moe(x, weights, case.config, w, ids, case.quant, emap)
         tol = _TOL[case.config.dtype] * (2 if case.quant.activation is not None else 1)
@@ -179,9 +170,9 @@ def test_conformance_reload_is_idempotent(conformance_case: Case) -> None:
     experts = case.experts_cls(case.config, case.quant, case.device)
     x, logits, bias = _layer_inputs(case, 9, 3)
     experts.load_weights(weights)
-    first = _run(experts, case, x, logits, bias)
+    first = apply_layer(experts, x, logits, bias)
     experts.load_weights(weights)
-    second = _run(experts, case, x, logits, bias)
+    second = apply_layer(experts, x, logits, bias)
     torch.testing.assert_close(first, second, rtol=0, atol=0)
     # The canonical weights are untouched by conversion.
     again = ExpertWeights.random(case.config, case.quant, seed=5)
@@ -197,11 +188,11 @@ def test_conformance_layers_do_not_share_state(conformance_case: Case) -> None:
     wb = ExpertWeights.random(case.config, case.quant, seed=22)
     a.load_weights(wa)
     x, logits, bias = _layer_inputs(case, 8, 4)
-    before = _run(a, case, x, logits, bias)
+    before = apply_layer(a, x, logits, bias)
     b.load_weights(wb)
-    after = _run(a, case, x, logits, bias)
+    after = apply_layer(a, x, logits, bias)
     torch.testing.assert_close(before, after, rtol=0, atol=0)
-    assert not torch.equal(_run(b, case, x, logits, bias), after)
+    assert not torch.equal(apply_layer(b, x, logits, bias), after)
 
 
 def test_conformance_refusals_are_enforced(request: pytest.FixtureRequest) -> None:
