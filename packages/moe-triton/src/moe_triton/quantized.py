@@ -50,6 +50,7 @@ from moe_triton._details.quant_gemm import (
     wgmma_capable,
     zeroed_int32,
 )
+from moe_triton._details.topk_sum import topk_sum
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, GemmConfig, Lookup, QuantKernelConfig, device_tag, lookup_exact
 from moe_triton.routing import route
@@ -373,7 +374,7 @@ class _QuantTritonExperts(Experts):
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
             gemm2(rows, reduce_topk=1)
-            return rows.view(M, topk, K).sum(dim=1, dtype=cfg.dtype)
+            return topk_sum(rows, topk, cfg.dtype)
         out = torch.empty(M, K, dtype=cfg.dtype, device=dev)
         if scratch2 is None:  # one contribution per output row: stored as it is
             gemm2(out)

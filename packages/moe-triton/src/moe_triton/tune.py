@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from moe_triton._details.topk_sum import topk_sum
 from moe_triton.configs import (
     ConfigKey,
     GemmConfig,
@@ -368,7 +369,7 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
         t1, t2, t_align, bm, tile1, tile2 = tiled
         t_sum = 0.0
         if top_k > 1:
-            t_sum = do_bench(functools.partial(torch.sum, out.view(M, top_k, K), dim=1), warmup=5, rep=rep_ms) * 1e3
+            t_sum = do_bench(functools.partial(topk_sum, out, top_k, out.dtype), warmup=5, rep=rep_ms) * 1e3
         # (gemm1 tile, gemm2 tile) -> the layer's GEMM time plus the launches that pairing needs.
         options = {(tile1, tile2): t1 + t2 + t_align + t_sum}
         if M * top_k <= DIRECT_MAX_CHOICES:

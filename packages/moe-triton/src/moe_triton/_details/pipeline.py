@@ -17,6 +17,7 @@ from moe_core.config import Activation, ActivationKind
 from moe_triton._details import gemm_kernels as gk
 from moe_triton._details.pdl import dependent_options
 from moe_triton._details.quant_gemm import wgmma_capable
+from moe_triton._details.topk_sum import topk_sum
 from moe_triton.align import align_block_size
 from moe_triton.configs import KernelConfig, TileConfig
 
@@ -259,4 +260,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: tor
              activation=None, mul_weight=not weight_on_input, zero_foreign=True, **common)
     if top_k == 1:
         return out
-    return out.view(M, top_k, K).sum(dim=1)
+    return topk_sum(out, top_k, x.dtype)

@@ -1,0 +1,75 @@
+"""The top-k reduce behind GEMM2's stored rows (`_details.topk_sum`) against an fp32 sum and its torch twin."""
+
+import pytest
+import torch
+
+from moe_triton._details.offline import run_compiler_script
+from moe_triton._details.topk_sum import BLOCK_K, BLOCK_T, topk_sum, topk_sum_torch
+
+
+@pytest.mark.parametrize(("M", "top_k", "K"), [
+    (1, 8, 64),
+    (BLOCK_T * 3 + 1, 4, BLOCK_K + 24),  # a partly filled last token block and column block
+    (7, 2, 2880),
+    (3, 1, 100),
+    (4, 6, 8),  # a top-k that is not a power of two
+])
+def test_matches_an_fp32_sum(M, top_k, K, device):
+    gen = torch.Generator().manual_seed(M * 31 + top_k * 7 + K)
+    rows = torch.randn(M * top_k, K, generator=gen).to(device)
+    out = topk_sum(rows, top_k, torch.float32)
+    assert out.shape == (M, K) and out.dtype == torch.float32
+    torch.testing.assert_close(out, rows.view(M, top_k, K).double().sum(dim=1).float(), atol=1e-5, rtol=1e-6)
+    # Same fp32 additions in the same order: the twin agrees bit for bit.
+    assert torch.equal(out, topk_sum_torch(rows, top_k, torch.float32))
+
+
+def test_sums_16_bit_rows_in_fp32(device):
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(9 * 8, 300, generator=gen).to(torch.bfloat16).to(device)
+    out = topk_sum(rows, 8, torch.float32)
+    # Summed in bf16 the error would be about 2**-8 of the sum; in fp32 only fp32 rounding is left.
+    torch.testing.assert_close(out, rows.view(9, 8, 300).double().sum(dim=1).float(), atol=1e-5, rtol=1e-6)
+
+
+def test_no_tokens(device):
+    out = topk_sum(torch.empty(0, 16, device=device), 8, torch.bfloat16)
+    assert out.shape == (0, 16) and out.dtype == torch.bfloat16
+
+
+def test_rejects_rows_it_cannot_sum(device):
+    rows = torch.randn(16, 32, device=device)
+    with pytest.raises(ValueError, match="contiguous"):
+        topk_sum(rows.t(), 8, torch.float32)
+    with pytest.raises(ValueError, match="contiguous"):
+        topk_sum(rows.flatten(), 8, torch.float32)
+    with pytest.raises(ValueError, match="divisor of the 16 rows"):
+        topk_sum(rows, 3, torch.float32)
+    with pytest.raises(ValueError, match="divisor"):
+        topk_sum(rows, 0, torch.float32)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("M", "top_k", "K"), [(8192, 8, 2048), (2048, 4, 2880), (8192, 2, 4096)])
+def test_layer_shapes_on_gpu(M, top_k, K):
+    gen = torch.Generator(device="cuda").manual_seed(M + top_k)
+    rows = torch.randn(M * top_k, K, generator=gen, device="cuda").to(torch.bfloat16)
+    out = topk_sum(rows, top_k, torch.bfloat16)
+    # One rounding of the same fp32 sums: equal to the twin, within a bf16 ulp of the exact sum.
+    assert torch.equal(out, topk_sum_torch(rows, top_k, torch.bfloat16))
+    torch.testing.assert_close(out.float(), rows.view(M, top_k, K).double().sum(dim=1).float(), atol=1e-2, rtol=8e-3)
+
+
+_COMPILE = """
+from moe_triton._details.offline import compile_kernel
+from moe_triton._details.topk_sum import BLOCK_K, BLOCK_T, topk_sum_kernel
+compile_kernel(topk_sum_kernel, dict(TOP_K=8, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, PDL=True),
+               {"rows_ptr": "*bf16", "out_ptr": "*bf16"}, num_warps=4)
+print("built")
+"""
+
+
+def test_kernel_compiles_for_hopper():
+    """Triton's compiler on the reduce for sm_90 with its dependent-launch wait, which the
+    interpreter never runs (in a child process, since this module may interpret the kernel)."""
+    assert run_compiler_script(_COMPILE).split() == ["built"]
