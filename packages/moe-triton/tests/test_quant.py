@@ -311,12 +311,14 @@ def test_many_tokens_sums_finish_row_by_row_or_by_a_cast(splits, M):
     (TritonWna16Experts, int4_w4a16(128, zero_point=True)),
     (TritonFp8Experts, fp8_w8a8(block=(128, 128))),
 ])
-def test_many_pairs_sum_stored_rows(monkeypatch, cls, quant):
-    """From ROWS_SUM_MIN_PAIRS pairs (lowered here to this test's 36) GEMM2 stores each pair's
-    16-bit row, with bias and router weight, and one reduce sums a token's top-k rows."""
+@pytest.mark.parametrize("topk, threshold", [(3, "ROWS_SUM_MIN_PAIRS"), (8, "ROWS_SUM_MIN_PAIRS_TOP8")])
+def test_many_pairs_sum_stored_rows(monkeypatch, cls, quant, topk, threshold):
+    """From ROWS_SUM_MIN_PAIRS pairs (ROWS_SUM_MIN_PAIRS_TOP8 at top-8; lowered here to this test's
+    pairs) GEMM2 stores each pair's 16-bit row, with bias and router weight, and one reduce sums a
+    token's top-k rows; one pair fewer, it adds fp32 sums."""
     from moe_triton import quantized
 
-    monkeypatch.setattr(quantized, "ROWS_SUM_MIN_PAIRS", 36)
+    M = 12
     gemm2_outputs = []
 
     def recording_gemm(a, w, out, *args, **kwargs):
@@ -325,10 +327,13 @@ def test_many_pairs_sum_stored_rows(monkeypatch, cls, quant):
         return moe_gemm(a, w, out, *args, **kwargs)
 
     monkeypatch.setattr(quantized, "moe_gemm", recording_gemm)
-    out, ref = _run(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=4, topk=3, M=12, bias=True)
-    assert rel_l2(out, ref) < 1e-2
+    for least in (M * topk, M * topk + 1):
+        monkeypatch.setattr(quantized, "ROWS_SUM_MIN_PAIRS", 10**9)
+        monkeypatch.setattr(quantized, threshold, least)
+        out, ref = _run(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=topk, M=M, bias=True)
+        assert rel_l2(out, ref) < 1e-2
     rows_dtype = torch.float32 if DEV.type == "cpu" else torch.bfloat16  # the interpreter's bf16 stores truncate
-    assert gemm2_outputs == [((36, 256), rows_dtype, 1)]
+    assert gemm2_outputs == [((M * topk, 256), rows_dtype, 1), ((M, 256), torch.float32, topk)]
 
 
 def test_gemm1_with_the_activation_matches_twin():
@@ -890,6 +895,19 @@ def test_real_shapes_on_gpu(quant, K, N, activation, M):
            "fp4e2m1": TritonMxfp4Experts}[quant.weight.dtype.value]
     out, ref = _run(cls, quant, activation, torch.bfloat16, K=K, N=N, E=32, topk=4, M=M,
                     bias=activation.kind.value == "swiglu_oai")
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("M", [512, 2048])
+def test_top8_stored_rows_on_gpu(M):
+    """Top-8 layers store GEMM2's rows from ROWS_SUM_MIN_PAIRS_TOP8 pairs (512 tokens), below the
+    other layers' ROWS_SUM_MIN_PAIRS; the qwen3-30b-a3b shape."""
+    from moe_triton import quantized
+
+    assert quantized.ROWS_SUM_MIN_PAIRS_TOP8 <= M * 8
+    out, ref = _run(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=2048, N=768, E=128,
+                    topk=8, M=M)
     assert rel_l2(out, ref) < 1e-2
 
 

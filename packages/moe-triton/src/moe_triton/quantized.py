@@ -3,7 +3,8 @@
 All three run the same pipeline: align the (token, k) pairs by expert (not for one token), GEMM1
 with the weights dequantized in registers, the activation, and GEMM2 whose epilogue applies the
 router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on the side by GEMM1
-(from `ROWS_SUM_MIN_PAIRS` pairs, it stores each pair's 16-bit row and one reduce sums them).
+(from `ROWS_SUM_MIN_PAIRS` pairs, or `ROWS_SUM_MIN_PAIRS_TOP8` at top-8, it stores each pair's
+16-bit row and one reduce sums them).
 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
 interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
@@ -13,7 +14,7 @@ GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gem
 route, align (not for one token), GEMM1 and GEMM2 is the whole layer. A split GEMM1's sums must
 start at zero: the routing launch clears them when FusedMoE routes (`apply_monolithic`), a launch
 of their own when the caller routed (`apply`). More tokens take a cast launch after GEMM2, or the
-reduce from `ROWS_SUM_MIN_PAIRS` pairs (and the activation launch after a split GEMM1).
+reduce over stored rows from that many pairs (and the activation launch after a split GEMM1).
 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
 (programmatic dependent launch), so their launch latency hides behind it; for one token, int4
@@ -55,7 +56,8 @@ from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, GemmConfig, Lookup, QuantKernelConfig, device_tag, lookup_exact
 from moe_triton.routing import route
 
-__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "TritonFp8Experts", "TritonMxfp4Experts", "TritonWna16Experts"]
+__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "ROWS_SUM_MIN_PAIRS_TOP8", "TritonFp8Experts",
+           "TritonMxfp4Experts", "TritonWna16Experts"]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
 # What the three quantized classes share: 16-bit activations in and out, 64-wide K/N tiles, the runs
@@ -77,11 +79,17 @@ GATE_UP_CHUNK = 32
 # then counts each of its rows with an acquire-release atomic).
 LAST_ARRIVAL_MAX_TOKENS = 8
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
-# rows, instead of fp32 atomic sums and a cast. H100, 2026-11-21 (session 13, whole layer, alternated
-# A/B): at 8192 tokens the rows were 1.04-1.12x faster for the top-4/8 presets (GEMM2 then issues
-# no atomic per output), 1.01x for mixtral (top-2); at 16384 pairs (2048 tokens of the top-8
-# presets) 1.01-1.02x; below, within the spread or slower (mixtral at 4096 pairs: 0.94x).
+# rows (`_details.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
+# layers of 8 or more choices per token, whose GEMM2 would issue that many atomics per output,
+# ROWS_SUM_MIN_PAIRS for the others. H100, whole layers, alternated A/B:
+# - session 13 (2026-11-21, torch's sum): at 8192 tokens the rows were 1.04-1.12x faster for the
+#   top-4/8 presets, 1.01x for mixtral (top-2); at 16384 pairs 1.01-1.02x; mixtral at 4096: 0.94x;
+# - session 31 (2026-11-22, the Triton reduce; benchmarks/results/topk_sum_session31_2026-11-22.md):
+#   top-8 at 4096 pairs 1.003-1.008x (qwen3-235b-a22b and qwen3-30b-a3b at 512 tokens), at 8192
+#   1.042x (qwen3-30b-a3b, 1024 tokens); top-2 at 4096 and 8192 pairs 0.951x and 0.985x (mixtral);
+#   top-4 at 8192 pairs inside the spread (gpt-oss-120b: best 1.016x, median 0.989x).
 ROWS_SUM_MIN_PAIRS = 16384
+ROWS_SUM_MIN_PAIRS_TOP8 = 4096
 
 
 def _interpreting() -> bool:
@@ -321,7 +329,8 @@ class _QuantTritonExperts(Experts):
         # on entry: GEMM1 clears them on the side. Many pairs: GEMM2 stores each pair's row instead,
         # and one reduce sums them.
         finish_last = M <= LAST_ARRIVAL_MAX_TOKENS
-        sum_rows = topk > 1 and split2 == 1 and not finish_last and P >= ROWS_SUM_MIN_PAIRS
+        min_rows_pairs = ROWS_SUM_MIN_PAIRS_TOP8 if topk >= 8 else ROWS_SUM_MIN_PAIRS
+        sum_rows = topk > 1 and split2 == 1 and not finish_last and min_rows_pairs <= P
         scratch2 = None
         if topk * split2 > 1 and not sum_rows:
             arrivals2 = M * -(-K // c2.block_n) if finish_last else 0
