@@ -899,9 +899,9 @@ def test_real_shapes_on_gpu(quant, K, N, activation, M):
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize("M", [512, 2048])
+@pytest.mark.parametrize("M", [1024, 2048])
 def test_top8_stored_rows_on_gpu(M):
-    """Top-8 layers store GEMM2's rows from ROWS_SUM_MIN_PAIRS_TOP8 pairs (512 tokens), below the
+    """Top-8 layers store GEMM2's rows from ROWS_SUM_MIN_PAIRS_TOP8 pairs (1024 tokens), below the
     other layers' ROWS_SUM_MIN_PAIRS; the qwen3-30b-a3b shape."""
     from moe_triton import quantized
 

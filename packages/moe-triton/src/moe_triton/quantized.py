@@ -85,11 +85,11 @@ LAST_ARRIVAL_MAX_TOKENS = 8
 # - session 13 (2026-11-21, torch's sum): at 8192 tokens the rows were 1.04-1.12x faster for the
 #   top-4/8 presets, 1.01x for mixtral (top-2); at 16384 pairs 1.01-1.02x; mixtral at 4096: 0.94x;
 # - session 31 (2026-11-22, the Triton reduce; benchmarks/results/topk_sum_session31_2026-11-22.md):
-#   top-8 at 4096 pairs 1.003-1.008x (qwen3-235b-a22b and qwen3-30b-a3b at 512 tokens), at 8192
-#   1.042x (qwen3-30b-a3b, 1024 tokens); top-2 at 4096 and 8192 pairs 0.951x and 0.985x (mixtral);
-#   top-4 at 8192 pairs inside the spread (gpt-oss-120b: best 1.016x, median 0.989x).
+#   top-8 at 8192 pairs (1024 tokens) 1.006x (deepseek-v3), 1.024x (qwen3-235b-a22b), 1.032x and
+#   1.042x (qwen3-30b-a3b, two runs); at 4096 pairs 1.000-1.008x, a wash; top-2 at 4096 and 8192
+#   pairs 0.951x and 0.985x (mixtral); top-4 at 8192 pairs inside the spread (gpt-oss-120b).
 ROWS_SUM_MIN_PAIRS = 16384
-ROWS_SUM_MIN_PAIRS_TOP8 = 4096
+ROWS_SUM_MIN_PAIRS_TOP8 = 8192
 
 
 def _interpreting() -> bool:
