@@ -9,7 +9,7 @@ from moe_triton._details.topk_sum import BLOCK_K, BLOCK_T, topk_sum, topk_sum_to
 
 @pytest.mark.parametrize(("M", "top_k", "K"), [
     (1, 8, 64),
-    (BLOCK_T * 3 + 1, 4, BLOCK_K + 24),  # a partly filled last token block and column block
+    (BLOCK_T * 3 + 1, 4, BLOCK_K + 24),  # a partly filled last column block (and token block, if BLOCK_T > 1)
     (7, 2, 2880),
     (3, 1, 100),
     (4, 6, 8),  # a top-k that is not a power of two
