@@ -64,7 +64,8 @@ def topk_sum(rows: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor
 def topk_sum_torch(rows: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """`topk_sum` in torch: fp32 sums in choice order."""
     M, K = _check(rows, top_k)
+    per_choice = rows.view(M, top_k, K)
     acc = torch.zeros(M, K, dtype=torch.float32, device=rows.device)
     for j in range(top_k):
-        acc += rows.view(M, top_k, K)[:, j].float()
+        acc += per_choice[:, j].float()
     return acc.to(dtype)
