@@ -11,6 +11,7 @@ random bf16 weights with --dtype bf16.
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -23,8 +24,9 @@ def main() -> None:
     p.add_argument("--preset", required=True)
     p.add_argument("--m", type=int, required=True)
     p.add_argument("--dtype", default="int4", choices=["int4", "bf16"])
-    p.add_argument("--config", help="int4: launch shapes to force, a QuantKernelConfig as JSON "
-                                    '(\'{"gemm1": {...}, "gemm2": {...}}\'); default: the tuned files')
+    p.add_argument("--config", help="launch shapes to force, as JSON: int4 a QuantKernelConfig "
+                                    '(\'{"gemm1": {...}, "gemm2": {...}}\'), bf16 a KernelConfig (with block_m); '
+                                    "default: the tuned files")
     args = p.parse_args()
     dev = torch.device("cuda")
     preset = get_preset(args.preset)
@@ -33,8 +35,6 @@ def main() -> None:
         from moe_triton.tune import _random_int4_layer
         experts = _random_int4_layer(preset, dev)
         if args.config:
-            import json
-
             from moe_triton.configs import QuantKernelConfig
             experts.config_override = QuantKernelConfig.from_dict(json.loads(args.config))
     else:
@@ -45,6 +45,9 @@ def main() -> None:
         from moe_triton.experts import TritonExperts
         experts = TritonExperts(cfg, unquantized(), detect_device(dev))
         experts.load_weights(_bf16_weights(cfg, dev)[1])
+        if args.config:
+            from moe_triton.configs import KernelConfig
+            experts.config_override = KernelConfig.from_dict(json.loads(args.config))
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn(args.m, cfg.hidden_size, device=dev, generator=gen).to(torch.bfloat16)
     logits = torch.randn(args.m, cfg.num_experts, device=dev, generator=gen)
@@ -52,7 +55,7 @@ def main() -> None:
     for _ in range(2):
         apply_layer(experts, x, logits, bias)  # as FusedMoE calls it
     torch.cuda.synchronize()
-    print(f"{args.preset} {args.dtype} M={args.m}: {experts.config_for(args.m) if args.dtype == 'int4' else ''}")
+    print(f"{args.preset} {args.dtype} M={args.m}: {experts.config_for(args.m)}")
 
 
 if __name__ == "__main__":

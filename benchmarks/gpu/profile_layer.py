@@ -3,7 +3,8 @@
 Same layer, inputs and weights as bench_triton.py; the L2 cache is flushed (a bitwise_not over
 256 MiB, left out of the table) before each of the profiled calls, as do_bench does. The table
 lists each kernel's GPU time per layer call and the sum; the gap between that sum and the graph
-replay time of bench_triton is launch and idle time. With --graph the profiled calls are replays
+replay time of bench_triton is launch and idle time. A kernel launched more than once per call
+(GEMM1 and GEMM2 of one kernel) is listed per launch, in launch order: "name #1", "name #2". With --graph the profiled calls are replays
 of a CUDA graph of the layer, as bench_triton times them, and each cell also reports the span
 from the first kernel's start to the last one's end (median over the calls): span - sum is the
 idle time between the layer's kernels.
@@ -50,19 +51,25 @@ def profile_cell(layer, cfg, M: int, dev, graph: bool) -> tuple[list[tuple[str, 
             flush.bitwise_not_()
             calls[i % 2]()
         torch.cuda.synchronize()
-    per_kernel: dict[str, list[float]] = defaultdict(list)
+    per_launch: dict[tuple[str, int], list[float]] = defaultdict(list)  # (name, n-th launch in its call)
     spans: list[list[float]] = []  # [first start, last end] of each call's kernels
+    seen: dict[str, int] = defaultdict(int)  # launches of each kernel so far in the current call
     for ev in sorted(prof.events(), key=lambda ev: ev.time_range.start):
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
         if "bitwise_not" in ev.name:
             spans.append([float("inf"), 0.0])
+            seen.clear()
             continue
-        per_kernel[ev.name].append(ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time)
+        seen[ev.name] += 1
+        per_launch[ev.name, seen[ev.name]].append(
+            ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time)
         if spans:
             spans[-1][0] = min(spans[-1][0], ev.time_range.start)
             spans[-1][1] = max(spans[-1][1], ev.time_range.end)
-    rows = [(name[:90], sum(ts) / CALLS, len(ts) // CALLS) for name, ts in per_kernel.items()]
+    repeated = {name for name, n in per_launch if n > 1}
+    rows = [(name[:90] + (f" #{n}" if name in repeated else ""), sum(ts) / CALLS, len(ts) // CALLS)
+            for (name, n), ts in per_launch.items()]
     span = statistics.median(end - start for start, end in spans) if graph and spans else None
     return sorted(rows, key=lambda r: -r[1]), span
 
