@@ -71,7 +71,7 @@ def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfi
     """Tiles worth trying for one GEMM; gated GEMM1 holds two accumulators, so it avoids the widest.
     wgmma: also the Gluon wgmma kernel's (Hopper) at 128 and 256 weight rows per program, N tiles
     first or in groups of 8 row blocks, and its persistent form at 256 rows (groups of 1, 4, 8; and
-    three stages with tails of 16 or 32 rows)."""
+    group 8 with tails of 16 or 32 rows)."""
     if block_m <= 32:
         tiles = [TileConfig(32, 256, 1, 4, 4), TileConfig(64, 128, 1, 4, 3), TileConfig(64, 128, 1, 4, 5),
                  TileConfig(64, 256, 1, 4, 3), TileConfig(128, 128, 1, 4, 3), TileConfig(32, 128, 1, 4, 4),
@@ -99,8 +99,8 @@ def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfi
                   for rows in (128, 256) for group in (1, 8)]
         tiles += [TileConfig(128 if gated else 256, 64, group, 8, 4, wgmma=True, persistent=True)
                   for group in (1, 4, 8)]
-        # Taken-in tails: the ring of a 256-row tile then fits three stages only.
-        tiles += [TileConfig(128 if gated else 256, 64, 8, 8, 3, wgmma=True, persistent=True, tail=tail)
+        # Taken-in tails (their ring fits beside four stages since the epilogue moves 16-bit results only).
+        tiles += [TileConfig(128 if gated else 256, 64, 8, 8, 4, wgmma=True, persistent=True, tail=tail)
                   for tail in (16, 32)]
     return tiles
 
