@@ -4,10 +4,10 @@ Same layer, inputs and weights as bench_triton.py; the L2 cache is flushed (a bi
 256 MiB, left out of the table) before each of the profiled calls, as do_bench does. The table
 lists each kernel's GPU time per layer call and the sum; the gap between that sum and the graph
 replay time of bench_triton is launch and idle time. A kernel launched more than once per call
-(GEMM1 and GEMM2 of one kernel) is listed per launch, in launch order: "name #1", "name #2". With --graph the profiled calls are replays
-of a CUDA graph of the layer, as bench_triton times them, and each cell also reports the span
-from the first kernel's start to the last one's end (median over the calls): span - sum is the
-idle time between the layer's kernels.
+(GEMM1 and GEMM2 of one kernel) is listed per launch, in launch order: "name #1", "name #2".
+With --graph the profiled calls are replays of a CUDA graph of the layer, as bench_triton times
+them, and each cell also reports the span from the first kernel's start to the last one's end
+(median over the calls): span - sum is the idle time between the layer's kernels.
 
     python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4] [--graph]
 """
