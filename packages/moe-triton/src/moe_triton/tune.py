@@ -97,11 +97,10 @@ def candidates(block_m: int, gated: bool, wgmma: bool = False) -> list[TileConfi
     if wgmma and block_m in (64, 128):
         tiles += [TileConfig(rows // 2 if gated else rows, 64, group, 8, 4, wgmma=True)
                   for rows in (128, 256) for group in (1, 8)]
-        tiles += [TileConfig(128 if gated else 256, 64, group, 8, 4, wgmma=True, persistent=True)
-                  for group in (1, 4, 8)]
-        # Taken-in tails (their ring fits beside four stages since the epilogue moves 16-bit results only).
-        tiles += [TileConfig(128 if gated else 256, 64, 8, 8, 4, wgmma=True, persistent=True, tail=tail)
-                  for tail in (16, 32)]
+        # Taken-in tails in group 8 (their ring fits beside four stages since the epilogue moves
+        # 16-bit results only).
+        tiles += [TileConfig(128 if gated else 256, 64, group, 8, 4, wgmma=True, persistent=True, tail=tail)
+                  for group, tail in ((1, 0), (4, 0), (8, 0), (8, 16), (8, 32))]
     return tiles
 
 
