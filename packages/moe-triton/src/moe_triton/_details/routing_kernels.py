@@ -14,11 +14,13 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from moe_triton._details.pdl import dependent_launch
 
-# Scores held per program (BLOCK_M x padded experts): 16 per thread at 4 warps. The earlier
-# 32 x 128 tile took 24 us per program on an H100, one wave, at any M.
-_TILE = 2048
-# Rows per program shrink until the grid has this many programs (about two per SM).
-_MIN_PROGRAMS = 256
+# Each program is one warp over this many scores or more: one row of 128 or more experts, or
+# as many rows of fewer experts (mixtral's 8: 16 rows), so every reduction stays within the warp.
+# H100, the routing launch alone under the benchmark's protocol (benchmarks/results/
+# route_read_sum_session33_2026-11-22.md): at 8192 tokens deepseek-v3 25.0 us, qwen3-30b-a3b 14.0,
+# mixtral-8x7b 6.1, where the tiling before (8-32 rows on 1-4 warps per program) took 33.5, 15.4
+# and 6.6; at 512 tokens qwen3-30b-a3b 6.9 and deepseek-v3 8.0 (before: 8.7, 10.3).
+_WARP_SCORES = 128
 
 
 # int32 elements each zeroing program clears (`launch_route`'s zero).
@@ -140,13 +142,11 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
     per_group = E // groups
     g_p2, pg_p2 = triton.next_power_of_2(groups), triton.next_power_of_2(per_group)
     cols = g_p2 * pg_p2
-    block_m = max(1, min(_TILE // cols, triton.next_power_of_2(triton.cdiv(M, _MIN_PROGRAMS))))
-    # One warp per 256 scores up to four: a decode row reduces within one warp, without shared memory.
-    num_warps = max(1, min(4, block_m * cols // 256))
+    block_m = max(1, min(_WARP_SCORES // cols, triton.next_power_of_2(M)))
     _route_kernel[(triton.cdiv(M, block_m) + zero_programs,)](
         logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids, M,
         logits.stride(0), zero.numel() if zero is not None else 0, float(renormalize_eps), float(scaling),
         TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
         GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
         RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
-        LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=num_warps)
+        LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=1)
