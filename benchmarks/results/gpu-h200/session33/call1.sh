@@ -1,0 +1,2 @@
+# kind nvidia-h200
+OUT=$OUT timeout 580 bash benchmarks/gpu/run.sh .carry/wheels tests bench
