@@ -47,6 +47,13 @@ def _fill(ptr, value, lo, hi, TILE: tl.constexpr):
 
 
 @triton.jit
+def _pairwise_ranks(ids, pos):
+    """Stable rank of each choice within its expert: how many choices of the same expert come
+    before it (pos: the choices' positions, in the same layout as ids)."""
+    return tl.sum(((ids[None, :] == ids[:, None]) & (pos[None, :] < pos[:, None])).to(tl.int32), axis=1)
+
+
+@triton.jit
 def _block_experts(expert_ids_ptr, expert_map_ptr, ends, total, first, last,
                    HAS_MAP: tl.constexpr, BLOCK_SIZE: tl.constexpr, E_P2: tl.constexpr, TILE: tl.constexpr):
     """expert_ids[b] for first <= b < last: the expert whose padded segment holds block b (mapped),
@@ -106,8 +113,7 @@ def _align_pairs_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_ptr
     padded = (counts + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
     ends = tl.cumsum(padded, axis=0)
     tl.store(total_ptr, tl.sum(padded, axis=0))
-    # Stable: a choice's rank counts the earlier choices of its expert.
-    rank = tl.sum(((ids[None, :] == ids[:, None]) & (offs[None, :] < offs[:, None])).to(tl.int32), axis=1)
+    rank = _pairwise_ranks(ids, offs)
     dest = tl.gather(ends - padded, ids, 0) + rank
     _fill(sorted_ptr, numel, 0, max_padded, FILL_TILE)
     _fill(expert_ids_ptr, -1, 0, max_blocks, FILL_TILE)
@@ -148,7 +154,7 @@ def _align_chunks_kernel(topk_ids_ptr, expert_map_ptr, sorted_ptr, expert_ids_pt
     offs = pid * CHUNK + local
     valid = offs < numel
     ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
-    rank = tl.sum(((ids[None, :] == ids[:, None]) & (local[None, :] < local[:, None])).to(tl.int32), axis=1)
+    rank = _pairwise_ranks(ids, local)
     tl.store(sorted_ptr + tl.gather(starts + earlier, ids, 0) + rank, offs, mask=valid)
     # Segment tails of experts pid, pid + num_chunks, ...
     mine = pid + tl.arange(0, EXPERTS_PER_PROGRAM) * num_chunks
@@ -219,7 +225,7 @@ def _align_scatter_kernel(topk_ids_ptr, hist_ptr, counts_ptr, total_ptr, expert_
     offs = pid * CHUNK + local
     valid = offs < numel
     ids = tl.load(topk_ids_ptr + offs, mask=valid, other=0)
-    rank = tl.sum(((ids[None, :] == ids[:, None]) & (local[None, :] < local[:, None])).to(tl.int32), axis=1)
+    rank = _pairwise_ranks(ids, local)
     base = ends - padded + tl.load(hist_ptr + pid * E_P2 + experts)
     tl.store(sorted_ptr + tl.gather(base, ids, 0) + rank, offs, mask=valid)
     first = pid * blocks_per_program
