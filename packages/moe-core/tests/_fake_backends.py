@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_core.backends import Backend, Platform
+import torch
+
+from moe_core.backends import Platform
 from moe_core.config import ActivationKind
 from moe_core.experts import UNQUANTIZED, Capability, SchemeSupport
 from moe_core.plugins import BackendSpec, ExpertsRef
@@ -24,7 +26,7 @@ class _Canonical:
 class FakeCpuExperts(ReferenceExperts):
     """The reference math under a CPU backend name, unquantized SiLU only."""
 
-    backend = Backend.CPU
+    backend = "cpu"
     weight_processor = _Canonical()
     capability = Capability(platforms=frozenset({Platform.CPU}), schemes=(UNQUANTIZED,),
                             activations=frozenset({ActivationKind.SILU}))
@@ -42,7 +44,7 @@ class FakeCpuInvertedRouterExperts(FakeCpuExperts):
 
 
 class FakeCpuInt4Experts(ReferenceExperts):
-    backend = Backend.CPU
+    backend = "cpu"
     weight_processor = _Canonical()
     capability = Capability(platforms=frozenset({Platform.CPU}),
                             schemes=(SchemeSupport(QuantDType.INT4, frozenset({Granularity.GROUP}),
@@ -51,7 +53,7 @@ class FakeCpuInt4Experts(ReferenceExperts):
 
 
 class FakeGpuExperts(ReferenceExperts):
-    backend = Backend.TRITON
+    backend = "triton"
     weight_processor = _Canonical()
     capability = Capability(platforms=frozenset({Platform.CUDA}), schemes=(UNQUANTIZED,),
                             activations=frozenset(ActivationKind), min_capability=(9, 0))
@@ -129,3 +131,16 @@ def entry_points(*eps: FakeEntryPoint):
     return lambda: list(eps)
 
 
+
+
+class FakeCpuRefusesAllExperts(ReferenceExperts):
+    """Claims the CPU but only float64 layers, which no conformance scenario uses."""
+
+    backend = "refuser"
+    weight_processor = _Canonical()
+    capability = Capability(platforms=frozenset({Platform.CPU}), schemes=(UNQUANTIZED,),
+                            activations=frozenset(ActivationKind), dtypes=frozenset({torch.float64}))
+
+
+def refuser_spec() -> BackendSpec:
+    return BackendSpec("refuser", (1, 1), (Platform.CPU,), (ExpertsRef("refuser", "_fake_backends:FakeCpuRefusesAllExperts"),))

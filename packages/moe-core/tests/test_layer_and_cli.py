@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
+import _fake_backends as fb
 from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, int4_w4a16, reference_moe, route_torch
+from moe_core.backends import Platform
 from moe_core.cli import main
 
 CFG = MoEConfig(8, 2, 64, 32, max_num_tokens=16)
@@ -64,7 +65,11 @@ def test_doctor_json(capsys):
     assert main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["core"]["version"] and report["devices"][0]["platform"] == "cpu"
-    assert {"name", "state", "reason"} <= set(report["plugins"][0]) if report["plugins"] else True
+    # The workspace installs moe-cpu and moe-triton: doctor must list both, with their distributions.
+    plugins = {p["name"]: p for p in report["plugins"]}
+    assert {"cpu", "triton"} <= set(plugins)
+    assert plugins["cpu"]["state"] == "ready" and plugins["cpu"]["backends"] == ["cpu"]
+    assert {"moe-core", "moe-cpu", "moe-triton"} <= set(report["distributions"])
 
 
 def test_doctor_require_missing_device(capsys):
@@ -78,7 +83,7 @@ def test_explain_with_missing_forced_backend(capsys, monkeypatch):
     monkeypatch.setenv("MOE_BACKEND", "flashinfer_cutlass")
     assert main(["explain", "--preset", "qwen3-30b-a3b", "--quant", "int4", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "backend 'flashinfer_cutlass' cannot serve" in err and "pip install moe-cuda" in err
+    assert "MOE_BACKEND='flashinfer_cutlass' names no installed backend; installed: cpu, reference, triton" in err
 
 
 def test_explain_hf_config(tmp_path, capsys):
@@ -112,9 +117,57 @@ def test_hf_quant_config_uses_the_readers_parsers():
         quant_from_hf({"quantization_config": {"quant_method": "fp8"}})
 
 
-def test_tune_without_moe_triton_names_the_distribution(monkeypatch, capsys):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "moe_triton" else real_find_spec(name, *a))
-    assert main(["tune", "--preset", "mixtral-8x7b"]) == 2
-    assert "pip install moe-triton" in capsys.readouterr().err
+def _plugin_with_commands(*commands):
+    from moe_core.plugins import BackendSpec
+
+    return BackendSpec("cmds", (1, 1), (Platform.CPU,), (), commands=commands)
+
+
+def _record_argv(argv):
+    _record_argv.seen = argv
+    return 7
+
+
+def test_plugins_contribute_subcommands(capsys, monkeypatch):
+    """`moe NAME ...` runs the plugin's function with the rest of argv; `moe --help` lists it."""
+    from moe_core import plugins
+    from moe_core.plugins import CommandRef
+
+    ep = fb.FakeEntryPoint("cmds", _plugin_with_commands(
+        CommandRef("frobnicate", "test_layer_and_cli:_record_argv", "frobnicate the kernels")), fb.FakeDist("moe-frob"))
+    plugins.registry(fb.entry_points(ep))
+    try:
+        assert main(["frobnicate", "--x", "1"]) == 7 and _record_argv.seen == ["--x", "1"]
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert "frobnicate the kernels (from moe-frob)" in capsys.readouterr().out
+    finally:
+        plugins.reset_registry()
+
+
+@pytest.mark.parametrize("clash", ["two plugins", "a core command"])
+def test_a_subcommand_claimed_twice_is_an_error(capsys, clash):
+    from moe_core import plugins
+    from moe_core.plugins import CommandRef
+
+    name = "run" if clash == "a core command" else "tune"
+    eps = [fb.FakeEntryPoint("cmds", _plugin_with_commands(CommandRef(name, "m:f", "")), fb.FakeDist("moe-a"))]
+    if clash == "two plugins":
+        spec = _plugin_with_commands(CommandRef(name, "m:g", ""))
+        eps.append(fb.FakeEntryPoint("cmds2", type(spec)("cmds2", spec.api_version, spec.platforms, (),
+                                                         commands=spec.commands), fb.FakeDist("moe-b")))
+    plugins.registry(fb.entry_points(*eps))
+    try:
+        assert main(["doctor"]) == 2
+        err = capsys.readouterr().err
+        assert (f"both contribute `moe {name}`" in err) if clash == "two plugins" else "is a moe-core command" in err
+    finally:
+        plugins.reset_registry()
+
+
+def test_tune_is_moe_triton_s_subcommand():
+    from moe_core import plugins
+
+    plugins.reset_registry()
+    status, ref = plugins.registry().commands()["tune"]
+    assert status.distribution == "moe-triton" and ref.path == "moe_triton.tune:main"

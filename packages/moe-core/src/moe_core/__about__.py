@@ -1,4 +1,4 @@
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Plugin API (major, minor): a plugin built for (major, m) works with core (major, M >= m).
-PLUGIN_API = (1, 0)
+PLUGIN_API = (1, 1)

@@ -5,7 +5,7 @@ first `select()` / `FusedMoE(...)` / `moe doctor`.
 """
 
 from moe_core.__about__ import PLUGIN_API, __version__
-from moe_core.backends import Backend, DeviceInfo, Platform, detect_device
+from moe_core.backends import DeviceInfo, Platform, detect_device
 from moe_core.config import (
     Activation,
     ActivationKind,
@@ -40,7 +40,6 @@ __all__ = [
     "PLUGIN_API",
     "Activation",
     "ActivationKind",
-    "Backend",
     "BackendUnavailableError",
     "Candidate",
     "Capability",

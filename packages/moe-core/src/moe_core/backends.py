@@ -1,21 +1,18 @@
-"""Backend names, the distribution that provides each, and per-platform priorities, as data.
+"""Platforms and devices as the oracle sees them, and the device helpers every module shares.
 
-One name space for every quantization family: a backend name is what `MOE_BACKEND` and
-`prefer=` take, what the candidate table prints and what an experts class declares. The oracle
-walks `PRIORITIES[platform][family]` in order; backends that a plugin brings and this table does
-not list are tried after the listed ones, in name order.
+Backend names and their priorities are not listed here: each hardware distribution declares its
+own in its `BackendSpec` (`moe_core.plugins`), so core names no distribution it does not ship.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
 
-from moe_core.quant import QuantFamily
-
-__all__ = ["DISTRIBUTION", "PRIORITIES", "Backend", "DeviceInfo", "Platform", "detect_device"]
+__all__ = ["REFERENCE_BACKEND", "DeviceInfo", "Platform", "available_memory_bytes", "detect_device", "synchronize"]
 
 
 class Platform(enum.StrEnum):
@@ -25,46 +22,8 @@ class Platform(enum.StrEnum):
     XPU = "xpu"
 
 
-class Backend(enum.StrEnum):
-    CPU = "cpu"  # moe-cpu: torch grouped GEMM, packed int4/int8 ATen kernels
-    TRITON = "triton"  # moe-triton: portable Triton fused-MoE kernels
-    TORCH_GROUPED_MM = "torch_grouped_mm"  # moe-cuda: torch._grouped_mm (sm90+)
-    FLASHINFER_CUTLASS = "flashinfer_cutlass"  # moe-cuda: flashinfer cutlass_fused_moe (sm90)
-    FLASHINFER_TRTLLM = "flashinfer_trtllm"  # moe-cuda: flashinfer trtllm-gen (sm100 only)
-    AITER = "aiter"  # moe-rocm: AMD AITER fused MoE
-    XPU = "xpu"  # moe-xpu: vllm-xpu-kernels XpuFusedMoe
-    REFERENCE = "reference"  # moe-core: the fp32 reference, never auto-selected, for debugging
-
-
-# The distribution that ships each backend: the remedy printed when one is missing.
-DISTRIBUTION: dict[Backend, str] = {
-    Backend.CPU: "moe-cpu",
-    Backend.TRITON: "moe-triton",
-    Backend.TORCH_GROUPED_MM: "moe-cuda",
-    Backend.FLASHINFER_CUTLASS: "moe-cuda",
-    Backend.FLASHINFER_TRTLLM: "moe-cuda",
-    Backend.AITER: "moe-rocm",
-    Backend.XPU: "moe-xpu",
-    Backend.REFERENCE: "moe-core",
-}
-
-_U, _F8, _W, _MX = QuantFamily.UNQUANTIZED, QuantFamily.FP8, QuantFamily.WNA16, QuantFamily.MXFP4
-
-# Order = preference. Reasons for each order live here, not inside the selector:
-# - CUDA: Triton first on Hopper: the measured anchors (anchors-h100.md) put tuned Triton ahead of
-#   torch._grouped_mm at M <= 512; FlashInfer trtllm paths run only on sm100 (their records refuse sm90).
-# - ROCm: AITER's assembly kernels lead on MI300 where they apply; Triton covers the rest.
-PRIORITIES: dict[Platform, dict[QuantFamily, tuple[Backend, ...]]] = {
-    Platform.CPU: {f: (Backend.CPU,) for f in QuantFamily},
-    Platform.CUDA: {
-        _U: (Backend.FLASHINFER_TRTLLM, Backend.TRITON, Backend.TORCH_GROUPED_MM, Backend.FLASHINFER_CUTLASS),
-        _F8: (Backend.FLASHINFER_TRTLLM, Backend.TRITON, Backend.FLASHINFER_CUTLASS),
-        _W: (Backend.FLASHINFER_TRTLLM, Backend.TRITON),
-        _MX: (Backend.FLASHINFER_TRTLLM, Backend.TRITON, Backend.FLASHINFER_CUTLASS),
-    },
-    Platform.ROCM: {f: (Backend.AITER, Backend.TRITON) for f in QuantFamily},
-    Platform.XPU: {f: (Backend.XPU, Backend.TRITON) for f in QuantFamily},
-}
+# The fp32 reference experts that core ships: always a candidate, never chosen automatically.
+REFERENCE_BACKEND = "reference"
 
 
 @dataclass(frozen=True)
@@ -116,6 +75,31 @@ def detect_device(device: torch.device | str | DeviceInfo | None = None) -> Devi
         index = device.index if device.index is not None else torch.xpu.current_device()
         return DeviceInfo(Platform.XPU, index, torch.xpu.get_device_name(index))
     raise ValueError(f"device type {device.type!r} is not supported: expected cpu, cuda (NVIDIA or ROCm) or xpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on `device` (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory that can still be allocated on `device`: the accelerator's free memory, or the host's
+    MemAvailable on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "xpu":
+        return torch.xpu.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _cpu_name() -> str:

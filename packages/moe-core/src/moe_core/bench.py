@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from moe_core.backends import detect_device
+from moe_core.backends import available_memory_bytes, detect_device, synchronize
 from moe_core.config import MoEConfig
 from moe_core.layer import FusedMoE
 from moe_core.oracle import NoBackendError, select
@@ -103,13 +103,6 @@ def _scheme(text: str, preset: Preset) -> MoEQuantConfig:
     return parse_scheme(text)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu":
-        torch.xpu.synchronize(device)
-
-
 def _time(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> list[float]:
     """Seconds per call, one sample per call."""
     return _time_interleaved([fn], device, warmup, repeats)[0]
@@ -122,13 +115,13 @@ def _time_interleaved(fns: list[Callable[[], object]], device: torch.device, war
     for _ in range(warmup):
         for fn in fns:
             fn()
-    _synchronize(device)
+    synchronize(device)
     samples: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for fn, out in zip(fns, samples):
             start = time.perf_counter()
             fn()
-            _synchronize(device)
+            synchronize(device)
             out.append(time.perf_counter() - start)
     return samples
 
@@ -158,20 +151,6 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype, repeats: int) -> 
         torch.set_num_threads(threads)
     return Ceilings(copy_gbps=2 * copy_bytes / copy_s / 1e9, matmul_tflops=2 * n ** 3 / mm_s / 1e12,
                     matmul_dtype=str(dtype).removeprefix("torch."), copy_bytes=copy_bytes, matmul_size=n)
-
-
-def _available_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _stored_bytes_per_param(quant: MoEQuantConfig, dtype: torch.dtype) -> float:
@@ -364,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
 
     rows: list[Row] = []
     refused: list[dict] = []
-    available = _available_memory_bytes(device)
+    available = available_memory_bytes(device)
     for preset in presets:
         quants = [_scheme(s, preset) for s in schemes]
         need = planned_bytes(preset.config, quants)

@@ -1,4 +1,5 @@
-"""The `moe` command (also `python -m moe_core`): doctor, explain, run, bench, tune."""
+"""The `moe` command (also `python -m moe_core`): doctor, explain, run, bench, and the subcommands
+that installed plugins contribute (`BackendSpec.commands`, e.g. moe-triton's `moe tune`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from moe_core.__about__ import PLUGIN_API, __version__
-from moe_core.backends import Platform, detect_device
+from moe_core.backends import Platform, available_memory_bytes, detect_device, synchronize
 from moe_core.config import MoEConfig, ParallelConfig
 from moe_core.hf_config import load_hf_config, moe_config_from_hf, quant_from_hf
 from moe_core.oracle import BackendUnavailableError, NoBackendError, select
@@ -24,7 +25,6 @@ from moe_core.presets import PRESETS, get_preset
 from moe_core.quant import MoEQuantConfig, parse_scheme
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_DISTRIBUTIONS = ("moe-core", "moe-cpu", "moe-triton", "moe-cuda", "moe-rocm", "moe-xpu")
 
 
 # ---- doctor ---------------------------------------------------------------------------------
@@ -62,12 +62,9 @@ def _experts_rows(reg) -> list[dict]:
 
 def doctor_report(require: Sequence[str] = ()) -> dict:
     reg = registry()
-    dists = {}
-    for name in _DISTRIBUTIONS:
-        try:
-            dists[name] = md.version(name)
-        except md.PackageNotFoundError:
-            continue
+    dists = {"moe-core": __version__}
+    for s in reg.statuses.values():
+        dists.setdefault(s.distribution, s.version)
     triton_version = None
     if importlib.util.find_spec("triton") is not None:
         try:
@@ -209,25 +206,10 @@ class _Progress:
         sys.stderr.flush()
 
 
-def _available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 1 << 62
-
-
 def _weight_bytes(config: MoEConfig, quant: MoEQuantConfig) -> int:
     params = config.num_local_experts * (config.w13_rows + config.intermediate_size_per_partition) * config.hidden_size
     bits = quant.weight.bits if quant.weight.quantized else torch.finfo(config.dtype).bits
     return params * bits // 8
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def cmd_run(args) -> int:
@@ -243,7 +225,7 @@ def cmd_run(args) -> int:
     print(f"model:   {name}\n{layer.plan.explain()}\n")
     # The canonical copy, the kernel copy and the fp32 reference of one expert at a time must fit.
     need = 2 * _weight_bytes(config, quant)
-    have = _available_memory(layer.device)
+    have = available_memory_bytes(layer.device)
     if need > have:
         raise MemoryError(f"{name} needs about {need / 2**30:.1f} GiB for its weights ({quant.name}) and "
                           f"{layer.device} has {have / 2**30:.1f} GiB available; try --ep-size to hold a slice "
@@ -264,10 +246,10 @@ def cmd_run(args) -> int:
         err = float((out.float() - ref).norm() / ref.norm().clamp(min=1e-30))
         times = []
         for _ in range(args.repeats):
-            _sync(layer.device)
+            synchronize(layer.device)
             t0 = time.perf_counter()
             layer(x, logits)
-            _sync(layer.device)
+            synchronize(layer.device)
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
         ok = err < tol
@@ -276,19 +258,24 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
-# ---- bench / tune (delegated) ---------------------------------------------------------------
+# ---- subcommands of plugins ----------------------------------------------------------------
+
+_CORE_COMMANDS = ("doctor", "explain", "run", "bench")
 
 
-def cmd_tune(tune_args: list[str]) -> int:
-    if importlib.util.find_spec("moe_triton") is None:
-        print("moe tune searches Triton kernel configs: install moe-triton (pip install moe-triton)", file=sys.stderr)
-        return 2
-    from moe_triton import tune
+def _plugin_commands() -> dict:
+    """`moe NAME` -> (plugin status, CommandRef) of the installed plugins; a name two plugins (or a plugin
+    and core) claim raises ValueError naming them."""
+    found = registry().commands()
+    for name in _CORE_COMMANDS:
+        if name in found:
+            raise ValueError(f"plugin {found[name][0].name} ({found[name][0].distribution}) contributes "
+                             f"`moe {name}`, which is a moe-core command")
+    return found
 
-    return tune.main(tune_args)
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
+    commands = _plugin_commands() if commands is None else commands
     p = argparse.ArgumentParser(prog="moe", description="Fused Mixture-of-Experts kernels behind an explainable "
                                 "backend oracle.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -319,16 +306,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)
     b.set_defaults(func=bench.main)
 
-    # Listed here for `moe --help`; `main` hands `moe tune ...` to the tuner's own parser (its --help too).
-    sub.add_parser("tune", help="search Triton kernel configs on this GPU and write them (needs moe-triton)")
+    # Listed for `moe --help`; `main` hands `moe NAME ...` to the plugin's own parser (its --help too).
+    for name, (status, ref) in sorted(commands.items()):
+        sub.add_parser(name, help=f"{ref.help} (from {status.distribution})")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["tune"]:
-        return cmd_tune(argv[1:])
-    args = build_parser().parse_args(argv)
+    try:
+        commands = _plugin_commands()
+    except ValueError as exc:
+        print(f"moe: error: {exc}", file=sys.stderr)
+        return 2
+    if argv[:1] and argv[0] in commands:
+        return registry().load_command(commands[argv[0]][1])(argv[1:])
+    args = build_parser(commands).parse_args(argv)
     try:
         return args.func(args)
     except (BackendUnavailableError, NoBackendError, ValueError, MemoryError) as exc:

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from moe_core.backends import Backend, DeviceInfo, Platform
+from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig, RoutingMethod
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
@@ -130,7 +130,7 @@ class Capability:
 class Experts(ABC):
     """Base of every experts class. Subclasses set the class attributes and implement `apply*`."""
 
-    backend: ClassVar[Backend]
+    backend: ClassVar[str]  # the name its plugin's ExpertsRef and Priority use
     capability: ClassVar[Capability]
     weight_processor: ClassVar[WeightProcessor]
     monolithic: ClassVar[bool] = False

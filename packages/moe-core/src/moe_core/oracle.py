@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.backends import DISTRIBUTION, PRIORITIES, Backend, DeviceInfo, detect_device
+from moe_core.backends import REFERENCE_BACKEND, DeviceInfo, Platform, detect_device
 from moe_core.config import MoEConfig
 from moe_core.experts import Experts
 from moe_core.plugins import ExpertsRef, PluginState, PluginStatus, Registry, registry
@@ -25,7 +25,14 @@ from moe_core.routing import route_torch
 __all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "apply_layer", "router_of", "select"]
 
 ENV_BACKEND = "MOE_BACKEND"
-_BUILTIN = (ExpertsRef(Backend.REFERENCE.value, "moe_core.reference:ReferenceExperts"),)
+_BUILTIN = (ExpertsRef(REFERENCE_BACKEND, "moe_core.reference:ReferenceExperts"),)
+# The distributions that bring kernels for each platform: the remedy printed when none is installed.
+INSTALL_HINTS: dict[Platform, str] = {
+    Platform.CPU: "moe-cpu",
+    Platform.CUDA: "moe-triton",
+    Platform.ROCM: "moe-triton",
+    Platform.XPU: "moe-triton",
+}
 
 
 class NoBackendError(RuntimeError):
@@ -118,19 +125,17 @@ def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> st
 
 
 def _backend_order(device: DeviceInfo, quant: MoEQuantConfig, reg: Registry) -> list[str]:
-    listed = [b.value for b in PRIORITIES.get(device.platform, {}).get(quant.family, ())]
-    extra = sorted(b for b in reg.backends() if b not in listed and b != Backend.REFERENCE.value)
-    return [*listed, *extra, Backend.REFERENCE.value]
+    """Installed backends by the rank their plugins declare for this platform and quantization family
+    (larger first, then by name); the reference last."""
+    plugged = reg.backends() - {REFERENCE_BACKEND}
+    ranked = sorted(plugged, key=lambda b: (-reg.rank(b, device.platform, quant.family), b))
+    return [*ranked, REFERENCE_BACKEND]
 
 
-def _missing_reason(backend: str, reg: Registry) -> tuple[str, str]:
-    """(source, reason) for a listed backend that no ready plugin provides."""
-    dist = DISTRIBUTION.get(Backend(backend)) if backend in Backend._value2member_map_ else "?"
-    for s in reg.statuses.values():
-        # A plugin that failed before returning its spec is matched by its distribution or its name.
-        if s.state is not PluginState.READY and (s.distribution == dist or s.name == backend):
-            return dist, f"plugin {s.name} is {s.state.value}: {s.reason}"
-    return dist, f"not installed (pip install {dist})"
+def _failed_plugin(name: str, reg: Registry) -> PluginStatus | None:
+    """The plugin named `name` if it failed before returning a spec (so its backends are unknown)."""
+    status = reg.statuses.get(name)
+    return status if status is not None and status.spec is None else None
 
 
 def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
@@ -147,26 +152,26 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
     order = _backend_order(dev, quant, reg)
     if forced is not None:
         forced = forced.strip().lower()
-        known = sorted({b.value for b in Backend} | reg.backends())
-        if forced not in known:
-            src = "prefer" if prefer is not None else ENV_BACKEND
-            raise BackendUnavailableError(f"{src}={forced!r} names no backend; known backends: {', '.join(known)}")
         if forced not in order:
-            order.append(forced)
+            src = "prefer" if prefer is not None else ENV_BACKEND
+            failed = _failed_plugin(forced, reg)
+            if failed is not None:
+                raise BackendUnavailableError(f"{src}={forced!r}: plugin {failed.name} ({failed.distribution}) "
+                                              f"is {failed.state.value}: {failed.reason}")
+            raise BackendUnavailableError(f"{src}={forced!r} names no installed backend; installed: "
+                                          f"{', '.join(sorted(order))}")
 
     refs_by_backend: dict[str, list[tuple[PluginStatus | None, ExpertsRef]]] = {}
     for status, ref in [*((None, r) for r in _BUILTIN), *reg.refs()]:
         refs_by_backend.setdefault(ref.backend, []).append((status, ref))
 
-    candidates: list[Candidate] = []
+    # Plugins that failed before naming their backends still get a row saying why.
+    candidates: list[Candidate] = [
+        Candidate(s.name, "-", s.distribution, False, f"plugin {s.name} is {s.state.value}: {s.reason}")
+        for s in reg.statuses.values() if s.spec is None]
     chosen: tuple[str, type[Experts]] | None = None
     for backend in order:
-        entries = refs_by_backend.get(backend, [])
-        if not entries:
-            source, reason = _missing_reason(backend, reg)
-            candidates.append(Candidate(backend, "-", source, False, reason))
-            continue
-        for status, ref in entries:
+        for status, ref in refs_by_backend[backend]:
             source = status.distribution if status else "moe-core"
             name = ref.path.rpartition(":")[2]
             if status is not None and status.state is not PluginState.READY:
@@ -180,7 +185,7 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
                 continue
             support = cls.supports(config, quant, dev)
             ok, reason = bool(support), support.reason
-            if ok and backend == Backend.REFERENCE.value and forced != backend:
+            if ok and backend == REFERENCE_BACKEND and forced != backend:
                 ok, reason = False, "never chosen automatically (prefer='reference' to use it)"
             take = ok and chosen is None and forced in (None, backend)
             if ok and not take:
@@ -196,5 +201,8 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
         if forced:
             why = [c.reason for c in candidates if c.backend == forced]
             raise BackendUnavailableError(f"backend {forced!r} cannot serve {head}: {'; '.join(why)}\n\n{table}")
-        raise NoBackendError(f"no backend can serve {head}\n\n{table}")
+        hint = ""
+        if not any(dev.platform in s.spec.platforms for s in reg.statuses.values() if s.spec is not None):
+            hint = f"\n\nno kernels for {dev.platform.value} are installed: pip install {INSTALL_HINTS[dev.platform]}"
+        raise NoBackendError(f"no backend can serve {head}\n\n{table}{hint}")
     return Plan(config, quant, dev, chosen[0], chosen[1], tuple(candidates), forced is not None)

@@ -11,6 +11,9 @@ Checks, in order, each before anything of the plugin runs that the next needs:
 2. the entry point imports and returns a valid `BackendSpec` named like the entry point;
 3. the spec's plugin API (major, minor) has core's major and a minor not above core's;
 4. the spec's probe says its platform is usable here.
+
+A spec also says where its backends rank on each platform (`Priority`: core keeps no table of
+vendors) and may contribute `moe` subcommands (`CommandRef`), imported only when run.
 """
 
 from __future__ import annotations
@@ -28,13 +31,16 @@ from packaging.version import Version
 
 from moe_core.__about__ import PLUGIN_API, __version__
 from moe_core.backends import Platform
+from moe_core.quant import QuantFamily
 
 __all__ = [
     "GROUP",
     "BackendSpec",
+    "CommandRef",
     "ExpertsRef",
     "PluginState",
     "PluginStatus",
+    "Priority",
     "Registry",
     "registry",
     "reset_registry",
@@ -51,12 +57,34 @@ class ExpertsRef:
 
 
 @dataclass(frozen=True)
+class Priority:
+    """Where a backend ranks on a platform. The oracle tries the larger rank first; ties go by
+    backend name. Convention: 100 for the platform's native kernels, 50 for portable ones."""
+
+    backend: str  # one of the spec's ExpertsRef backends
+    platform: Platform
+    rank: int
+    families: frozenset[QuantFamily] | None = None  # the quantization families it applies to; None: all
+
+
+@dataclass(frozen=True)
+class CommandRef:
+    """A `moe NAME ...` subcommand a plugin contributes."""
+
+    name: str  # the subcommand; unique across installed plugins
+    path: str  # "module:function": function(argv: list[str]) -> exit code, imported only when run
+    help: str  # one line for `moe --help`
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     name: str  # == the entry point's name
     api_version: tuple[int, int]  # the plugin API this plugin was written against
     platforms: tuple[Platform, ...]  # where its kernels can run
     experts: tuple[ExpertsRef, ...]  # in preference order within each backend
     probe: str | None = None  # "module:function" -> moe_core.experts.Support: is the platform usable here
+    priorities: tuple[Priority, ...] = ()  # API 1.1; a backend without one for a platform ranks 0 there
+    commands: tuple[CommandRef, ...] = ()  # API 1.1
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -66,6 +94,18 @@ class BackendSpec:
             raise ValueError(f"BackendSpec.api_version={v!r} must be a (major, minor) tuple of ints")
         if not all(isinstance(r, ExpertsRef) and ":" in r.path for r in self.experts):
             raise ValueError("BackendSpec.experts must be ExpertsRef(backend, 'module:Class') entries")
+        backends = {r.backend for r in self.experts}
+        for p in self.priorities:
+            if not isinstance(p, Priority) or not isinstance(p.rank, int):
+                raise ValueError(f"BackendSpec.priorities entry {p!r} must be a Priority with an int rank")
+            if p.backend not in backends:
+                raise ValueError(f"BackendSpec.priorities names backend {p.backend!r}, which the spec's experts "
+                                 f"do not serve (they serve {sorted(backends)})")
+        names = [c.name for c in self.commands]
+        if not all(isinstance(c, CommandRef) and c.name and ":" in c.path for c in self.commands):
+            raise ValueError("BackendSpec.commands must be CommandRef(name, 'module:function', help) entries")
+        if len(set(names)) != len(names):
+            raise ValueError(f"BackendSpec.commands repeats a name: {names}")
 
 
 class PluginState(enum.StrEnum):
@@ -170,6 +210,27 @@ class Registry:
 
     def backends(self) -> set[str]:
         return {r.backend for _, r in self.refs()}
+
+    def rank(self, backend: str, platform: Platform, family: QuantFamily) -> int:
+        """The highest rank any spec gives `backend` on `platform` for `family` (0 if none does)."""
+        ranks = [p.rank for s in self.statuses.values() if s.spec is not None for p in s.spec.priorities
+                 if p.backend == backend and p.platform is platform and (p.families is None or family in p.families)]
+        return max(ranks, default=0)
+
+    def commands(self) -> dict[str, tuple[PluginStatus, CommandRef]]:
+        """Subcommands of every plugin that produced a spec. A name two plugins claim raises ValueError."""
+        found: dict[str, tuple[PluginStatus, CommandRef]] = {}
+        for s in self.statuses.values():
+            for c in s.spec.commands if s.spec is not None else ():
+                if c.name in found:
+                    raise ValueError(f"plugins {found[c.name][0].name} and {s.name} both contribute "
+                                     f"`moe {c.name}`: uninstall one of {found[c.name][0].distribution}, "
+                                     f"{s.distribution}")
+                found[c.name] = (s, c)
+        return found
+
+    def load_command(self, ref: CommandRef) -> Callable[[list[str]], int]:
+        return _load_object(ref.path)
 
     def resolve(self, ref: ExpertsRef) -> type:
         """Import an experts class once; raises ImportError describing the failure."""

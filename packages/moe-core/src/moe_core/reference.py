@@ -103,7 +103,7 @@ def reference_moe(hidden_states: torch.Tensor, weights: ExpertWeights, config: M
 
 # ---- the reference as an experts class (never auto-selected; prefer="reference" to debug) ----
 
-from moe_core.backends import Backend, Platform  # noqa: E402
+from moe_core.backends import REFERENCE_BACKEND, Platform  # noqa: E402
 from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport  # noqa: E402
 from moe_core.quant import ZeroPoint  # noqa: E402
 from moe_core.weights.processor import PackedWeights  # noqa: E402
@@ -123,7 +123,7 @@ _ZP = frozenset(ZeroPoint)
 class ReferenceExperts(Experts):
     """The fp32 reference behind the experts interface: slow, exact, every scheme, every platform."""
 
-    backend = Backend.REFERENCE
+    backend = REFERENCE_BACKEND
     weight_processor = _KeepCanonical()
     capability = Capability(
         platforms=frozenset(Platform),

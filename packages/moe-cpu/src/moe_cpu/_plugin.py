@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moe_core.backends import Platform
-from moe_core.plugins import BackendSpec, ExpertsRef
+from moe_core.plugins import BackendSpec, ExpertsRef, Priority
 
 _CLASSES = (
     "CpuOneDnnExperts",
@@ -17,5 +17,6 @@ _CLASSES = (
 
 def backend_spec() -> BackendSpec:
     # The dequantizing class is last: it serves int4/int8 only where the packed classes refuse.
-    return BackendSpec(name="cpu", api_version=(1, 0), platforms=(Platform.CPU,),
-                       experts=tuple(ExpertsRef("cpu", f"moe_cpu.experts:{c}") for c in _CLASSES))
+    return BackendSpec(name="cpu", api_version=(1, 1), platforms=(Platform.CPU,),
+                       experts=tuple(ExpertsRef("cpu", f"moe_cpu.experts:{c}") for c in _CLASSES),
+                       priorities=(Priority("cpu", Platform.CPU, 100),))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from moe_core.backends import Backend, Platform
+from moe_core.backends import Platform
 from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
@@ -47,7 +47,7 @@ def _biases(weights: ExpertWeights, dtype: torch.dtype) -> dict[str, torch.Tenso
 class _CpuExperts(Experts):
     """Dispatch and activation shared by the CPU classes; subclasses compute one expert's GEMMs."""
 
-    backend = Backend.CPU
+    backend = "cpu"
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from moe_core.backends import Backend, Platform
-from moe_core.plugins import BackendSpec, ExpertsRef
+from moe_core.backends import Platform
+from moe_core.plugins import BackendSpec, CommandRef, ExpertsRef, Priority
 
-_TRITON = Backend.TRITON.value
+_TRITON = "triton"
 
 
 def backend_spec() -> BackendSpec:
     return BackendSpec(
         name="triton",
-        api_version=(1, 0),
+        api_version=(1, 1),
         platforms=(Platform.CUDA, Platform.ROCM, Platform.XPU),
         experts=(
             ExpertsRef(_TRITON, "moe_triton.experts:TritonExperts"),
@@ -20,4 +20,12 @@ def backend_spec() -> BackendSpec:
             ExpertsRef(_TRITON, "moe_triton.quantized:TritonMxfp4Experts"),
         ),
         probe="moe_triton._probe:probe",
+        # The portable kernels lead on NVIDIA; on AMD and Intel the vendor's own backend (rank 100) goes first.
+        priorities=(
+            Priority(_TRITON, Platform.CUDA, 100),
+            Priority(_TRITON, Platform.ROCM, 50),
+            Priority(_TRITON, Platform.XPU, 50),
+        ),
+        commands=(CommandRef("tune", "moe_triton.tune:main",
+                             "search Triton kernel configs on this GPU and write them"),),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_core.backends import Backend, DeviceInfo, Platform
+from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import UNQUANTIZED, Capability, Experts
 from moe_core.quant import MoEQuantConfig
@@ -52,7 +52,7 @@ def _on_tl_dot(tile: TileConfig) -> TileConfig:
 
 
 class TritonExperts(Experts):
-    backend = Backend.TRITON
+    backend = "triton"
     kernel_name = "bf16"  # the tuned-config family (fp16/fp32 layers use the same tiles, keyed by dtype)
     weight_processor = TritonWeightProcessor()
     router = "moe_triton.routing:route"

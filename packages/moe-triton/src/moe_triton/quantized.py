@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from moe_core.backends import Backend, DeviceInfo, Platform
+from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
@@ -196,7 +196,7 @@ class _Processor:
 
 
 class _QuantTritonExperts(Experts):
-    backend = Backend.TRITON
+    backend = "triton"
     # FusedMoE hands the router logits to `apply_monolithic`, which routes with the one-launch Triton
     # router (`router`, also what the oracle names), not moe_core's torch reference (several launches).
     monolithic = True

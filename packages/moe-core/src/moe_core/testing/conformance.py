@@ -30,6 +30,7 @@ __all__ = [
     "test_conformance_refusals_are_enforced",
     "test_conformance_reload_is_idempotent",
     "test_conformance_spec",
+    "test_conformance_tests_every_class",
 ]
 
 _E, _K, _N = 8, 256, 128
@@ -129,6 +130,24 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ---- the tests ------------------------------------------------------------------------------
+
+
+def test_conformance_tests_every_class(request: pytest.FixtureRequest) -> None:
+    """Each experts class must meet at least one scenario on each present device it claims: a class that
+    refuses every case would otherwise pass the suite with zero cases."""
+    plugin = request.module.CONFORMANCE_PLUGIN
+    classes = _plugin_classes(plugin)
+    assert classes, f"plugin {plugin!r} has no experts classes to test (is it installed and ready?)"
+    tested = 0
+    for cls in classes:
+        for device in _present_devices(cls):
+            names = [name for name, config, quant in SCENARIOS if cls.supports(config, quant, device)]
+            assert names, (f"{cls.name()} accepts none of the conformance scenarios on {device}: "
+                           f"{', '.join(n for n, _, _ in SCENARIOS)}")
+            tested += 1
+    if not tested:
+        platforms = sorted({p.value for cls in classes for p in cls.capability.platforms})
+        pytest.skip(f"no device of {platforms} is present")
 
 
 def test_conformance_spec(request: pytest.FixtureRequest) -> None:
