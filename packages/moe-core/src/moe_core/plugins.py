@@ -52,7 +52,7 @@ log = logging.getLogger("moe_core.plugins")
 
 @dataclass(frozen=True)
 class ExpertsRef:
-    backend: str  # backend name the class serves (a moe_core.backends.Backend value or a plugin's own)
+    backend: str  # the backend name the class serves, as its Experts.backend says
     path: str  # "module:Class", imported only when the oracle needs it
 
 

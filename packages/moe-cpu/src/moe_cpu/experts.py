@@ -1,9 +1,8 @@
 """CPU experts classes. Each sorts the routed pairs by expert and runs one MLP per expert that
 received tokens (never a loop over tokens); they differ in how an expert's GEMMs are computed.
 
-Why a loop over experts rather than `torch._grouped_mm`: on the 2-core AMD EPYC development
-machine a loop of plain `F.linear` and `_grouped_mm` measured equal for the qwen3-30b-a3b shape
-(1-128 tokens), and a loop can call oneDNN with prepacked weights, which was much faster.
+Why a loop over experts rather than `torch._grouped_mm`: on the CPU the two run equally fast,
+and only a loop can call oneDNN on weights prepacked once at load, which is faster than both.
 """
 
 from __future__ import annotations
@@ -103,8 +102,8 @@ class UnquantizedProcessor:
                                            **_biases(weights, config.dtype)})
 
 
-# oneDNN chooses its weight blocking for this many rows. Measured on the 2-core EPYC for the
-# qwen3-30b-a3b shape: 8 gave the best 8-128-token layers and matched plain F.linear at 1 token.
+# Rows per call that oneDNN blocks the prepacked weights for: a few rows per expert, as at decode
+# and small batches (8 was fastest from 8 to 128 tokens and level with F.linear at one).
 ONEDNN_ROWS_HINT = 8
 
 
@@ -142,8 +141,7 @@ class CpuOneDnnExperts(_CpuExperts):
     expert that received tokens.
 
     Why: with a few rows per expert (128 tokens x top-8 over 128 experts is 8), plain `F.linear`
-    re-blocks the weight on every call; prepacked, the qwen3-30b-a3b layer at 128 tokens took
-    58 ms instead of 106 ms on the 2-core EPYC, and the same time at 1 token.
+    re-blocks the weight on every call; prepacked once, that cost leaves the call.
     """
 
     weight_processor = OneDnnPrepackProcessor()
