@@ -4,7 +4,10 @@ Each tuned file's token counts replace those entries (config and measured times)
 the same name in BASE; the other token counts keep BASE's entries, and the `retuned` note gains a
 line saying which were replaced and why. Files only in TUNED are copied. The result goes to OUT (may be BASE).
 
-    python benchmarks/gpu/merge_tuned.py BASE TUNED OUT --note "after the GEMM1 epilogue fusion"
+    python benchmarks/gpu/merge_tuned.py BASE TUNED OUT --note "why these token counts were retuned"
+
+For example after `python -m moe_triton.tune --m 2048 8192 --out TUNED`, with BASE the shipped
+`moe_triton/configs` folder.
 """
 
 from __future__ import annotations

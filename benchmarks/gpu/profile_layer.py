@@ -1,15 +1,16 @@
 """Where one whole-layer call spends its time: GPU time per kernel, from torch.profiler.
 
-Same layer, inputs and weights as bench_triton.py; the L2 cache is flushed (a bitwise_not over
-256 MiB, left out of the table) before each of the profiled calls, as do_bench does. The table
-lists each kernel's GPU time per layer call and the sum; the gap between that sum and the graph
-replay time of bench_triton is launch and idle time. A kernel launched more than once per call
-(GEMM1 and GEMM2 of one kernel) is listed per launch, in launch order: "name #1", "name #2".
-With --graph the profiled calls are replays of a CUDA graph of the layer, as bench_triton times
+Same layer, weights and inputs as bench_layer.py (layer_timing.py; the first two input sets); the
+L2 cache is flushed (a bitwise_not over 256 MiB, left out of the table) before each of the profiled
+calls, as do_bench does. The table lists each kernel's GPU time per layer call and the sum; the gap
+between that sum and the graph replay time of bench_layer is launch and idle time. A kernel launched
+more than once per call (GEMM1 and GEMM2 of one kernel) is listed per launch, in launch order:
+"name #1", "name #2".
+With --graph the profiled calls are replays of a CUDA graph of the layer, as bench_layer times
 them, and each cell also reports the span from the first kernel's start to the last one's end
 (median over the calls): span - sum is the idle time between the layer's kernels.
 
-    python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4] [--graph]
+    python benchmarks/gpu/profile_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4 mxfp4] [--graph]
 """
 
 from __future__ import annotations
@@ -18,26 +19,22 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 
 import torch
-from bench_triton import _bf16_weights
+from layer_timing import DTYPES, PRESETS, build_layer, input_sets
 
 CALLS = 10
 
 
-def profile_cell(layer, cfg, M: int, dev, graph: bool) -> tuple[list[tuple[str, float, int]], float | None]:
+def profile_cell(layer, preset, M: int, dev, graph: bool) -> tuple[list[tuple[str, float, int]], float | None]:
     """(kernel name, GPU us per call, launches per call) rows, and with `graph` the median span."""
-    gen = torch.Generator(device=dev).manual_seed(M)
-    inputs = [(torch.randn(M, cfg.hidden_size, device=dev, generator=gen, dtype=torch.bfloat16),
-               torch.randn(M, cfg.num_experts, device=dev, generator=gen)) for _ in range(2)]
-    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
+    inputs = input_sets(preset, M, dev)[:2]
     flush = torch.empty(64 << 20, dtype=torch.int32, device=dev)
     for x, logits in inputs:
-        layer(x, logits, bias)
+        layer(x, logits)
     torch.cuda.synchronize()
-    calls = [lambda x=x, logits=logits: layer(x, logits, bias) for x, logits in inputs]
+    calls = [lambda x=x, logits=logits: layer(x, logits) for x, logits in inputs]
     if graph:
         graphs = []
         for call in calls:
@@ -76,17 +73,13 @@ def profile_cell(layer, cfg, M: int, dev, graph: bool) -> tuple[list[tuple[str, 
 
 def main(argv=None) -> int:
     from moe_core.backends import detect_device
-    from moe_core.oracle import apply_layer
     from moe_core.presets import get_preset
-    from moe_triton.experts import TritonExperts
-    from moe_triton.quantized import TritonWna16Experts
-    from moe_triton.tune import random_int4_weights
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--preset", nargs="*", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"])
+    p.add_argument("--preset", nargs="*", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"], choices=PRESETS)
     p.add_argument("--m", nargs="*", type=int, default=[1, 8, 512, 2048])
-    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=["bf16", "int4"])
+    p.add_argument("--dtypes", nargs="*", default=["bf16", "int4"], choices=DTYPES)
     p.add_argument("--graph", action="store_true", help="profile CUDA graph replays and report each call's span")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -95,21 +88,10 @@ def main(argv=None) -> int:
     result = {"device": info.name, "torch": torch.__version__, "cells": []}
     for name in args.preset:
         preset = get_preset(name)
-        cfg = preset.config
         for dtype in args.dtypes:
-            if dtype == "int4":
-                quant, weights = random_int4_weights(cfg, preset.int4_group_size, dev)
-                experts = TritonWna16Experts(cfg, quant, info)
-            else:
-                quant, weights = _bf16_weights(cfg, dev)
-                experts = TritonExperts(cfg, quant, info)
-            experts.load_weights(weights)
-            del weights
-
-            layer = partial(apply_layer, experts)  # as FusedMoE calls it
-
+            layer = build_layer(preset, dtype, dev)
             for M in args.m:
-                rows, span = profile_cell(layer, cfg, M, dev, args.graph)
+                rows, span = profile_cell(layer, preset, M, dev, args.graph)
                 total = sum(r[1] for r in rows)
                 result["cells"].append({"model": name, "dtype": dtype, "M": M, "kernels": rows, "sum_us": total,
                                         "span_us": span})
@@ -118,7 +100,7 @@ def main(argv=None) -> int:
                       f"{spanned}")
                 for kname, us, count in rows:
                     print(f"  {us:8.1f} us  x{count}  {kname}")
-            del experts
+            del layer
             torch.cuda.empty_cache()
     (args.out / f"profile_{info.name.replace(' ', '_')}.json").write_text(json.dumps(result, indent=1))
     return 0

@@ -14,8 +14,9 @@
 # ncu: Nsight Compute counters (throughput, occupancy, stall reasons) of both GEMMs of one layer call
 #      for a few cells (benchmarks/gpu/ncu_layer.py) -> $OUT/ncu_<preset>_<dtype>_M<m>.txt.
 # tune:  python -m moe_triton.tune for the five presets -> $OUT/configs.tar (copy into moe_triton/configs/).
-# bench: benchmarks/gpu/bench_triton.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
+# bench: benchmarks/gpu/bench_layer.py -> $OUT/bench_triton_<device>.{json,md,png}; uses the
 #        configs tuned in this same call when the tune phase ran first.
+# A/B experiments are not a phase: run benchmarks/gpu/ab_layer.py directly (its docstring).
 # Everything printed also goes to $OUT/run.log. Each phase's exit status is reported; a failing
 # phase does not stop the later ones, and the script exits non-zero if any failed.
 set -uo pipefail
@@ -33,9 +34,8 @@ python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$W
 export PYTHONPATH=$SITE
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-# The tests spend 93% of a serial run compiling kernels on the CPU, one process each (session 30: 451 of
-# 486 s, measured with -p compile_timing): spread them over up to 8 pytest-xdist workers where it is
-# installed (8 on the H100 machine: 80 s).
+# The tests spend most of a serial run compiling kernels on the CPU (-p compile_timing shows it): spread
+# them over up to 8 pytest-xdist workers where it is installed.
 XDIST=()
 if python3 -c "import xdist" 2>/dev/null; then XDIST=(-n "$(( $(nproc) < 8 ? $(nproc) : 8 ))"); fi
 failed=0
@@ -74,7 +74,7 @@ for phase in "$@"; do
       tar -C "$OUT" -cf "$OUT/configs.tar" configs && rm -rf /tmp/moe-tuned && mv "$OUT/configs" /tmp/moe-tuned ;;
     bench)
       if [ -d /tmp/moe-tuned ]; then export MOE_TRITON_CONFIG_DIR=/tmp/moe-tuned; fi
-      python3 "$HERE/bench_triton.py" --out "$OUT"
+      python3 "$HERE/bench_layer.py" --out "$OUT"
       rc=$? ;;
     *) echo "unknown phase $phase (tests, parity, profile, ncu, tune, bench)"; rc=2 ;;
   esac

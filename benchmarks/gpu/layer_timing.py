@@ -1,0 +1,136 @@
+"""What the GPU scripts share: the layers they build and the protocol that times them.
+
+A layer is `moe_core.FusedMoE` on the triton backend with random weights of a preset's real shape
+(`ExpertWeights.random`, seed 0, drawn on the GPU): bf16, int4 W4A16 (symmetric, a bf16 scale per
+the preset's int4 group, no zero points) or MXFP4 (e2m1 codes, an e8m0 scale per 32). Routings with
+a correction bias (DeepSeek-V3) get a small one, so the routing stays close to the uniform one the
+floor's expected count of distinct experts assumes (a 0.1 bias concentrated DeepSeek's choices on
+fewer experts).
+
+`time_layer` is the benchmark's protocol: the layer captured in CUDA graphs over rotating input sets
+(8 sets, 2 above 512 tokens, so consecutive replays read other activations), timed with
+triton.testing.do_bench (L2 flushed before every replay; median), the SM clock sampled meanwhile.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from moe_core import FusedMoE
+from moe_core.bench import SmClockSampler
+from moe_core.presets import Preset
+from moe_core.quant import MoEQuantConfig, int4_w4a16, mxfp4_w4a16, unquantized
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+
+PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
+TOKEN_COUNTS = (1, 8, 32, 128, 512, 2048, 8192)
+DTYPES = ("bf16", "int4", "mxfp4")
+
+Layer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def layer_quant(preset: Preset, dtype: str) -> MoEQuantConfig:
+    """The quantization a benchmark dtype names: bf16, int4 (the preset's int4 group size) or mxfp4."""
+    if dtype == "bf16":
+        return unquantized()
+    if dtype == "int4":
+        return int4_w4a16(preset.int4_group_size)
+    if dtype == "mxfp4":
+        return mxfp4_w4a16()
+    raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+
+
+def random_weights(preset: Preset, dtype: str, device: torch.device) -> ExpertWeights:
+    return ExpertWeights.random(preset.config, layer_quant(preset, dtype), seed=0, device=device)
+
+
+def correction_bias(preset: Preset, device: torch.device) -> torch.Tensor | None:
+    cfg = preset.config
+    if not cfg.routing.has_correction_bias:
+        return None
+    return torch.randn(cfg.num_experts, device=device, generator=torch.Generator(device=device).manual_seed(0)) * 1e-3
+
+
+def build_layer(preset: Preset, dtype: str, device: torch.device, weights: ExpertWeights | None = None) -> FusedMoE:
+    """The preset's layer on the triton backend, loaded with `weights` (default: `random_weights`).
+    Raises moe_core.oracle.BackendUnavailableError where the triton backend cannot serve it."""
+    layer = FusedMoE(preset.config, layer_quant(preset, dtype), device=device, prefer="triton")
+    layer.load_weights(weights if weights is not None else random_weights(preset, dtype, device),
+                       correction_bias=correction_bias(preset, device))
+    return layer
+
+
+def input_sets(preset: Preset, tokens: int, device: torch.device, sets: int | None = None
+               ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden states, router logits) pairs of `tokens` tokens, seeded by the token count."""
+    cfg = preset.config
+    sets = sets if sets is not None else (8 if tokens <= 512 else 2)
+    gen = torch.Generator(device=device).manual_seed(tokens)
+    return [(torch.randn(tokens, cfg.hidden_size, device=device, generator=gen, dtype=torch.bfloat16),
+             torch.randn(tokens, cfg.num_experts, device=device, generator=gen)) for _ in range(sets)]
+
+
+def distinct_experts(preset: Preset, inputs: list[tuple[torch.Tensor, torch.Tensor]],
+                     bias: torch.Tensor | None) -> float:
+    """Mean count of distinct experts the input sets route to (the floor assumes the uniform routing's)."""
+    cfg = preset.config
+    return statistics.mean(route_torch(logits, cfg.routing, cfg.top_k, bias)[1].unique().numel()
+                           for _, logits in inputs)
+
+
+def time_layer(layer: Layer, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """{"us": median microseconds per call, "sm_clock_mhz": median SM clock or None} of `layer`
+    replayed from one CUDA graph per input set, the sets taken in turn."""
+    from triton.testing import do_bench
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(*inputs[0])  # compiles and warms up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for x, logits in inputs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer(x, logits)
+        graphs.append(graph)
+    turn = [0]
+
+    def replay():
+        graphs[turn[0] % len(graphs)].replay()
+        turn[0] += 1
+
+    with SmClockSampler(inputs[0][0].device) as clock:
+        us = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
+    graphs.clear()  # free the captured memory before the next cell
+    return {"us": us, "sm_clock_mhz": clock.median}
+
+
+def reference_error(layer: Layer, preset: Preset, weights: ExpertWeights, x: torch.Tensor, logits: torch.Tensor,
+                    bias: torch.Tensor | None) -> float:
+    """Relative L2 error of `layer` against an fp32 reference over the experts the tokens touch (the
+    full dequantized copy would not fit); unquantized weights only."""
+    from moe_core.reference import apply_activation
+
+    cfg = preset.config
+    tw, ti = route_torch(logits, cfg.routing, cfg.top_k, bias)
+    ref = torch.zeros(x.shape[0], cfg.hidden_size, device=x.device)
+    for e in ti.unique().tolist():
+        tok, slot = (ti == e).nonzero(as_tuple=True)
+        h = x[tok].float() @ weights.w13[e].float().T
+        if weights.has_bias:
+            h = h + weights.w13_bias[e].float()
+        y = apply_activation(h, cfg.activation) @ weights.w2[e].float().T
+        if weights.has_bias:
+            y = y + weights.w2_bias[e].float()
+        ref.index_add_(0, tok, y * tw[tok, slot, None])
+    out = layer(x, logits).float()
+    return float((out - ref).norm() / ref.norm())
+
+
+def mhz(clock: float | None) -> str:
+    return f"{clock:.0f} MHz" if clock is not None else "n/a"

@@ -1,4 +1,0 @@
-rm -rf /tmp/moe-site && python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/moe-site .carry/wheels/*.whl
-export PYTHONPATH=/tmp/moe-site:benchmarks/gpu PYTHONUNBUFFERED=1 MOE_TEST_REQUIRE_DEVICE=cuda TRITON_CACHE_DIR=/tmp/tcache
-timeout 330 python3 .carry/narrow_ab.py mixtral-8x7b:128/512,qwen3-30b-a3b:512,qwen3-235b-a22b:512,gpt-oss-120b:2048,deepseek-v3:2048 64x256x4,32x256x4 2 2>&1 | tee $OUT/narrow_ab.log
-timeout 240 python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant.py -k wgmma 2>&1 | tail -8 | tee $OUT/tests_wgmma.log

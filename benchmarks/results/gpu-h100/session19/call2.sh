@@ -1,3 +1,0 @@
-rm -rf /tmp/moe-site && python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/moe-site .carry/wheels/*.whl
-export PYTHONPATH=/tmp/moe-site:benchmarks/gpu PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache MOE_TEST_REQUIRE_DEVICE=cuda
-timeout 560 python3 .carry/variant_ab.py 3 'mixtral-8x7b:512:tail16,tail8,tail16+s3;qwen3-30b-a3b:2048:tail16,tail16+s3;qwen3-30b-a3b:8192:tail16+s3,tail8+s3;qwen3-235b-a22b:2048:tail16,tail8;qwen3-235b-a22b:8192:tail8,tail16;gpt-oss-120b:8192:tail16+s3,tail8+s3;deepseek-v3:8192:tail16,tail16+s3,tail8+s3' 2>&1 | grep -v Warn | tee $OUT/tail_ab2.log

@@ -1,1 +1,0 @@
-OUT=$OUT/bench timeout 420 bash benchmarks/gpu/run.sh .carry/wheels bench

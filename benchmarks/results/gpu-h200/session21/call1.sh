@@ -1,6 +1,0 @@
-rm -rf /tmp/moe-site && python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/moe-site .carry/wheels/*.whl
-export PYTHONPATH=/tmp/moe-site:benchmarks/gpu PYTHONUNBUFFERED=1 MOE_TEST_REQUIRE_DEVICE=cuda TRITON_CACHE_DIR=/tmp/tcache
-nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 130 python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_experts.py -k "wgmma_gemm_on_gpu or persistent" 2>&1 | tail -3 | tee $OUT/tests_h200.log
-V="pers,pers+g1,pers+g4"
-timeout 400 python3 .carry/pers_ab.py 2 "mixtral-8x7b:8192:$V;mixtral-8x7b:2048:$V;qwen3-30b-a3b:8192:$V;qwen3-30b-a3b:2048:$V;qwen3-235b-a22b:8192:$V;qwen3-235b-a22b:2048:$V;gpt-oss-120b:8192:$V;gpt-oss-120b:2048:$V;deepseek-v3:8192:$V" 2>&1 | grep -v "vs shipped 0.00e+00" | tee $OUT/pers_ab_h200.log

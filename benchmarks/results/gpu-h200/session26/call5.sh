@@ -1,1 +1,0 @@
-source .carry/s25_pre.sh >/dev/null; timeout 400 python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant.py -k "shipped_int4_shapes and gpt-oss" 2>&1 | tail -3 | tee $OUT/tests_gptoss_shapes_h200.log

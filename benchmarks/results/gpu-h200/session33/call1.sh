@@ -1,2 +1,0 @@
-# kind nvidia-h200
-OUT=$OUT timeout 580 bash benchmarks/gpu/run.sh .carry/wheels tests bench
