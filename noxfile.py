@@ -18,14 +18,26 @@ nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "tests", "wheels"]
 
 ROOT = Path(__file__).parent
-PACKAGES = ("moe-core", "moe-cpu", "moe-triton")
+PACKAGES = ("moe-core", "moe-cpu", "moe-triton", "moe-rocm", "moe-xpu")
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["integration"]
 # Which plugins each device runs, and the distributions that bring them.
-DEVICE_PLUGINS = {"cuda": ("triton",), "rocm": ("triton",), "xpu": ("triton",)}
+DEVICE_PLUGINS = {"cuda": ("triton",), "rocm": ("aiter", "triton"), "xpu": ("xpu", "triton")}
 # Combinations of built wheels that must install and work on their own.
-COMBINATIONS = {"core": ("moe-core",), "core+cpu": ("moe-core", "moe-cpu"), "all": PACKAGES}
-PLUGIN_OF = {"moe-cpu": "cpu", "moe-triton": "triton"}
+COMBINATIONS = {
+    "core": ("moe-core",),
+    "core+cpu": ("moe-core", "moe-cpu"),
+    "core+rocm": ("moe-core", "moe-rocm"),
+    "core+xpu": ("moe-core", "moe-xpu"),
+    "all": PACKAGES,
+}
+PLUGIN_OF = {"moe-cpu": "cpu", "moe-triton": "triton", "moe-rocm": "aiter", "moe-xpu": "xpu"}
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100")
+# The lock holds the default registry's torch. Runners of other vendors swap in their vendor's torch
+# build and kernels after the sync (written from the vendors' install docs; no such runner has run it).
+VENDOR_INSTALLS = {
+    "rocm": (("--index-url", "https://download.pytorch.org/whl/rocm6.4", "torch>=2.11"), ("--pre", "amd-aiter")),
+    "xpu": (("--index-url", "https://download.pytorch.org/whl/xpu", "torch>=2.14"), ("vllm-xpu-kernels~=0.1.16.2",)),
+}
 # Device runs spend most of their time compiling Triton kernels, one CPU process per compile (93% of
 # a serial H100 run): they spread the tests over up to 8 pytest-xdist workers.
 DEVICE_WORKERS = ("-n", str(min(8, os.cpu_count() or 1)))
@@ -99,6 +111,8 @@ def bench(session: nox.Session) -> None:
 def device(session: nox.Session, device: str) -> None:
     """Run the device-marked tests and the conformance suite on real hardware (self-hosted runners)."""
     _sync(session)
+    for args in VENDOR_INSTALLS.get(device, ()):
+        session.install(*args)
     session.run("moe", "doctor", "--require", device)
     env = {"MOE_TEST_REQUIRE_DEVICE": device}
     session.run("pytest", "-q", "-p", "no:cacheprovider", *DEVICE_WORKERS, *TEST_DIRS, env=env)

@@ -30,8 +30,8 @@ _BUILTIN = (ExpertsRef(REFERENCE_BACKEND, "moe_core.reference:ReferenceExperts")
 INSTALL_HINTS: dict[Platform, str] = {
     Platform.CPU: "moe-cpu",
     Platform.CUDA: "moe-triton",
-    Platform.ROCM: "moe-triton",
-    Platform.XPU: "moe-triton",
+    Platform.ROCM: "moe-rocm moe-triton",
+    Platform.XPU: "moe-xpu[kernels] moe-triton",
 }
 
 
