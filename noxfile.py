@@ -18,19 +18,27 @@ nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "tests", "wheels"]
 
 ROOT = Path(__file__).parent
-PACKAGES = ("moe-core", "moe-cpu", "moe-triton", "moe-rocm", "moe-xpu")
+PACKAGES = ("moe-core", "moe-cpu", "moe-triton", "moe-cuda", "moe-rocm", "moe-xpu")
 TEST_DIRS = [f"packages/{p}/tests" for p in PACKAGES] + ["integration"]
 # Which plugins each device runs, and the distributions that bring them.
-DEVICE_PLUGINS = {"cuda": ("triton",), "rocm": ("aiter", "triton"), "xpu": ("xpu", "triton")}
+DEVICE_PLUGINS = {"cuda": ("triton", "cuda"), "rocm": ("aiter", "triton"), "xpu": ("xpu", "triton")}
 # Combinations of built wheels that must install and work on their own.
 COMBINATIONS = {
     "core": ("moe-core",),
     "core+cpu": ("moe-core", "moe-cpu"),
+    "core+cuda": ("moe-core", "moe-cuda"),
     "core+rocm": ("moe-core", "moe-rocm"),
     "core+xpu": ("moe-core", "moe-xpu"),
     "all": PACKAGES,
 }
-PLUGIN_OF = {"moe-cpu": "cpu", "moe-triton": "triton", "moe-rocm": "aiter", "moe-xpu": "xpu"}
+# The plugins (entry points) each distribution brings.
+PLUGINS_OF = {
+    "moe-cpu": ("cpu",),
+    "moe-triton": ("triton",),
+    "moe-cuda": ("cuda", "flashinfer"),
+    "moe-rocm": ("aiter",),
+    "moe-xpu": ("xpu",),
+}
 TEST_DEPS = ("pytest>=8", "hypothesis>=6.100")
 # The lock holds the default registry's torch. Runners of other vendors swap in their vendor's torch
 # build and kernels after the sync (written from the vendors' install docs; no such runner has run it).
@@ -79,8 +87,9 @@ def wheels(session: nox.Session) -> None:
         # The project comes from its built wheels only; third-party dependencies from the registry.
         session.run("uv", "pip", "install", "--quiet", "--python", py, *[str(built[m]) for m in members],
                     *TEST_DEPS, external=True)
-        _check_doctor(session, py, expected={PLUGIN_OF[m] for m in members if m in PLUGIN_OF})
-        for plugin in ["reference", *(PLUGIN_OF[m] for m in members if m in PLUGIN_OF)]:
+        plugins = [p for m in members for p in PLUGINS_OF.get(m, ())]
+        _check_doctor(session, py, expected=set(plugins))
+        for plugin in ["reference", *plugins]:
             session.run(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "moe_core.testing.pytest_plugin",
                         "--rootdir", str(ROOT / "integration" / "installed"), "-c", os.devnull,
                         str(ROOT / "integration" / "installed"), env={"MOE_CONFORMANCE_PLUGIN": plugin},

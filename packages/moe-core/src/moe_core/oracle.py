@@ -29,7 +29,7 @@ _BUILTIN = (ExpertsRef(REFERENCE_BACKEND, "moe_core.reference:ReferenceExperts")
 # The distributions that bring kernels for each platform: the remedy printed when none is installed.
 INSTALL_HINTS: dict[Platform, str] = {
     Platform.CPU: "moe-cpu",
-    Platform.CUDA: "moe-triton",
+    Platform.CUDA: "moe-triton moe-cuda",
     Platform.ROCM: "moe-rocm moe-triton",
     Platform.XPU: "moe-xpu[kernels] moe-triton",
 }

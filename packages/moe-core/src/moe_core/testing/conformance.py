@@ -100,6 +100,12 @@ def _present_devices(cls: type[Experts]) -> list[DeviceInfo]:
     return [d for d in devices if d.platform in cls.capability.platforms]
 
 
+def _in_capability_range(cls: type[Experts], device: DeviceInfo) -> bool:
+    cap, have = cls.capability, device.capability
+    return have is None or not ((cap.min_capability and have < cap.min_capability)
+                                or (cap.max_capability and have > cap.max_capability))
+
+
 def cases(plugin: str) -> list[Case]:
     out = []
     for cls in _plugin_classes(plugin):
@@ -120,10 +126,6 @@ def _layer_inputs(case: Case, m: int, seed: int):
     return x.to(dev), logits.to(dev), bias.to(dev) if bias is not None else None
 
 
-def _backend_name(cls: type[Experts]) -> str:
-    return getattr(cls.backend, "value", cls.backend)
-
-
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.isfinite(out).all(), "kernel output has NaN/Inf"
     return float((out.float() - ref).norm() / ref.norm())
@@ -133,14 +135,14 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_conformance_tests_every_class(request: pytest.FixtureRequest) -> None:
-    """Each experts class must meet at least one scenario on each present device it claims: a class that
-    refuses every case would otherwise pass the suite with zero cases."""
+    """Each experts class must meet at least one scenario on each present device it claims (platform and
+    compute capability): a class that refuses every case would otherwise pass the suite with zero cases."""
     plugin = request.module.CONFORMANCE_PLUGIN
     classes = _plugin_classes(plugin)
     assert classes, f"plugin {plugin!r} has no experts classes to test (is it installed and ready?)"
     tested = 0
     for cls in classes:
-        for device in _present_devices(cls):
+        for device in (d for d in _present_devices(cls) if _in_capability_range(cls, d)):
             names = [name for name, config, quant in SCENARIOS if cls.supports(config, quant, device)]
             assert names, (f"{cls.name()} accepts none of the conformance scenarios on {device}: "
                            f"{', '.join(n for n, _, _ in SCENARIOS)}")
@@ -161,7 +163,7 @@ def test_conformance_spec(request: pytest.FixtureRequest) -> None:
     assert status.spec.experts, f"plugin {plugin!r} declares no experts classes"
     for ref in status.spec.experts:
         cls = registry().resolve(ref)
-        assert _backend_name(cls) == ref.backend, f"{ref.path} serves {_backend_name(cls)!r}, spec says {ref.backend!r}"
+        assert cls.backend == ref.backend, f"{ref.path} serves {cls.backend!r}, spec says {ref.backend!r}"
         assert isinstance(cls.weight_processor.layout, str) and cls.weight_processor.layout
         assert cls.capability.schemes and cls.capability.activations and cls.capability.platforms
 
@@ -218,7 +220,7 @@ def test_conformance_refusals_are_enforced(request: pytest.FixtureRequest) -> No
     """Every scenario a class refuses on a present device is refused by the oracle when forced."""
     for cls in _plugin_classes(request.module.CONFORMANCE_PLUGIN):
         for device in _present_devices(cls):
-            backend = _backend_name(cls)
+            backend = cls.backend
             for _name, config, quant in SCENARIOS:
                 if any(c.supports(config, quant, device) for c in _plugin_classes(request.module.CONFORMANCE_PLUGIN)
                        if c.backend == cls.backend):

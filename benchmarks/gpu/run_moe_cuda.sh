@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One device call for moe-cuda: install the project from wheels, unpack the carried vendor libraries,
+# run moe-cuda's tests (device-marked ones and moe-core's conformance suite) on the GPU, then a small
+# side-by-side benchmark of moe-triton against each moe-cuda backend.
+#
+#   here:       uv build --all-packages -o .carry/wheels
+#               (the vendor libraries, xz-compressed: .carry/vendor/_moe_C_stable_libtorch.abi3.so.xz from
+#                vllm 0.26.0, .carry/vendor/common_ops.abi3.so.xz from sglang-kernel 0.4.6's sgl_kernel/sm90/)
+#   on the GPU: bash benchmarks/gpu/run_moe_cuda.sh .carry/wheels [.carry/vendor] [tests] [bench]
+#               (carry: .carry/wheels and .carry/vendor)
+#
+# Phases (default: tests bench): each one's exit status is reported; a failing phase does not stop
+# the next; the script exits non-zero if any failed. Everything printed also goes to
+# $OUT/run_moe_cuda.log; the benchmark writes $OUT/bench_moe_cuda_<device>.{json,md}.
+set -uo pipefail
+WHEELS=${1:?usage: run_moe_cuda.sh WHEEL_DIR [VENDOR_DIR] [PHASE...]}
+shift
+VENDOR=.carry/vendor
+if [ $# -gt 0 ] && [ -d "$1" ]; then VENDOR=$1; shift; fi
+PHASES=("$@")
+[ ${#PHASES[@]} -gt 0 ] || PHASES=(tests bench)
+OUT=${OUT:-/tmp/moe-gpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/run_moe_cuda.log") 2>&1
+export PYTHONUNBUFFERED=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+SITE=/tmp/moe-site
+rm -rf "$SITE"
+python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$WHEELS"/*.whl || exit 3
+export PYTHONPATH=$SITE
+
+# The vendor libraries, decompressed once per machine; moe-cuda finds them through these variables.
+LIBS=/tmp/moe-cuda-libs
+mkdir -p "$LIBS"
+for packed in "$VENDOR"/*.so.xz; do
+  target="$LIBS/$(basename "$packed" .xz)"
+  [ -f "$target" ] || python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+    "$packed" "$target" || exit 4
+done
+export MOE_CUDA_MARLIN_LIB=$LIBS/_moe_C_stable_libtorch.abi3.so
+export MOE_CUDA_SGLANG_LIB=$LIBS/common_ops.abi3.so
+ls -l "$LIBS"
+# Marlin's sm_80 PTX is compiled by the driver on first use (~50 s on Hopper): one cache for every
+# process of this call, large enough to keep it.
+export CUDA_CACHE_PATH=/tmp/moe-cuda-ptx-cache
+export CUDA_CACHE_MAXSIZE=4294967296
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+python3 -m moe_core doctor --require cuda | grep -E "cuda|moe-cuda|NOT validated" | cut -c1-200
+
+failed=0
+for phase in "${PHASES[@]}"; do
+  start=$(date +%s)
+  case "$phase" in
+    tests)
+      # Serial: xdist workers would each compile Marlin's PTX before the cache holds it.
+      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 "$ROOT/packages/moe-cuda/tests"
+      rc=$? ;;
+    bench)
+      python3 "$HERE/bench_moe_cuda.py" --out "$OUT" --budget-s 240
+      rc=$? ;;
+    *) echo "unknown phase $phase (tests, bench)"; rc=2 ;;
+  esac
+  echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"
+  [ "$rc" -eq 0 ] || failed=1
+done
+exit $failed

@@ -1,0 +1,73 @@
+"""Pad-free expert permutation and the steps around the grouped GEMMs, in torch, without a host sync.
+
+Routed (token, choice) pairs are sorted by local expert; each expert's rows are one contiguous
+segment of the sorted rows, `offsets` holding each segment's end (int32, cumulative), which is what
+`torch._grouped_mm` and the CUTLASS grouped GEMMs read. Choices of experts another rank owns (expert
+parallelism) are sorted after every local segment, computed by no GEMM, and masked out of the sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_core.config import MoEConfig
+from moe_core.reference import apply_activation
+
+__all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert"]
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertPermutation:
+    pair: torch.Tensor  # int64 [P], P = M * top_k: the flat index (token * top_k + choice) of each sorted pair
+    token: torch.Tensor  # int64 [P]: the token row of each sorted pair
+    expert: torch.Tensor  # int64 [P]: its local expert; num_local_experts for choices owned elsewhere (last)
+    weight: torch.Tensor  # fp32 [P]: its router weight
+    offsets: torch.Tensor  # int32 [E_local]: end row of each local expert's segment (nondecreasing)
+    starts: torch.Tensor  # int32 [E_local]: start row of each segment (offsets shifted right by one)
+    counts: torch.Tensor  # int32 [E_local]: rows per local expert
+
+    @property
+    def local(self) -> torch.Tensor:
+        """bool [P]: the pair is computed here (its expert is local)."""
+        return self.expert < self.counts.numel()
+
+
+def permute_by_expert(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_local_experts: int,
+                      expert_map: torch.Tensor | None) -> ExpertPermutation:
+    """Sort the M * top_k routed pairs by local expert (stable: token order within an expert)."""
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
+                         "must both be [M, top_k]")
+    ids = topk_ids.reshape(-1).long()
+    if expert_map is not None:
+        ids = expert_map.to(ids.device).long()[ids]
+        ids = torch.where(ids < 0, num_local_experts, ids)
+    order = torch.argsort(ids, stable=True)
+    sorted_ids = ids[order]
+    counts = torch.zeros(num_local_experts + 1, dtype=torch.int32, device=ids.device)
+    counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    counts = counts[:num_local_experts]
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+    return ExpertPermutation(pair=order, token=order // topk_ids.shape[1], expert=sorted_ids,
+                             weight=topk_weights.reshape(-1).float()[order], offsets=offsets,
+                             starts=offsets - counts, counts=counts)
+
+
+def activate(h: torch.Tensor, config: MoEConfig) -> torch.Tensor:
+    """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it."""
+    return apply_activation(h.float(), config.activation).to(h.dtype)
+
+
+def combine(y: torch.Tensor, perm: ExpertPermutation, num_tokens: int, weighted: bool) -> torch.Tensor:
+    """Sum the sorted rows y [P, K] back into tokens [M, K], times the router weights when `weighted`.
+
+    Rows of experts owned elsewhere hold whatever the GEMM left there: they are masked, never multiplied.
+    The rows go back to (token, choice) order and are summed over the choices, never by atomic adds,
+    so the result is the same bits on every call.
+    """
+    scale = torch.where(perm.local, perm.weight if weighted else torch.ones_like(perm.weight), 0.0)
+    contrib = torch.where(perm.local[:, None], y.float(), 0.0) * scale[:, None]
+    unsorted = torch.empty_like(contrib).index_copy_(0, perm.pair, contrib)
+    return unsorted.view(num_tokens, -1, y.shape[1]).sum(1).to(y.dtype)

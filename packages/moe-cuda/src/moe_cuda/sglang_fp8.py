@@ -1,0 +1,134 @@
+"""fp8 128x128-block experts on SGLang's CUTLASS grouped GEMM (`fp8_blockwise_scaled_grouped_mm`,
+sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations quantized on the
+fly in 1x128 groups, one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`).
+
+The operator's arguments, as SGLang's `cutlass_fused_experts_fp8` passes them: a [P, k] fp8 rows
+sorted by expert; b the canonical weights [E, n, k] seen as [E, k, n] (a transposed view: the kernel
+reads B column-major); scales_a fp32 [P, k/128] row-major; scales_b the canonical block scales
+[E, n/128, k/128] seen as [E, k/128, n/128]; stride_a = stride_b = k and stride_c = n per expert
+(int64 [E]); problem_sizes int32 [E, 3] = (rows of expert e, n, k); expert_offsets int32 [E] = the
+first row of each expert; a_ptrs, b_ptrs, out_ptrs, a_scales_ptrs, b_scales_ptrs int64 [E] and
+layout_sfa, layout_sfb int32 [E, 5] are filled by the operator; workspace is CUTLASS scratch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_core.backends import DeviceInfo, Platform
+from moe_core.config import MoEConfig
+from moe_core.experts import Capability, SchemeSupport, Support
+from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
+from moe_core.weights import PackedWeights
+from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
+from moe_cuda.vendor import SGLANG_SM90_LIBRARY
+
+__all__ = ["BLOCK", "BlockwiseGemmArgs", "SglangFp8BlockExperts", "blockwise_gemm_args", "blockwise_grouped_mm_twin",
+           "quantize_groups_fp8"]
+
+BLOCK = 128
+WORKSPACE_BYTES = 8 << 20  # CUTLASS scratch: SGLang's benchmark allocates ~7 MiB for 256 experts
+
+
+def quantize_groups_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row, per-128-column dynamic fp8: (codes [P, k] float8_e4m3fn, fp32 scales [P, k/128])."""
+    P, k = x.shape
+    groups = x.float().view(P, k // BLOCK, BLOCK)
+    scale = groups.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
+    codes = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes.view(P, k), scale
+
+
+@dataclass(frozen=True, eq=False)
+class BlockwiseGemmArgs:
+    """Everything `fp8_blockwise_scaled_grouped_mm` reads besides a, b and their scales."""
+
+    stride_a: torch.Tensor  # int64 [E]: k (row stride of a)
+    stride_b: torch.Tensor  # int64 [E]: k (column stride of the column-major b)
+    stride_c: torch.Tensor  # int64 [E]: n (row stride of the output)
+    problem_sizes: torch.Tensor  # int32 [E, 3]: (rows of expert e, n, k)
+    expert_offsets: torch.Tensor  # int32 [E]: first row of expert e
+    pointers: tuple[torch.Tensor, ...]  # int64 [E] x 5: a, b, out, a_scales, b_scales (the operator fills them)
+    layouts: tuple[torch.Tensor, torch.Tensor]  # int32 [E, 5] x 2: scale-factor layouts (filled by it)
+
+
+def blockwise_gemm_args(counts: torch.Tensor, starts: torch.Tensor, n: int, k: int) -> BlockwiseGemmArgs:
+    """The operator's bookkeeping tensors for experts with `counts` rows starting at `starts` (int32 [E])."""
+    E, dev = counts.numel(), counts.device
+    sizes = torch.stack((counts, torch.full_like(counts, n), torch.full_like(counts, k)), dim=1)
+    return BlockwiseGemmArgs(
+        stride_a=torch.full((E,), k, dtype=torch.int64, device=dev),
+        stride_b=torch.full((E,), k, dtype=torch.int64, device=dev),
+        stride_c=torch.full((E,), n, dtype=torch.int64, device=dev),
+        problem_sizes=sizes.to(torch.int32).contiguous(),
+        expert_offsets=starts.to(torch.int32).contiguous(),
+        pointers=tuple(torch.empty(E, dtype=torch.int64, device=dev) for _ in range(5)),
+        layouts=(torch.empty(E, 5, dtype=torch.int32, device=dev), torch.empty(E, 5, dtype=torch.int32, device=dev)),
+    )
+
+
+def blockwise_grouped_mm_twin(a: torch.Tensor, b: torch.Tensor, scales_a: torch.Tensor, scales_b: torch.Tensor,
+                              args: BlockwiseGemmArgs, out: torch.Tensor) -> torch.Tensor:
+    """What the operator writes into `out`, in fp32 torch, from the same tensors (b [E, k, n] and
+    scales_b [E, k/128, n/128] as passed); rows outside every expert's range are left as they are."""
+    P, k = a.shape
+    a32 = (a.float().view(P, k // BLOCK, BLOCK) * scales_a[..., None]).view(P, k)
+    b32 = b.float() * scales_b.repeat_interleave(BLOCK, 1).repeat_interleave(BLOCK, 2)[:, :k, :b.shape[2]]
+    for e in range(b.shape[0]):
+        start, rows = int(args.expert_offsets[e]), int(args.problem_sizes[e, 0])
+        out[start:start + rows] = (a32[start:start + rows] @ b32[e]).to(out.dtype)
+    return out
+
+
+class SglangFp8BlockExperts(_GroupedExperts):
+    """fp8 W8A8 with 128x128 weight blocks and 1x128 dynamic activation groups (DeepSeek-V3)."""
+
+    backend = "sglang_fp8_block"
+    weight_processor = GroupedMmProcessor("cuda.sglang.fp8_block128")
+    capability = Capability(
+        platforms=frozenset({Platform.CUDA}),
+        schemes=(SchemeSupport(QuantDType.FP8_E4M3, frozenset({Granularity.BLOCK}),
+                               block_shapes=frozenset({(BLOCK, BLOCK)}), activation=QuantDType.FP8_E4M3),),
+        activations=ALL_ACTIVATIONS,
+        dtypes=frozenset({torch.bfloat16, torch.float16}),
+        min_capability=(9, 0),
+        max_capability=(9, 0),
+        features=ROUTED_BY_CORE,
+        hidden_multiple=BLOCK,
+        intermediate_multiple=BLOCK,
+        limitations=(
+            "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
+            "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
+            "activation quantization, the activation and the top-k sum are torch ops around the two grouped GEMMs",
+        ),
+    )
+
+    def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
+        super().__init__(config, quant, device)
+        self._workspace: torch.Tensor | None = None  # CUTLASS scratch, allocated on first call
+
+    @classmethod
+    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
+        if quant.activation.scale.group_size != BLOCK:
+            return Support.no(f"activation groups of {quant.activation.scale.group_size} (supported: {BLOCK})")
+        return SGLANG_SM90_LIBRARY.availability()
+
+    def _grouped(self, x, packed: PackedWeights, name, offsets):
+        codes, scales_a = quantize_groups_fp8(x)
+        w, w_scale = packed[name], packed[f"{name}_scale"]
+        n, k = w.shape[1], w.shape[2]
+        counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
+        args = blockwise_gemm_args(counts, offsets - counts, n, k)
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        b, scales_b = w.transpose(1, 2), w_scale.transpose(1, 2)
+        if x.device.type == "cpu":  # no kernel on the CPU: the tests run the twin on the same arguments
+            return blockwise_grouped_mm_twin(codes, b, scales_a, scales_b, args, out)
+        SGLANG_SM90_LIBRARY.load()
+        if self._workspace is None or self._workspace.device != x.device:
+            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=x.device)
+        torch.ops.sgl_kernel.fp8_blockwise_scaled_grouped_mm(
+            out, *args.pointers, codes, b, scales_a, scales_b, args.stride_a, args.stride_b, args.stride_c,
+            *args.layouts, args.problem_sizes, args.expert_offsets, self._workspace)
+        return out

@@ -1,0 +1,116 @@
+"""The vendor kernels themselves, on an NVIDIA GPU, against moe-core's fp32 reference at shapes larger
+than the conformance suite's. Skipped without a CUDA device; MOE_TEST_REQUIRE_DEVICE=cuda makes a
+missing GPU or a missing vendor library a failure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cuda_helpers import cuda_device, layer, run_against_reference
+
+from moe_core.config import Activation, ParallelConfig
+from moe_core.quant import (
+    FP8_BLOCK128_WEIGHT,
+    FP8_CHANNEL_WEIGHT,
+    MoEQuantConfig,
+    fp8_w8a8,
+    int4_w4a16,
+    int8_w8a16,
+    mxfp4_w4a16,
+    unquantized,
+)
+from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
+from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
+from moe_cuda.marlin import MarlinExperts, align_blocks, block_size_m
+from moe_cuda.sglang_fp8 import SglangFp8BlockExperts
+from moe_cuda.vendor import MARLIN_LIBRARY, SGLANG_SM90_LIBRARY
+
+pytestmark = pytest.mark.device("cuda")
+
+MS = (1, 37, 700)  # 700 x top-8 > 2048 rows: SGLang's large-M kernel configuration
+
+
+def _check(cls, config, quant, tol=1e-2):
+    device = cuda_device()
+    support = cls.supports(config, quant, device)
+    assert support, f"{cls.name()} refuses on {device}: {support.reason}"
+    for m in MS:
+        err, _ = run_against_reference(cls, config, quant, device, m=m, seed=m)
+        assert err < tol, f"{cls.name()} M={m}: relative L2 error {err:.2e} >= {tol}"
+
+
+def test_torch_grouped_mm_bf16():
+    _check(TorchGroupedMmExperts, layer(E=32, K=1024, N=512, top_k=8), unquantized())
+
+
+def test_torch_grouped_mm_bias_and_expert_parallel():
+    config = layer(E=32, K=512, N=256, top_k=4, activation=Activation.swiglu_oai(), bias=True,
+                   parallel=ParallelConfig(ep_size=4, ep_rank=3))
+    _check(TorchGroupedMmExperts, config, unquantized())
+
+
+def test_torch_scaled_grouped_mm_fp8_channel():
+    _check(TorchFp8GroupedMmExperts, layer(E=32, K=1024, N=512, top_k=8), fp8_w8a8("channel"), tol=2e-2)
+
+
+def test_marlin_library_loads():
+    MARLIN_LIBRARY.load()
+    assert hasattr(torch.ops._moe_C, "moe_wna16_marlin_gemm")
+
+
+@pytest.mark.parametrize("quant", [
+    int4_w4a16(128), int4_w4a16(32, zero_point=True), int4_w4a16(64, act_order=True), int4_w4a16(-1),
+    int8_w8a16(-1), int8_w8a16(128), MoEQuantConfig(FP8_CHANNEL_WEIGHT), MoEQuantConfig(FP8_BLOCK128_WEIGHT),
+], ids=lambda q: q.name + ("" if q.weight.dtype.value != "fp8e4m3" else f"_{q.weight.scale.granularity.value}"))
+def test_marlin_wna16_and_fp8(quant):
+    _check(MarlinExperts, layer(E=32, K=1024, N=512, top_k=8), quant)
+
+
+def test_marlin_fp16_expert_parallel():
+    config = layer(E=32, K=512, N=256, top_k=4, dtype=torch.float16, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    _check(MarlinExperts, config, int4_w4a16(128), tol=5e-3)
+
+
+def test_marlin_mxfp4_swiglu_oai_bias():
+    config = layer(E=32, K=1024, N=512, top_k=4, activation=Activation.swiglu_oai(), bias=True)
+    _check(MarlinExperts, config, mxfp4_w4a16())
+
+
+def test_align_blocks_on_the_gpu_equals_the_cpu():
+    ids = torch.randint(0, 64, (300, 8), generator=torch.Generator().manual_seed(0))
+    block = block_size_m(300, 8, 64)
+    cpu = align_blocks(ids, block, 64, None)
+    gpu = align_blocks(ids.cuda(), block, 64, None)
+    for name in ("sorted_ids", "expert_ids", "num_tokens_post_padded"):
+        assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
+
+
+def test_sglang_library_loads():
+    SGLANG_SM90_LIBRARY.load()
+    assert hasattr(torch.ops.sgl_kernel, "fp8_blockwise_scaled_grouped_mm")
+
+
+def test_sglang_fp8_block():
+    _check(SglangFp8BlockExperts, layer(E=32, K=1024, N=512, top_k=8), fp8_w8a8("block"), tol=2e-2)
+
+
+def test_sglang_fp8_block_expert_parallel_fp16():
+    config = layer(E=32, K=512, N=256, top_k=4, dtype=torch.float16, parallel=ParallelConfig(ep_size=4, ep_rank=1))
+    _check(SglangFp8BlockExperts, config, fp8_w8a8("block"), tol=2e-2)
+
+
+# FlashInfer is not carried to the project's GPU machines (no prebuilt sm_90 MoE; see README): these run
+# where flashinfer-python is installed, on the hardware each class claims.
+
+
+def test_flashinfer_cutlass_bf16_and_fp8_block():
+    pytest.importorskip("flashinfer")
+    _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8), unquantized())
+    _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8), fp8_w8a8("block"), tol=2e-2)
+
+
+def test_flashinfer_trtllm_bf16():
+    pytest.importorskip("flashinfer")
+    if not (10, 0) <= torch.cuda.get_device_capability() <= (10, 3):
+        pytest.skip("FlashInfer's TRT-LLM MoE kernels run on sm100/sm103 only")
+    _check(FlashInferTrtllmBf16Experts, layer(E=32, K=1024, N=512, top_k=8), unquantized())

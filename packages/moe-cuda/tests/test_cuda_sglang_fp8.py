@@ -1,0 +1,52 @@
+"""SglangFp8BlockExperts on the CPU, through the operator's torch twin, and its argument builder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _cuda_helpers import layer, run_against_reference
+
+from moe_core.backends import DeviceInfo, Platform
+from moe_core.config import Activation, ParallelConfig
+from moe_core.quant import fp8_w8a8
+from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, blockwise_gemm_args, quantize_groups_fp8
+from moe_cuda.vendor import SGLANG_SM90_LIBRARY
+
+
+@pytest.mark.parametrize("config", [
+    layer(),
+    layer(dtype=torch.float16, activation=Activation.swiglu_oai(), bias=True),
+    layer(parallel=ParallelConfig(ep_size=3, ep_rank=2)),
+], ids=["bf16-silu", "fp16-swiglu_oai-bias", "expert-parallel"])
+def test_block_fp8_path_matches_reference_through_the_twin(config):
+    err, _ = run_against_reference(SglangFp8BlockExperts, config, fp8_w8a8("block"))
+    assert err < 2e-2, err
+
+
+def test_argument_builder():
+    counts = torch.tensor([3, 0, 5], dtype=torch.int32)
+    args = blockwise_gemm_args(counts, torch.tensor([0, 3, 3], dtype=torch.int32), n=256, k=384)
+    assert args.problem_sizes.tolist() == [[3, 256, 384], [0, 256, 384], [5, 256, 384]]
+    assert args.problem_sizes.dtype == torch.int32 and args.expert_offsets.tolist() == [0, 3, 3]
+    assert args.stride_a.tolist() == [384] * 3 and args.stride_c.tolist() == [256] * 3
+    assert args.stride_a.dtype == args.stride_b.dtype == args.stride_c.dtype == torch.int64
+    assert all(p.shape == (3,) and p.dtype == torch.int64 for p in args.pointers)
+    assert all(t.shape == (3, 5) and t.dtype == torch.int32 for t in args.layouts)
+
+
+def test_group_quantization_round_trips_within_fp8_precision():
+    x = torch.randn(5, 256) * torch.logspace(-3, 3, 256)
+    codes, scale = quantize_groups_fp8(x)
+    assert codes.dtype == torch.float8_e4m3fn and scale.shape == (5, 2)
+    back = (codes.float().view(5, 2, 128) * scale[..., None]).view(5, 256)
+    assert float((back - x).norm() / x.norm()) < 0.04
+
+
+def test_refusals(monkeypatch, tmp_path):
+    h200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))
+    b200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA B200", (10, 0))
+    monkeypatch.setenv(SGLANG_SM90_LIBRARY.env_var, str(tmp_path / "absent.so"))
+    assert "MOE_CUDA_SGLANG_LIB" in SglangFp8BlockExperts.supports(layer(), fp8_w8a8("block"), h200).reason
+    assert "compute capability" in SglangFp8BlockExperts.supports(layer(), fp8_w8a8("block"), b200).reason
+    assert "channel" in SglangFp8BlockExperts.supports(layer(), fp8_w8a8("channel"), h200).reason
+    assert "intermediate size 192" in SglangFp8BlockExperts.supports(layer(N=192), fp8_w8a8("block"), h200).reason
