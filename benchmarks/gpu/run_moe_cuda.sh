@@ -25,7 +25,7 @@ exec > >(tee -a "$OUT/run_moe_cuda.log") 2>&1
 export PYTHONUNBUFFERED=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-SITE=/tmp/moe-site
+SITE=${MOE_SITE:-/tmp/moe-site}
 rm -rf "$SITE"
 python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$WHEELS"/*.whl || exit 3
 export PYTHONPATH=$SITE

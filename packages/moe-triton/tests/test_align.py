@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_triton._details.offline import run_compiler_script
+from moe_triton._common.offline_compile import run_compiler_script
 from moe_triton.align import align_block_size, align_block_size_torch, max_padded_tokens
 
 
@@ -107,8 +107,8 @@ def test_real_sizes_on_gpu(M):
 
 
 _COMPILE_ALIGN = """
-from moe_triton._details import align_kernels as ak
-from moe_triton._details.offline import compile_kernel
+from moe_triton.align_details import _kernels as ak
+from moe_triton._common.offline_compile import compile_kernel
 ptrs = dict.fromkeys(("topk_ids_ptr", "expert_map_ptr", "sorted_ptr", "expert_ids_ptr", "total_ptr", "hist_ptr",
                       "counts_ptr"), "*i32")
 common = dict(HAS_MAP=True, BLOCK_SIZE=16, E_P2=256)

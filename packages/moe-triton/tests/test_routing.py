@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from moe_core.config import Routing, Scoring
-from moe_triton._details.offline import run_compiler_script
+from moe_triton._common.offline_compile import run_compiler_script
 from moe_triton.routing import route, route_torch
 
 ROUTINGS = {
@@ -115,8 +115,8 @@ def test_deepseek_and_qwen_shapes_on_gpu(M):
 
 
 _COMPILE_ROUTE = """
-from moe_triton._details.offline import compile_kernel
-from moe_triton._details.routing_kernels import _route_kernel
+from moe_triton._common.offline_compile import compile_kernel
+from moe_triton.routing_details._kernel import _route_kernel
 ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "zero_ptr": "*i32",
         "renormalize_eps": "fp32", "scaling": "fp32"}
 for grouped in (False, True):

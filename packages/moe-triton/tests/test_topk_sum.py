@@ -1,10 +1,10 @@
-"""The top-k reduce behind GEMM2's stored rows (`_details.topk_sum`) against an fp32 sum and its torch twin."""
+"""The top-k reduce behind GEMM2's stored rows (`moe_triton.topk_sum`) against an fp32 sum and its torch twin."""
 
 import pytest
 import torch
 
-from moe_triton._details.offline import run_compiler_script
-from moe_triton._details.topk_sum import BLOCK_K, BLOCK_T, topk_sum, topk_sum_torch
+from moe_triton._common.offline_compile import run_compiler_script
+from moe_triton.topk_sum import BLOCK_K, BLOCK_T, topk_sum, topk_sum_torch
 
 
 @pytest.mark.parametrize(("M", "top_k", "K"), [
@@ -61,8 +61,8 @@ def test_layer_shapes_on_gpu(M, top_k, K):
 
 
 _COMPILE = """
-from moe_triton._details.offline import compile_kernel
-from moe_triton._details.topk_sum import BLOCK_K, BLOCK_T, topk_sum_kernel
+from moe_triton._common.offline_compile import compile_kernel
+from moe_triton.topk_sum import BLOCK_K, BLOCK_T, topk_sum_kernel
 compile_kernel(topk_sum_kernel, dict(TOP_K=8, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, PDL=True),
                {"rows_ptr": "*bf16", "out_ptr": "*bf16"}, num_warps=4)
 print("built")

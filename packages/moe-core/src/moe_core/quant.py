@@ -24,6 +24,7 @@ __all__ = [
     "FP16",
     "FP32",
     "MXFP4_WEIGHT",
+    "SCHEME_SPELLINGS",
     "Granularity",
     "MoEQuantConfig",
     "QuantDType",
@@ -284,19 +285,28 @@ def int8_w8a16(group_size: int = -1, zero_point: bool = False, act_order: bool =
 
 
 def fp8_w8a8(granularity: str = "tensor", block: tuple[int, int] = (128, 128),
-             dynamic_activations: bool = True) -> MoEQuantConfig:
+             dynamic_activations: bool = True, activation_scales: str = "token") -> MoEQuantConfig:
     """fp8 e4m3 weights with fp8 activations quantized on the fly.
 
-    granularity: "tensor" (per-tensor weights, per-tensor activations), "channel" (per-channel
-    weights, per-token activations) or "block" (block[0] x block[1] weight blocks with 1 x block[1]
-    activation groups, DeepSeek-V3).
+    granularity: "tensor" (one scale per expert weight), "channel" (one per output row) or "block"
+    (block[0] x block[1] weight blocks with 1 x block[1] activation groups, DeepSeek-V3).
+
+    activation_scales ("tensor" and "channel" weights): "token" (default), one dynamic scale per
+    token, so each token's output depends on that token alone; or "tensor", one scale for the whole
+    batch, which a checkpoint calibrated that way demands (compressed-tensors `strategy: tensor`):
+    then one outlier token coarsens every other token's quantization and one Inf makes the whole
+    batch NaN.
     """
     if not dynamic_activations:
         raise ValueError("fp8_w8a8: static activation scales are not supported; pass dynamic_activations=True")
+    if activation_scales not in ("token", "tensor"):
+        raise ValueError(f"fp8_w8a8: activation_scales={activation_scales!r} is invalid: expected 'token' "
+                         "(one scale per token) or 'tensor' (one per batch)")
+    activation = FP8_DYNAMIC_TOKEN if activation_scales == "token" else FP8_DYNAMIC_TENSOR
     if granularity == "tensor":
-        return MoEQuantConfig(FP8_TENSOR_WEIGHT, FP8_DYNAMIC_TENSOR)
+        return MoEQuantConfig(FP8_TENSOR_WEIGHT, activation)
     if granularity == "channel":
-        return MoEQuantConfig(FP8_CHANNEL_WEIGHT, FP8_DYNAMIC_TOKEN)
+        return MoEQuantConfig(FP8_CHANNEL_WEIGHT, activation)
     if granularity == "block":
         w = QuantKey(QuantDType.FP8_E4M3, ScaleSpec(Granularity.BLOCK, block_shape=tuple(block)))
         a = QuantKey(QuantDType.FP8_E4M3, ScaleSpec(Granularity.GROUP, group_size=block[1], dynamic=True))
@@ -319,11 +329,19 @@ SCHEMES = {
     "mxfp4": mxfp4_w4a16,
 }
 
+SCHEME_SPELLINGS = ("unquantized, int4[:G[:zp]], int8[:G[:zp]], fp8-tensor[:token|:tensor], "
+                    "fp8-channel[:token|:tensor], fp8-block, mxfp4")
+
 
 def parse_scheme(text: str) -> MoEQuantConfig:
-    """CLI spelling: unquantized | int4[:G[:zp]] | int8[:G[:zp]] | fp8-tensor | fp8-channel | fp8-block | mxfp4.
+    """CLI spelling, the same scheme as the factory of that name called with the same arguments:
 
-    G is a group size or -1 for per channel; 'zp' adds integer zero points.
+    - `int4[:G[:zp]]`, `int8[:G[:zp]]`: `int4_w4a16` / `int8_w8a16`; G is a group size or -1 for per
+      channel; without G, each factory's default: int4 groups of 128, int8 per channel. 'zp' adds
+      integer zero points. (`moe run`/`moe bench` read a bare `int4` as the preset's group size.)
+    - `fp8-tensor[:A]`, `fp8-channel[:A]`: `fp8_w8a8` with per-tensor or per-channel weight scales and
+      activation scales A: `token` (default, one per token) or `tensor` (one per batch).
+    - `fp8-block`: 128x128 weight blocks, activation groups of 128; `mxfp4`; `unquantized`.
     """
     head, *rest = text.split(":")
     if head in ("int4", "int8"):
@@ -339,7 +357,11 @@ def parse_scheme(text: str) -> MoEQuantConfig:
                 raise ValueError(f"scheme {text!r}: expected {head}:GROUP[:zp]")
             kwargs["zero_point"] = True
         return factory(**kwargs)
+    if head in ("fp8-tensor", "fp8-channel") and len(rest) == 1:
+        if rest[0] not in ("token", "tensor"):
+            raise ValueError(f"scheme {text!r}: activation scales {rest[0]!r} are invalid: expected "
+                             f"{head}:token or {head}:tensor")
+        return fp8_w8a8(head.removeprefix("fp8-"), activation_scales=rest[0])
     if head in SCHEMES and not rest:
         return SCHEMES[head]()
-    raise ValueError(f"unknown quantization scheme {text!r}: expected one of "
-                     "unquantized, int4[:G[:zp]], int8[:G[:zp]], fp8-tensor, fp8-channel, fp8-block, mxfp4")
+    raise ValueError(f"unknown quantization scheme {text!r}: expected one of {SCHEME_SPELLINGS}")

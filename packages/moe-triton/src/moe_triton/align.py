@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_triton._details.align_kernels import launch_align
+from moe_triton.align_details._kernels import launch_align
 
 __all__ = ["align_block_size", "align_block_size_torch", "max_padded_tokens"]
 

@@ -8,7 +8,12 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
 "wna16-int4-g128"). The quantized experts only take a file of their exact shape
-(`lookup_exact`); otherwise their own shape-aware heuristic (`quant_gemm.pick_config`) applies.
+(`lookup_exact`); otherwise their own shape-aware heuristic
+(`quant_gemm_details._heuristics.pick_config`) applies. `TunedLaunch` is the experts classes'
+`config_for`.
+
+A file holds only what the lookup reads: "key", "configs" (tuned M -> configuration) and the
+versions it was tuned under; the tuner's timings go to a side file (`write_configs`).
 
 Files are read from the package's `configs/` folder and from `$MOE_TRITON_CONFIG_DIR` (searched
 first, so a user's own `moe tune` output wins).
@@ -21,11 +26,25 @@ import math
 import os
 import re
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
-__all__ = ["ConfigKey", "GemmConfig", "KernelConfig", "Lookup", "QuantKernelConfig", "TileConfig", "config_dirs",
-           "default_config", "device_tag", "lookup", "lookup_exact", "reload", "write_configs"]
+__all__ = [
+    "ConfigKey",
+    "GemmConfig",
+    "KernelConfig",
+    "Lookup",
+    "QuantKernelConfig",
+    "TileConfig",
+    "TunedLaunch",
+    "config_dirs",
+    "default_config",
+    "device_tag",
+    "lookup",
+    "lookup_exact",
+    "reload",
+    "write_configs",
+]
 
 ENV_DIR = "MOE_TRITON_CONFIG_DIR"
 PACKAGE_DIR = Path(__file__).parent / "configs"
@@ -35,16 +54,16 @@ PACKAGE_DIR = Path(__file__).parent / "configs"
 class TileConfig:
     """One GEMM's tiling. Every size is a power of two; block_k >= 16 and block_n >= 16 (tl.dot).
 
-    direct: the decode kernel instead of the grouped GEMM (see `moe_triton._details.gemm_kernels`):
+    direct: the decode kernel instead of the grouped GEMM (see `moe_triton.gemm_details._direct`):
     no tl.dot, so block_n may be as small as 1; group_m is unused there.
     tma: the grouped GEMM reads the weights through a tensor descriptor (the copy engine).
-    wgmma: NVIDIA Hopper only, 16-bit layers: the Gluon grouped GEMM (`moe_triton._details.gemm_wgmma`):
+    wgmma: NVIDIA Hopper only, 16-bit layers: the Gluon grouped GEMM (`moe_triton.gemm_details._wgmma`):
     block_k 64, num_warps 8 (two consumer warpgroups), num_stages >= 2 (its ring); its weight rows
     per program (block_n, gated twice that) must be 128 or 256 and the layer's block_m 64 or 128.
     narrow: the tl.dot grouped GEMM multiplies only the valid half of a block that has no more (an
     expert's last); the layer's block_m must be 64 or more. (The wgmma kernel always does.)
     persistent: the wgmma kernel as one program per SM looping over the tiles, a loader warpgroup
-    filling the ring (`gemm_wgmma.moe_gemm_wgmma_persistent_kernel`): a tile's epilogue overlaps
+    filling the ring (`_wgmma.moe_gemm_wgmma_persistent_kernel`): a tile's epilogue overlaps
     the next tile's copies. wgmma tiles only.
     tail: 0, or 16 / 32 with persistent (below the wgmma kernel's blocks of 64 or 128 rows): a full
     block takes in its expert's last block when that holds at most `tail` rows, so the expert's
@@ -101,7 +120,7 @@ class KernelConfig:
             raise ValueError(f"KernelConfig: narrow tiles need blocks of 64 rows or more, got block_m={self.block_m}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"block_m": self.block_m, "gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
 
     @staticmethod
     def from_dict(d: dict) -> KernelConfig:
@@ -119,13 +138,19 @@ class KernelConfig:
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 
+def _set_fields(c: TileConfig | GemmConfig) -> dict:
+    """A GEMM's fields without those at their default (`from_dict` restores them): what a file needs."""
+    return {f.name: getattr(c, f.name) for f in fields(c)
+            if f.default is MISSING or getattr(c, f.name) != f.default}
+
+
 def _pow2(v: int) -> bool:
     return v >= 1 and not v & (v - 1)
 
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Launch shape of one quantized grouped GEMM (`moe_triton._details.quant_gemm`)."""
+    """Launch shape of one quantized grouped GEMM (`moe_triton.quant_gemm`)."""
 
     block_m: int  # pairs per block: the align block size the sorted ids were built with; pow2 >= 16
     block_n: int  # pow2 >= 16
@@ -134,7 +159,7 @@ class GemmConfig:
     num_stages: int
     swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
     # int4 quads on NVIDIA Hopper only: the Gluon kernel with warp-specialized asynchronous wgmma
-    # (`quant_gemm_wgmma`); then swap_ab, block_m <= 128, block_n 128 or 256 (two consumer
+    # (`quant_gemm_details._wgmma`); then swap_ab, block_m <= 128, block_n 128 or 256 (two consumer
     # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 8 or 12 warps run in all)
     # and num_stages >= 3 (its ring).
     wgmma: bool = False
@@ -179,7 +204,7 @@ class QuantKernelConfig:
                              f"and {self.gemm2.block_m}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
 
     @staticmethod
     def from_dict(d: dict) -> QuantKernelConfig:
@@ -322,10 +347,41 @@ def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
     return _hit(db, others[0], M, "other-device") if others else None
 
 
-def write_configs(key: ConfigKey, table: _Table, folder: Path, extra: dict | None = None) -> Path:
+def write_configs(key: ConfigKey, table: _Table, folder: Path, versions: dict[str, str] | None = None,
+                  provenance: dict | None = None) -> Path:
+    """Writes `folder/<key.file_name()>` with what the lookup reads (the key and one configuration
+    per tuned M, a line each) and `versions` (device_name, triton_version, torch_version). The
+    tuner's `provenance` (timings, method) goes to `folder/provenance/<same name>`, outside the
+    folder the lookup reads."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / key.file_name()
-    data = {"key": asdict(key), **(extra or {}),
-            "configs": {str(m): table[m].to_dict() for m in sorted(table)}}
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    head = {"key": asdict(key), **(versions or {})}
+    lines = [f" {json.dumps(name)}: {json.dumps(value)}," for name, value in head.items()]
+    rows = [f"  {json.dumps(str(m))}: {json.dumps(table[m].to_dict())}" for m in sorted(table)]
+    path.write_text("{\n" + "\n".join(lines) + '\n "configs": {\n' + ",\n".join(rows) + "\n }\n}\n")
+    if provenance is not None:
+        (folder / "provenance").mkdir(exist_ok=True)
+        (folder / "provenance" / key.file_name()).write_text(json.dumps(provenance, indent=1) + "\n")
     return path
+
+
+class TunedLaunch:
+    """`config_for` of the Triton experts classes. An instance's `config_override` (tests, the
+    tuner) wins; otherwise each token count's `_find_config` is looked up once per instance.
+    Subclasses set `config_override = None` and `_lookups = {}` in `__init__`, and say in
+    `_find_config` which files they take and what they fall back to."""
+
+    config_override: KernelConfig | QuantKernelConfig | None
+    _lookups: dict[int, Lookup]
+
+    def config_for(self, num_tokens: int) -> Lookup:
+        """The launch configuration of a call of num_tokens tokens, and where it came from."""
+        if self.config_override is not None:
+            return Lookup(self.config_override, "override", "set on this instance")
+        hit = self._lookups.get(num_tokens)
+        if hit is None:
+            hit = self._lookups[num_tokens] = self._find_config(num_tokens)
+        return hit
+
+    def _find_config(self, num_tokens: int) -> Lookup:
+        raise NotImplementedError

@@ -6,8 +6,8 @@ decode sizes the tuned config may pick the direct kernels for either GEMM instea
 routed ids without alignment, and the direct GEMM2 sums the top-k choices itself.
 Launch tiles come from the tuned-config database (`moe_triton.configs`); `config_for(M)` says
 which configuration a call of M tokens uses and where it came from. On Hopper a tuned GEMM may run
-on the Gluon wgmma kernel (`moe_triton._details.gemm_wgmma`); elsewhere such an entry runs the
-tl.dot kernel at the same tile width.
+on the Gluon wgmma kernel (`moe_triton.gemm_details._wgmma`); elsewhere such an entry runs the
+tl.dot kernel at the same tile width. The GEMM launchers and their twins are in `moe_triton.gemm`.
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from __future__ import annotations
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import ActivationKind, MoEConfig
+from moe_core.config import Activation, ActivationKind, MoEConfig
 from moe_core.experts import UNQUANTIZED, Capability, Experts
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
-from moe_triton._details.pipeline import fused_experts
-from moe_triton._details.quant_gemm import wgmma_capable
-from moe_triton.configs import ConfigKey, KernelConfig, Lookup, TileConfig, device_tag, lookup
+from moe_triton._common.target import wgmma_capable
+from moe_triton.align import align_block_size
+from moe_triton.configs import ConfigKey, KernelConfig, Lookup, TileConfig, TunedLaunch, device_tag, lookup
+from moe_triton.gemm import direct_gemm, grouped_gemm
+from moe_triton.topk_sum import topk_sum
 
-__all__ = ["TritonExperts", "TritonWeightProcessor"]
+__all__ = ["TritonExperts", "TritonWeightProcessor", "fused_experts"]
 
 
 class TritonWeightProcessor:
@@ -51,7 +53,7 @@ def _on_tl_dot(tile: TileConfig) -> TileConfig:
     return TileConfig(tile.block_n, 64, tile.group_m, 8, tile.num_stages) if tile.wgmma else tile
 
 
-class TritonExperts(Experts):
+class TritonExperts(Experts, TunedLaunch):
     backend = "triton"
     kernel_name = "bf16"  # the tuned-config family (fp16/fp32 layers use the same tiles, keyed by dtype)
     weight_processor = TritonWeightProcessor()
@@ -62,8 +64,7 @@ class TritonExperts(Experts):
         activations=frozenset(ActivationKind),
         min_capability=(8, 0),
         requires=("triton",),
-        # device tests and the benchmark (2026-11-21); the H200: its wgmma layer tests and the
-        # benchmark's fp32 checks up to 512 tokens (2026-11-22)
+        # the device tests and the benchmark's checks
         validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "tuned configurations ship for NVIDIA H100 and H200 only; other GPUs use the nearest tuned shape or a default",
@@ -81,19 +82,16 @@ class TritonExperts(Experts):
                               device_tag(device.name))
         self._lookups: dict[int, Lookup] = {}
 
-    def config_for(self, num_tokens: int) -> Lookup:
-        if self.config_override is not None:
-            return Lookup(self.config_override, "override", "set on this instance")
-        hit = self._lookups.get(num_tokens)
-        if hit is None:
-            hit = lookup(self._key, num_tokens)
-            cfg = hit.config
-            if (cfg.gemm1.wgmma or cfg.gemm2.wgmma) and not (
-                    wgmma_capable(self.device.torch_device) and self.config.dtype in (torch.bfloat16, torch.float16)):
-                # Another GPU's or dtype's entry: its Hopper-only tiles run on the tl.dot kernel, same shape.
-                hit = Lookup(KernelConfig(cfg.block_m, _on_tl_dot(cfg.gemm1), _on_tl_dot(cfg.gemm2)), hit.source,
-                             hit.detail + ", wgmma off (not an sm_90 GPU with a 16-bit layer)")
-            self._lookups[num_tokens] = hit
+    def _find_config(self, num_tokens: int) -> Lookup:
+        """Any tuned file (`configs.lookup`: this shape, else the nearest shape or another device's,
+        else a default); wgmma tiles become tl.dot tiles of the same width off sm_90 or for fp32."""
+        hit = lookup(self._key, num_tokens)
+        cfg = hit.config
+        if (cfg.gemm1.wgmma or cfg.gemm2.wgmma) and not (
+                wgmma_capable(self.device.torch_device) and self.config.dtype in (torch.bfloat16, torch.float16)):
+            # Another GPU's or dtype's entry: its Hopper-only tiles run on the tl.dot kernel, same shape.
+            hit = Lookup(KernelConfig(cfg.block_m, _on_tl_dot(cfg.gemm1), _on_tl_dot(cfg.gemm2)), hit.source,
+                         hit.detail + ", wgmma off (not an sm_90 GPU with a 16-bit layer)")
         return hit
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
@@ -116,3 +114,37 @@ class TritonExperts(Experts):
             topk_weights.contiguous(), topk_ids.contiguous(), num_experts=cfg.num_experts,
             activation=cfg.activation, weight_on_input=cfg.routing.weight_on_input, expert_map=self.expert_map,
             config=self.config_for(M).config)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
+                  b2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                  num_experts: int, activation: Activation, weight_on_input: bool,
+                  expert_map: torch.Tensor | None, config: KernelConfig) -> torch.Tensor:
+    """[M, K] -> [M, K]: the whole expert computation for routed tokens (global ids in topk_ids)."""
+    M, K = x.shape
+    top_k = topk_ids.shape[1]
+    N = w2.shape[2]
+    direct1, direct2 = config.gemm1.direct, config.gemm2.direct
+    if not (direct1 and direct2):
+        sorted_ids, expert_ids, total = align_block_size(topk_ids, config.block_m, num_experts, expert_map)
+    common = dict(top_k=top_k, block_m=config.block_m)
+    inter = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)
+    if direct1:
+        direct_gemm(x, w13, b13, inter, topk_weights, topk_ids, expert_map, tile=config.gemm1, activation=activation,
+                 mul_weight=weight_on_input)
+    else:
+        grouped_gemm(x, w13, b13, inter, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm1,
+                 activation=activation, mul_weight=weight_on_input, zero_foreign=False, **common)
+    if direct2:
+        # The direct GEMM2 sums each token's choices itself: no top-k reduce launch.
+        out = torch.empty(M, K, dtype=x.dtype, device=x.device)
+        direct_gemm(inter, w2, b2, out, topk_weights, topk_ids, expert_map, tile=config.gemm2, activation=None,
+                 mul_weight=not weight_on_input)
+        return out
+    # With one choice per token the second GEMM writes the output rows directly.
+    out = torch.empty(M * top_k, K, dtype=x.dtype, device=x.device)
+    grouped_gemm(inter, w2, b2, out, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm2,
+             activation=None, mul_weight=not weight_on_input, zero_foreign=True, **common)
+    if top_k == 1:
+        return out
+    return topk_sum(out, top_k, x.dtype)

@@ -7,8 +7,8 @@ router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on 
 16-bit row and one reduce sums them).
 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
-interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_act.interleaved_gate_up_rows`), so
-each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
+interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_gemm_details._layouts.GateUpInterleave`),
+so each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
 also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
 GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
 route, align (not for one token), GEMM1 and GEMM2 is the whole layer. A split GEMM1's sums must
@@ -18,12 +18,12 @@ reduce over stored rows from that many pairs (and the activation launch after a 
 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
 (programmatic dependent launch), so their launch latency hides behind it; for one token, int4
-GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.moe_gemm_direct`).
+GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
+The measurements behind the thresholds below: docs/design/triton-gemm-quantized.md.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import partial
 from typing import ClassVar
@@ -36,25 +36,30 @@ from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
-from moe_triton._details.quant_act import QMode, act_quant, interleaved_gate_up_rows
-from moe_triton._details.quant_gemm import (
-    AScale,
-    LastArrival,
+from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton.act_quant import QMode, act_quant
+from moe_triton.align import align_block_size
+from moe_triton.configs import (
+    ConfigKey,
+    GemmConfig,
+    Lookup,
+    QuantKernelConfig,
+    TunedLaunch,
+    device_tag,
+    lookup_exact,
+)
+from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, zeroed_int32
+from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
+from moe_triton.quant_gemm_details._kernel import AScale
+from moe_triton.quant_gemm_details._layouts import (
+    GateUpInterleave,
+    HalvesLayout,
+    QuadsLayout,
     WeightOperand,
     WType,
-    effective_split,
-    moe_gemm,
-    moe_gemm_direct,
-    pack_int4_quads,
-    pack_int4_tiles,
-    pick_config,
-    wgmma_capable,
-    zeroed_int32,
 )
-from moe_triton._details.topk_sum import topk_sum
-from moe_triton.align import align_block_size
-from moe_triton.configs import ConfigKey, GemmConfig, Lookup, QuantKernelConfig, device_tag, lookup_exact
 from moe_triton.routing import route
+from moe_triton.topk_sum import topk_sum
 
 __all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "ROWS_SUM_MIN_PAIRS_TOP8", "TritonFp8Experts",
            "TritonMxfp4Experts", "TritonWna16Experts"]
@@ -73,31 +78,19 @@ _SHARED_CAPABILITY = dict(
 _GPUS = frozenset({Platform.CUDA, Platform.ROCM})
 # Rows per gate/up chunk of an interleaved w13: half of the narrowest GEMM1 tile (64 rows).
 GATE_UP_CHUNK = 32
-# Most tokens whose sums are finished by their last contributor. H100, 2026-11-21 (session 8): at
-# 8 tokens that beat the cast launch after GEMM2 (qwen3-30b 78 vs 79 us), while from 32 tokens up
-# the layer ran 1-8% slower than the atomic sums with a cast did in session 7 (every GEMM2 program
-# then counts each of its rows with an acquire-release atomic).
+# Most tokens whose sums are finished by their last contributor: beyond, every GEMM2 program's
+# acquire-release count per row costs more than the cast launch it saves.
 LAST_ARRIVAL_MAX_TOKENS = 8
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
-# rows (`_details.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
+# rows (`moe_triton.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
 # layers of 8 or more choices per token, whose GEMM2 would issue that many atomics per output,
-# ROWS_SUM_MIN_PAIRS for the others. H100, whole layers, alternated A/B:
-# - session 13 (2026-11-21, torch's sum): at 8192 tokens the rows were 1.04-1.12x faster for the
-#   top-4/8 presets, 1.01x for mixtral (top-2); at 16384 pairs 1.01-1.02x; mixtral at 4096: 0.94x;
-# - session 31 (2026-11-22, the Triton reduce; benchmarks/results/topk_sum_session31_2026-11-22.md):
-#   top-8 at 8192 pairs (1024 tokens) 1.006x (deepseek-v3), 1.024x (qwen3-235b-a22b), 1.032x and
-#   1.042x (qwen3-30b-a3b, two runs); at 4096 pairs 1.000-1.008x, a wash; top-2 at 4096 and 8192
-#   pairs 0.951x and 0.985x (mixtral); top-4 at 8192 pairs inside the spread (gpt-oss-120b).
+# ROWS_SUM_MIN_PAIRS for the others (below these, the rows were no faster or slower).
 ROWS_SUM_MIN_PAIRS = 16384
 ROWS_SUM_MIN_PAIRS_TOP8 = 8192
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _int4_quads(cols: int, group: int) -> bool:
-    """int4 weights take the quads layout (`quant_gemm`'s docstring) when 128-wide K tiles fit, K
+    """int4 weights take the quads layout (`_layouts.QuadsLayout`) when 128-wide K tiles fit, K
     padded to whole tiles where the scale groups divide the padded K (zero scale rows pad it);
     otherwise (per-channel scales: group == cols) the halves layout with 64-wide tiles."""
     return group % 32 == 0 and (cols % 128 == 0 or (group < cols and _padded_k(cols) % group == 0))
@@ -140,9 +133,9 @@ def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
 class _Processor:
     """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors.
 
-    `layout` names the tensors' shapes and memory order (`quant_gemm`'s docstring) and changes when
-    they do, so packed weights cached under it stay valid. `interleave_gate_up`: gated w13 rows
-    (codes, scales, zero points, bias) in `interleaved_gate_up_rows` order by GATE_UP_CHUNK."""
+    `layout` names the tensors' shapes and memory order (`quant_gemm_details._layouts`) and changes
+    when they do, so packed weights cached under it stay valid. `interleave_gate_up`: gated w13 rows
+    (codes, scales, zero points, bias) in `GateUpInterleave(GATE_UP_CHUNK)` order."""
 
     def __init__(self, layout: str, interleave_gate_up: bool) -> None:
         self.layout = layout
@@ -154,7 +147,7 @@ class _Processor:
         out: dict[str, torch.Tensor] = {}
         order = None
         if self.interleave_gate_up and config.activation.gated:
-            order = interleaved_gate_up_rows(config.intermediate_size_per_partition, GATE_UP_CHUNK, device)
+            order = GateUpInterleave(GATE_UP_CHUNK).row_order(config.intermediate_size_per_partition, device)
         for name in ("w13", "w2"):
             rows = order if name == "w13" else None
 
@@ -180,9 +173,9 @@ class _Processor:
                     codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88)
                     scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0.0)
                     zero = torch.nn.functional.pad(zero, (0, pad_k // group), value=8) if zero is not None else None
-                out[name] = pack_int4_quads(codes, bk)
+                out[name] = QuadsLayout(bk).swizzle(codes)
             elif wt in (WType.INT4, WType.MXFP4):
-                out[name] = pack_int4_tiles(codes, bk)
+                out[name] = HalvesLayout(bk).swizzle(codes)
             else:
                 out[name] = codes.contiguous()
             out[f"{name}_scale"] = _rows_first(scale, key)
@@ -195,7 +188,7 @@ class _Processor:
         return PackedWeights(self.layout, out)
 
 
-class _QuantTritonExperts(Experts):
+class _QuantTritonExperts(Experts, TunedLaunch):
     backend = "triton"
     # FusedMoE hands the router logits to `apply_monolithic`, which routes with the one-launch Triton
     # router (`router`, also what the oracle names), not moe_core's torch reference (several launches).
@@ -217,22 +210,18 @@ class _QuantTritonExperts(Experts):
         """The tuned-config family (`moe_triton.configs`) of this scheme; None: always the heuristic."""
         return None
 
-    def config_for(self, num_tokens: int) -> Lookup:
-        """Both GEMMs' launch shapes for a call of num_tokens tokens, and where they came from: a tuned
-        file of this exact shape (`configs.lookup_exact`), else `pick_config`'s measured heuristic."""
-        if self.config_override is not None:
-            return Lookup(self.config_override, "override", "set on this instance")
-        hit = self._lookups.get(num_tokens)
+    def _find_config(self, num_tokens: int) -> Lookup:
+        """Only a tuned file of this exact shape (`configs.lookup_exact`: this device's, else another
+        one's), else `pick_config`'s measured heuristic: unlike the 16-bit tiles, a quantized launch
+        shape does not carry over to other shapes. Off sm_90, wgmma GEMMs run as tl.dot ones."""
+        hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
         if hit is None:
-            hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
-            if hit is None:
-                hit = Lookup(self.heuristic_config(num_tokens), "default",
-                             "pick_config heuristic (no tuned file of this shape)")
-            elif not wgmma_capable(self.device.torch_device) and (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma):
-                # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
-                plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
-                hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
-            self._lookups[num_tokens] = hit
+            hit = Lookup(self.heuristic_config(num_tokens), "default",
+                         "pick_config heuristic (no tuned file of this shape)")
+        elif not wgmma_capable(self.device.torch_device) and (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma):
+            # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
+            plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
+            hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
         return hit
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
@@ -307,11 +296,12 @@ class _QuantTritonExperts(Experts):
         direct = M == 1
         if direct:
             ids32 = topk_ids.to(torch.int32).contiguous()
-            gemm = partial(moe_gemm_direct, topk_ids=ids32, expert_map=self.expert_map)
+            gemm = partial(direct_quant_gemm, topk_ids=ids32, expert_map=self.expert_map)
         else:
             sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
                                                                 self.expert_map)
-            gemm = partial(moe_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post, num_valid=P)
+            gemm = partial(grouped_quant_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
+                           num_valid=P)
         x = hidden_states
         routed = None  # GEMM2's router weights, converted here: no launch between the GEMMs
         if cfg.routing.weight_on_input:  # Llama4 (top-1): scale the input, not the output
@@ -323,7 +313,7 @@ class _QuantTritonExperts(Experts):
         fp8 = torch.float8_e4m3fn
         a_mode = AScale.GROUP if qm is QMode.GROUP128 else (AScale.ROW if qm is not QMode.NONE else AScale.NONE)
         # The CPU interpreter truncates fp32 -> bf16 stores, so there bf16 intermediates stay fp32.
-        inter_dtype = torch.float32 if (_interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
+        inter_dtype = torch.float32 if (interpreting() and cfg.dtype == torch.bfloat16) else cfg.dtype
 
         # GEMM2 sums a token's top-k choices (and K-splits) in fp32 (and their arrival counts), zero
         # on entry: GEMM1 clears them on the side. Many pairs: GEMM2 stores each pair's row instead,
@@ -359,10 +349,8 @@ class _QuantTritonExperts(Experts):
             if split1 == 1:
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
-                # A zeroing launch costs 1.1-1.2 us of a one-token layer (H100): FusedMoE's routing
-                # launch clears these sums instead (`apply_monolithic`). GEMM2 summing the K-splits'
-                # stored partials, which needs no zeroed memory, ran slower
-                # (benchmarks/results/decode_limits_session28_2026-11-22.md).
+                # A zeroing launch is a noticeable share of a one-token layer: FusedMoE's routing
+                # launch clears these sums instead (`apply_monolithic`).
                 numel = _gemm1_sums_len(P, R, c1.block_n)
                 scratch1 = gemm1_sums if gemm1_sums is not None else zeroed_int32(numel, dev)
                 assert scratch1.numel() == numel, (scratch1.numel(), numel)
@@ -378,7 +366,7 @@ class _QuantTritonExperts(Experts):
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
                         topk_weights=routed, reduce_topk=topk)
-        if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`moe_gemm_direct`'s prefetch_l2)
+        if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`direct_quant_gemm`'s prefetch_l2)
             gemm2 = partial(gemm2, prefetch_l2=True)
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
@@ -489,10 +477,12 @@ class TritonFp8Experts(_QuantTritonExperts):
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
         w, a = quant.weight, quant.activation
         g, ag = w.scale.granularity, a.scale.granularity
-        want = {Granularity.TENSOR: Granularity.TENSOR, Granularity.CHANNEL: Granularity.TOKEN,
-                Granularity.BLOCK: Granularity.GROUP}[g]
-        if ag is not want:
-            return Support.no(f"{g.value} fp8 weights with {ag.value} activation scales (needs {want.value})")
+        # Per-token activation scales pair with per-tensor or per-channel weights (one scale per A row).
+        accepted = {Granularity.TENSOR: (Granularity.TOKEN, Granularity.TENSOR),
+                    Granularity.CHANNEL: (Granularity.TOKEN,), Granularity.BLOCK: (Granularity.GROUP,)}[g]
+        if ag not in accepted:
+            return Support.no(f"{g.value} fp8 weights with {ag.value} activation scales "
+                              f"(needs {' or '.join(a.value for a in accepted)})")
         if g is Granularity.BLOCK:
             if a.scale.group_size != 128:
                 return Support.no(f"activation group {a.scale.group_size} with 128x128 weight blocks (needs 128)")

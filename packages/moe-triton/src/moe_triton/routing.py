@@ -14,7 +14,7 @@ import torch
 
 from moe_core.config import Routing, Scoring
 from moe_core.routing import check_router_inputs, route_torch
-from moe_triton._details.routing_kernels import launch_route
+from moe_triton.routing_details._kernel import launch_route
 
 __all__ = ["route", "route_torch"]
 

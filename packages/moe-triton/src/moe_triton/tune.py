@@ -13,16 +13,17 @@ and 128 rows per block (`candidates(..., wgmma=True)`).
 
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
 (routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
-(`quant_gemm.pick_config`), the configuration shipped for that shape and M (if any), the
-heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for
-both GEMMs (`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs can run
-on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's
-grid of split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
-The fastest is written, with every candidate's time and the name the shipped configuration was
-timed under (`measured_us[M]`), so a rerun shows whether the winner beat what ships by more than noise.
+(`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M
+(if any), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's
+tiles for both GEMMs (`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs
+can run on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's grid of
+split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
+The fastest is written; every candidate's time and the name the shipped configuration was timed
+under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
+shows whether the winner beat what ships by more than noise.
 
 The output folder can be put on `$MOE_TRITON_CONFIG_DIR`, or the files copied into
-`moe_triton/configs/` to ship them.
+`moe_triton/configs/` to ship them (and their provenance into benchmarks/results/tuned-configs/).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from pathlib import Path
 
 import torch
 
-from moe_triton._details.topk_sum import topk_sum
 from moe_triton.configs import (
     ConfigKey,
     GemmConfig,
@@ -47,9 +47,10 @@ from moe_triton.configs import (
     lookup_exact,
     write_configs,
 )
+from moe_triton.topk_sum import topk_sum
 
 __all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_grid", "quant_candidates",
-           "random_int4_weights", "wgmma_grid"]
+           "wgmma_grid"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -181,48 +182,12 @@ _WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128
 
 
 def wgmma_grid() -> dict[str, QuantKernelConfig]:
-    """Both GEMMs on the wgmma kernel (`quant_gemm_wgmma`), one candidate per tile of _WGMMA_TILES."""
+    """Both GEMMs on the wgmma kernel (`quant_gemm_details._wgmma`), one candidate per tile of _WGMMA_TILES."""
     found = {}
     for bm, bn, stages in _WGMMA_TILES:
         tile = GemmConfig(bm, bn, 1, 4, stages, swap_ab=True, wgmma=True)
         found[f"wgmma:{bm}x{bn},s{stages}"] = QuantKernelConfig(tile, tile)
     return found
-
-
-def random_int4_weights(cfg, group: int, dev) -> tuple:
-    """(quant, ExpertWeights) of an int4 layer with random codes and positive scales: a valid
-    checkpoint for timing (quantizing float weights of the big presets would need tens of GB)."""
-    from moe_core.quant import int4_w4a16
-    from moe_core.weights.canonical import ExpertWeights
-
-    quant = int4_w4a16(group)
-    E, R, K, N = cfg.num_experts, cfg.w13_rows, cfg.hidden_size, cfg.intermediate_size
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def scales(rows: int, cols: int) -> torch.Tensor:
-        return ((torch.rand(E, rows, cols // group, device=dev, generator=gen) * 0.004 + 0.001) * cols**-0.5 * 8
-                ).to(torch.bfloat16)
-
-    weights = ExpertWeights(
-        quant.weight,
-        w13=torch.randint(0, 256, (E, R, K // 2), dtype=torch.uint8, device=dev, generator=gen),
-        w2=torch.randint(0, 256, (E, K, N // 2), dtype=torch.uint8, device=dev, generator=gen),
-        w13_scale=scales(R, K), w2_scale=scales(K, N),
-        w13_bias=torch.randn(E, R, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
-        w2_bias=torch.randn(E, K, device=dev, generator=gen) * 0.1 if cfg.has_bias else None,
-    )
-    return quant, weights
-
-
-def _random_int4_layer(preset, dev):
-    """A TritonWna16Experts layer of the preset at its int4 group size, from `random_int4_weights`."""
-    from moe_core.backends import detect_device
-    from moe_triton.quantized import TritonWna16Experts
-
-    quant, weights = random_int4_weights(preset.config, preset.int4_group_size, dev)
-    experts = TritonWna16Experts(preset.config, quant, detect_device(dev))
-    experts.load_weights(weights)
-    return experts
 
 
 def _graph_time_us(fn, rep_ms: int) -> float:
@@ -313,9 +278,9 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
 
     from moe_core.config import Routing
     from moe_core.routing import route_torch as route
-    from moe_triton._details.pipeline import moe_gemm, moe_gemv
-    from moe_triton._details.quant_gemm import wgmma_capable
+    from moe_triton._common.target import wgmma_capable
     from moe_triton.align import align_block_size
+    from moe_triton.gemm import direct_gemm, grouped_gemm
 
     dev = torch.device("cuda")
     wgmma = wgmma_capable(dev) and dtype in (torch.bfloat16, torch.float16)
@@ -353,10 +318,10 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
             sorted_ids, expert_ids, total = align_block_size(ti, bm, E)
             common = dict(top_k=top_k, block_m=bm, zero_foreign=True)
             g1 = best_of(name_m, "gemm1", candidates(bm, activation.gated, wgmma), functools.partial(
-                moe_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total, activation=activation,
+                grouped_gemm, x, w13, b13, inter, tw, sorted_ids, expert_ids, total, activation=activation,
                 mul_weight=False, **common))
             g2 = best_of(name_m, "gemm2", candidates(bm, False, wgmma), functools.partial(
-                moe_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total, activation=None,
+                grouped_gemm, inter, w2, b2, out, tw, sorted_ids, expert_ids, total, activation=None,
                 mul_weight=True, **common))
             if g1 is None or g2 is None:
                 continue
@@ -373,9 +338,9 @@ def _tune_shape(name: str, E: int, N: int, K: int, top_k: int, activation, has_b
         options = {(tile1, tile2): t1 + t2 + t_align + t_sum}
         if M * top_k <= DIRECT_MAX_CHOICES:
             d1 = best_of(name_m, "gemm1", direct_candidates("gemm1", top_k), functools.partial(
-                moe_gemv, x, w13, b13, inter, tw, ti, None, activation=activation, mul_weight=False))
+                direct_gemm, x, w13, b13, inter, tw, ti, None, activation=activation, mul_weight=False))
             d2 = best_of(name_m, "gemm2", direct_candidates("gemm2", top_k), functools.partial(
-                moe_gemv, inter, w2, b2, out[:M], tw, ti, None, activation=None, mul_weight=True))
+                direct_gemm, inter, w2, b2, out[:M], tw, ti, None, activation=None, mul_weight=True))
             if d1 is not None:
                 options[(d1[1], tile2)] = d1[0] + t2 + t_align + t_sum
             if d2 is not None:
@@ -408,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        f"10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens); on the H100 it won at 8192 tokens (all five presets) and "
-                        "for mixtral-8x7b, qwen3-30b-a3b and qwen3-235b-a22b at 2048")
+                        f"10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
@@ -451,20 +415,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_int4(args) -> int:
+    from moe_core.backends import detect_device
     from moe_core.presets import get_preset
+    from moe_core.quant import int4_w4a16
+    from moe_core.weights.canonical import ExpertWeights
+    from moe_triton.quantized import TritonWna16Experts
 
     presets = args.preset if args.preset is not None else DEFAULT_PRESETS
+    dev = torch.device("cuda")
     print(f"moe tune --quant int4 on {torch.cuda.get_device_name()}: {', '.join(presets)} x M in {args.m}", flush=True)
     for name in presets:
         start = time.time()
-        experts = _random_int4_layer(get_preset(name), torch.device("cuda"))
+        preset = get_preset(name)
+        quant = int4_w4a16(preset.int4_group_size)
+        # Random weights of the preset's shape, packed by the experts class's own weight processor.
+        experts = TritonWna16Experts(preset.config, quant, detect_device(dev))
+        experts.load_weights(ExpertWeights.random(preset.config, quant, device=dev))
         table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
                                            per_gemm=args.per_gemm, wgmma=args.wgmma)
         key = experts.config_key
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
-               "random int4 codes and scales; the heuristic (pick_config), the shipped configuration, its "
+               "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration, its "
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
                + " and the best one's neighbours"
                + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
@@ -472,12 +445,13 @@ def _main_int4(args) -> int:
 
 
 def _write(key: ConfigKey, table: dict, out: Path, model: str, measured: dict, start: float, method: str) -> None:
-    """One tuned file with its provenance; frees the GPU memory the tuning held."""
+    """One tuned file and its provenance (`configs.write_configs`); frees the GPU memory the tuning held."""
     import triton
 
-    path = write_configs(key, table, out, extra={
-        "device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
-        "torch_version": torch.__version__, "model": model, "measured_us": measured, "method": method})
+    versions = {"device_name": torch.cuda.get_device_name(), "triton_version": triton.__version__,
+                "torch_version": torch.__version__}
+    path = write_configs(key, table, out, versions,
+                         provenance={"model": model, "method": method, "measured_us": measured})
     print(f"wrote {path} ({time.time() - start:.0f}s)", flush=True)
     torch.cuda.empty_cache()
 

@@ -12,14 +12,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from moe_triton._details.pdl import dependent_launch
+from moe_triton._common.pdl import dependent_launch
 
 # Each program is one warp over this many scores or more: one row of 128 or more experts, or
-# as many rows of fewer experts (mixtral's 8: 16 rows), so every reduction stays within the warp.
-# H100, the routing launch alone under the benchmark's protocol (benchmarks/results/
-# route_read_sum_session33_2026-11-22.md): at 8192 tokens deepseek-v3 25.0 us, qwen3-30b-a3b 14.0,
-# mixtral-8x7b 6.1, where the tiling before (8-32 rows on 1-4 warps per program) took 33.5, 15.4
-# and 6.6; at 512 tokens qwen3-30b-a3b 6.9 and deepseek-v3 8.0 (before: 8.7, 10.3).
+# as many rows of fewer experts (mixtral's 8: 16 rows), so every reduction stays within the warp
+# (faster than several rows on several warps: docs/design/triton-routing-align-reduce.md).
 _WARP_SCORES = 128
 
 
@@ -36,7 +33,7 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, M, strid
                   BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     if LAUNCH_DEPENDENTS:
         # The dependent launch behind (alignment, or a one-token GEMM1) may start now: it waits for
-        # this kernel's results itself (`moe_triton._details.pdl`).
+        # this kernel's results itself (`moe_triton._common.pdl`).
         gdc_launch_dependents()
     route_programs = tl.cdiv(M, BLOCK_M)
     if tl.program_id(0) < route_programs:

@@ -18,10 +18,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from moe_triton._common.target import interpreting
+
 
 @functools.cache
 def _pdl_capable(device: torch.device) -> bool:
-    return (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+    return (device.type == "cuda" and torch.version.hip is None and not interpreting()
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 

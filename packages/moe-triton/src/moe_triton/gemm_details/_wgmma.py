@@ -1,10 +1,10 @@
-"""The bf16/fp16 grouped GEMM of `gemm_kernels.moe_gemm_kernel` in Gluon for Hopper: warp-specialized
+"""The bf16/fp16 grouped GEMM of `_kernel.moe_gemm_kernel` in Gluon for Hopper: warp-specialized
 asynchronous wgmma with both operands in shared memory.
 
 Same contract as `moe_gemm_kernel` over align-sorted rows (GEMM1: gathered token rows, canonical
 w13 whose rows [0, N) are the gate and [N, 2N) the up projection, the activation in the epilogue;
 GEMM2: bias, router weight, one stored row per (token, slot), zeros for other ranks' blocks); its
-torch twin is `pipeline.moe_gemm_torch`.
+torch twin is `moe_triton.gemm.grouped_gemm_torch`.
 
 The product is computed transposed, out^T = W . X^T: a tile of BLOCK_N weight rows is wgmma's A
 operand (M side) and the block's gathered token rows its B operand (N side), both read from shared
@@ -15,23 +15,15 @@ K tile, STAGES - 1 tiles ahead, into a ring the two share (a stage's `ready` mba
 warpgroups' weight bytes and all 256 threads' row copies landed; `empty`: both warpgroups' MMAs on
 it retired), and runs its own epilogue. A block with at most BLOCK_M / 2 valid rows (an expert's
 last) runs MMAs over half the tokens. GROUP_M orders the programs as `moe_gemm_kernel` does
-(`gemm_kernels.grouped_tile`).
-
-Measured on the H100 (benchmarks/results/bf16_wgmma_2026-11-21.md): about as fast as `tl.dot`
-(which Triton also lowers to pipelined wgmma) on most shapes, 1.04-1.05x faster layers for
-gpt-oss-120b and qwen3-235b-a22b at 2048 tokens, where the tuned files use it.
+(`_kernel.grouped_tile`).
 
 `moe_gemm_wgmma_persistent_kernel` (`TileConfig.persistent`) runs the same tiles as one program
 per SM: a loader warpgroup takes tiles from a counter in the launch order and fills the ring, so
-a tile's epilogue overlaps the next tile's copies. Taking tiles in a fixed round-robin instead ran
-0.65-0.97x as fast as the per-tile kernel (programs drift apart, and blocks that share an expert's
-weight tile stop reading it together); from the counter, layers at 2048-8192 tokens ran
-1.05-1.16x faster than the shipped `tl.dot` tiles on the H100 (mixtral-8x7b, qwen3-30b-a3b,
-qwen3-235b-a22b, gpt-oss-120b; benchmarks/results/bf16_persistent_session21_2026-11-22.md).
+a tile's epilogue overlaps the next tile's copies (a counter, not round-robin: programs that
+share an expert's weight tile stay together).
 With TAIL (16 or 32) a full block takes in its expert's last block when that holds at most TAIL
 rows (a second accumulator on the same weight tiles; the loader copies those rows beside the
-block's), so the expert's weights are read once less: 1.03-1.06x at mixtral-8x7b 512 and
-qwen3-235b-a22b 2048 tokens (H100), where an expert holds about one block of rows.
+block's), so the expert's weights are read once less. Measurements: docs/design/triton-gemm-16bit.md.
 
 Both kernels' epilogues compute in the accumulator's layout and move only the 16-bit results to
 the store layout: the shared memory a 256 x 128 tile's four stages leave also holds a tail ring.
@@ -59,8 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from moe_triton._details.gemm_kernels import activate, grouped_tile
-from moe_triton._details.quant_gemm_wgmma import EPILOGUE_LAYOUT, tail_role
+from moe_triton._common.activation import activate
+from moe_triton._common.wgmma import EPILOGUE_LAYOUT, tail_role
+from moe_triton.gemm_details._kernel import grouped_tile
 
 # Renamed after Triton 3.6 (async_copy.async_load, tma.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -256,7 +249,7 @@ def moe_gemm_wgmma_kernel(
     stride_am, stride_bias_e, stride_cm,
     A_ROW_DIV: gl.constexpr,  # GEMM1: top_k (rows of A are tokens); GEMM2: 1 (rows are choices)
     GATED: gl.constexpr,  # w rows [0, N) are the gate, [N, 2N) the up projection
-    ACT: gl.constexpr,  # `gemm_kernels` ACT_* code; ACT_NONE marks GEMM2
+    ACT: gl.constexpr,  # `ActKind` code; NONE marks GEMM2
     HAS_BIAS: gl.constexpr,
     MUL_WEIGHT: gl.constexpr,
     ZERO_FOREIGN: gl.constexpr,  # write zeros for blocks of experts another rank owns

@@ -1,40 +1,31 @@
-"""The fused-MoE pipeline on sorted rows: align -> GEMM1 + activation -> GEMM2 + router weight -> reduce.
+"""The bf16 / fp16 / fp32 expert GEMMs: launchers and their torch twins.
 
-`moe_gemm` launches one grouped GEMM; `moe_gemm_torch` is its twin over the same sorted ids.
-`moe_gemv` launches one direct (decode) kernel over topk_ids; `moe_gemv_torch` is its twin. A
-config may mix them per GEMM: both write the intermediate in choice order (row t*top_k + s).
+`grouped_gemm` runs one GEMM over align-sorted rows (`moe_triton.align`) on the tl.dot kernel
+(`gemm_details._kernel`) or, for a `TileConfig.wgmma` tile, on the Gluon wgmma kernels
+(`gemm_details._wgmma`, Hopper only); `grouped_gemm_torch` is its twin over the same sorted ids.
+`direct_gemm` runs one direct (decode) kernel over topk_ids (`gemm_details._direct`);
+`direct_gemm_torch` is its twin. A config may mix them per GEMM: both write the intermediate in
+choice order (row t*top_k + s).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from moe_core.config import Activation, ActivationKind
-from moe_triton._details import gemm_kernels as gk
-from moe_triton._details.pdl import dependent_options
-from moe_triton._details.quant_gemm import wgmma_capable
-from moe_triton._details.topk_sum import topk_sum
-from moe_triton.align import align_block_size
-from moe_triton.configs import KernelConfig, TileConfig
+from moe_core.config import Activation
+from moe_triton._common.activation import ActKind, act_kind
+from moe_triton._common.pdl import dependent_options
+from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton.configs import TileConfig
+from moe_triton.gemm_details._direct import moe_gemv1_kernel, moe_gemv2_kernel
+from moe_triton.gemm_details._kernel import moe_gemm_kernel
 
-_ACT_CODE = {
-    ActivationKind.SILU: gk.ACT_SILU,
-    ActivationKind.GELU: gk.ACT_GELU,
-    ActivationKind.GELU_TANH: gk.ACT_GELU_TANH,
-    ActivationKind.SWIGLU_OAI: gk.ACT_SWIGLU_OAI,
-    ActivationKind.RELU2: gk.ACT_RELU2,
-}
+__all__ = ["direct_gemm", "direct_gemm_torch", "grouped_gemm", "grouped_gemm_torch"]
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+def grouped_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
              topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor, total: torch.Tensor,
              *, top_k: int, block_m: int, tile: TileConfig, activation: Activation | None,
              mul_weight: bool, zero_foreign: bool) -> None:
@@ -42,8 +33,8 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
 
     activation None: GEMM2 (rows of `a` are choices, N = w.shape[1]); else GEMM1 (rows of `a` are
     tokens, gated activations read w rows [0, N) as gate and [N, 2N) as up). A `tile.wgmma` runs
-    on the Gluon kernel (`gemm_wgmma`, Hopper only; `tile.persistent`: its persistent form), any
-    other on `gemm_kernels.moe_gemm_kernel`.
+    on the Gluon kernel (`gemm_details._wgmma`, Hopper only; `tile.persistent`: its persistent form),
+    any other on the tl.dot kernel (`gemm_details._kernel`).
     """
     gated = activation is not None and activation.gated
     N = w.shape[1] // 2 if gated else w.shape[1]
@@ -52,7 +43,7 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     # A row can only appear in one block, so at most num_valid blocks hold work.
     EM = min(sorted_ids.numel(), num_valid * block_m)
     if tile.wgmma:
-        _moe_gemm_wgmma(a, w, bias, out, topk_weights, sorted_ids, expert_ids, total, N=N, K=K, EM=EM,
+        _grouped_gemm_wgmma(a, w, bias, out, topk_weights, sorted_ids, expert_ids, total, N=N, K=K, EM=EM,
                         top_k=top_k, block_m=block_m, tile=tile, activation=activation, mul_weight=mul_weight,
                         zero_foreign=zero_foreign)
         return
@@ -63,13 +54,13 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
         b_desc = TensorDescriptor.from_tensor(w.view(-1, K), [tile.block_n, tile.block_k])
     else:
         b_desc = w  # never read without B_TMA
-    gk.moe_gemm_kernel[grid](
+    moe_gemm_kernel[grid](
         a, w, b_desc, bias if bias is not None else w, out, topk_weights, sorted_ids, expert_ids, total,
         N, K, EM, num_valid,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), bias.stride(0) if bias is not None else 0, out.stride(0),
         float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
-        ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
+        ACT=int(act_kind(activation)) if activation is not None else int(ActKind.NONE),
         HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign,
         EVEN_K=K % tile.block_k == 0, B_TMA=tile.tma, UPCAST=interpreting(),
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
@@ -78,11 +69,11 @@ def moe_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
     )
 
 
-def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+def _grouped_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                     topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
                     total: torch.Tensor, *, N: int, K: int, EM: int, top_k: int, block_m: int, tile: TileConfig,
                     activation: Activation | None, mul_weight: bool, zero_foreign: bool) -> None:
-    """`moe_gemm` on the Gluon wgmma kernel (`gemm_wgmma`); a clear error for what it does not take."""
+    """`grouped_gemm` on the Gluon wgmma kernel (`gemm_details._wgmma`); a clear error for what it does not take."""
     gated = activation is not None and activation.gated
     rows = 2 * tile.block_n if gated else tile.block_n  # weight rows per program
     wants = []
@@ -104,7 +95,7 @@ def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-    from moe_triton._details import gemm_wgmma
+    from moe_triton.gemm_details import _wgmma as gemm_wgmma
 
     block_k = gemm_wgmma.BLOCK_K.value
     copy_rows = rows // 4 if gated else rows // 2  # one copy: a warpgroup's gate (or up) rows, or all its rows
@@ -116,7 +107,7 @@ def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     limit = float(activation.limit or 0.0) if activation else 0.0
     strides = (a.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0))
     common = dict(A_ROW_DIV=top_k if activation is not None else 1, GATED=gated,
-                  ACT=_ACT_CODE[activation.kind] if activation is not None else gk.ACT_NONE,
+                  ACT=int(act_kind(activation)) if activation is not None else int(ActKind.NONE),
                   HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, ZERO_FOREIGN=zero_foreign, BLOCK_M=block_m,
                   BLOCK_N=rows, GROUP_M=tile.group_m, STAGES=tile.num_stages, K_TAIL=K % block_k != 0, num_warps=4)
     if tile.persistent:
@@ -135,11 +126,11 @@ def _moe_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         CONSUMER_REGS=gemm_wgmma.REGS, maxnreg=gemm_wgmma.REGS)
 
 
-def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+def grouped_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                    topk_weights: torch.Tensor, sorted_ids: torch.Tensor, expert_ids: torch.Tensor,
                    total: torch.Tensor, *, top_k: int, block_m: int, activation: Activation | None,
                    mul_weight: bool, zero_foreign: bool) -> None:
-    """The twin of `moe_gemm`, block by block in fp32."""
+    """The twin of `grouped_gemm`, block by block in fp32."""
     from moe_core.reference import apply_activation
 
     num_valid = topk_weights.numel()
@@ -170,14 +161,14 @@ def moe_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         out[ids] = h.to(out.dtype)
 
 
-def moe_gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+def direct_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
              topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, *,
              tile: TileConfig, activation: Activation | None, mul_weight: bool) -> None:
     """activation given (GEMM1): out[c] = act(a[c // top_k] @ w[e_c].T) for every choice c of a local expert.
     activation None (GEMM2): out[t] = sum over t's local choices c of epilogue(a[c] @ w[e_c].T).
     """
     if a.stride(1) != 1 or w.stride(2) != 1:
-        raise ValueError("moe_gemv needs a contiguous inner dimension in a and w")
+        raise ValueError("direct_gemm needs a contiguous inner dimension in a and w")
     M, top_k = topk_ids.shape
     gated = activation is not None and activation.gated
     N = w.shape[1] // 2 if gated else w.shape[1]
@@ -189,18 +180,18 @@ def moe_gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: t
             expert_map if expert_map is not None else topk_ids, N, K, a.stride(0), w.stride(0), w.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0))
     if activation is not None:
-        gk.moe_gemv1_kernel[(triton.cdiv(N, tile.block_n), M * top_k)](
+        moe_gemv1_kernel[(triton.cdiv(N, tile.block_n), M * top_k)](
             *args, float(activation.alpha or 0.0), float(activation.limit or 0.0), TOP_K=top_k, GATED=gated,
-            ACT=_ACT_CODE[activation.kind], **common)
+            ACT=int(act_kind(activation)), **common)
     else:
-        gk.moe_gemv2_kernel[(triton.cdiv(N, tile.block_n), M)](
+        moe_gemv2_kernel[(triton.cdiv(N, tile.block_n), M)](
             *args, TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), **common)
 
 
-def moe_gemv_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+def direct_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, expert_map: torch.Tensor | None, *,
                    activation: Activation | None, mul_weight: bool) -> None:
-    """The twin of `moe_gemv`, choice by choice in fp32."""
+    """The twin of `direct_gemm`, choice by choice in fp32."""
     from moe_core.reference import apply_activation
 
     M, top_k = topk_ids.shape
@@ -227,37 +218,3 @@ def moe_gemv_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
             acc[t] += h * rw if mul_weight else h
     if activation is None:
         out.copy_(acc)
-
-
-def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
-                  b2: torch.Tensor | None, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                  num_experts: int, activation: Activation, weight_on_input: bool,
-                  expert_map: torch.Tensor | None, config: KernelConfig) -> torch.Tensor:
-    """[M, K] -> [M, K]: the whole expert computation for routed tokens (global ids in topk_ids)."""
-    M, K = x.shape
-    top_k = topk_ids.shape[1]
-    N = w2.shape[2]
-    direct1, direct2 = config.gemm1.direct, config.gemm2.direct
-    if not (direct1 and direct2):
-        sorted_ids, expert_ids, total = align_block_size(topk_ids, config.block_m, num_experts, expert_map)
-    common = dict(top_k=top_k, block_m=config.block_m)
-    inter = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)
-    if direct1:
-        moe_gemv(x, w13, b13, inter, topk_weights, topk_ids, expert_map, tile=config.gemm1, activation=activation,
-                 mul_weight=weight_on_input)
-    else:
-        moe_gemm(x, w13, b13, inter, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm1,
-                 activation=activation, mul_weight=weight_on_input, zero_foreign=False, **common)
-    if direct2:
-        # The direct GEMM2 sums each token's choices itself: no top-k reduce launch.
-        out = torch.empty(M, K, dtype=x.dtype, device=x.device)
-        moe_gemv(inter, w2, b2, out, topk_weights, topk_ids, expert_map, tile=config.gemm2, activation=None,
-                 mul_weight=not weight_on_input)
-        return out
-    # With one choice per token the second GEMM writes the output rows directly.
-    out = torch.empty(M * top_k, K, dtype=x.dtype, device=x.device)
-    moe_gemm(inter, w2, b2, out, topk_weights, sorted_ids, expert_ids, total, tile=config.gemm2,
-             activation=None, mul_weight=not weight_on_input, zero_foreign=True, **common)
-    if top_k == 1:
-        return out
-    return topk_sum(out, top_k, x.dtype)

@@ -1,4 +1,4 @@
-"""Row kernels between the quantized GEMMs: the expert activation, and dynamic fp8 quantization.
+"""Row kernel between the quantized GEMMs: the expert activation, and dynamic fp8 quantization.
 
 `act_quant` reads GEMM1's output [pairs, R] (or the layer input for GEMM1's own fp8 operand),
 applies the activation in fp32 and writes either 16-bit values or fp8 codes with their scales.
@@ -10,7 +10,6 @@ sees, so per-tensor takes two passes (an amax per expert, then the quantization)
 from __future__ import annotations
 
 import enum
-import os
 
 import torch
 import triton
@@ -18,22 +17,14 @@ import triton.language as tl
 
 from moe_core.config import Activation
 from moe_core.reference import apply_activation
-from moe_triton._details.gemm_kernels import activate
+from moe_triton._common.activation import ActKind, act_kind, activate
+from moe_triton._common.target import interpreting
+from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 
-__all__ = ["ActKind", "QMode", "act_kind", "act_quant", "act_quant_torch", "deinterleave_gate_up",
-           "interleaved_gate_up_rows"]
+__all__ = ["FP8_MAX", "QMode", "act_quant", "act_quant_torch"]
 
 FP8_MAX = 448.0
 _FP8_MAX = tl.constexpr(FP8_MAX)  # the kernels' copy: jit code reads only constexpr globals
-
-
-class ActKind(enum.IntEnum):
-    NONE = 0  # identity (quantizing the layer input)
-    SILU = 1
-    GELU = 2
-    GELU_TANH = 3
-    SWIGLU_OAI = 4
-    RELU2 = 5
 
 
 class QMode(enum.IntEnum):
@@ -41,24 +32,6 @@ class QMode(enum.IntEnum):
     TOKEN = 1
     GROUP128 = 2
     TENSOR = 3  # per expert's rows (two passes)
-
-
-def act_kind(activation: Activation) -> ActKind:
-    return ActKind[activation.kind.name]
-
-
-def interleaved_gate_up_rows(n: int, chunk: int, device: torch.device | None = None) -> torch.Tensor:
-    """Row order of a gated w13 whose GEMM output tiles hold matching gate and up columns: canonical
-    rows [gate (n) | up (n)] taken as chunk 0 of the gate, chunk 0 of up, chunk 1 of the gate, ..."""
-    if n % chunk:
-        raise ValueError(f"gate/up chunks of {chunk} rows do not divide N={n}")
-    return torch.arange(2 * n, device=device).view(2, n // chunk, chunk).transpose(0, 1).reshape(-1)
-
-
-def deinterleave_gate_up(h: torch.Tensor, chunk: int) -> torch.Tensor:
-    """[..., 2n] columns in `interleaved_gate_up_rows` order -> canonical [gate | up]."""
-    *lead, width = h.shape
-    return h.reshape(*lead, width // (2 * chunk), 2, chunk).transpose(-3, -2).reshape(*lead, width)
 
 
 @triton.jit
@@ -137,7 +110,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
 
     Scales: TOKEN and TENSOR [rows, 1], GROUP128 [rows, N/128]. TENSOR needs pair_expert (the
     local expert of each output row, -1 to skip) and num_experts. gate_up_chunk > 0: gated h rows
-    are in `interleaved_gate_up_rows` order, not [gate | up].
+    are in `GateUpInterleave(gate_up_chunk)` order, not [gate | up].
     """
     kind = ActKind.NONE if activation is None else act_kind(activation)
     n = _out_width(h, kind)
@@ -165,7 +138,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
                                    s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
                                    ACT=int(kind), QMODE=int(qmode), PHASE=phase, GATE_UP_CHUNK=gate_up_chunk,
                                    BLOCK=block,
-                                   INTERPRET=os.environ.get("TRITON_INTERPRET") == "1", num_warps=warps)
+                                   INTERPRET=interpreting(), num_warps=warps)
     return y, scales
 
 
@@ -175,7 +148,7 @@ def act_quant_torch(h: torch.Tensor, activation: Activation | None, qmode: QMode
     """The twin of `act_quant`, from moe_core's reference activation."""
     x = h.float()[torch.arange(rows, device=h.device) // in_div]
     if gate_up_chunk and activation is not None and activation.gated:
-        x = deinterleave_gate_up(x, gate_up_chunk)
+        x = GateUpInterleave(gate_up_chunk).unswizzle(x)
     y = x if activation is None else apply_activation(x, activation)
     if qmode is QMode.NONE:
         return y.to(out_dtype), None

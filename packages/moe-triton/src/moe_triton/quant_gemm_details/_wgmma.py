@@ -1,8 +1,9 @@
-"""The int4 quads GEMM of `quant_gemm` written in Gluon for Hopper: warp-specialized, asynchronous wgmma.
+"""The int4 quads GEMM of `_kernel` written in Gluon for Hopper: warp-specialized, asynchronous wgmma.
 
-Same contract as `quant_gemm._moe_wgemm_kernel` for int4 quads weights over align-sorted pairs
+Same contract as `_kernel._moe_wgemm_kernel` for int4 quads weights over align-sorted pairs
 (STORE and ATOMIC sinks, split-K, GEMM1's activation over interleaved gate/up chunks, bias,
-router weight, zeroing the next GEMM's sums on the side); its torch twin is `quant_gemm.moe_gemm_torch`.
+router weight, zeroing the next GEMM's sums on the side); its torch twin is
+`moe_triton.quant_gemm.quant_gemm_torch`.
 
 Why a second kernel: with `tl.dot`, Triton 3.6 waits for every dot whose operand was dequantized in
 registers (`wgmma.wait_group 0`), so unpacking never overlaps the tensor cores, and the warps that
@@ -19,11 +20,11 @@ the work (`gl.warp_specialize`):
   scale rows and half the activation rows, STAGES - 1 tiles ahead).
 Nothing is shared between the consumers but the ring, so one unpacks while the other's MMAs run.
 
-Registers (`quant_gemm.ws_regs`): ptxas keeps wgmma asynchronous only when every partition holds
+Registers (`_heuristics.ws_regs`): ptxas keeps wgmma asynchronous only when every partition holds
 the registers the MMA loop needs. With a producer, 12 warps at 168 each: the consumers raise
-theirs to 192, the producer drops to 120, enough for 64-pair blocks only; with 128 pairs ptxas
-serialized each consumer's MMAs. Folded, 8 warps at 240 each, no partition below the MMA loop's
-need: 1.04-1.18x faster layers at 2048 and 8192 tokens on an H200 (benchmarks/results/int4_wgmma_folded_2026-11-21.md).
+theirs to 192, the producer drops to 120, enough for 64-pair blocks only (with 128 pairs ptxas
+serializes each consumer's MMAs). Folded, 8 warps at 240 each, no partition below the MMA loop's
+need.
 A folded block with at most 64 valid pairs (an expert's last) runs a second copy of the loop
 whose MMAs cover its first 64 rows: half the padding's tensor-core work. With TAIL (8 or 16), a
 full block whose expert's next block holds at most TAIL valid pairs (that expert's last) takes
@@ -31,10 +32,8 @@ those pairs into its own K loop, as a second accumulator of TAIL columns fed by 
 dequantized weights, and the next block's program exits: the expert's weights are dequantized
 once less (an aligned block pays the whole dequantization for any number of valid pairs).
 
-Not persistent: one program per SM looping over the tiles (consumer 0 taking them off a counter,
-the next tile's first copies issued before each epilogue) ran 0.915-0.947x as fast at 2048-8192
-tokens on the H100, and with a producer warpgroup ptxas serialized the consumers' wgmma at every
-register split tried, 192 to 240 (benchmarks/results/int4_persistent_session22_2026-11-22.md).
+Not persistent (one program per tile): a persistent form measured slower, see
+docs/design/triton-gemm-quantized.md.
 
 Gated tiles are regrouped (`_ring_row`) as they are copied: each consumer's first half of rows
 are gates and its second half the matching ups, so one thread ends with both sums of an output.
@@ -45,7 +44,7 @@ compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves", "tail_role"]
+__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -57,7 +56,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from moe_triton._details.gemm_kernels import activate
+from moe_triton._common.activation import activate
+from moe_triton._common.wgmma import EPILOGUE_LAYOUT, tail_role
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -69,7 +69,7 @@ _ZERO_BLOCK = gl.constexpr(512)
 @gluon.constexpr_function
 def _nibble_asm(j, fp16):
     """PTX: nibble j of two int16 quads words (one 32-bit register) as the 16-bit float pair
-    (P + code_lo, P + code_hi), P = 128 (bf16) or 1024 (fp16); `quant_gemm._QUAD_ASM` one output at a time."""
+    (P + code_lo, P + code_hi), P = 128 (bf16) or 1024 (fp16); `_dequant._QUAD_ASM` one output at a time."""
     magic = "0x64006400" if fp16 else "0x43004300"
     if j == 0:
         return f"lop3.b32 $0, $1, 0x000F000F, {magic}, 0xEA;"
@@ -85,27 +85,6 @@ def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
         v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
                                       dtype=gl.bfloat16)
     return v
-
-
-@gluon.jit
-def tail_role(pid_m, e, num_pid_m, sorted_ids_ptr, expert_ids_ptr, num_valid, BLOCK_M: gl.constexpr,
-              TAIL: gl.constexpr):
-    """(taken in, absorbs) of row block pid_m (of num_pid_m) of expert e >= 0. With TAIL, a block
-    with at most TAIL valid rows after one of the same expert's (an expert's last, after a full one)
-    is taken in by that block: the block before multiplies those rows too (a second accumulator on
-    the same weight tiles), so the expert's weights are read once less; the same test on both sides.
-    Shared by both wgmma GEMMs (this one and `gemm_wgmma`'s persistent kernel)."""
-    taken_in = pid_m < 0  # False, as a run-time value
-    absorbs = taken_in
-    if TAIL > 0:
-        has_prev = pid_m > 0
-        prev_e = gl.load(expert_ids_ptr + pid_m - 1, mask=has_prev, other=-1)
-        taken_in = has_prev & (prev_e == e) & (gl.load(sorted_ids_ptr + pid_m * BLOCK_M + TAIL) >= num_valid)
-        has_next = pid_m + 1 < num_pid_m
-        next_e = gl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
-        next_tail = gl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
-        absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
-    return taken_in, absorbs
 
 
 @gluon.constexpr_function
@@ -306,11 +285,6 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
                         0, STAGES, FOLDED)
 
 
-# Epilogue layout of a consumer warpgroup: threads along the weight rows (the output rows'
-# contiguous dimension), tokens across warps.
-EPILOGUE_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))
-
-
 @gluon.jit
 def row_halves(acc, out_l: gl.constexpr):
     """A consumer's [WG_ROWS, MMA_N] accumulator as its two halves of rows, [WG_ROWS / 2, MMA_N]
@@ -365,8 +339,7 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
         words = w_ring.index(stage).slice(r0, WG_ROWS).load(w_op)
         w_prev = words  # the quarter before j's operand (static_range unrolls: unused at j == 0)
         for j in gl.static_range(4):
-            # Scale rows are read once per group (at the quarter that starts one), not once per quarter:
-            # 1.00-1.07x faster layers at 512-8192 tokens, H100 (int4_dequant_session24_2026-11-22.md).
+            # Scale rows are read once per group (at the quarter that starts one), not once per quarter.
             if (j * QUARTER) % GROUP == 0:
                 s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT,
                                      w_op)

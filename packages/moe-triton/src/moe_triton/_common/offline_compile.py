@@ -2,12 +2,12 @@
 
 The CPU interpreter runs the kernels' Python, not Triton's compiler, so a kernel can pass every
 interpreted test and still fail to compile (a loop-carried variable changing type, a layout the
-backend refuses). `compile_quant_gemm` builds one specialization for sm_90 so CI sees those errors,
-and `benchmarks/gpu/sass_check.py` reads the SASS of the same build. `compile_wgmma_gemm` does the
-same for the Gluon kernel (`quant_gemm_wgmma`), which the interpreter cannot run at all,
-`compile_bf16_wgmma_gemm` for the bf16 one (`gemm_wgmma`); `compile_kernel` for any other Triton
-kernel (the alignment's); `run_compiler_script` runs such builds in a child process without the
-interpreter, as the tests do.
+backend refuses). `compile_quant_gemm` builds one specialization of the quantized tl.dot GEMM for
+sm_90 so CI sees those errors (the GPU benchmarks read the SASS of the same build).
+`compile_wgmma_gemm` does the same for the quantized Gluon kernel (`quant_gemm_details._wgmma`),
+which the interpreter cannot run at all, `compile_bf16_wgmma_gemm` for the 16-bit one
+(`gemm_details._wgmma`); `compile_kernel` for any other Triton kernel (the alignment's);
+`run_compiler_script` runs such builds in a child process without the interpreter, as the tests do.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from moe_triton._details import quant_gemm
+from moe_triton.quant_gemm_details._heuristics import ws_regs
+from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
 
 __all__ = ["BF16_WGMMA_CONSTEXPRS", "DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_bf16_wgmma_gemm",
            "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm", "run_compiler_script"]
@@ -41,14 +42,14 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 
 
 # GEMM1 of a bf16 int4 (quads, group 128) layer with its gated activation, on the wgmma kernel
-# (launched with the register plan `quant_gemm.ws_regs` gives its BLOCK_M).
+# (launched with the register plan `ws_regs` gives its BLOCK_M).
 WGMMA_CONSTEXPRS = dict(
     GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
     ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, STAGES=4,
     K_TAIL=False, TAIL=0)
 
 
-# GEMM1 of a bf16 layer with its gated activation on the bf16 wgmma kernel (`gemm_wgmma`).
+# GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).
 BF16_WGMMA_CONSTEXPRS = dict(A_ROW_DIV=8, GATED=True, ACT=1, HAS_BIAS=False, MUL_WEIGHT=False, ZERO_FOREIGN=False,
                              BLOCK_M=128, BLOCK_N=256, GROUP_M=8, STAGES=4, K_TAIL=False)
 
@@ -79,7 +80,7 @@ def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None,
                        num_stages: int = 3, arch: int = 90):
     """`compile_kernel` of the quantized GEMM for `constexprs` over DEFAULT_CONSTEXPRS (strides named
     there are specialized to that value) and pointer types over `_POINTERS`."""
-    return compile_kernel(quant_gemm._moe_wgemm_kernel, {**DEFAULT_CONSTEXPRS, **constexprs},
+    return compile_kernel(_moe_wgemm_kernel, {**DEFAULT_CONSTEXPRS, **constexprs},
                           {**_POINTERS, **(pointers or {})}, num_warps=num_warps, num_stages=num_stages, arch=arch)
 
 
@@ -88,21 +89,21 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from moe_triton._details import quant_gemm_wgmma
+    from moe_triton.quant_gemm_details._wgmma import moe_w4a16_wgmma_kernel
 
     consts = {**WGMMA_CONSTEXPRS, **constexprs}
-    regs = quant_gemm.ws_regs(consts["BLOCK_M"])
+    regs = ws_regs(consts["BLOCK_M"])
     consts.update(PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
                   PRODUCER_REGS=regs.producer_regs)
-    src = _source(quant_gemm_wgmma.moe_w4a16_wgmma_kernel, GluonASTSource, consts,
+    src = _source(moe_w4a16_wgmma_kernel, GluonASTSource, consts,
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
 
 
 def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True,
                             persistent: bool = False):
-    """The bf16 Gluon wgmma GEMM (`gemm_wgmma`) for sm_90, over BF16_WGMMA_CONSTEXPRS, launched as
-    `pipeline.moe_gemm` does (4 warps per partition, `gemm_wgmma.REGS` registers; persistent: its
+    """The 16-bit Gluon wgmma GEMM (`gemm_details._wgmma`) for sm_90, over BF16_WGMMA_CONSTEXPRS, launched
+    as `gemm.grouped_gemm` does (4 warps per partition, `gemm_wgmma.REGS` registers; persistent: its
     persistent kernel with that kernel's register plan); aligned_ints False: sizes and strides that
     are not multiples of 16."""
     import torch
@@ -111,7 +112,7 @@ def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = 
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.runtime.jit import mangle_type
 
-    from moe_triton._details import gemm_wgmma
+    from moe_triton.gemm_details import _wgmma as gemm_wgmma
 
     consts = {**BF16_WGMMA_CONSTEXPRS, **constexprs}
     if persistent:
@@ -121,7 +122,7 @@ def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = 
         kernel, maxnreg = gemm_wgmma.moe_gemm_wgmma_kernel, gemm_wgmma.REGS
         consts.update(CONSUMER_REGS=gemm_wgmma.REGS)
     ptrs = {**_BF16_POINTERS, **(pointers or {})}
-    # The weights' descriptor as the launcher builds it (`pipeline._moe_gemm_wgmma`), over a host tensor.
+    # The weights' descriptor as the launcher builds it (`gemm._grouped_gemm_wgmma`), over a host tensor.
     dtype = {"*bf16": torch.bfloat16, "*fp16": torch.float16}[ptrs["a_ptr"]]
     copy_rows = consts["BLOCK_N"] // (4 if consts["GATED"] else 2)
     layout = gl.NVMMASharedLayout.get_default_for([copy_rows, 64], gl.bfloat16 if dtype == torch.bfloat16

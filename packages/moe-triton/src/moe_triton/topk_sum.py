@@ -2,11 +2,9 @@
 rows[t * top_k + j], summed in fp32 in choice order and stored in out's dtype. `topk_sum_torch` is
 its twin.
 
-It only streams memory (M top_k K values read, M K written), and it launches dependent on the
-GEMM2 ahead of it (`pdl`). H100, bf16 rows (benchmarks/results/topk_sum_session31_2026-11-22.md):
-1.00-1.15x the time of a device copy of as many bytes (the larger the closer), where
-`rows.view(M, top_k, K).sum(dim=1)` took 1.05-1.08x as long as this at top-8, 1.27-1.28x at top-4
-and 2.1x at top-2.
+It only streams memory (M top_k K values read, M K written), close to a device copy of as many
+bytes, and it launches dependent on the GEMM2 ahead of it (`moe_triton._common.pdl`).
+Measurements: docs/design/triton-routing-align-reduce.md.
 """
 
 from __future__ import annotations
@@ -15,10 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_triton._details.pdl import dependent_options, wait_then_release
+from moe_triton._common.pdl import dependent_options, wait_then_release
 
-# Tokens x columns per program: 1 x 1024 at 4 warps, 8 values (16 bytes) per thread and choice.
-# Eight shapes from 1 x 256 to 16 x 256 ran within 2% of each other on the H100.
+# Tokens x columns per program: 1 x 1024 at 4 warps, 8 values (16 bytes) per thread and choice
+# (the shape matters little: the kernel is bandwidth-bound).
 BLOCK_T = 1
 BLOCK_K = 1024
 NUM_WARPS = 4

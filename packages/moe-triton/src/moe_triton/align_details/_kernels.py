@@ -11,8 +11,7 @@ One launch up to 4096 choices, three beyond:
 - beyond, three launches over chunks of _RANK_CHUNK choices: a histogram per chunk -> each
   chunk's base within its experts (programs over slices of the experts, each scanning every
   chunk) -> pairwise ranks, scatter and the expert per block.
-On an H100 the first took 2.3-2.4 us a launch at 64 choices of 128 or 256 experts, where the
-one-hot kernel took 6.8 and 9.7 us (benchmarks/results/align_one_launch_2026-11-21.md).
+Why these limits: docs/design/triton-routing-align-reduce.md.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_triton._details.pdl import dependent_options, wait_then_release
+from moe_triton._common.pdl import dependent_options, wait_then_release
 
 # Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
 _PAIRWISE_CHOICES = 256
@@ -31,8 +30,8 @@ _SINGLE_PROGRAM_TILE = 16384
 # (`_align_chunks_kernel`), in one launch.
 _CHUNKED_CHOICES = 4096
 _RANK_CHUNK = 128
-# The multi-launch scan: experts per program, and counts per step ([rows, experts]). One program
-# over all experts scanned 512-1024 chunks in 27-95 us on an H100 (65536 choices, 128-256 experts).
+# The multi-launch scan: experts per program (one program over all experts is slow at many
+# chunks), and counts per step ([rows, experts]).
 _SCAN_EXPERTS = 16
 _SCAN_TILE = 4096
 _FILL_TILE = 1024
@@ -246,7 +245,7 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     numel_p2 = triton.next_power_of_2(max(numel, 1))
     has_map = expert_map is not None
     map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
-    # The one-launch kernels launch dependent on the routing kernel ahead (`moe_triton._details.pdl`).
+    # The one-launch kernels launch dependent on the routing kernel ahead (`moe_triton._common.pdl`).
     dependent = dependent_options(device)
     if numel_p2 <= _PAIRWISE_CHOICES:
         _align_pairs_kernel[(1,)](topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,

@@ -1,1 +1,0 @@
-"""Private kernels and helpers of moe_triton; their signatures may change without notice."""

@@ -1,0 +1,298 @@
+"""The quantized expert GEMMs (int4 / int8 / fp8 / mxfp4 weights): launchers and their torch twin.
+
+`grouped_quant_gemm` runs one GEMM over align-sorted (token, k) pairs, `direct_quant_gemm` one over
+topk_ids without alignment (one token's distinct experts); both launch the tl.dot kernel
+(`quant_gemm_details._kernel`), or for a `GemmConfig.wgmma` configuration (int4 quads, Hopper) the
+Gluon wgmma kernel (`quant_gemm_details._wgmma`). `quant_gemm_torch` is their twin: the per-pair
+fp32 result from weights dequantized in torch.
+
+Where things live: weight layouts and `WeightOperand` in `quant_gemm_details._layouts`,
+dequantization in `_dequant`, launch heuristics and register plans in `_heuristics`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from moe_core.config import Activation
+from moe_triton._common.activation import act_kind
+from moe_triton._common.pdl import dependent_launch, dependent_options
+from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton.configs import GemmConfig
+from moe_triton.quant_gemm_details._dequant import dequantize_operand
+from moe_triton.quant_gemm_details._heuristics import (
+    L2_PREFETCH_TILES,
+    POST_SCALE_MAX_TILE,
+    effective_split,
+    ws_regs,
+)
+from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
+from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
+
+__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
+
+
+@dataclass(frozen=True)
+class LastArrival:
+    """Partial sums meet in the fp32 `out` passed to the GEMM (zero on entry); the program that
+    adds the last of an output row's contributions to an N tile (top-k choices x K-splits), counted
+    in `arrivals`, stores that row of the tile finished (activation, 16-bit cast) to `finished`.
+    No launch after the GEMM, and no fp32 pass over the output.
+
+    Invariants: `arrivals` int32 with one zero counter per (output row, N tile), row-major;
+    `finished` [output rows, N] (N / 2 after a gated activation), unit column stride."""
+
+    finished: torch.Tensor
+    arrivals: torch.Tensor
+
+
+def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
+             expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int, cfg: GemmConfig, *,
+             a_rows_div: int = 1, a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+             bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+             reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
+             activation: Activation | None = None, gate_up_chunk: int = 0,
+             zero_side: torch.Tensor | None = None) -> None:
+    """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
+
+    row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
+    of GEMM2 when reduce_topk > 1), `last_arrival` too, finished by the last contributor
+    (`LastArrival`); otherwise each pair's row is stored once in out's dtype, after `activation`
+    if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side` (int32, any
+    size): zeroed by the launch's programs on the side, for the next GEMM.
+
+    On Hopper and later the launch may start before the previous kernel on the stream ends
+    (programmatic dependent launch); its programs wait for that kernel before they read or write.
+    """
+    _launch(a, w, out, cfg, rows=sorted_ids, experts=expert_ids, num_post=num_post, num_valid=num_valid,
+            grid_m=min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
+            has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+
+
+def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
+                    expert_map: torch.Tensor | None, cfg: GemmConfig, *, a_rows_div: int = 1,
+                    a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+                    bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
+                    reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
+                    activation: Activation | None = None, gate_up_chunk: int = 0,
+                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
+    """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
+
+    Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
+    token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
+    `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
+    program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
+    It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
+    are int4 quads stored tile-major, and changes no result.
+    """
+    pairs = topk_ids.view(-1)
+    # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
+    _launch(a, w, out, cfg, rows=pairs, experts=expert_map if expert_map is not None else pairs, num_post=pairs,
+            num_valid=pairs.numel(), grid_m=pairs.numel(), direct=True, has_map=expert_map is not None,
+            a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
+            topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
+            prefetch_l2=prefetch_l2)
+
+
+def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
+    if atomic and last_arrival is not None:
+        raise ValueError("atomic and last_arrival are two different sinks: pass one")
+    return Sink.LAST_ARRIVAL if last_arrival is not None else (Sink.ATOMIC if atomic else Sink.STORE)
+
+
+def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfig, *, rows: torch.Tensor,
+            experts: torch.Tensor, num_post: torch.Tensor, num_valid: int, grid_m: int, direct: bool,
+            has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
+            bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
+            last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
+    if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
+        raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only int4 quads codes pad K to whole "
+                         f"tiles), codes {list(w.codes.shape)}")
+    if a.shape[1] != w.k:
+        raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
+    split = effective_split(cfg.split_k, w)
+    if (split > 1 or reduce_topk > 1) and not (sink is not Sink.STORE and out.dtype == torch.float32):
+        raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
+    if activation is not None and sink is Sink.ATOMIC:
+        raise ValueError("an activation needs whole sums: a STORE or LAST_ARRIVAL sink, not ATOMIC")
+    if gate_up_chunk and not (activation is not None and activation.gated and cfg.block_n % (2 * gate_up_chunk) == 0):
+        raise ValueError(f"interleaved gate/up chunks of {gate_up_chunk} rows need a gated activation and "
+                         f"block_n divisible by {2 * gate_up_chunk}, got {activation} and {cfg}")
+    if activation is not None and activation.gated and not gate_up_chunk:
+        raise ValueError("a gated activation in the GEMM needs w's rows interleaved (gate_up_chunk > 0)")
+    if (out.stride(1) if out.dim() == 2 else 1) != 1:
+        raise ValueError("the GEMM output needs a unit column stride")
+    if w.wtype is WType.INT4 and not cfg.swap_ab:
+        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
+                         f"got {cfg}")
+    if cfg.tail and not w.quads:
+        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of int4 weights in the quads layout, got "
+                         f"{w.wtype.name} {w.codes.dtype}")
+    tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
+    n_tiles = triton.cdiv(w.n, cfg.block_n)
+    # N tiles first in the launch order (the kernel's N_FIRST) where the grid's second axis holds
+    # the M blocks; decode keeps M first (one token: blocks are pairs of distinct experts).
+    n_first = not direct and sink is not Sink.LAST_ARRIVAL and grid_m < 2**16
+    grid = (n_tiles, grid_m, split) if n_first else (grid_m, n_tiles, split)
+    fin = out
+    arrivals = rows  # never read without LAST_ARRIVAL
+    if last_arrival is not None:
+        fin, arrivals = last_arrival.finished, last_arrival.arrivals
+        out_rows = -(-num_valid // reduce_topk)
+        if arrivals.dtype != torch.int32 or arrivals.numel() < out_rows * n_tiles:
+            raise ValueError(f"last-arrival sums need int32 arrivals >= {out_rows} rows x {n_tiles} N tiles, got "
+                             f"{arrivals.dtype} [{arrivals.numel()}]")
+        if fin.stride(1) != 1:
+            raise ValueError("the finished output needs a unit column stride")
+    programs = grid_m * n_tiles * split
+    zero_numel = zero_side.numel() if zero_side is not None else 0
+    if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
+                                  or zero_numel >= 2**31):
+        raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
+    zero_chunk = triton.cdiv(triton.cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
+    if cfg.wgmma:
+        # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
+        # the scale-row addresses provably 16-byte aligned for cp.async.
+        scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
+        _check_wgmma(a, w, scale_rows_stride, direct=direct, sink=sink, a_scale_mode=a_scale_mode)
+        # Gluon is imported only when a configuration asks for this kernel.
+        from moe_triton.quant_gemm_details._wgmma import moe_w4a16_wgmma_kernel
+
+        if not n_first:
+            raise ValueError(f"the wgmma GEMM launches M blocks on the grid's second axis (below 65536): "
+                             f"{grid_m} blocks of {cfg.block_m} pairs; take a larger block_m")
+        regs = ws_regs(cfg.block_m)
+        moe_w4a16_wgmma_kernel[grid](
+            a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
+            out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post,
+            zero_side if zero_side is not None else rows, w.n, w.k, num_valid, zero_numel, zero_chunk,
+            float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+            a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), scale_rows_stride,
+            bias.stride(0) if bias is not None else 0, out.stride(0),
+            GROUP=w.group, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
+            A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
+            ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
+            GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
+            PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
+            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, num_warps=4, maxnreg=regs.maxnreg)
+        return
+    s = w.scale
+    if w.wtype is WType.FP8:
+        sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
+            (s.stride(0), 0, s.stride(1)) if s.dim() == 2 else (s.stride(0), s.stride(2), s.stride(1)))
+    else:
+        sst = (s.stride(0), s.stride(1), s.stride(2))
+    codes = w.codes
+    # (expert, k within a tile, n, K tile) strides of the codes.
+    if w.wtype in (WType.INT4, WType.MXFP4):  # quads or halves: [E, N, K tiles, words per tile]
+        bst = (codes.stride(0), codes.stride(3), codes.stride(1), codes.stride(2))
+    else:  # canonical [E, N, K] (the K loop steps through stride_bk)
+        bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
+    a_scale_t = a_scale if a_scale is not None else a
+    ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
+    _moe_wgemm_kernel[grid](
+        a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
+        topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
+        zero_side if zero_side is not None else arrivals,
+        w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
+        a.stride(0), a.stride(1), ast[0], ast[1],
+        *bst, *sst,
+        bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
+        GROUP=max(w.group, 1), WTYPE=int(w.wtype), A_SCALE=int(a_scale_mode),
+        W_SCALE_PER_N=s.dim() >= 2, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset,
+        HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None,
+        REDUCE_TOPK=reduce_topk, SINK=int(sink), ACT=int(act_kind(activation)) if activation else 0,
+        GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
+        SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
+        UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
+        QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
+        POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE,
+        K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, NARROW=cfg.narrow and not direct,
+        PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
+    )
+
+
+def _prefetchable(w: WeightOperand) -> bool:
+    """Whether a dependent direct launch can prefetch w's weights into L2 (the kernel's PREFETCH_TILES):
+    int4 quads stored tile-major, scales (and zero points) with contiguous rows, on a GPU whose
+    launches are dependent (sm_90 and later: the bulk prefetch is an sm_90 instruction)."""
+    c = w.codes
+    return (w.quads and c.stride(3) == 1 and c.stride(1) == c.shape[3] and w.scale.stride(2) == 1
+            and (w.zero is None or w.zero.stride() == w.scale.stride()) and dependent_launch(c.device))
+
+
+def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
+    """A zeroed int32 buffer (GEMM sums and arrival counts), zeroed by a dependent launch: unlike a
+    fill, it starts while the kernel ahead still runs, so its launch latency hides there."""
+    out = torch.empty(numel, dtype=torch.int32, device=device)
+    block = 1024
+    _zero_kernel[(triton.cdiv(numel, block),)](out, numel, BLOCK=block, **dependent_options(device))
+    return out
+
+
+def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, direct: bool, sink: Sink,
+                 a_scale_mode: AScale) -> None:
+    """What the wgmma kernel (`quant_gemm_details._wgmma`) takes; a clear error for anything else."""
+    wants = []
+    if not wgmma_capable(a.device):
+        wants.append(f"an NVIDIA Hopper GPU (sm_90), got {a.device}"
+                     + (f" (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))})"
+                        if a.is_cuda and not interpreting() else ""))
+    if not (w.quads and w.block_k == 128):
+        wants.append(f"int4 weights in the quads layout with 128-wide K tiles, got {w.wtype.name} "
+                     f"{w.codes.dtype} block_k={w.block_k}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
+        wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
+    if direct or sink is Sink.LAST_ARRIVAL:
+        wants.append("aligned launches with a STORE or ATOMIC sink (no direct launch, no last-arrival sums)")
+    if a.stride(1) != 1 or w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
+            w.zero is not None and w.zero.stride() != w.scale.stride()):
+        wants.append("unit-stride activation columns, quads words, scale columns, and zero points "
+                     "strided like the scales")
+    # cp.async moves 16-byte pieces: activation rows, scale rows (and uint8 zero-point rows).
+    piece = 16 if w.zero is not None else 8
+    if a.stride(0) % 8 or w.n % piece or scale_rows_stride % piece or w.scale.stride(0) % piece:
+        wants.append(f"rows that split into 16-byte pieces (activation row stride a multiple of 8, N and the "
+                     f"scale strides multiples of {piece}), got {a.stride(0)}, N={w.n}, {w.scale.stride()}")
+    if wants:
+        raise ValueError("the wgmma GEMM (GemmConfig.wgmma) needs " + "; ".join(wants))
+
+
+def quant_gemm_torch(a: torch.Tensor, w: WeightOperand, pair_expert: torch.Tensor, *, a_rows_div: int = 1,
+                   a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
+                   bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 [num_pairs, N]: the kernel's per-pair result (before any top-k reduce).
+
+    pair_expert: local expert of each pair (-1: skipped, row left zero).
+    """
+    wf = dequantize_operand(w)
+    P = pair_expert.numel()
+    rows = torch.arange(P, device=a.device) // a_rows_div
+    x = a.float()[rows]
+    if a_scale_mode is AScale.ROW:
+        x = x * a_scale.float()[rows].view(P, 1)
+    elif a_scale_mode is AScale.GROUP:
+        x = x * a_scale.float()[rows].repeat_interleave(128, 1)[:, : w.k]
+    out = torch.zeros(P, w.n, dtype=torch.float32, device=a.device)
+    for e in pair_expert.unique().tolist():
+        if e < 0:
+            continue
+        sel = pair_expert == e
+        y = x[sel] @ wf[e].T
+        if bias is not None:
+            y = y + bias[e].float()
+        out[sel] = y
+    if topk_weights is not None:
+        out = out * topk_weights.float().reshape(P, 1)
+    return out

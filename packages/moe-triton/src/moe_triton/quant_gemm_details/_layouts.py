@@ -1,0 +1,168 @@
+"""The quantized GEMM's weight layouts: how the experts' processors store codes for the kernels.
+
+Both 4-bit layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides;
+their memory order is the one the kernels stream fastest (docs/design/triton-gemm-quantized.md).
+
+- `QuadsLayout` (int4 with 128-wide K tiles): int16 [E, N, cdiv(K, block_k), block_k/4], stored
+  tile-major ([E, K tile, N, word] in memory: one program's N x K tile of weights is one contiguous
+  run). Word i of K tile t holds in nibble j (bits 4j..4j+3) the code of
+  k = t*block_k + j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A operand, in
+  registers) and loads the words straight into that operand's register layout, where each 32-bit
+  register holds two neighbouring words: one shift and one lop3 per register give nibble j of both
+  as a 16-bit float pair (`_dequant.unpack_quads`), the operand of the j-th of four dots over
+  contiguous K quarters. A K that 128 does not divide (gpt-oss's 2880) is padded to whole tiles
+  when its scale groups divide the padded K: the padding's scale rows are zero, so its weights
+  dequantize to exactly 0, and the kernel masks the activations' columns past K (K_TAIL).
+- `HalvesLayout` (int4 that cannot be padded so: per-channel scales, K % 128 != 0; and MXFP4):
+  uint8 [E, N, K/block_k, block_k/2], stored K-major ([E, K tile, byte, N] in memory: a program's
+  tile is block_k/2 runs of block_n bytes). Byte i of K tile t holds k = t*block_k + i in its low
+  nibble and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves.
+- INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
+
+Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
+canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
+
+`GateUpInterleave` orders a gated w13's rows so that each GEMM1 output tile holds matching gate and
+up columns (the activation then runs in GEMM1's epilogue).
+
+Each layout is a round trip: `swizzle` builds it from canonical codes, `unswizzle` gives them back.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType", "WeightOperand", "stored_k_major",
+           "stored_tile_major"]
+
+
+class WType(enum.IntEnum):
+    INT4 = 0
+    INT8 = 1
+    FP8 = 2
+    MXFP4 = 3
+
+
+@dataclass(frozen=True)
+class WeightOperand:
+    """One GEMM's weights in kernel layout.
+
+    Invariants: `codes` follows this module's layout for `wtype`; `n`, `k` are the GEMM's
+    output and input sizes; `block_k` divides k, except for int4 quads, whose codes, scales and
+    zero points cover `k_tiles` whole tiles and dequantize to 0 past k; for grouped int/mxfp4
+    scales each block_k/4 (int4 quads), block_k/2 (halves) or block_k (int8) slice of K lies inside
+    one scale group; `group` is the K extent of one scale row (k itself for per-channel).
+    """
+
+    wtype: WType
+    codes: torch.Tensor
+    scale: torch.Tensor  # [E, K / group, N] (N contiguous); fp8: [E], [E, N] or [E, N/128, K/128]
+    zero: torch.Tensor | None  # uint8, like scale (INT4/INT8 with integer zero points)
+    n: int
+    k: int
+    group: int  # K per scale row; 0 for fp8 (granularity comes from AScale)
+    block_k: int
+    code_offset: int  # implicit zero when `zero` is None (8, 128), 0 otherwise
+
+    @property
+    def num_experts(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def quads(self) -> bool:
+        """INT4 codes in the quads layout (int16 words); the halves layout is uint8."""
+        return self.wtype is WType.INT4 and self.codes.dtype == torch.int16
+
+    @property
+    def k_tiles(self) -> int:
+        """K tiles the kernel loops over (the last one padded past k for quads, see the invariants)."""
+        return -(-self.k // self.block_k)
+
+
+def stored_tile_major(words: torch.Tensor) -> torch.Tensor:
+    """[E, N, K tile, word] values stored as [E, K tile, N, word] (the quads' order)."""
+    return words.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+
+
+def stored_k_major(words: torch.Tensor) -> torch.Tensor:
+    """[E, N, K tile, word] values stored as [E, K tile, word, N] (the halves' order)."""
+    return words.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+@dataclass(frozen=True)
+class HalvesLayout:
+    """4-bit codes (int4, e2m1) two per byte over the two halves of each K tile, stored K-major."""
+
+    block_k: int  # K per tile; divides K
+
+    def swizzle(self, codes: torch.Tensor) -> torch.Tensor:
+        """Canonical packed [E, R, K/2] (even k low) -> uint8 [E, R, K/block_k, block_k/2], stored K-major."""
+        block_k = self.block_k
+        E, R, half = codes.shape
+        K = half * 2
+        if K % block_k:
+            raise ValueError(f"block_k={block_k} does not divide K={K}")
+        lo, hi = codes & 0xF, codes >> 4
+        full = torch.stack((lo, hi), dim=-1).view(E, R, K // block_k, 2, block_k // 2)  # [.., tile, half, i]
+        return stored_k_major(full[..., 0, :] | (full[..., 1, :] << 4))
+
+    def unswizzle(self, packed: torch.Tensor) -> torch.Tensor:
+        """uint8 [E, R, K tiles, block_k/2] (any strides) -> codes uint8 [E, R, K] (0..15)."""
+        E, R, T, H = packed.shape
+        t = packed.unsqueeze(3)
+        return torch.cat((t & 0xF, t >> 4), dim=3).reshape(E, R, T * 2 * H)
+
+
+@dataclass(frozen=True)
+class QuadsLayout:
+    """int4 codes four per int16 word over the four quarters of each K tile, stored tile-major."""
+
+    block_k: int  # K per tile; a multiple of 4 dividing the (padded) K
+
+    def swizzle(self, codes: torch.Tensor) -> torch.Tensor:
+        """Canonical packed [E, R, K/2] (even k low) -> int16 [E, R, K/block_k, block_k/4], stored tile-major."""
+        block_k = self.block_k
+        E, R, half = codes.shape
+        K = half * 2
+        if K % block_k or block_k % 4:
+            raise ValueError(f"block_k={block_k} must be a multiple of 4 dividing K={K}")
+        T, Q = K // block_k, block_k // 4
+        out = torch.empty(E, T, R, Q, dtype=torch.int16, device=codes.device)
+        # Built one expert at a time into the tile-major buffer: the int32 temporaries of a whole layer
+        # would need tens of GB.
+        for e in range(E):
+            c = codes[e]
+            full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, T, 4, Q).to(torch.int32)
+            words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
+            out[e] = (words - ((words >> 15) << 16)).to(torch.int16).transpose(0, 1)  # two's complement
+        return out.permute(0, 2, 1, 3)
+
+    def unswizzle(self, words: torch.Tensor) -> torch.Tensor:
+        """int16 [E, R, K tiles, block_k/4] (any strides) -> codes uint8 [E, R, K] (0..15)."""
+        E, R, T, Q = words.shape
+        w = words.to(torch.int32).unsqueeze(3) & 0xFFFF
+        return torch.cat([(w >> (4 * j)) & 0xF for j in range(4)], dim=3).reshape(E, R, T * 4 * Q).to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class GateUpInterleave:
+    """A gated w13's rows [gate (n) | up (n)] taken as chunk 0 of the gate, chunk 0 of up, chunk 1 of
+    the gate, ...: a GEMM1 output tile of 2 * chunk columns holds matching gate and up columns."""
+
+    chunk: int  # rows per chunk; divides n
+
+    def row_order(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """Canonical row index of each swizzled row (`index_select` it along the rows to swizzle)."""
+        chunk = self.chunk
+        if n % chunk:
+            raise ValueError(f"gate/up chunks of {chunk} rows do not divide N={n}")
+        return torch.arange(2 * n, device=device).view(2, n // chunk, chunk).transpose(0, 1).reshape(-1)
+
+    def unswizzle(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., 2n] columns in `row_order` -> canonical [gate | up]."""
+        chunk = self.chunk
+        *lead, width = h.shape
+        return h.reshape(*lead, width // (2 * chunk), 2, chunk).transpose(-3, -2).reshape(*lead, width)

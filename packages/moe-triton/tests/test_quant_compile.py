@@ -1,0 +1,117 @@
+"""The quantized GEMM kernels compiled for sm_90 without a GPU (Triton's own ptxas), in a child
+process: the interpreter runs none of the compiler's checks, and cannot run Gluon at all.
+"""
+
+import json
+
+from moe_triton._common.offline_compile import run_compiler_script
+
+_SPECIALIZATIONS = {
+    # int4 quads, groups of 64 (scaled per weight), zero points, K padded to whole tiles; the
+    # activation in the epilogue and GEMM2's sums zeroed on the side (the launch shape that once
+    # failed only in the compiler), launched programmatically dependent
+    "quads-store-act": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=2,
+                             GATE_UP_CHUNK=32, ZERO_SIDE=True, HAS_BIAS=True, PDL=True, K_TAIL=True),
+                        {"b_ptr": "*i16"}),
+    # GEMM2 of many tokens: rows finished by their last contributor
+    "quads-gemm2-last-arrival": (dict(GROUP=128, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=2,
+                                      MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
+    "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
+                                GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
+    # one token's GEMM2: its weights prefetched into L2 before the wait, zero points g64 among them
+    "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
+                                   MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
+                                   PREFETCH_TILES=2), {"b_ptr": "*i16"}),
+    "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
+                           PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
+    # an expert's last block over its valid half (the K loop built for both row counts), N tiles first
+    "quads-narrow": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, BLOCK_N=256, ACT=1,
+                                  GATE_UP_CHUNK=32, NARROW=True, N_FIRST=True, PDL=True), {"b_ptr": "*i16"}),
+    # a full block taking in its expert's last 16 pairs, GEMM1 with the activation and GEMM2 finishing
+    # its sums at the last arrival
+    "quads-tail-act": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=256, ACT=1,
+                            GATE_UP_CHUNK=32, N_FIRST=True, PDL=True, TAIL=16), {"b_ptr": "*i16"}),
+    "quads-tail-last-arrival": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_M=64, SINK=2,
+                                     MUL_ROUTED=True, REDUCE_TOPK=8, K_TAIL=True, NARROW=True, TAIL=32),
+                                {"b_ptr": "*i16"}),
+    "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
+                    {"b_ptr": "*u8", "s_ptr": "*u8"}),
+    # fp16 activations: the e2m1 values are scaled in fp32 first
+    "mxfp4-fp16-unswapped": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, SWAP_AB=False, SINK=1, SPLIT_K=2),
+                             {"a_ptr": "*fp16", "b_ptr": "*u8", "s_ptr": "*u8"}),
+    "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
+                               GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
+    "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
+                              SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True, N_FIRST=True),
+                         {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
+    "fp8-row-store": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False),
+                      {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*bf16"}),
+}
+
+
+_COMPILE_ALL = """
+import json, sys
+from moe_triton._common.offline_compile import compile_quant_gemm
+for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
+    ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
+    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, flush=True)
+"""
+
+
+def test_gemm_compiles_for_hopper():
+    """Triton's compiler on the kernel, which the interpreter never runs: one specialization per
+    epilogue, weight type and layout, built for sm_90 by the installed Triton (in a child process,
+    since this module interprets the kernels)."""
+    stdout = run_compiler_script(_COMPILE_ALL, json.dumps(_SPECIALIZATIONS))
+    built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
+    assert set(built) == set(_SPECIALIZATIONS)
+    for name, (consts, _) in _SPECIALIZATIONS.items():
+        wgmma, waits, prefetches = (flag == "True" for flag in built[name])
+        # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
+        assert wgmma or not consts.get("SWAP_AB", True), name
+        assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
+        assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
+
+
+_WGMMA_SPECIALIZATIONS = {
+    "gemm1-silu": ({}, {}),
+    "gemm2-atomic": (dict(ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
+                          ZERO_SIDE=False, STAGES=3), {"c_ptr": "*fp32"}),
+    "gemm2-rows": (dict(ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True, HAS_BIAS=True, A_ROWS_DIV=1, ZERO_SIDE=False),
+                   {}),  # from ROWS_SUM_MIN_PAIRS pairs: bf16 rows, summed by a reduce after the GEMM
+    "zero-points-g32": (dict(HAS_ZP=True, GROUP=32, BLOCK_M=64, BLOCK_N=128, STAGES=3), {}),
+    "fp16-bias-k-tail": (dict(GROUP=64, K_TAIL=True, HAS_BIAS=True, ACT=4, SPLIT_K=2, BLOCK_N=128),
+                         {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
+    "relu2-channel": (dict(GROUP=4096, ACT=5, GATE_UP_CHUNK=0, BLOCK_M=16, BLOCK_N=128), {}),
+    "tail8-gemm1-silu": (dict(TAIL=8), {}),
+    "tail16-gemm2-atomic-k-tail": (dict(TAIL=16, ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True,
+                                        REDUCE_TOPK=8, A_ROWS_DIV=1, ZERO_SIDE=False, STAGES=3, K_TAIL=True,
+                                        GROUP=64), {"c_ptr": "*fp32"}),
+}
+
+
+_COMPILE_WGMMA = """
+import json, sys
+from moe_triton._common.offline_compile import compile_wgmma_gemm
+for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
+    ptx = compile_wgmma_gemm(consts, pointers).asm["ptx"]
+    print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
+          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), flush=True)
+"""
+
+
+def test_wgmma_gemm_compiles_for_hopper():
+    """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
+    between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
+    with one in flight at each of its four waits per 128-wide tile."""
+    stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
+    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
+    assert set(built) == set(_WGMMA_SPECIALIZATIONS)
+    for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
+        # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
+        # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs,
+        # and with TAIL a third one, two MMAs per quarter (block and tail) that it waits for (wait 0).
+        loops = 2 * (2 if _WGMMA_SPECIALIZATIONS[name][0].get("BLOCK_M", 128) == 128 else 1)
+        tail_loops = 2 if _WGMMA_SPECIALIZATIONS[name][0].get("TAIL", 0) else 0
+        assert mmas >= 4 * loops + 8 * tail_loops and waits == 4 * loops, (name, mmas, waits)
+        assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)

@@ -1,0 +1,162 @@
+"""Launch configurations of the quantized GEMM: the dataclasses' limits, tuned files of an exact
+shape, another device's wgmma entries, and the shipped int4 files.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from _quant_support import DEV, RUN_ON, int4_bf16_layer, rel_l2, wgmma_launch
+
+from moe_core.backends import DeviceInfo, Platform
+from moe_core.config import MoEConfig
+from moe_core.presets import get_preset
+from moe_core.quant import fp8_w8a8, int4_w4a16
+from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton import configs
+from moe_triton._common.target import wgmma_capable
+from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
+from moe_triton.quantized import TritonFp8Experts, TritonWna16Experts
+from moe_triton.tune import quant_candidates
+
+
+def test_narrow_limits():
+    with pytest.raises(ValueError, match=r"narrow is an option of the tl\.dot kernel with block_m >= 32"):
+        GemmConfig(16, 64, 1, 4, 2, swap_ab=True, narrow=True)
+    with pytest.raises(ValueError, match=r"narrow is an option of the tl\.dot kernel"):
+        GemmConfig(128, 256, 1, 4, 3, swap_ab=True, wgmma=True, narrow=True)
+
+
+def test_wgmma_config_limits():
+    assert wgmma_launch(128, 256, 3).wgmma
+    for bad in (dict(swap_ab=False), dict(block_m=256), dict(num_stages=2), dict(block_n=64),
+                dict(num_warps=8)):
+        with pytest.raises(ValueError, match="the wgmma kernel takes"):
+            dataclasses.replace(wgmma_launch(128, 128, 3), **bad)
+
+
+def test_tail_limits():
+    assert dataclasses.replace(wgmma_launch(128, 256, 4), tail=16).tail == 16
+    for bad in (dict(tail=4), dict(tail=8, block_m=64), dict(tail=32)):
+        with pytest.raises(ValueError, match=r"tail \(8 or 16 pairs taken in by the block before\) is an option "
+                                             r"of the wgmma kernel"):
+            dataclasses.replace(wgmma_launch(128, 256, 4), **bad)
+    assert GemmConfig(32, 128, 1, 4, 3, swap_ab=True, tail=16).tail == 16
+    for bad in (dict(tail=8), dict(tail=32), dict(tail=16, block_m=16), dict(tail=16, swap_ab=False)):
+        with pytest.raises(ValueError, match=r"tail \(16 or 32 pairs taken in by the block before\) is an option "
+                                             r"of the swapped tl.dot kernel"):
+            dataclasses.replace(GemmConfig(32, 128, 1, 4, 3, swap_ab=True), **bad)
+    cands = quant_candidates(QuantKernelConfig(wgmma_launch(128, 256, 4), wgmma_launch(128, 256, 4)))
+    assert cands["tail8"].gemm1.tail == cands["tail8"].gemm2.tail == 8 and cands["tail16"].gemm2.tail == 16
+    assert "tail32" not in cands
+    assert "tail8" not in quant_candidates(QuantKernelConfig(wgmma_launch(64, 256, 4), wgmma_launch(64, 256, 4)))
+    tl_dot = GemmConfig(32, 256, 1, 4, 3, swap_ab=True)
+    cands = quant_candidates(QuantKernelConfig(tl_dot, tl_dot))
+    assert cands["tail16"].gemm1.tail == cands["tail16"].gemm2.tail == 16 and "tail8" not in cands
+    assert "tail32" not in cands  # below block_m only
+    wide = dataclasses.replace(tl_dot, block_m=64)
+    assert quant_candidates(QuantKernelConfig(wide, wide))["tail32"].gemm2.tail == 32
+
+
+def test_wgmma_entries_of_another_device_run_as_tl_dot(tmp_path, monkeypatch):
+    """A tuned file from a Hopper GPU that asks for the wgmma kernel runs its GEMMs as tl.dot ones
+    elsewhere, and the lookup says so."""
+    if wgmma_capable(DEV):
+        pytest.skip("this GPU runs the wgmma kernel")
+    experts, weights, x, tw, ids = int4_bf16_layer(4)
+    hopper_key = dataclasses.replace(experts.config_key, device="NVIDIA_H100_80GB_HBM3")
+    tails = (dataclasses.replace(wgmma_launch(128, 256, 3), tail=8), dataclasses.replace(wgmma_launch(128, 128, 4), tail=16))
+    configs.write_configs(hopper_key, {16: QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 128, 3)),
+                                       64: QuantKernelConfig(*tails)}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = experts.config_for(16)
+        assert hit.source == "other-device" and hit.detail.endswith("wgmma off (not an sm_90 GPU)")
+        assert hit.config == QuantKernelConfig(GemmConfig(64, 128, 1, 4, 3, True), GemmConfig(64, 128, 1, 4, 3, True))
+        # An 8-pair tail (below the tl.dot kernel's 16) goes; a 16-pair one stays.
+        as_tl_dot = experts.config_for(64).config
+        assert as_tl_dot == QuantKernelConfig(GemmConfig(128, 256, 1, 4, 3, True),
+                                              GemmConfig(128, 128, 1, 4, 4, True, tail=16))
+        cfg = experts.config
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, experts.quant, cfg.expert_map(DEV))
+        assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+        experts.config_override = as_tl_dot  # the converted tiles run too
+        assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_quant_config_records_and_exact_lookup(tmp_path, monkeypatch):
+    g16 = GemmConfig(16, 64, 2, 4, 3, swap_ab=True)
+    with pytest.raises(ValueError, match="powers of two"):
+        GemmConfig(24, 64, 1, 4, 3)
+    with pytest.raises(ValueError, match="share one block_m"):
+        QuantKernelConfig(g16, GemmConfig(32, 64, 1, 4, 3))
+    key = ConfigKey("wna16-int4-g128", 4, 64, 128, 2, "float16", "GPU_A")
+    table = {1: QuantKernelConfig(g16, g16), 64: QuantKernelConfig(GemmConfig(32, 128, 1, 8, 4), GemmConfig(32, 64, 1, 4, 4))}
+    configs.write_configs(key, table, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = configs.lookup_exact(key, 3)
+        assert (hit.config, hit.source, hit.detail) == (table[1], "tuned", f"{key.file_name()} at M=1")
+        other = configs.lookup_exact(dataclasses.replace(key, device="GPU_B"), 100)
+        assert (other.config, other.source) == (table[64], "other-device")
+        assert configs.lookup_exact(dataclasses.replace(key, hidden=256), 1) is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
+    """config_for: the heuristic without a file; a tuned file's entry once one exists (and the layer
+    still matches the reference with it); schemes without a tuned family always use the heuristic."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    q = int4_w4a16(64, zero_point=True)
+    experts = TritonWna16Experts(cfg, q, RUN_ON)
+    weights = ExpertWeights.random(cfg, q, seed=7, device=DEV)
+    experts.load_weights(weights)
+    assert experts.config_key.kernel == "wna16-int4-g64-zp"
+    assert experts.config_for(5).source == "default"
+    tuned = QuantKernelConfig(GemmConfig(32, 64, 2, 4, 2, swap_ab=True), GemmConfig(32, 32, 1, 4, 2, swap_ab=True))
+    configs.write_configs(experts.config_key, {4: tuned}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        fresh = TritonWna16Experts(cfg, q, RUN_ON)
+        fresh.load_weights(weights)
+        hit = fresh.config_for(5)
+        assert (hit.config, hit.source) == (tuned, "tuned")
+        gen = torch.Generator().manual_seed(8)
+        x = torch.randn(5, 128, generator=gen).to(torch.float16).to(DEV)
+        tw, ids = route_torch(torch.randn(5, 4, generator=gen).to(DEV), cfg.routing, 2)
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, q, cfg.expert_map(DEV))
+        assert rel_l2(fresh.apply(x, tw, ids), ref) < 1e-2
+        fp8 = TritonFp8Experts(cfg, fp8_w8a8("tensor", activation_scales="tensor"), RUN_ON)
+        assert fp8.config_key is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+@pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
+                                         ("NVIDIA H200", "NVIDIA_H200")])
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
+    """Each preset's int4 layer (its usual group size) finds launch shapes tuned on that GPU at every
+    benchmarked token count."""
+
+    p = get_preset(preset)
+    cfg = p.config
+    family = f"wna16-int4-g{p.int4_group_size}"
+    key = ConfigKey(family, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", tag)
+    device = DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))
+    assert TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), device).config_key == key
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        hit = configs.lookup_exact(key, m)
+        assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
+        assert isinstance(hit.config, QuantKernelConfig)

@@ -1,0 +1,361 @@
+"""The quantized Triton experts (WNA16, fp8, MXFP4) end to end against moe-core's fp32 reference:
+the launch sequence per token count, the sinks of the top-k sums, refusals, and real shapes on a GPU.
+
+On a machine without a GPU the kernels run under TRITON_INTERPRET=1 at tiny shapes.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from _quant_support import DEV, DEVICE, RUN_ON, rel_l2, run_layer
+
+from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.presets import PRESETS, get_preset
+from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
+from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton import configs
+from moe_triton._common.pdl import dependent_launch
+from moe_triton.configs import GemmConfig, QuantKernelConfig
+from moe_triton.quant_gemm import _prefetchable, grouped_quant_gemm
+from moe_triton.quantized import (
+    LAST_ARRIVAL_MAX_TOKENS,
+    TritonFp8Experts,
+    TritonMxfp4Experts,
+    TritonWna16Experts,
+)
+
+
+@pytest.mark.parametrize(("quant", "activation", "dtype"), [
+    (int4_w4a16(128), Activation.silu(), torch.float16),
+    (int4_w4a16(64, zero_point=True), Activation.gelu(), torch.bfloat16),
+    (int4_w4a16(32), Activation.gelu_tanh(), torch.float16),
+    (int4_w4a16(-1, zero_point=True), Activation.relu2(), torch.float16),
+    (int8_w8a16(-1), Activation.silu(), torch.bfloat16),
+    (int8_w8a16(32, zero_point=True), Activation.swiglu_oai(), torch.float16),
+])
+def test_wna16_matches_reference(quant, activation, dtype):
+    out, ref = run_layer(TritonWna16Experts, quant, activation, dtype)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_int4_layer_with_both_layouts():
+    # Per-channel scales, K = 192: GEMM1's weights take the halves layout, GEMM2's (K = N = 128) the quads.
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(-1, zero_point=True), Activation.swiglu_oai(), torch.bfloat16,
+                    K=192, N=128, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment
+def test_wna16_bias_expert_map_and_weight_on_input(M):
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai(), torch.float16, bias=True,
+                    E=6, topk=3, M=M, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    assert rel_l2(out, ref) < 1e-2
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), topk=1, M=M, routing=Routing.llama4())
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cls_quant", [(TritonWna16Experts, int8_w8a16(32, zero_point=True)),
+                                       (TritonFp8Experts, fp8_w8a8("tensor", activation_scales="tensor")),
+                                       (TritonMxfp4Experts, mxfp4_w4a16())])
+def test_single_token_direct_path(cls_quant):
+    cls, quant = cls_quant
+    out, ref = run_layer(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=4, M=1)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def _splits(gemm1: int, gemm2: int, block_n: int = 64) -> QuantKernelConfig:
+    return QuantKernelConfig(GemmConfig(16, block_n, gemm1, 4, 2, True), GemmConfig(16, block_n, gemm2, 4, 2, True))
+
+
+@pytest.mark.parametrize(("cls", "quant", "activation"), [
+    (TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai()),
+    (TritonWna16Experts, int8_w8a16(-1, zero_point=True), Activation.gelu()),
+    (TritonMxfp4Experts, mxfp4_w4a16(), Activation.silu()),
+    (TritonWna16Experts, int4_w4a16(128), Activation.relu2()),
+])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 1), (1, 3), (4, 2)])
+def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
+    """M=1: GEMM1's K-splits and GEMM2's top-k x K-splits are finished by their last contributor
+    (the activation, the 16-bit store); another rank's experts count as contributions of nothing.
+    K = 512: 4 K tiles, so 3 splits leave none empty."""
+    out, ref = run_layer(cls, quant, activation, torch.bfloat16, K=512, N=128, E=6, topk=3, M=1, bias=True,
+                    parallel=ParallelConfig(ep_size=2, ep_rank=0), override=_splits(*splits))
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16())])
+@pytest.mark.parametrize("M", [1, LAST_ARRIVAL_MAX_TOKENS])
+@pytest.mark.parametrize("splits", [(2, 1), (4, 3)])
+def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, splits):
+    """FusedMoE's call (`apply_monolithic`): a split GEMM1's last-arrival sums are cleared by the
+    routing launch, with no zeroing launch of their own (made to fail here), though every new
+    buffer holds garbage; the layer matches the reference routed by route_torch."""
+    from moe_triton import quantized
+
+    cfg = MoEConfig(num_experts=6, top_k=3, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
+                    has_bias=True, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    experts = cls(cfg, quant, RUN_ON)
+    assert experts.monolithic
+    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
+    experts.load_weights(weights)
+    experts.config_override = _splits(*splits)
+    gen = torch.Generator().manual_seed(M + 1)
+    x = torch.randn(M, 512, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(M, 6, generator=gen).to(DEV)
+    assert experts._gemm1_sums_numel(M) > 0
+
+    def no_zeroing_launch(numel, device):
+        raise AssertionError("a zeroing launch of its own")
+
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x5A)
+        return t
+
+    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
+    monkeypatch.setattr(torch, "empty", garbage)
+    out = experts.apply_monolithic(x, logits, None)
+    monkeypatch.undo()
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_routing_inside_the_experts_checks_its_rows():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    quant = int4_w4a16(128)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=0, device=DEV))
+    x = torch.randn(3, 128, device=DEV).to(torch.float16)
+    with pytest.raises(ValueError, match=r"router_logits must be \[3, 4\] \(a row per token of hidden_states\)"):
+        experts.apply_monolithic(x, torch.randn(2, 4, device=DEV), None)
+
+
+@pytest.mark.device("cuda")
+def test_one_token_gemm2_prefetches_on_gpu():
+    """With dependent launches (Hopper and later), the one-token GEMM2 asks L2 for its first K tiles
+    before waiting for GEMM1: the processors' int4 layout allows it, and the layer (another rank's
+    experts among the choices, GEMM2 split) matches the reference with it."""
+    cfg = MoEConfig(num_experts=8, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16,
+                    parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    quant = int4_w4a16(128)
+    weights = ExpertWeights.random(cfg, quant, seed=3, device=DEV)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = _splits(2, 2)
+    assert _prefetchable(experts._operand("w2", cfg.hidden_size, cfg.intermediate_size)) == dependent_launch(DEV)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(1, 8, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "routing"), [
+    (int4_w4a16(128), Routing.softmax_topk(True)),
+    (fp8_w8a8("block"), Routing.deepseek_v3(num_expert_groups=4, topk_groups=2)),
+    (mxfp4_w4a16(), Routing.softmax_topk(True)),
+])
+def test_fused_layer_on_gpu(quant, routing):
+    """FusedMoE over the quantized Triton classes (the experts route, `apply_monolithic`): its plan
+    names moe_triton's router, and the layer matches the reference at one token and at 40."""
+    from moe_core import FusedMoE
+    from moe_triton.routing import route
+
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=256, intermediate_size=256, routing=routing,
+                    dtype=torch.bfloat16)
+    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
+    assert layer.plan.router is route, layer.plan.explain()
+    weights = ExpertWeights.random(cfg, quant, seed=11, device=DEV)
+    gen = torch.Generator().manual_seed(12)
+    bias = (torch.randn(16, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
+    layer.load_weights(weights, correction_bias=bias)
+    for M in (1, 40):
+        x = torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(DEV)
+        logits = torch.randn(M, 16, generator=gen).to(DEV)
+        tw, ids = route_torch(logits, routing, 4, bias)
+        ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+        assert rel_l2(layer(x, logits), ref) < 1e-2, M
+
+
+@pytest.mark.device("cuda")
+def test_one_token_split_layer_launches_on_gpu():
+    """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
+    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from moe_core import FusedMoE
+    from moe_triton.routing import route
+
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16)
+    quant = int4_w4a16(128)
+    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
+    layer.load_weights(ExpertWeights.random(cfg, quant, seed=5, device=DEV))
+    layer.experts.config_override = _splits(2, 2)
+    x = torch.randn(1, 512, device=DEV).to(torch.bfloat16)
+    logits = torch.randn(1, 16, device=DEV)
+
+    def kernels(call) -> list[str]:
+        call()  # compiled before the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        return sorted(e.name for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+    fused = kernels(lambda: layer(x, logits))
+    apart = kernels(lambda: layer.experts.apply(x, *route(logits, cfg.routing, cfg.top_k)))
+    assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
+    assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
+
+
+@pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2)])
+def test_many_tokens_sums_finish_row_by_row_or_by_a_cast(splits, M):
+    """Aligned tokens: up to LAST_ARRIVAL_MAX_TOKENS, the activation in GEMM1's epilogue after the last
+    K-split of a row, and GEMM2's top-k x K-split sums finished row by row by their last contributor
+    (rows of a tile finish in different programs); beyond, atomic sums, the activation launch after
+    a split GEMM1 and a cast after GEMM2."""
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128, zero_point=True), Activation.silu(), torch.float16,
+                    K=256, N=128, E=4, topk=2, M=M, bias=True, override=_splits(*splits, block_n=128))
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cls, quant", [
+    (TritonWna16Experts, int4_w4a16(128, zero_point=True)),
+    (TritonFp8Experts, fp8_w8a8(activation_scales="tensor")),
+])
+@pytest.mark.parametrize("topk, threshold", [(3, "ROWS_SUM_MIN_PAIRS"), (8, "ROWS_SUM_MIN_PAIRS_TOP8")])
+def test_many_pairs_sum_stored_rows(monkeypatch, cls, quant, topk, threshold):
+    """From ROWS_SUM_MIN_PAIRS pairs (ROWS_SUM_MIN_PAIRS_TOP8 at top-8; lowered here to this test's
+    pairs) GEMM2 stores each pair's 16-bit row, with bias and router weight, and one reduce sums a
+    token's top-k rows; one pair fewer, it adds fp32 sums."""
+    from moe_triton import quantized
+
+    M = 12
+    gemm2_outputs = []
+
+    def recording_gemm(a, w, out, *args, **kwargs):
+        if a.shape[1] == 128:  # GEMM2 (K of w2 = N)
+            gemm2_outputs.append((out.shape, out.dtype, kwargs["reduce_topk"]))
+        return grouped_quant_gemm(a, w, out, *args, **kwargs)
+
+    monkeypatch.setattr(quantized, "grouped_quant_gemm", recording_gemm)
+    for least in (M * topk, M * topk + 1):
+        monkeypatch.setattr(quantized, "ROWS_SUM_MIN_PAIRS", 10**9)
+        monkeypatch.setattr(quantized, threshold, least)
+        out, ref = run_layer(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=topk, M=M, bias=True)
+        assert rel_l2(out, ref) < 1e-2
+    rows_dtype = torch.float32 if DEV.type == "cpu" else torch.bfloat16  # the interpreter's bf16 stores truncate
+    assert gemm2_outputs == [((M * topk, 256), rows_dtype, 1), ((M, 256), torch.float32, topk)]
+
+
+@pytest.mark.parametrize(("gran", "act_scales", "activation"), [
+    ("tensor", "tensor", Activation.silu()), ("tensor", "token", Activation.silu()),
+    ("channel", "token", Activation.relu2()), ("block", None, Activation.gelu())])
+def test_fp8_matches_reference(gran, act_scales, activation):
+    quant = fp8_w8a8(gran, activation_scales=act_scales) if act_scales else fp8_w8a8(gran)
+    out, ref = run_layer(TritonFp8Experts, quant, activation, torch.bfloat16, K=256, N=128, M=9)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_mxfp4_gpt_oss_style():
+    out, ref = run_layer(TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai(), torch.bfloat16, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_refusals_name_the_reason():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    s = TritonWna16Experts.supports(cfg, int4_w4a16(128, act_order=True), DEVICE)
+    assert not s and "act-order" in s.reason
+    odd = MoEConfig(num_experts=4, top_k=2, hidden_size=96, intermediate_size=64, dtype=torch.float16)
+    assert "multiple of 64" in TritonWna16Experts.supports(odd, int4_w4a16(32), DEVICE).reason
+    assert "group size 128" in TritonWna16Experts.supports(
+        MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64), int4_w4a16(128), DEVICE).reason
+    blk = MoEConfig(num_experts=4, top_k=2, hidden_size=192, intermediate_size=128, dtype=torch.bfloat16)
+    assert "divisible by 128" in TritonFp8Experts.supports(blk, fp8_w8a8("block"), DEVICE).reason
+    experts = TritonWna16Experts(cfg, int4_w4a16(128), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(128), device=DEV))
+    x = torch.randn(3, 100, dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="hidden_states must be"):
+        experts.apply(x, torch.rand(3, 2, device=DEV), torch.zeros(3, 2, dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "K", "N", "activation"), [
+    (int4_w4a16(128), 2048, 768, Activation.silu()),
+    (int4_w4a16(64, zero_point=True), 2880, 2880, Activation.swiglu_oai()),
+    (int8_w8a16(-1), 2048, 768, Activation.silu()),
+    (fp8_w8a8("block"), 2048, 768, Activation.silu()),
+    (fp8_w8a8("channel"), 2048, 768, Activation.silu()),
+    (mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai()),
+])
+@pytest.mark.parametrize("M", [1, 64, 1024, 4096])  # 4096 x top-4: GEMM2 stores rows (ROWS_SUM_MIN_PAIRS)
+def test_real_shapes_on_gpu(quant, K, N, activation, M):
+    cls = {"int4": TritonWna16Experts, "int8": TritonWna16Experts, "fp8e4m3": TritonFp8Experts,
+           "fp4e2m1": TritonMxfp4Experts}[quant.weight.dtype.value]
+    out, ref = run_layer(cls, quant, activation, torch.bfloat16, K=K, N=N, E=32, topk=4, M=M,
+                    bias=activation.kind.value == "swiglu_oai")
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("M", [1024, 2048])
+def test_top8_stored_rows_on_gpu(M):
+    """Top-8 layers store GEMM2's rows from ROWS_SUM_MIN_PAIRS_TOP8 pairs (1024 tokens), below the
+    other layers' ROWS_SUM_MIN_PAIRS; the qwen3-30b-a3b shape."""
+    from moe_triton import quantized
+
+    assert quantized.ROWS_SUM_MIN_PAIRS_TOP8 <= M * 8
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=2048, N=768, E=128,
+                    topk=8, M=M)
+    assert rel_l2(out, ref) < 1e-2
+
+
+def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig, str]]:
+    """(preset, M, config, device tag of the first file holding it) for each distinct launch shape of a
+    preset in the int4 files found (shipped, and those in $MOE_TRITON_CONFIG_DIR: a tuning run's output
+    can be checked before it ships)."""
+    found, seen = [], set()
+    for key, (_, table) in sorted(configs._load().items(), key=lambda kv: kv[0].file_name()):
+        if not key.kernel.startswith("wna16-int4-"):
+            continue
+        preset = next(p for p in PRESETS.values() if p.name != "tiny" and (
+            p.config.num_experts, p.config.intermediate_size, p.config.hidden_size, p.config.top_k)
+            == (key.num_experts, key.intermediate, key.hidden, key.top_k))
+        for m in sorted(table):
+            if (preset.name, table[m]) not in seen:
+                seen.add((preset.name, table[m]))
+                found.append((preset.name, m, table[m], key.device))
+    return found
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("preset", "M", "tuned"),
+                         [pytest.param(p, m, c, id=f"{p}-{dev}-M{m}") for p, m, c, dev in _shipped_int4_shapes()])
+def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
+    """Every launch shape the tuned files ship, at the preset's N, K, group, activation and bias,
+    against the reference. Fewer experts (16, or the preset's 8) keep the fp32 reference in
+    memory; at most 2048 tokens still give each expert more rows than the widest block."""
+    p = get_preset(preset)
+    E = min(p.config.num_experts, 16)
+    quant = int4_w4a16(p.int4_group_size)
+    cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
+    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = tuned
+    M = min(M, 2048)
+    gen = torch.Generator().manual_seed(M + 1)
+    x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    bias = torch.randn(E, generator=gen).to(DEV) * 0.1 if cfg.routing.has_correction_bias else None
+    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, cfg.top_k, bias)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2

@@ -1,0 +1,252 @@
+"""The quantized GEMM kernels against their torch twin (`quant_gemm.quant_gemm_torch`): split-K,
+swapped operands, narrow blocks, taken-in tails, every sink, the fused activation, and the Hopper
+wgmma kernel (on a GPU; refused elsewhere).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from _quant_support import (
+    DEV,
+    RUN_ON,
+    gemm1_error,
+    gemm1_operand,
+    int4_bf16_layer,
+    rel_l2,
+    run_layer,
+    wgmma_launch,
+)
+
+from moe_core.config import Activation, MoEConfig, ParallelConfig
+from moe_core.quant import int4_w4a16, mxfp4_w4a16
+from moe_core.reference import reference_moe
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton._common.target import wgmma_capable
+from moe_triton.align import align_block_size
+from moe_triton.configs import GemmConfig, QuantKernelConfig
+from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
+from moe_triton.quant_gemm_details._layouts import GateUpInterleave
+from moe_triton.quantized import GATE_UP_CHUNK, TritonMxfp4Experts, TritonWna16Experts
+
+
+def test_zeroing_launch_clears_its_buffer(monkeypatch):
+    """The zeroing before a split GEMM1 (a dependent launch, not a fill) clears every element of a
+    buffer that held garbage, past the last whole block too."""
+    monkeypatch.setattr(torch, "empty", lambda numel, dtype, device: torch.full((numel,), 0x5A5A5A5A, dtype=dtype,
+                                                                                device=device))
+    buf = zeroed_int32(2500, DEV)
+    assert buf.shape == (2500,) and buf.dtype == torch.int32 and not buf.any()
+
+
+def test_gemm1_with_the_activation_matches_twin():
+    """The fused epilogue of one GEMM1 launch against the twin's pre-activation rows, de-interleaved
+    and activated by the reference."""
+    from moe_core.reference import apply_activation
+
+    w = gemm1_operand(int4_w4a16(128), 256, seed=4)  # gated: rows interleaved by the processor
+    act = Activation.gelu_tanh()
+    M, topk = 5, 2
+    ids = torch.randint(0, w.num_experts, (M, topk), dtype=torch.int32, device=DEV)
+    x = torch.randn(M, w.k, dtype=torch.float16, device=DEV)
+    launch = GemmConfig(16, 128, 1, 4, 2, True)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, launch.block_m, w.num_experts)
+    out = torch.empty(M * topk, w.n // 2, dtype=torch.float32, device=DEV)
+    grouped_quant_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, launch, a_rows_div=topk, activation=act,
+             gate_up_chunk=GATE_UP_CHUNK)
+    h = quant_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)
+    assert rel_l2(out, apply_activation(GateUpInterleave(GATE_UP_CHUNK).unswizzle(h), act)) < 1e-3
+    with pytest.raises(ValueError, match="block_n divisible by 64"):
+        grouped_quant_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, GemmConfig(16, 32, 1, 4, 2, True),
+                 a_rows_div=topk, activation=act, gate_up_chunk=GATE_UP_CHUNK)
+    with pytest.raises(ValueError, match="needs whole sums"):
+        grouped_quant_gemm(x, w, out.new_zeros(M * topk, w.n), sorted_ids, expert_ids, num_post, M * topk,
+                 dataclasses.replace(launch, split_k=2), a_rows_div=topk, activation=act, atomic=True,
+                 gate_up_chunk=GATE_UP_CHUNK)
+
+
+@pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps", "block_m"), [
+    (int4_w4a16(32, zero_point=True), 256, 1, True, 64, 4, 16), (int4_w4a16(32, zero_point=True), 256, 2, True, 64, 4, 16),
+    # 128-wide tiles in one scale group: scaled after the dots up to 16 x 128 outputs per tile, per weight above
+    (int4_w4a16(128), 256, 1, True, 64, 4, 16), (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 32),
+    (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
+    (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
+    (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
+    # K = 192: grouped int4 pads it to two 128-wide quads tiles (as gpt-oss's 2880), per-channel int4
+    # takes the halves layout's 64-wide tiles
+    (int4_w4a16(64), 192, 1, True, 64, 4, 16), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4, 16),
+    (int4_w4a16(32, zero_point=True), 192, 1, True, 64, 4, 64), (int4_w4a16(-1), 192, 2, True, 64, 4, 16),
+    (int4_w4a16(-1, zero_point=True), 192, 1, True, 128, 4, 32),
+    (mxfp4_w4a16(), 256, 1, False, 64, 4, 16), (mxfp4_w4a16(), 256, 2, True, 64, 4, 16),
+])
+def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
+    """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
+    operands, and int4 scaled per weight or after the dots (`_heuristics.POST_SCALE_MAX_TILE`)."""
+    w = gemm1_operand(quant, K, seed=3)
+    if quant.weight.dtype.value == "int4":
+        assert w.quads == (K % 128 == 0 or w.group < K)  # quads (padded for groups), else halves
+    assert gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
+
+
+def _routed_counts_layer(counts, quant, launch: QuantKernelConfig, K=256, N=128, dtype=torch.float16, seed=3,
+                         cls=TritonWna16Experts):
+    """(layer output, fp32 reference) with top-1 routing that gives expert e exactly counts[e] tokens."""
+    cfg = MoEConfig(num_experts=len(counts), top_k=1, hidden_size=K, intermediate_size=N, dtype=dtype)
+    weights = ExpertWeights.random(cfg, quant, seed=seed, device=DEV)
+    experts = cls(cfg, quant, RUN_ON)
+    experts.config_override = launch
+    experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)].view(-1, 1).to(DEV)
+    tw = (torch.rand(ids.shape, generator=gen) + 0.5).to(DEV)
+    x = torch.randn(ids.shape[0], K, generator=gen).to(dtype).to(DEV)
+    return experts.apply(x, tw, ids), reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+
+
+@pytest.mark.parametrize(("quant", "block_m"), [(int4_w4a16(128, zero_point=True), 32), (int4_w4a16(64), 64),
+                                                (mxfp4_w4a16(), 32)])
+def test_narrow_blocks_match_reference(quant, block_m):
+    """tl.dot kernel: a block with at most half its pairs valid runs its dots over that half (experts
+    with half a block, one pair more, one pair, a whole block, one more and one and a half put
+    blocks on both sides of that boundary): as the reference, and as whole blocks."""
+    half = block_m // 2
+    counts = [half, half + 1, 1, block_m, 0, block_m + 1, block_m + half, half - 1]
+    whole = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True)
+    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(whole, whole), cls=cls)
+    narrow = dataclasses.replace(whole, narrow=True)
+    narrowed, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(narrow, narrow), cls=cls)
+    assert rel_l2(narrowed, ref) < 1e-2
+    torch.testing.assert_close(narrowed, out, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [
+    (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
+    (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles
+    (int4_w4a16(128), 256, 64, 16, True),
+])
+def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
+    """tl.dot kernel: a full block takes in its expert's last block when that holds at most `tail`
+    pairs (experts with 1, tail and tail + 1 pairs past one or two full blocks, a lone short
+    block, a lone full one, an empty one): as the reference, and as the launch without tails (with
+    `narrow`, the blocks not taken in that hold at most half a block run narrow)."""
+    counts = [block_m + 1, block_m + tail, block_m + tail + 1, 0, 2 * block_m + tail, 5, block_m, 2 * block_m + 1]
+    plain = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True, narrow=narrow)
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K)
+    taking = dataclasses.replace(plain, tail=tail)
+    taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K)
+    assert rel_l2(taken, ref) < 1e-2
+    torch.testing.assert_close(taken, out, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("sink", ["atomic", "last_arrival"])
+def test_tl_dot_tail_rows_reach_every_sink(sink):
+    """A taken-in tail's rows go through the block's epilogue: split-K sums added atomically, or
+    finished by their last contributor (two K-splits each), as the twin."""
+    w = gemm1_operand(int4_w4a16(64, zero_point=True), 192, seed=7)
+    counts = [48, 49, 1, 80]  # 32 + 16, one more, a lone pair, 64 + 16
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.cat([torch.full((n,), e, dtype=torch.int32) for e, n in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel(), generator=gen)].to(DEV)
+    P = ids.numel()
+    x = torch.randn(P, w.k, generator=gen).to(torch.float16).to(DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids.view(-1, 1), 32, w.num_experts)
+    launch = GemmConfig(32, 64, 2, 4, 2, swap_ab=True, tail=16)
+    sums = torch.zeros(P, w.n, dtype=torch.float32, device=DEV)
+    if sink == "atomic":
+        grouped_quant_gemm(x, w, sums, sorted_ids, expert_ids, num_post, P, launch, atomic=True)
+        out = sums
+    else:
+        out = torch.empty(P, w.n, dtype=torch.float16, device=DEV)
+        arrivals = zeroed_int32(P * -(-w.n // launch.block_n), DEV)
+        grouped_quant_gemm(x, w, sums, sorted_ids, expert_ids, num_post, P, launch, last_arrival=LastArrival(out, arrivals))
+    assert rel_l2(out, quant_gemm_torch(x, w, ids)) < 2e-3
+
+
+def test_tl_dot_tail_refuses_other_weights():
+    w = gemm1_operand(mxfp4_w4a16(), 256, seed=1)
+    ids = torch.zeros(40, 1, dtype=torch.int32, device=DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, 32, w.num_experts)
+    out = torch.zeros(40, w.n, dtype=torch.float32, device=DEV)
+    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of int4 weights in the "
+                                         r"quads layout, got MXFP4"):
+        grouped_quant_gemm(torch.randn(40, 256, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
+                 GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
+
+
+def test_wgmma_gemm_is_refused_off_hopper():
+    """On CPU (and any GPU but sm_90) a forced wgmma launch fails with the reason."""
+    if wgmma_capable(DEV):
+        pytest.skip("this GPU runs the wgmma kernel")
+    experts, _, x, tw, ids = int4_bf16_layer(3)
+    experts.config_override = QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 128, 3))
+    with pytest.raises(ValueError, match="needs an NVIDIA Hopper GPU"):
+        experts.apply(x, tw, ids)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch"), [
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 512,
+                 QuantKernelConfig(wgmma_launch(64, 128, 4), wgmma_launch(64, 128, 4)), id="g128-silu-64x128"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 2048,
+                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 256, 3)), id="g128-silu-128x256"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 700,
+                 QuantKernelConfig(wgmma_launch(128, 256, 4), wgmma_launch(128, 128, 4)), id="g128-128x256-128x128"),
+    pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
+                 QuantKernelConfig(wgmma_launch(128, 128, 3), wgmma_launch(128, 256, 3)), id="g64-zp-bias-k-tail"),
+    pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 300,
+                 QuantKernelConfig(wgmma_launch(64, 256, 4, split=2), wgmma_launch(64, 128, 3, split=2)), id="g32-fp16-split"),
+    pytest.param(int4_w4a16(-1, zero_point=True), torch.float16, 1024, 512, Activation.relu2(), False, 200,
+                 QuantKernelConfig(wgmma_launch(16, 128, 3), wgmma_launch(16, 256, 3)), id="channel-zp-relu2"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
+                 QuantKernelConfig(wgmma_launch(64, 128, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
+])
+def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
+    out, ref = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                    override=launch)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+def test_wgmma_narrow_and_full_blocks_on_gpu():
+    """128-pair blocks run their MMAs over 64 rows when at most 64 are valid (an expert's last block):
+    experts with exactly 64, 65, 128, 129 and 1 pairs put blocks on both sides of that boundary."""
+    counts = [64, 65, 1, 128, 129, 0, 192, 63]
+    launch = QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 128, 4))
+    out, ref = _routed_counts_layer(counts, int4_w4a16(128), launch, K=1024, N=512, dtype=torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("tail", [8, 16])
+def test_wgmma_tail_blocks_on_gpu(tail):
+    """A full block takes in its expert's last block when that holds at most `tail` pairs: experts
+    with 1, tail and tail + 1 pairs past one or two full blocks, a lone short block, an expert with
+    none between; as the reference and as the launch without it."""
+    counts = [129, 128 + tail, 129 + tail, 0, 256 + tail, 5, 128, 257, 128 + tail // 2]
+    plain = QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 128, 4))
+    taking = QuantKernelConfig(dataclasses.replace(plain.gemm1, tail=tail), dataclasses.replace(plain.gemm2, tail=tail))
+    out, ref = _routed_counts_layer(counts, int4_w4a16(128), taking, K=1024, N=512, dtype=torch.bfloat16)
+    assert rel_l2(out, ref) < 1e-2
+    whole, _ = _routed_counts_layer(counts, int4_w4a16(128), plain, K=1024, N=512, dtype=torch.bfloat16)
+    torch.testing.assert_close(out, whole, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.device("cuda")
+def test_wgmma_gemm_with_expert_parallel_on_gpu():
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=16,
+                    topk=4, M=300, parallel=ParallelConfig(ep_size=2, ep_rank=1),
+                    override=QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 128, 3)))
+    assert rel_l2(out, ref) < 1e-2
+
+
+def test_int4_gemm_refuses_unswapped():
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1, device=DEV))
+    experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
+    x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="int4 weights run swapped only"):
+        experts.apply(x, torch.rand(3, 2, device=DEV), ids)

@@ -1,0 +1,142 @@
+"""The int4 tuner (`moe_triton.tune`): its candidate lists and the search, with a fake timer.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from _quant_support import DEV, RUN_ON
+
+from moe_core.config import MoEConfig
+from moe_core.quant import int4_w4a16
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton import configs
+from moe_triton.configs import GemmConfig, QuantKernelConfig
+from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS, TritonWna16Experts
+from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates, wgmma_grid
+
+
+def test_wgmma_grid_fits_hopper_shared_memory():
+    for name, cand in wgmma_grid().items():
+        t = cand.gemm1
+        assert cand.gemm2 == t and t.wgmma
+        ring = t.num_stages * (t.block_m * 128 * 2 + t.block_n * 32 * 2 + t.block_n * 2)  # x, words, scales
+        assert ring <= 227 * 1024, name
+
+
+def test_quant_candidates_are_distinct_neighbours():
+    base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 4, True), GemmConfig(16, 64, 8, 4, 4, True))
+    cands = quant_candidates(base)
+    assert next(iter(cands.items())) == ("heuristic", base)
+    assert len(set(cands.values())) == len(cands)
+    assert "block_m/2" not in cands  # 8 rows per block is not a valid MMA tile
+    assert cands["split*2"] == QuantKernelConfig(dataclasses.replace(base.gemm1, split_k=8),
+                                                 dataclasses.replace(base.gemm2, split_k=16))
+    assert cands["stages-1"] == QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=3),
+                                                  dataclasses.replace(base.gemm2, num_stages=3))
+    assert all(c.gemm1.swap_ab and c.gemm2.swap_ab for c in cands.values())  # int4 runs swapped only
+    assert "narrow" not in cands  # narrow blocks have 32 pairs or more
+    wider = quant_candidates(QuantKernelConfig(dataclasses.replace(base.gemm1, block_m=32),
+                                               dataclasses.replace(base.gemm2, block_m=32)))
+    assert wider["narrow"].gemm2 == dataclasses.replace(base.gemm2, block_m=32, narrow=True)
+
+
+def _tuner_experts() -> TritonWna16Experts:
+    """A small fp16 int4 (group 64) layer with random weights, for the tuner's search."""
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=9, device=DEV))
+    return experts
+
+
+def test_int4_tuner_keeps_the_fastest_candidate():
+    """The search and its record, with a stand-in timer (the real one replays CUDA graphs)."""
+    experts = _tuner_experts()
+    runs = []
+    base = experts.heuristic_config(3)
+
+    def timer(layer, rep_ms):
+        out = layer()  # the candidate really runs
+        assert torch.isfinite(out).all()
+        cand = experts.config_override
+        runs.append(cand)
+        # More splits help most, one stage fewer a little: found only from the first step's winner.
+        return (2.0 - 1.0 * (cand.gemm1.split_k > base.gemm1.split_k)
+                - 0.5 * (cand.gemm1.num_stages < base.gemm1.num_stages))
+
+    table, measured = _tune_int4_layer(experts, [3], 5, lambda s: None, timer=timer)
+    first = quant_candidates(base)
+    second = [c for c in quant_candidates(first["split*2"]).values() if c not in first.values()]
+    assert runs == list(first.values()) + second and experts.config_override is None
+    best = QuantKernelConfig(dataclasses.replace(first["split*2"].gemm1, num_stages=base.gemm1.num_stages - 1),
+                             dataclasses.replace(first["split*2"].gemm2, num_stages=base.gemm2.num_stages - 1))
+    assert table[3] == best and measured["3"]["best"] == "split*2+stages-1"
+    assert measured["3"]["layer_us"]["heuristic"] == 2.0 and measured["3"]["layer_us"]["split*2"] == 1.0
+    assert "shipped" not in measured["3"]  # no file holds this shape
+
+
+@pytest.mark.parametrize("shipped_as", ["split*2", "shipped"])
+def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
+    """The shipped configuration is timed once: under its own name, or under the candidate it equals."""
+    import moe_triton.tune as tune
+
+    experts = _tuner_experts()
+    base = experts.heuristic_config(3)
+    split = quant_candidates(base)["split*2"]
+    shipped = split if shipped_as == "split*2" else dataclasses.replace(
+        base, gemm2=dataclasses.replace(base.gemm2, block_n=base.gemm2.block_n // 2))
+    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(shipped, "tuned", "a file"))
+    times = {}
+
+    def timer(layer, rep_ms):
+        times[experts.config_override] = 2.0 - (experts.config_override == shipped)
+        return times[experts.config_override]
+
+    logged = []
+    table, measured = _tune_int4_layer(experts, [3], 5, logged.append, timer=timer)
+    assert list(times.values()).count(1.0) == 1 and table[3] == shipped
+    assert measured["3"]["shipped"] == shipped_as and measured["3"]["best"] == shipped_as
+    assert f"shipped ({shipped_as}) 1.0" in logged[-1]
+
+
+def test_per_gemm_grid_changes_one_gemm_at_a_time():
+    base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 256, 1, 8, 4, True))
+    grid = per_gemm_grid(base)
+    assert len(grid) == 2 * 4 * 3 * 2 - 2 and base not in grid.values()  # the base itself once per GEMM
+    assert len(set(grid.values())) == len(grid)
+    for name, cand in grid.items():
+        changed, kept = ("gemm1", "gemm2") if name.startswith("gemm1:") else ("gemm2", "gemm1")
+        assert getattr(cand, kept) == getattr(base, kept)
+        tile, was = getattr(cand, changed), getattr(base, changed)
+        assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
+
+
+def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():
+    """Up to LAST_ARRIVAL_MAX_TOKENS tokens the layer's GEMMs are direct or finished by their last
+    contributor, which the wgmma kernel refuses: its tiles are not candidates there."""
+    experts = _tuner_experts()
+    timed = []
+
+    def timer(layer, rep_ms):
+        timed.append(experts.config_override)
+        return 1.0
+
+    few, many = LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1
+    _, measured = _tune_int4_layer(experts, [few, many], 5, lambda s: None, timer=timer, wgmma=True)
+    assert not any(k.startswith("wgmma:") for k in measured[str(few)]["layer_us"])
+    assert {k for k in measured[str(many)]["layer_us"] if k.startswith("wgmma:")} == set(wgmma_grid())
+    assert sum(c.gemm1.wgmma for c in timed) == len(wgmma_grid())
+
+
+def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
+    """With --per-gemm a change to GEMM2 alone, which no both-GEMM neighbour makes, is found."""
+    experts = _tuner_experts()
+    base = experts.heuristic_config(1)
+
+    def timer(layer, rep_ms):
+        cand = experts.config_override
+        return 2.0 - (cand.gemm2.block_n == 64 and cand.gemm2.split_k == 2 and cand.gemm1 == base.gemm1)
+
+    table, measured = _tune_int4_layer(experts, [1], 5, lambda s: None, timer=timer, per_gemm=True)
+    assert table[1] == QuantKernelConfig(base.gemm1, dataclasses.replace(base.gemm2, block_n=64, split_k=2))
+    assert measured["1"]["best"] == f"heuristic+gemm2:split=2,block_n=64,warps={base.gemm2.num_warps}"
