@@ -12,6 +12,8 @@ tl.dot kernel at the same tile width. The GEMM launchers and their twins are in 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
@@ -20,7 +22,7 @@ from moe_core.experts import UNQUANTIZED, Capability, Experts
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
-from moe_triton._common.target import wgmma_capable
+from moe_triton._common.target import tma_capable, wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import ConfigKey, KernelConfig, Lookup, TileConfig, TunedLaunch, device_tag, lookup
 from moe_triton.gemm import direct_gemm, grouped_gemm
@@ -51,6 +53,11 @@ class TritonWeightProcessor:
 def _on_tl_dot(tile: TileConfig) -> TileConfig:
     """A wgmma tile as the tl.dot kernel's tile of the same output width."""
     return TileConfig(tile.block_n, 64, tile.group_m, 8, tile.num_stages) if tile.wgmma else tile
+
+
+def _without_tma(tile: TileConfig) -> TileConfig:
+    """The same tile reading its weights with plain loads."""
+    return dataclasses.replace(tile, tma=False) if tile.tma else tile
 
 
 class TritonExperts(Experts, TunedLaunch):
@@ -88,10 +95,15 @@ class TritonExperts(Experts, TunedLaunch):
         hit = lookup(self._key, num_tokens)
         cfg = hit.config
         if (cfg.gemm1.wgmma or cfg.gemm2.wgmma) and not (
-                wgmma_capable(self.device.torch_device) and self.config.dtype in (torch.bfloat16, torch.float16)):
+                self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)
+                and self.config.dtype in (torch.bfloat16, torch.float16)):
             # Another GPU's or dtype's entry: its Hopper-only tiles run on the tl.dot kernel, same shape.
-            hit = Lookup(KernelConfig(cfg.block_m, _on_tl_dot(cfg.gemm1), _on_tl_dot(cfg.gemm2)), hit.source,
-                         hit.detail + ", wgmma off (not an sm_90 GPU with a 16-bit layer)")
+            cfg = KernelConfig(cfg.block_m, _on_tl_dot(cfg.gemm1), _on_tl_dot(cfg.gemm2))
+            hit = Lookup(cfg, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU with a 16-bit layer)")
+        if (cfg.gemm1.tma or cfg.gemm2.tma) and not tma_capable(self.device):
+            # Tensor descriptors are NVIDIA's copy engine (sm_90+): elsewhere the same tiles use plain loads.
+            hit = Lookup(KernelConfig(cfg.block_m, _without_tma(cfg.gemm1), _without_tma(cfg.gemm2)), hit.source,
+                         hit.detail + ", tma off (not an NVIDIA GPU of sm_90 or later)")
         return hit
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:

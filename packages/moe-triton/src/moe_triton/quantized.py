@@ -218,7 +218,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if hit is None:
             hit = Lookup(self.heuristic_config(num_tokens), "default",
                          "pick_config heuristic (no tuned file of this shape)")
-        elif not wgmma_capable(self.device.torch_device) and (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma):
+        elif (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
+                self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)):
             # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")

@@ -1,10 +1,12 @@
-"""What the kernels run on: the CPU interpreter, NVIDIA Hopper (wgmma), and the GPU's SM count."""
+"""What the kernels run on: the CPU interpreter, NVIDIA Hopper (wgmma, TMA), and the GPU's SM count."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+
+from moe_core.backends import DeviceInfo, Platform
 
 
 def interpreting() -> bool:
@@ -16,6 +18,14 @@ def wgmma_capable(device: torch.device) -> bool:
     """The wgmma kernels' GPUs: NVIDIA Hopper (sm_90; wgmma is not in later architectures), compiled kernels."""
     return (device.type == "cuda" and torch.version.hip is None and not interpreting()
             and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+def tma_capable(device: DeviceInfo) -> bool:
+    """Tensor-descriptor (TMA) weight loads: NVIDIA GPUs of sm_90 and later, and the CPU interpreter,
+    which emulates them. ROCm and XPU GPUs read the same tiles with plain loads."""
+    if device.platform is Platform.CPU:
+        return interpreting()
+    return device.platform is Platform.CUDA and device.capability is not None and device.capability >= (9, 0)
 
 
 def num_sms(device: torch.device) -> int:
