@@ -18,8 +18,8 @@ Tolerances per dtype (relative L2):
   a few bf16 ulps (2**-8 = 3.9e-3 relative) per block, compounded over two or three layers and the
   LM head. The fp32 runs pin the semantics.
 
-Routing slips. Both runs call the model's own router modules; a forward hook records which experts
-each one picked. In bf16 the second MoE layer's input differs by those few ulps, and a token whose
+Routing slips. Forward hooks record which experts each run picked: the eager model's router
+outputs, and the ids each fused layer's `FusedMoE.route` computes from the logits it receives. In bf16 the second MoE layer's input differs by those few ulps, and a token whose
 k-th and (k+1)-th router scores nearly tie can pick another expert in one run (seen on an H100 for
 mixtral: logits off by 5.8e-2 while every block matched). Such a token's output differs by order 1,
 and causal attention carries that to the later positions of its sequence, so the logits are
@@ -127,6 +127,15 @@ def _record_routing(blocks) -> list[torch.Tensor]:
     return calls
 
 
+def _record_fused_routing(fused_blocks) -> list[torch.Tensor]:
+    """The experts each fused block's layer picks (sorted), from the logits it receives."""
+    calls: list[torch.Tensor] = []
+    for block in fused_blocks:
+        block.moe.register_forward_pre_hook(
+            lambda module, args: calls.append(module.route(args[1])[1].long().sort(dim=-1).values))
+    return calls
+
+
 def _unslipped_positions(eager_calls: list[torch.Tensor], fused_calls: list[torch.Tensor],
                          shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """[batch, seq] bool: positions before the first token of their sequence that routed differently."""
@@ -164,9 +173,9 @@ def check_parity(model_type: str, dtype: torch.dtype, prefer: str | None, device
             error = relative_l2(_block_output(fused, hidden), _block_output(eager_blocks[layer.name], hidden))
             assert error < TOLERANCE[dtype], f"{layer.name} on {layer.backend}: relative L2 {error:.2e}"
 
-        routing_calls.clear()
+        fused_routing = _record_fused_routing(model.get_submodule(layer.name) for layer in report.layers)
         fused_logits = model(token_ids).logits
-    keep = _unslipped_positions(eager_routing, routing_calls, tuple(token_ids.shape), dtype)
+    keep = _unslipped_positions(eager_routing, fused_routing, tuple(token_ids.shape), dtype)
     assert keep.float().mean() >= 0.25, f"only {int(keep.sum())} of {keep.numel()} positions precede a routing slip"
     error = relative_l2(fused_logits[keep], eager_logits[keep])
     assert error < TOLERANCE[dtype], (f"{model_type} {dtype} logits on {report.layers[0].backend} at {int(keep.sum())} "
@@ -231,7 +240,7 @@ def test_refuses_unsupported_model_type():
     config = transformers.PhimoeConfig(**_COMMON, **_ATTENTION, intermediate_size=32, num_local_experts=4,
                                        num_experts_per_tok=2)
     model = transformers.PhimoeForCausalLM(config)
-    with pytest.raises(UnsupportedModelError, match=r"model_type 'phimoe'.*not supported; supported: .*mixtral"):
+    with pytest.raises(UnsupportedModelError, match=r"model_type 'phimoe'.*not supported: sparsemixer routing"):
         fuse(model, prefer="reference")
 
 
@@ -240,7 +249,8 @@ def test_refuses_inexpressible_activation():
     config.hidden_act = "relu"  # gated relu(gate) * up: no moe_core activation computes it
     model = model_cls(config)
     block_cls = type(model.model.layers[0].mlp)
-    with pytest.raises(UnsupportedModelError, match=r"mixtral: hidden_act='relu' has no exact moe_core activation"):
+    with pytest.raises(UnsupportedModelError, match=r"mixtral block 'model.layers.0.mlp': gated experts with "
+                                                    r"activation 'ReLU' have no exact moe_core activation"):
         fuse(model, prefer="reference")
     _assert_untouched(model, block_cls)
 

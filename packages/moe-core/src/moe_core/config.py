@@ -17,6 +17,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "Activation",
     "ActivationKind",
+    "ExpertPlacement",
     "MoEConfig",
     "ParallelConfig",
     "Routing",
@@ -62,6 +63,8 @@ class Activation:
     kind: ActivationKind
     alpha: float | None = None  # SWIGLU_OAI only: sigmoid slope (gpt-oss: 1.702); None elsewhere
     limit: float | None = None  # SWIGLU_OAI only: gate <= limit, -limit <= up <= limit (gpt-oss: 7.0)
+    clamp: float | None = None  # SILU only, optional (clamped SiLU): gate <= clamp, -clamp <= up <= clamp
+    #                             before silu(gate) * up; None: no clamp
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, ActivationKind):
@@ -74,25 +77,38 @@ class Activation:
                 raise _fail("Activation", "alpha", self.alpha, "a positive float for swiglu_oai (gpt-oss uses 1.702)")
             if self.limit is None or not self.limit > 0:
                 raise _fail("Activation", "limit", self.limit, "a positive float for swiglu_oai (gpt-oss uses 7.0)")
-        else:
-            if self.alpha is not None or self.limit is not None:
-                raise ValueError(
-                    f"Activation(kind={self.kind.value!r}) takes no alpha/limit (got alpha={self.alpha}, "
-                    f"limit={self.limit}); only swiglu_oai has them"
-                )
+        elif self.alpha is not None or self.limit is not None:
+            raise ValueError(
+                f"Activation(kind={self.kind.value!r}) takes no alpha/limit (got alpha={self.alpha}, "
+                f"limit={self.limit}); only swiglu_oai has them"
+            )
+        if self.clamp is not None:
+            if self.kind is not ActivationKind.SILU:
+                raise _fail("Activation", "clamp", self.clamp, f"None for {self.kind.value} (only silu is clamped)")
+            if not (math.isfinite(self.clamp) and self.clamp > 0):
+                raise _fail("Activation", "clamp", self.clamp, "a finite float > 0 (clamped SiLU) or None")
 
     @property
     def gated(self) -> bool:
         return self.kind.gated
 
+    @property
+    def features(self) -> frozenset[Feature]:
+        if self.clamp is not None:
+            return frozenset({Feature.CLAMPED_SILU})
+        return frozenset()
+
     def __str__(self) -> str:
         if self.kind is ActivationKind.SWIGLU_OAI:
             return f"swiglu_oai(alpha={self.alpha}, limit={self.limit})"
+        if self.clamp is not None:
+            return f"{self.kind.value}(clamp={self.clamp})"
         return self.kind.value
 
     @staticmethod
-    def silu() -> Activation:
-        return Activation(ActivationKind.SILU)
+    def silu(clamp: float | None = None) -> Activation:
+        """silu(gate) * up; with `clamp`, gate and up are clamped first (clamped SiLU)."""
+        return Activation(ActivationKind.SILU, clamp=clamp)
 
     @staticmethod
     def gelu() -> Activation:
@@ -115,8 +131,28 @@ class Activation:
 
 
 class Scoring(enum.StrEnum):
+    """How router logits become scores (fp32)."""
+
     SOFTMAX = "softmax"
     SIGMOID = "sigmoid"
+    SQRT_SOFTPLUS = "sqrt_softplus"  # sqrt(softplus(logits)), per expert (DeepSeek-V4 style)
+
+
+class GroupScoring(enum.StrEnum):
+    """How group-limited routing scores a group of experts."""
+
+    TOP2_SUM = "top2_sum"  # sum of its best two choice values (DeepSeek-V3; max if a group has one expert)
+    MAX = "max"  # its best choice value (DeepSeek-V2 group_limited_greedy)
+
+
+class Feature(enum.StrEnum):
+    """Semantics beyond the baseline every experts class implements. A layer that uses one is served
+    only by classes whose `Capability.features` lists it, so no kernel silently ignores it."""
+
+    SQRT_SOFTPLUS_SCORES = "sqrt_softplus_scores"  # Scoring.SQRT_SOFTPLUS
+    GROUP_SCORE_MAX = "group_score_max"  # GroupScoring.MAX
+    SELECTION_BIAS_ON_LOGITS = "selection_bias_on_logits"  # correction bias added to logits, not scores
+    CLAMPED_SILU = "clamped_silu"  # Activation(SILU, clamp=c): gate <= c, |up| <= c, then silu(gate) * up
 
 
 class RoutingMethod(enum.StrEnum):
@@ -133,11 +169,11 @@ class RoutingMethod(enum.StrEnum):
 class Routing:
     """How router logits [M, E] become (topk_weights, topk_ids). Computed in fp32.
 
-    scores = softmax(logits) or sigmoid(logits); choice = scores + correction_bias (if any);
-    with groups: keep the `topk_groups` groups whose best two choice values sum highest (max if a
-    group has one expert), mask the rest; ids = top-k of choice; weights = scores[ids] (never the
-    biased values); if renormalize: weights /= (sum(weights) + renormalize_eps);
-    weights *= routed_scaling_factor.
+    scores = softmax(logits), sigmoid(logits) or sqrt(softplus(logits)); choice = scores +
+    correction_bias (if any; logits + correction_bias with `correction_bias_on_logits`);
+    with groups: keep the `topk_groups` groups that score highest by `group_scoring`, mask the rest
+    with -inf; ids = top-k of choice; weights = scores[ids] (never the biased values); if
+    renormalize: weights /= (sum(weights) + renormalize_eps); weights *= routed_scaling_factor.
     """
 
     scoring: Scoring = Scoring.SOFTMAX
@@ -146,6 +182,8 @@ class Routing:
     num_expert_groups: int = 1  # DeepSeek-V3: n_group; 1 = no grouping
     topk_groups: int = 1  # groups kept per token; must be <= num_expert_groups
     has_correction_bias: bool = False  # a per-expert bias added for selection only (e_score_correction_bias)
+    correction_bias_on_logits: bool = False  # the bias is added to the logits, not the scores; needs the bias
+    group_scoring: GroupScoring = GroupScoring.TOP2_SUM  # how a group is scored; only read when grouped
     routed_scaling_factor: float = 1.0  # multiplies the final weights (DeepSeek-V3: 2.5)
     weight_on_input: bool = False  # Llama4: hidden * weight before the experts; needs top_k == 1
 
@@ -154,7 +192,15 @@ class Routing:
             try:
                 object.__setattr__(self, "scoring", Scoring(self.scoring))
             except ValueError:
-                raise _fail("Routing", "scoring", self.scoring, "'softmax' or 'sigmoid'") from None
+                raise _fail("Routing", "scoring", self.scoring, f"one of {[s.value for s in Scoring]}") from None
+        if not isinstance(self.group_scoring, GroupScoring):
+            try:
+                object.__setattr__(self, "group_scoring", GroupScoring(self.group_scoring))
+            except ValueError:
+                raise _fail("Routing", "group_scoring", self.group_scoring,
+                            f"one of {[g.value for g in GroupScoring]}") from None
+        if self.correction_bias_on_logits and not self.has_correction_bias:
+            raise _fail("Routing", "correction_bias_on_logits", True, "False when has_correction_bias=False")
         _check_positive_int("Routing", "num_expert_groups", self.num_expert_groups)
         _check_positive_int("Routing", "topk_groups", self.topk_groups)
         if self.topk_groups > self.num_expert_groups:
@@ -169,6 +215,17 @@ class Routing:
     @property
     def grouped(self) -> bool:
         return self.num_expert_groups > 1
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        found = set()
+        if self.scoring is Scoring.SQRT_SOFTPLUS:
+            found.add(Feature.SQRT_SOFTPLUS_SCORES)
+        if self.grouped and self.group_scoring is GroupScoring.MAX:
+            found.add(Feature.GROUP_SCORE_MAX)
+        if self.correction_bias_on_logits:
+            found.add(Feature.SELECTION_BIAS_ON_LOGITS)
+        return frozenset(found)
 
     @property
     def method(self) -> RoutingMethod:
@@ -186,8 +243,10 @@ class Routing:
             parts.append("renormalized")
         if self.grouped:
             parts.append(f"groups {self.topk_groups}/{self.num_expert_groups}")
+            if self.group_scoring is not GroupScoring.TOP2_SUM:
+                parts.append(f"by {self.group_scoring.value}")
         if self.has_correction_bias:
-            parts.append("correction bias")
+            parts.append("correction bias on logits" if self.correction_bias_on_logits else "correction bias")
         if self.routed_scaling_factor != 1.0:
             parts.append(f"x{self.routed_scaling_factor}")
         if self.weight_on_input:
@@ -219,14 +278,94 @@ class Routing:
 # ---- parallelism ----------------------------------------------------------------------------
 
 
+def _format_ids(ids: tuple[int, ...]) -> str:
+    """Global expert ids as runs: (0, 1, 2, 5, 7, 8) -> '0-2,5,7-8'."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """Which rank holds which global experts: `ranks[r][j]` is the global id of rank r's local expert j.
+
+    An expert held by several ranks is a redundant replica of a hot expert (all-to-all mode only):
+    each routed choice of it is served by one replica, picked deterministically from the token's
+    row (`moe_core.parallel`). Build one with `contiguous` or `moe_core.parallel.balanced_placement`.
+    """
+
+    num_experts: int  # global experts E; every id in [0, E) is held by at least one rank
+    ranks: tuple[tuple[int, ...], ...]  # per rank, its experts' global ids in local order; none empty, no repeats
+
+    def __post_init__(self) -> None:
+        _check_positive_int("ExpertPlacement", "num_experts", self.num_experts)
+        try:
+            ranks = tuple(tuple(int(i) for i in held) for held in self.ranks)
+        except (TypeError, ValueError):
+            raise _fail("ExpertPlacement", "ranks", self.ranks, "a sequence (per rank) of global expert ids") from None
+        object.__setattr__(self, "ranks", ranks)
+        if not ranks:
+            raise _fail("ExpertPlacement", "ranks", ranks, "at least one rank")
+        for r, held in enumerate(ranks):
+            if not held:
+                raise _fail("ExpertPlacement", f"ranks[{r}]", held, "at least one expert per rank")
+            if len(set(held)) != len(held):
+                raise _fail("ExpertPlacement", f"ranks[{r}]", held, "distinct expert ids (a rank holds an expert once)")
+            if not all(0 <= i < self.num_experts for i in held):
+                raise _fail("ExpertPlacement", f"ranks[{r}]", held, f"expert ids in [0, {self.num_experts})")
+        missing = sorted(set(range(self.num_experts)).difference(*map(set, ranks)))
+        if missing:
+            raise _fail("ExpertPlacement", "ranks", ranks, f"every expert placed; missing {_format_ids(tuple(missing))}")
+
+    @staticmethod
+    def contiguous(num_experts: int, num_ranks: int) -> ExpertPlacement:
+        """vLLM's layout: rank r holds a contiguous block, the first `num_experts % num_ranks` one more."""
+        _check_positive_int("ExpertPlacement.contiguous", "num_ranks", num_ranks)
+        if num_ranks > num_experts:
+            raise _fail("ExpertPlacement.contiguous", "num_ranks", num_ranks, f"<= num_experts={num_experts}")
+        base, extra = divmod(num_experts, num_ranks)
+        starts = [r * base + min(r, extra) for r in range(num_ranks + 1)]
+        return ExpertPlacement(num_experts, tuple(tuple(range(starts[r], starts[r + 1])) for r in range(num_ranks)))
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_slots(self) -> int:
+        """Experts held over all ranks: num_experts plus the redundant replicas."""
+        return sum(map(len, self.ranks))
+
+    @property
+    def has_replicas(self) -> bool:
+        return self.num_slots > self.num_experts
+
+    def replicas(self, expert: int) -> tuple[tuple[int, int], ...]:
+        """(rank, local id) of every copy of `expert`, by rank."""
+        return tuple((r, held.index(expert)) for r, held in enumerate(self.ranks) if expert in held)
+
+    def describe(self) -> str:
+        """One line per rank: 'rank 0: 5 experts 0-4'."""
+        replicated = [e for e in range(self.num_experts) if len(self.replicas(e)) > 1]
+        lines = [f"rank {r}: {len(held)} experts {_format_ids(held)}" for r, held in enumerate(self.ranks)]
+        if replicated:
+            lines.append(f"replicated experts: {_format_ids(tuple(replicated))}")
+        return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How one layer is split across ranks.
 
     Tensor parallel shards every expert's intermediate dimension (N / tp_size per rank). Expert
-    parallel gives each rank whole experts: rank r owns a contiguous block, the first
-    `num_experts % ep_size` ranks one more (vLLM's layout), and `expert_map` sends every global id
-    to its local id or -1.
+    parallel gives each rank whole experts, as `placement` says; without one, rank r owns a
+    contiguous block, the first `num_experts % ep_size` ranks one more (vLLM's layout). `expert_map`
+    sends every global id to its local id on this rank or -1. How tokens reach the experts
+    (replicated + all-reduce, or all-to-all) is the layer's choice: `FusedMoE(..., parallel=...)`.
     """
 
     tp_size: int = 1
@@ -235,6 +374,7 @@ class ParallelConfig:
     ep_rank: int = 0
     dp_size: int = 1
     dp_rank: int = 0
+    placement: ExpertPlacement | None = None  # expert parallel only: ranks == ep_size; None = contiguous blocks
 
     def __post_init__(self) -> None:
         for size, rank in (("tp_size", "tp_rank"), ("ep_size", "ep_rank"), ("dp_size", "dp_rank")):
@@ -247,24 +387,54 @@ class ParallelConfig:
                 f"ParallelConfig: tp_size={self.tp_size} and ep_size={self.ep_size} are both > 1; a layer is "
                 "either tensor-sharded or expert-sharded (flatten the ranks into one of them)"
             )
+        if self.placement is not None:
+            if not isinstance(self.placement, ExpertPlacement):
+                raise _fail("ParallelConfig", "placement", self.placement, "an ExpertPlacement or None")
+            if self.placement.num_ranks != self.ep_size:
+                raise _fail("ParallelConfig", "placement", f"<{self.placement.num_ranks} ranks>",
+                            f"an ExpertPlacement of ep_size={self.ep_size} ranks")
 
     @property
     def use_ep(self) -> bool:
         return self.ep_size > 1
 
+    def expert_placement(self, num_experts: int) -> ExpertPlacement:
+        """`placement`, or the contiguous blocks; its num_experts must be the layer's."""
+        if self.placement is None:
+            return ExpertPlacement.contiguous(num_experts, self.ep_size)
+        if self.placement.num_experts != num_experts:
+            raise _fail("ParallelConfig", "placement.num_experts", self.placement.num_experts,
+                        f"the layer's num_experts={num_experts}")
+        return self.placement
+
+    def local_experts(self, num_experts: int) -> tuple[int, ...]:
+        """Global ids of this rank's experts, in local order (load their weights in this order)."""
+        return self.expert_placement(num_experts).ranks[self.ep_rank]
+
     def local_expert_range(self, num_experts: int) -> range:
-        base, extra = divmod(num_experts, self.ep_size)
-        start = self.ep_rank * base + min(self.ep_rank, extra)
-        return range(start, start + base + (1 if self.ep_rank < extra else 0))
+        """This rank's experts as a range; only for contiguous placements (else see `local_experts`)."""
+        local = self.local_experts(num_experts)
+        if local != tuple(range(local[0], local[0] + len(local))):
+            raise ValueError(f"ParallelConfig: rank {self.ep_rank} holds experts {_format_ids(local)}, not a "
+                             "contiguous range; use local_experts(num_experts)")
+        return range(local[0], local[0] + len(local))
 
     def expert_map(self, num_experts: int, device: torch.device | str | None = None) -> torch.Tensor | None:
-        """int32 [num_experts]: local id of each global expert, -1 where another rank owns it."""
+        """int32 [num_experts]: local id of each global expert, -1 where this rank holds no copy."""
         if not self.use_ep:
             return None
-        local = self.local_expert_range(num_experts)
+        local = self.local_experts(num_experts)
         m = torch.full((num_experts,), -1, dtype=torch.int32)
-        m[local.start:local.stop] = torch.arange(len(local), dtype=torch.int32)
+        m[list(local)] = torch.arange(len(local), dtype=torch.int32)
         return m.to(device) if device is not None else m
+
+    def describe(self) -> str:
+        if self.use_ep:
+            kind = "contiguous" if self.placement is None else "custom"
+            return f"expert parallel: rank {self.ep_rank} of {self.ep_size}, {kind} placement"
+        if self.tp_size > 1:
+            return f"tensor parallel: rank {self.tp_rank} of {self.tp_size}"
+        return "single rank"
 
 
 # ---- the layer ------------------------------------------------------------------------------
@@ -324,7 +494,7 @@ class MoEConfig:
 
     @property
     def num_local_experts(self) -> int:
-        return len(self.parallel.local_expert_range(self.num_experts))
+        return len(self.parallel.local_experts(self.num_experts))
 
     @property
     def w13_rows(self) -> int:
@@ -334,6 +504,11 @@ class MoEConfig:
 
     def expert_map(self, device: torch.device | str | None = None) -> torch.Tensor | None:
         return self.parallel.expert_map(self.num_experts, device)
+
+    @property
+    def features(self) -> frozenset[Feature]:
+        """The optional semantics this layer uses; an experts class must declare each to serve it."""
+        return self.routing.features | self.activation.features
 
     def describe(self) -> str:
         n = self.intermediate_size_per_partition

@@ -21,7 +21,7 @@ from typing import ClassVar
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import ActivationKind, MoEConfig, RoutingMethod
+from moe_core.config import ActivationKind, Feature, MoEConfig, RoutingMethod
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights, WeightProcessor
@@ -102,6 +102,7 @@ class Capability:
     min_capability: tuple[int, int] | None = None  # CUDA/ROCm only, inclusive
     max_capability: tuple[int, int] | None = None  # inclusive
     routing_methods: frozenset[RoutingMethod] | None = None  # monolithic kernels: methods fused; None = any
+    features: frozenset[Feature] = frozenset()  # optional semantics (config.features) it implements, incl. routing
     bias: bool = True  # per-expert GEMM biases
     expert_parallel: bool = True  # accepts an expert_map (local experts)
     tensor_parallel: bool = True
@@ -166,6 +167,9 @@ class Experts(ABC):
             return Support.no(f"activation dtype {config.dtype} (supported: {_fmt(cap.dtypes)})")
         if config.activation.kind not in cap.activations:
             return Support.no(f"activation {config.activation.kind.value} (supported: {_fmt(cap.activations)})")
+        missing = config.features - cap.features
+        if missing:
+            return Support.no(f"does not implement {_fmt(missing)} (implements: {_fmt(cap.features) if cap.features else 'none'})")
         reasons = [s.check(quant) for s in cap.schemes]
         if not any(reasons):
             if not reasons:

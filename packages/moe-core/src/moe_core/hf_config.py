@@ -42,11 +42,41 @@ def load_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     return cfg
 
 
+# Names transformers' config classes accept for the same field (their `attribute_map`s, e.g.
+# Qwen3MoeConfig writes `num_local_experts` and reads `num_experts` through the map; OlmoeConfig the
+# reverse). Used when transformers is not installed; with it, the config class's own map is read too.
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "num_experts": ("num_local_experts", "n_routed_experts"),
+    "num_local_experts": ("num_experts", "n_routed_experts"),
+    "n_routed_experts": ("num_local_experts", "num_experts"),
+    "num_experts_per_tok": ("experts_per_token", "num_experts_per_token"),
+}
+
+
+def _transformers_aliases(model_type: object) -> dict[str, str]:
+    """The installed transformers config class's attribute_map (alias -> stored name), or {}."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return {}
+    try:
+        return dict(getattr(CONFIG_MAPPING[model_type], "attribute_map", {}) or {})
+    except (KeyError, ImportError):
+        return {}
+
+
 def _need(cfg: Mapping[str, Any], *names: str) -> Any:
+    """The first of `names` the config sets, each also under the aliases transformers accepts for it."""
+    attribute_map = _transformers_aliases(cfg.get("model_type"))
+    tried: list[str] = []
     for n in names:
-        if n in cfg and cfg[n] is not None:
-            return cfg[n]
-    raise UnsupportedModelError(f"{cfg.get('model_type')}: config has none of {names}")
+        for candidate in (n, attribute_map.get(n), *_ALIASES.get(n, ())):
+            if candidate is None or candidate in tried:
+                continue
+            tried.append(candidate)
+            if cfg.get(candidate) is not None:
+                return cfg[candidate]
+    raise UnsupportedModelError(f"{cfg.get('model_type')}: config has none of {tuple(tried)}")
 
 
 def _activation(cfg: Mapping[str, Any]) -> Activation:

@@ -6,6 +6,14 @@ import torch
 
 from moe_core.config import MoEConfig
 from moe_core.oracle import Plan, apply_layer, select
+from moe_core.parallel import (
+    AllToAll,
+    AllToAllDispatch,
+    ExpertParallelReduce,
+    ParallelPlan,
+    Replicate,
+    resolve_parallel,
+)
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 
@@ -19,26 +27,35 @@ class FusedMoE(torch.nn.Module):
     `load_weights`, in canonical form, from any reader in `moe_core.weights`. Loading again replaces
     the kernel's tensors, so the same weights always give the same output.
 
-    With `config.parallel.ep_size > 1` the layer holds this rank's experts only (load the weights of
-    `config.parallel.local_expert_range(E)`), every rank gets the same tokens, and the output is
-    summed over `ep_group` (default: the whole initialized world) by
-    `moe_core.parallel.ExpertParallelReduce`. `ep_group="partial"` skips the sum and returns this
-    rank's share (its local experts' contributions), e.g. to run one slice of a large layer alone.
+    With `config.parallel.ep_size > 1` the layer holds this rank's experts only (load
+    `moe_core.parallel.local_weights(all_weights, config)`: the experts of
+    `config.parallel.local_experts(E)`, in that order) and `parallel` says how tokens move over
+    `ep_group` (default: the whole initialized world); `parallel_plan.explain()` says which and why:
+    - None or `moe_core.parallel.Replicate()`: every rank gets the same tokens and the output is
+      summed over the group (`ExpertParallelReduce`). `ep_group="partial"` skips the sum and returns
+      this rank's share (its local experts' contributions), e.g. to run one slice of a layer alone.
+    - `moe_core.parallel.AllToAll(...)`: every rank gets its own tokens and router logits; they are
+      routed here, sent to the ranks holding their experts and combined back (`AllToAllDispatch`);
+      the output is the layer output for this rank's tokens. Every rank must call forward together.
     """
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig | None = None, device: object = None,
-                 prefer: str | None = None, ep_group: object = None) -> None:
+                 prefer: str | None = None, ep_group: object = None, parallel: object = None) -> None:
         super().__init__()
         self.config = config
         self.plan: Plan = select(config, quant, device, prefer)
         self.quant = self.plan.quant
         self.experts = self.plan.make_experts()
         self.correction_bias: torch.Tensor | None = None
-        self._finalize = None
-        if config.parallel.use_ep and ep_group != "partial":
-            from moe_core.parallel import ExpertParallelReduce
-
+        self.parallel_plan: ParallelPlan = resolve_parallel(config, parallel, self.plan.experts_cls.monolithic,
+                                                            self.plan.experts_cls.name(), ep_group)
+        self._finalize: ExpertParallelReduce | None = None
+        self._dispatch: AllToAllDispatch | None = None
+        mode = self.parallel_plan.mode
+        if isinstance(mode, Replicate) and ep_group != "partial":
             self._finalize = ExpertParallelReduce(config, ep_group)
+        elif isinstance(mode, AllToAll):
+            self._dispatch = AllToAllDispatch(config, mode, ep_group)
 
     @property
     def device(self) -> torch.device:
@@ -78,10 +95,17 @@ class FusedMoE(torch.nn.Module):
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
+        if self._dispatch is not None:  # every rank joins the exchange, even with no tokens of its own
+            topk_weights, topk_ids = self.route(router_logits) if M else (
+                router_logits.new_empty((0, cfg.top_k), dtype=torch.float32),
+                router_logits.new_empty((0, cfg.top_k), dtype=torch.int32))
+            return self._dispatch(self.experts, hidden_states, topk_weights, topk_ids)
         if M == 0 and self._finalize is None:  # every rank must still join the collective
             return hidden_states.new_empty((0, cfg.hidden_size))
         out = apply_layer(self.experts, hidden_states, router_logits, self.correction_bias)
         return out if self._finalize is None else self._finalize(out)
 
     def extra_repr(self) -> str:
-        return f"{self.config.describe()}, {self.quant.name}, backend={self.plan.backend}/{self.plan.experts_cls.name()}"
+        parallel = "" if self.parallel_plan.mode is None else f", parallel={self.parallel_plan.mode_name}"
+        return (f"{self.config.describe()}, {self.quant.name}, backend={self.plan.backend}/"
+                f"{self.plan.experts_cls.name()}{parallel}")

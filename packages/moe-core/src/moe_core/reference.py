@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moe_core.config import Activation, ActivationKind, MoEConfig
+from moe_core.config import Activation, ActivationKind, Feature, MoEConfig
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey
 from moe_core.weights.canonical import ExpertWeights
 
@@ -21,6 +21,9 @@ def apply_activation(h: torch.Tensor, activation: Activation) -> torch.Tensor:
         return F.relu(h).square()
     gate, up = h.chunk(2, dim=-1)
     if kind is ActivationKind.SILU:
+        if activation.clamp is not None:  # clamped SiLU
+            gate = gate.clamp(max=activation.clamp)
+            up = up.clamp(-activation.clamp, activation.clamp)
         return F.silu(gate) * up
     if kind is ActivationKind.GELU:
         return F.gelu(gate) * up
@@ -135,6 +138,7 @@ class ReferenceExperts(Experts):
             SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP})),
         ),
         activations=frozenset(ActivationKind),
+        features=frozenset(Feature),
         limitations=("a per-expert fp32 loop: for checking, never for speed",),
     )
 

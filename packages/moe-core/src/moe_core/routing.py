@@ -6,8 +6,9 @@ The semantics are `Routing`'s docstring; every fast router is tested against `ro
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from moe_core.config import Routing, Scoring
+from moe_core.config import GroupScoring, Routing, Scoring
 
 __all__ = ["check_router_inputs", "route_torch"]
 
@@ -42,13 +43,23 @@ def route_torch(router_logits: torch.Tensor, routing: Routing, top_k: int,
     check_router_inputs(router_logits, routing, top_k, correction_bias)
     M, E = router_logits.shape
     logits = router_logits.float()
-    scores = torch.softmax(logits, -1) if routing.scoring is Scoring.SOFTMAX else torch.sigmoid(logits)
-    choice = scores + correction_bias.float() if correction_bias is not None else scores
+    if routing.scoring is Scoring.SOFTMAX:
+        scores = torch.softmax(logits, -1)
+    elif routing.scoring is Scoring.SIGMOID:
+        scores = torch.sigmoid(logits)
+    else:
+        scores = F.softplus(logits).sqrt()
+    if correction_bias is None:
+        choice = scores
+    else:
+        choice = (logits if routing.correction_bias_on_logits else scores) + correction_bias.float()
     if routing.grouped:
         G = routing.num_expert_groups
         grouped = choice.view(M, G, E // G)
-        # DeepSeek-V3 scores a group by its best two experts (one, if the group has one).
-        group_scores = grouped.topk(min(2, E // G), dim=-1).values.sum(-1)
+        if routing.group_scoring is GroupScoring.MAX:
+            group_scores = grouped.amax(-1)
+        else:  # DeepSeek-V3: the best two experts (one, if the group has one)
+            group_scores = grouped.topk(min(2, E // G), dim=-1).values.sum(-1)
         keep = torch.zeros(M, G, dtype=torch.bool, device=logits.device)
         keep.scatter_(1, group_scores.topk(routing.topk_groups, dim=-1).indices, True)
         # -inf, not 0: with a negative bias a masked 0 could beat every kept expert.

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_core.backends import Platform
-from moe_core.config import ActivationKind, MoEConfig
+from moe_core.config import ActivationKind, Feature, MoEConfig
 from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.reference import apply_activation, fake_quantize_activation
@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
+# Routing runs in moe_core's route_torch and activations in its apply_activation, which implement all.
+_ALL_FEATURES = frozenset(Feature)
 _VALIDATED = ("cpu: AMD EPYC (x86-64, AVX-512), 2 vCPUs",)
 TINYGEMM_GROUP_SIZES = frozenset({32, 64, 128, 256})
 
@@ -149,6 +151,7 @@ class CpuOneDnnExperts(_CpuExperts):
         platforms=frozenset({Platform.CPU}),
         schemes=(UNQUANTIZED,),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         dtypes=frozenset({torch.bfloat16, torch.float32}),
         validated_on=_VALIDATED,
         limitations=("bf16 and fp32 only (oneDNN prepacks fp16 only on CPUs with avx512_fp16 or avx_ne_convert; "
@@ -177,6 +180,7 @@ class CpuUnquantizedExperts(_CpuExperts):
         platforms=frozenset({Platform.CPU}),
         schemes=(UNQUANTIZED,),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         validated_on=_VALIDATED,
         limitations=("no quantized weights (see the other CPU classes)",
                      "one GEMM pair per active expert: tokens per expert are not padded or batched across experts"),
@@ -220,6 +224,7 @@ class CpuDequantizedExperts(CpuUnquantizedExperts):
                           act_order=True),
         ),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         validated_on=_VALIDATED,
         limitations=("weights are held dequantized in the layer dtype: no memory saving and the speed of "
                      "the unquantized path (int4/int8 reach it only when the packed int4/int8 classes refuse)",
@@ -244,6 +249,7 @@ class CpuFp8EmulatedExperts(_CpuExperts):
         platforms=frozenset({Platform.CPU}),
         schemes=(SchemeSupport(QuantDType.FP8_E4M3, _FP8_WEIGHT_GRANULARITIES, activation=QuantDType.FP8_E4M3),),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         validated_on=_VALIDATED,
         limitations=("an emulation for correctness: weights held in fp32 (4 bytes per parameter) and fp32 "
                      "GEMMs; no fp8 arithmetic and no speed benefit",),
@@ -288,6 +294,7 @@ class CpuInt4Experts(_CpuExperts):
         schemes=(SchemeSupport(QuantDType.INT4, frozenset({Granularity.GROUP}), group_sizes=TINYGEMM_GROUP_SIZES,
                                zero_points=frozenset(ZeroPoint), act_order=True),),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         validated_on=_VALIDATED,
         limitations=("group sizes 32, 64, 128 and 256 only; no per-channel scales (the ATen kernel's limits)",
                      "act-order only where every group holds exactly group_size channels (checked at load)",
@@ -339,6 +346,7 @@ class CpuInt8Experts(_CpuExperts):
         platforms=frozenset({Platform.CPU}),
         schemes=(SchemeSupport(QuantDType.INT8, frozenset({Granularity.CHANNEL}), zero_points=frozenset(ZeroPoint)),),
         activations=_ALL_ACTIVATIONS,
+        features=_ALL_FEATURES,
         validated_on=_VALIDATED,
         limitations=("per-channel scales only: grouped int8 scales are refused here (the dequantizing class "
                      "serves them)",),

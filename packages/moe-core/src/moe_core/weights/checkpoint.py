@@ -7,8 +7,8 @@
 The format comes from config.json's `quantization_config.quant_method` (none: unquantized; "gptq",
 "awq", "compressed-tensors", "mxfp4", "fp8"); the readers then demand exactly the tensors that format
 defines and fail naming any that is missing or mis-shaped. Only the requested layer's tensors are
-read: `model.safetensors.index.json` (or the shards' headers) says which file holds each key, and
-safetensors memory-maps the files.
+read: `model.safetensors.index.json` says which file holds each key (without an index, the one file
+`model.safetensors`, as transformers reads it), and safetensors memory-maps the files.
 """
 
 from __future__ import annotations
@@ -66,24 +66,49 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
 
         self._safe_open = safe_open
         self.root = Path(model_dir)
+        # transformers' rule: the index if there is one, else the single file model.safetensors.
         index = self.root / "model.safetensors.index.json"
         if index.exists():
             weight_map = json.loads(index.read_text()).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise CheckpointError(f"{index}: no 'weight_map' object")
-            self._where = {k: self.root / v for k, v in weight_map.items()}
+            self._where = {k: self._shard_path(index, k, v) for k, v in weight_map.items()}
             missing = sorted({str(p) for p in self._where.values() if not p.exists()})
             if missing:
                 raise CheckpointError(f"{index} names shards that do not exist: {', '.join(missing)}")
+            self._refuse_duplicates(sorted(set(self._where.values())))
         else:
-            shards = sorted(self.root.glob("*.safetensors"))
-            if not shards:
-                raise CheckpointError(f"{self.root}: no *.safetensors files and no model.safetensors.index.json")
-            self._where = {}
-            for shard in shards:
-                with safe_open(shard, framework="pt") as f:
-                    self._where.update(dict.fromkeys(f.keys(), shard))
+            single = self.root / "model.safetensors"
+            if not single.exists():
+                others = sorted(p.name for p in self.root.glob("*.safetensors"))
+                found = (f" (found {', '.join(others)}, which are not read without an index)" if others
+                         else " (no *.safetensors files)")
+                raise CheckpointError(f"{self.root}: no model.safetensors.index.json and no model.safetensors{found}")
+            with safe_open(single, framework="pt") as f:
+                self._where = dict.fromkeys(f.keys(), single)
         self._open: dict[Path, object] = {}
+
+    def _shard_path(self, index: Path, key: str, name: object) -> Path:
+        """The index entry's file, which must be a plain file name or a path inside the model directory."""
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(f"{index}: weight_map[{key!r}] = {name!r} is not a file name")
+        root = self.root.resolve()
+        path = (self.root / name).resolve()
+        if Path(name).is_absolute() or root not in path.parents:
+            raise CheckpointError(f"{index}: weight_map[{key!r}] = {name!r} points outside the model directory "
+                                  f"{self.root}; expected a shard file name inside it")
+        return path
+
+    def _refuse_duplicates(self, shards: list[Path]) -> None:
+        """A key stored in two shards would be read from whichever the index names: refuse it."""
+        holder: dict[str, Path] = {}
+        for shard in shards:
+            with self._safe_open(shard, framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safetensors handles are not iterable
+                    if key in holder:
+                        raise CheckpointError(f"{self.root}: tensor {key!r} is stored in both {holder[key].name} "
+                                              f"and {shard.name}; a key must be in exactly one shard")
+                    holder[key] = shard
 
     def __getitem__(self, key: str) -> torch.Tensor:
         path = self._where[key]
@@ -128,13 +153,19 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     qc = config.get("quantization_config")
     method = None if qc is None else qc.get("quant_method")
     fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
-    _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name)
+    _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name, num_experts)
     quant = MoEQuantConfig(weights.key) if fmt_name != "fp8" else BlockFP8Format.from_config(qc).quant_config()
     mlp = prefix.removesuffix(".experts")
     router_weight = _optional(source, (join_key(mlp, "gate.weight"), join_key(mlp, "router.weight")), dtype)
     router_bias = _optional(source, (join_key(mlp, "router.bias"),), dtype)
     correction = _optional(source, (join_key(mlp, "gate.e_score_correction_bias"),
                                     join_key(mlp, "e_score_correction_bias")), None)
+    E, K = num_experts, weights.hidden_size
+    for name, tensor, shape in (("router weight", router_weight, (E, K)), ("router bias", router_bias, (E,)),
+                                ("correction bias", correction, (E,))):
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise CheckpointError(f"{root}: the {name} under {mlp!r} has shape {list(tensor.shape)}, expected "
+                                  f"{list(shape)} (num_experts={E} from config.json, hidden size {K})")
     return LoadedLayer(weights=weights, quant=quant, format=fmt_name, experts_prefix=prefix,
                        num_experts=num_experts, top_k=_first_int(config, text, _TOP_K_KEYS),
                        router_weight=router_weight, router_bias=router_bias, correction_bias=correction,
@@ -190,9 +221,16 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
                      f"{', '.join(SUPPORTED_QUANT_METHODS)}")
 
 
-def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: str) -> None:
+def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: str, num_experts: int) -> None:
     """Tensors of the read experts that the format's reader did not use (biases of quantized
-    projections, static input scales, ...) would be silently dropped: refuse instead."""
+    projections, static input scales, ...) would be silently dropped: refuse instead. So would
+    experts beyond the count config.json declares."""
+    beyond = sorted({int(head) for k in source.names() if k.startswith(prefix + ".")
+                     and (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() and int(head) >= num_experts})
+    if beyond:
+        raise CheckpointError(f"{source.what}: config.json declares {num_experts} experts but the checkpoint holds "
+                              f"experts up to {prefix}.{beyond[-1]} ({len(beyond)} beyond the declared count); "
+                              "fix the expert count in config.json")
     wanted = {str(e) for e in ids}
     unread = [k for k in source.names() if k.startswith(prefix + ".") and k not in source.consumed
               and (not (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() or head in wanted)]

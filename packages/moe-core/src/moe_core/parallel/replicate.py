@@ -1,11 +1,7 @@
-"""Expert parallelism over `torch.distributed` (NCCL on GPUs, gloo on CPU).
-
-The layout implemented here is the replicated-token one: every rank of the expert-parallel group
-holds the same tokens (e.g. after tensor-parallel attention) and its own slice of the experts
-(`ParallelConfig.local_expert_range`). Each rank's kernel computes the contributions of its local
-experts (choices of other ranks' experts contribute zero through `expert_map`), and the finalize
-step sums the partial outputs across the group. Dispatching only the routed tokens to their
-owners (all-to-all, DeepEP style) is not implemented.
+"""Replicate mode: every rank of the expert-parallel group holds the same tokens (e.g. after
+tensor-parallel attention) and its own experts; each rank's kernel computes the contributions of
+its local experts (choices of other ranks' experts contribute zero through `expert_map`), and the
+finalize step sums the partial outputs across the group.
 """
 
 from __future__ import annotations
