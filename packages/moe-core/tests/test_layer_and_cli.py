@@ -80,10 +80,11 @@ def test_doctor_require_missing_device(capsys):
 
 
 def test_explain_with_missing_forced_backend(capsys, monkeypatch):
-    monkeypatch.setenv("MOE_BACKEND", "flashinfer_cutlass")
+    monkeypatch.setenv("MOE_BACKEND", "no_such_kernel")
     assert main(["explain", "--preset", "qwen3-30b-a3b", "--quant", "int4", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "MOE_BACKEND='flashinfer_cutlass' names no installed backend; installed: cpu, reference, triton" in err
+    assert "MOE_BACKEND='no_such_kernel' names no installed backend; installed: " in err
+    assert all(name in err for name in ("cpu", "reference", "triton"))
 
 
 def test_explain_hf_config(tmp_path, capsys):

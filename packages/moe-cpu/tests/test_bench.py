@@ -62,7 +62,7 @@ def test_bench_refuses_a_preset_too_large_before_allocating(tmp_path, capsys, mo
 @pytest.mark.parametrize("spare_bytes", [-1, 1])
 def test_bench_runs_a_preset_exactly_when_its_plan_fits_the_headroom(tmp_path, monkeypatch, spare_bytes):
     tiny = get_preset("tiny")
-    need = bench.planned_bytes(tiny.config, [unquantized(), int4_w4a16(tiny.int4_group_size)])
+    need = bench.planned_bytes(tiny.config, [unquantized(), int4_w4a16(tiny.int4_group_size)], 1)
     available = int(need / bench.MEMORY_HEADROOM) + spare_bytes
     monkeypatch.setattr(bench, "available_memory_bytes", lambda device: available)
     code = bench.main(_args("--preset", "tiny", "--tokens", "1", "--scheme", "bf16", "--scheme", "int4",
@@ -77,7 +77,7 @@ def test_bench_runs_a_preset_exactly_when_its_plan_fits_the_headroom(tmp_path, m
 
 def test_bench_rejects_bad_input(capsys):
     assert bench.main(_args("--preset", "nope")) == 2
-    assert "unknown preset 'nope'" in capsys.readouterr().out
+    assert "unknown preset 'nope'" in capsys.readouterr().err
     assert bench.main(_args("--preset", "tiny", "--scheme", "int4:100")) == 2
-    assert "group size 100 does not divide the hidden size 256" in capsys.readouterr().out
+    assert "group size 100 does not divide the hidden size 256" in capsys.readouterr().err
     assert bench.main(_args("--preset", "tiny", "--tokens", "0")) == 2

@@ -59,7 +59,11 @@ def detect_device(device: torch.device | str | DeviceInfo | None = None) -> Devi
             device = torch.device("xpu", torch.xpu.current_device())
         else:
             device = torch.device("cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} is not supported: expected cpu, cuda, cuda:N (NVIDIA or ROCm), "
+                         "xpu or xpu:N") from None
     if device.type == "cpu":
         return DeviceInfo(Platform.CPU, name=_cpu_name())
     if device.type == "cuda":
@@ -74,7 +78,8 @@ def detect_device(device: torch.device | str | DeviceInfo | None = None) -> Devi
             raise ValueError(f"device {device} was requested but torch sees no XPU device")
         index = device.index if device.index is not None else torch.xpu.current_device()
         return DeviceInfo(Platform.XPU, index, torch.xpu.get_device_name(index))
-    raise ValueError(f"device type {device.type!r} is not supported: expected cpu, cuda (NVIDIA or ROCm) or xpu")
+    raise ValueError(f"device {str(device)!r} is not supported: expected cpu, cuda, cuda:N (NVIDIA or ROCm), "
+                     "xpu or xpu:N")
 
 
 def synchronize(device: torch.device) -> None:

@@ -18,15 +18,19 @@ that got tokens, in the layer dtype.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import re
 import statistics
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,14 +56,21 @@ from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 
-__all__ = ["Ceilings", "Floor", "SmClockSampler", "add_arguments", "expected_distinct_experts", "expert_weight_bytes",
-           "main", "measure_ceilings", "planned_bytes", "roofline_floor", "weight_bytes_per_param"]
+__all__ = ["Ceilings", "Floor", "Progress", "SmClockSampler", "TimingSummary", "add_arguments", "default_threads",
+           "estimate_peak_bytes", "expected_distinct_experts", "expert_weight_bytes", "main", "measure_ceilings",
+           "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "step", "summarize_timings",
+           "weight_bytes_per_param", "write_json_atomic"]
 
 DEFAULT_PRESETS = ("tiny", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 8, 32, 128)
 DEFAULT_SCHEMES = ("bf16", "int4")
+# In the current directory, not the repository's committed benchmarks/results/: a run's output is the
+# user's until they decide to publish it.
+DEFAULT_OUT = "moe-bench-results"
 # Fraction of the available memory a preset may plan to use; the rest is for torch and the OS.
 MEMORY_HEADROOM = 0.8
+# (p90 - min) / min of a cell's samples above which its timings are flagged as unsteady.
+SPREAD_WARNING = 0.5
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ class Row:
     experts: str  # the experts class the oracle chose
     time_ms: float  # median
     min_ms: float
+    p90_ms: float
+    spread: float  # (p90 - min) / min; above SPREAD_WARNING the timings are unsteady
     tokens_per_s: float
     floor_ms: float
     floor_bound: str  # "memory" or "compute"
@@ -110,15 +123,142 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"token counts per forward (default: {' '.join(map(str, DEFAULT_TOKENS))})")
     parser.add_argument("--scheme", action="append", metavar="SCHEME",
                         help="bf16 (the preset's dtype, unquantized), int4 (the preset's group size) or any "
-                             "`moe run` scheme: int4:G[:zp], int8[:G[:zp]], fp8-tensor, fp8-channel, fp8-block, "
-                             f"mxfp4; repeatable (default: {', '.join(DEFAULT_SCHEMES)})")
+                             "`moe run` scheme: int4:G[:zp], int8 (per channel, as int8_w8a16()), int8:G[:zp], "
+                             "fp8-tensor[:token|:tensor], fp8-channel[:token|:tensor], fp8-block, mxfp4; "
+                             f"repeatable (default: {', '.join(DEFAULT_SCHEMES)})")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xpu")
-    parser.add_argument("--out", default="benchmarks/results", help="output folder for JSON and PNG")
-    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median reported)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"output folder for JSON and PNG (default: ./{DEFAULT_OUT}; created if missing, "
+                             "checked for writing before anything is measured; the JSON is rewritten after "
+                             "every measured point)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median and min reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's own choice, reported in the output)")
+    add_threads_argument(parser)
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG (matplotlib not needed then)")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: the physical cores this process may use, "
+                             "bounded by its CPU affinity and cgroup CPU quota; reported in the output)")
+
+
+# ---- helpers `moe run` shares: threads, progress, timing statistics, output files ---------------
+
+
+def default_threads() -> int:
+    """The intra-op threads a timing run should use: torch's default (the physical cores, or
+    OMP_NUM_THREADS), bounded by the CPUs of this process's affinity mask and by a cgroup v2 CPU
+    quota. More threads than the CPUs really available make every parallel region wait for
+    descheduled threads: timings then jump by orders of magnitude from run to run."""
+    limits = [torch.get_num_threads()]
+    if hasattr(os, "sched_getaffinity"):
+        limits.append(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            limits.append(math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, min(limits))
+
+
+def pin_threads(requested: int | None) -> int:
+    """Set torch's intra-op threads to `requested` (validated >= 1) or `default_threads()`; return it."""
+    threads = default_threads() if requested is None else requested
+    torch.set_num_threads(threads)
+    return threads
+
+
+def validate_threads(requested: int | None) -> None:
+    if requested is not None and requested < 1:
+        raise ValueError(f"--threads must be >= 1, got {requested}")
+
+
+def _note(text: str) -> None:
+    """Progress and warnings go to stderr, so that stdout holds only results."""
+    print(text, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Progress of a loop on stderr: a redrawn bar on a terminal, a line per quarter in logs."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.start, self.tty = label, time.perf_counter(), sys.stderr.isatty()
+        self.quarter = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.tty:
+            width = 30
+            filled = width * done // total
+            end = "\n" if done == total else ""
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+                             f"({elapsed:.1f}s){end}")
+        elif 4 * done // total > self.quarter:
+            self.quarter = 4 * done // total
+            sys.stderr.write(f"{self.label}: {done}/{total} ({elapsed:.1f}s)\n")
+        sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def step(what: str) -> Iterator[None]:
+    """Say on stderr that `what` starts and how long it took."""
+    _note(f"{what} ...")
+    start = time.perf_counter()
+    yield
+    _note(f"{what}: done in {time.perf_counter() - start:.1f}s")
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    median: float
+    min: float
+    p90: float
+
+    @property
+    def spread(self) -> float:
+        """(p90 - min) / min: 0 for steady timings; large on a busy or oversubscribed machine."""
+        return (self.p90 - self.min) / self.min if self.min > 0 else 0.0
+
+
+def summarize_timings(samples: list[float]) -> TimingSummary:
+    if not samples:
+        raise ValueError("no timing samples: --repeats must be >= 1")
+    ordered = sorted(samples)
+    return TimingSummary(statistics.median(ordered), ordered[0], ordered[math.ceil(0.9 * len(ordered)) - 1])
+
+
+def warn_if_unsteady(what: str, timing: TimingSummary) -> None:
+    if timing.spread > SPREAD_WARNING:
+        _note(f"warning: {what}: timings spread {timing.spread:.0%} above their minimum (p90 "
+              f"{timing.p90 * 1e3:.3f} ms, min {timing.min * 1e3:.3f} ms): the machine is busy or has fewer "
+              "free cores than threads; compare min times, or lower --threads")
+
+
+def prepare_out_dir(path: str | os.PathLike) -> Path:
+    """Create `path` and check that files can be written in it, before anything is measured."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".moe-write-check-"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {os.fspath(path)!r} is not a writable folder: {exc.strerror or exc}") from None
+    return out
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write `payload` to a temporary file next to `path` and rename it over `path`: a reader (or a
+    run killed mid-write) sees the previous complete file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the umask's mode, as `path` would be
+    try:
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _scheme(text: str, preset: Preset) -> MoEQuantConfig:
@@ -328,26 +468,91 @@ def roofline_floor(config: MoEConfig, quant: MoEQuantConfig, tokens: int, ceilin
                  distinct, per_expert)
 
 
-def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig]) -> int:
-    """Peak memory of benchmarking `config`: the layer-dtype weights (the unquantized layer and the
-    naive loop share them) plus the worst quantized scheme, loaded one at a time: its canonical form
-    twice (`ExpertWeights.random` concatenates per-expert parts), its kernel layout, and the int64 and
-    fp32 temporaries (about 32 bytes per parameter) of dequantizing a few experts at a time."""
+# Temporaries per parameter of the one expert being drawn, quantized or checked against the fp32
+# reference at a time: its fp32 draw and scaled copy, and the fp32/int64 temporaries of quantizing and
+# dequantizing it (measured on the CPU: about 9 bytes unquantized, 13 to 21 quantized).
+_EXPERT_TEMPORARY_BYTES = {False: 12, True: 24}
+# Weights dequantized at load are converted a few experts at a time (7 to 15 bytes per parameter of
+# those experts measured, fp8 blocks and mxfp4 the most).
+_DEQUANTIZED_CHUNK_EXPERTS = 4
+_DEQUANTIZED_CHUNK_BYTES = 16
+# Packing integer codes into a kernel layout makes whole-tensor temporaries (moe-cpu: an unpacked uint8
+# copy of int4 codes, int16 copies of int8 codes), per parameter of the larger weight tensor.
+_PACKING_BYTES = {QuantDType.INT4: 2, QuantDType.INT8: 4}
+# What the allocator keeps of freed temporaries and the libraries' workspaces (oneDNN, the reference):
+# measured up to about 50 MiB above the terms above on layers of 50M parameters.
+_FIXED_OVERHEAD_BYTES = 64 << 20
+# Per token and top-k slot, in fp32 elements: the routed input, the gate/up and activated rows, the
+# expert output, and their copies in the reference and the naive loop.
+_ACTIVATION_COPIES = 4
+
+
+def _activation_bytes(config: MoEConfig, tokens: int) -> int:
+    R, K, N = config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
+    return tokens * (config.top_k * _ACTIVATION_COPIES * (R + N + K) + config.num_experts) * 4
+
+
+def estimate_peak_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens: int = 0,
+                        dense_baseline: bool = False) -> int:
+    """Peak memory, above what the process held before, of building and running `config` under each
+    of `quants` in turn (`moe run`: one scheme; `moe bench`: several, one at a time) for up to
+    `tokens` tokens per call.
+
+    Per scheme, the larger of drawing its weights (`ExpertWeights.random` holds the per-expert parts
+    and their concatenation: the canonical form twice) and running them (the canonical form and the
+    kernel layout, `_packed_bytes_per_param`, with the temporaries of packing integer codes), plus the
+    temporaries of one expert (or of the chunk of experts dequantized at once), the activations and a
+    fixed allowance for the allocator and libraries. `dense_baseline`: the layer-dtype weights of the
+    naive loop stay loaded throughout, and unquantized layers load those (`moe bench`).
+    """
     E = config.num_local_experts
     params = E * (config.w13_rows * config.hidden_size + config.hidden_size * config.intermediate_size_per_partition)
     dense = params * weight_bytes_per_param(config, unquantized())
-    chunk_temporaries = min(4, E) / E * params * 32
-    quantized = [params * (2 * weight_bytes_per_param(config, q) + _packed_bytes_per_param(config, q))
-                 + chunk_temporaries for q in quants if q.weight.quantized]
-    return int(dense + max(quantized, default=0))
+    activations = _activation_bytes(config, tokens)
+    per_scheme = []
+    for q in quants:
+        canonical = params * weight_bytes_per_param(config, q)
+        packed = params * _packed_bytes_per_param(config, q)
+        if dense_baseline and not q.weight.quantized:  # the layer loads the naive loop's weights
+            per_scheme.append(packed + activations)
+            continue
+        temporaries = params / E * _EXPERT_TEMPORARY_BYTES[q.weight.quantized]
+        packing = 0
+        if _packs_codes(q):
+            larger = max(config.w13_rows, config.intermediate_size_per_partition) * config.hidden_size
+            packing = E * larger * _PACKING_BYTES[q.weight.dtype]
+        if packed > canonical:
+            chunk = min(_DEQUANTIZED_CHUNK_EXPERTS, E) / E * params * _DEQUANTIZED_CHUNK_BYTES
+            temporaries = max(temporaries, chunk)
+        per_scheme.append(max(2 * canonical, canonical + packed + packing) + temporaries + activations)
+    if dense_baseline:
+        # drawing the dense weights themselves, before they are held
+        per_scheme.append(dense + params / E * _EXPERT_TEMPORARY_BYTES[False])
+    return int((dense if dense_baseline else 0) + max(per_scheme, default=0) + _FIXED_OVERHEAD_BYTES)
+
+
+def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens: int = 0) -> int:
+    """Peak memory of `moe bench` on `config`: `estimate_peak_bytes` with the naive loop's dense weights."""
+    return estimate_peak_bytes(config, quants, tokens, dense_baseline=True)
 
 
 def _packed_bytes_per_param(config: MoEConfig, quant: MoEQuantConfig) -> float:
-    """Upper bound of a kernel layout's size: integer codes repack at their own size; other formats
-    may be dequantized at load, to the layer dtype, or to fp32 where activations are quantized."""
-    if quant.weight.dtype in (QuantDType.INT4, QuantDType.INT8):
-        return weight_bytes_per_param(config, quant)
-    return 4.0 if quant.activation is not None else weight_bytes_per_param(config, unquantized())
+    """Upper bound of a kernel layout's size per parameter: grouped int4 and per-channel int8 codes
+    repack at their own size; every other format may be dequantized at load (where no packed kernel
+    serves it), to the layer dtype, or to fp32 where activations are quantized."""
+    own = weight_bytes_per_param(config, quant)
+    if not quant.weight.quantized or _packs_codes(quant):
+        return own
+    return max(own, 4.0 if quant.activation is not None else weight_bytes_per_param(config, unquantized()))
+
+
+def _packs_codes(quant: MoEQuantConfig) -> bool:
+    """Whether packed kernels keep the integer codes (grouped int4, per-channel int8) rather than
+    dequantizing them at load."""
+    key = quant.weight
+    return key.quantized and (
+        (key.dtype is QuantDType.INT4 and key.scale.granularity is Granularity.GROUP)
+        or (key.dtype is QuantDType.INT8 and key.scale.granularity is Granularity.CHANNEL))
 
 
 def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch.Tensor | None,
@@ -371,67 +576,102 @@ def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch
 
 def _machine(device: torch.device, threads: int) -> dict:
     info = detect_device(device)
-    return {"hostname": platform.node(), "device": str(info), "cpu_model": detect_device("cpu").name,
-            "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    return {"device": str(info), "cpu_model": detect_device("cpu").name, "cpu_count": os.cpu_count(),
+            "torch_threads": threads, "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+
+
+class _Results:
+    """The run's JSON, rewritten (atomically) after every measured point: an interrupted run keeps
+    what it measured."""
+
+    def __init__(self, path: Path, payload: dict) -> None:
+        self.path, self.payload = path, {**payload, "complete": False, "rows": [], "refused": []}
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.payload)
+
+    def add_row(self, row: Row) -> None:
+        self.payload["rows"].append(asdict(row))
+        self.save()
+
+    def refuse(self, preset: str, reason: str) -> None:
+        self.payload["refused"].append({"preset": preset, "reason": reason})
+        self.save()
+
+    def finish(self) -> None:
+        self.payload["complete"] = True
+        self.save()
+
+    @property
+    def rows(self) -> list[Row]:
+        return [Row(**r) for r in self.payload["rows"]]
 
 
 def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], device: torch.device,
-                  ceilings: Ceilings, args: argparse.Namespace) -> list[Row]:
+                  ceilings: Ceilings, args: argparse.Namespace, results: _Results) -> None:
     config = preset.config
     E, K = config.num_experts, config.hidden_size
     gen = torch.Generator().manual_seed(0)
     correction_bias = torch.randn(E, generator=gen).to(device) * 0.1 if config.routing.has_correction_bias else None
-    dense = ExpertWeights.random(config, unquantized()).to(device)
+    dtype_name = str(config.dtype).removeprefix("torch.")
+    dense = ExpertWeights.random(config, unquantized(), progress=Progress(f"{preset.name}: {dtype_name} weights"))
+    dense = dense.to(device)
     naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
     inputs = {m: (torch.randn(m, K, generator=gen).to(device, config.dtype), torch.randn(m, E, generator=gen).to(device))
               for m in tokens}
-    rows = []
     for scheme in schemes:
-        rows.extend(_bench_scheme(preset, scheme, dense, correction_bias, inputs, naive, device, ceilings, args))
-    return rows
+        _bench_scheme(preset, scheme, dense, correction_bias, inputs, naive, device, ceilings, args, results)
 
 
 def _bench_scheme(preset: Preset, scheme: str, dense: ExpertWeights, correction_bias: torch.Tensor | None,
                   inputs: dict[int, tuple[torch.Tensor, torch.Tensor]],
                   naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                  device: torch.device, ceilings: Ceilings, args: argparse.Namespace) -> list[Row]:
+                  device: torch.device, ceilings: Ceilings, args: argparse.Namespace, results: _Results) -> None:
     config = preset.config
     quant = _scheme(scheme, preset)
     layer = FusedMoE(config, quant, device)
-    layer.load_weights(dense if not quant.weight.quantized else ExpertWeights.random(config, quant).to(device),
-                       correction_bias)
+    weights = dense
+    if quant.weight.quantized:
+        weights = ExpertWeights.random(config, quant, progress=Progress(f"{preset.name}: {scheme} weights")).to(device)
+    with step(f"{preset.name}: {scheme}: converting the weights for {layer.plan.experts_cls.name()}"):
+        layer.load_weights(weights, correction_bias)
+    del weights
     packed = layer.experts.weights
     kernel_bytes = sum(t.numel() * t.element_size() for n, t in packed.tensors.items() if not n.endswith("bias"))
     kernel_bytes_per_expert = kernel_bytes // config.num_local_experts
-    rows = []
     with torch.inference_mode():  # the naive loop runs under it too: neither pays for autograd
         for m in inputs:
+            _note(f"{preset.name}: {scheme}: timing {m} tokens ({args.warmup} warmup + {args.repeats} repeats, "
+                  "layer and naive loop in turn)")
             samples, naive_samples = _time_interleaved(
                 [lambda m=m: layer(*inputs[m]), lambda m=m: naive(*inputs[m])], device, args.warmup, args.repeats)
-            median, best = statistics.median(samples), min(samples)
+            timing = summarize_timings(samples)
+            warn_if_unsteady(f"{preset.name} {scheme} {m} tokens", timing)
+            median = timing.median
             naive_ms = statistics.median(naive_samples) * 1e3
             floor = roofline_floor(config, quant, m, ceilings)
-            row = Row(preset.name, scheme, m, layer.plan.experts_cls.name(), median * 1e3, best * 1e3, m / median,
-                      floor.seconds * 1e3, floor.bound, floor.seconds / median, naive_ms, naive_ms / (median * 1e3),
-                      round(floor.bytes_per_expert), kernel_bytes_per_expert, floor.expected_distinct_experts)
-            rows.append(row)
+            row = Row(preset.name, scheme, m, layer.plan.experts_cls.name(), median * 1e3, timing.min * 1e3,
+                      timing.p90 * 1e3, timing.spread, m / median, floor.seconds * 1e3, floor.bound,
+                      floor.seconds / median, naive_ms, naive_ms / (median * 1e3), round(floor.bytes_per_expert),
+                      kernel_bytes_per_expert, floor.expected_distinct_experts)
+            results.add_row(row)
             print(_format_row(row), flush=True)
-    return rows
 
 
-_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'experts':<24} {'ms':>9} {'min ms':>9} {'tok/s':>9} "
-           f"{'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7}")
+_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'experts':<24} {'ms':>9} {'min ms':>9} {'spread':>6} "
+           f"{'tok/s':>9} {'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7}")
 
 
 def _format_row(r: Row) -> str:
     return (f"{r.preset:<16} {r.scheme:<8} {r.tokens:>5} {r.experts:<24} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
-            f"{r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.floor_fraction:>7.2f} "
+            f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.floor_fraction:>7.2f} "
             f"{r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f}")
 
 
-def _plot(rows: list[Row], path: Path, title: str) -> None:
+def _figure(rows: list[Row], title: str):
+    """The plot of `rows`: one panel per preset, time and floor per scheme against tokens, under `title`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -455,8 +695,17 @@ def _plot(rows: list[Row], path: Path, title: str) -> None:
         ax.set_title(name)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
+    # A one-preset figure is narrower than a long device name: the title wraps to the figure's width
+    # and the panels are laid out below it.
+    fig.suptitle(title, fontsize=9, wrap=True)
     fig.tight_layout()
+    return fig
+
+
+def _plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = _figure(rows, title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -465,68 +714,86 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def main(args: argparse.Namespace) -> int:
-    try:
-        presets = [get_preset(p) for p in (args.preset or DEFAULT_PRESETS)]
-        device = detect_device(args.device).torch_device
-    except ValueError as exc:
-        print(f"moe bench: {exc}")
-        return 2
-    tokens = list(args.tokens or DEFAULT_TOKENS)
-    schemes = list(args.scheme or DEFAULT_SCHEMES)
-    if any(m < 1 for m in tokens) or args.repeats < 1 or args.warmup < 0:
-        print(f"moe bench: --tokens must be >= 1 (got {tokens}), --repeats >= 1 (got {args.repeats}), "
-              f"--warmup >= 0 (got {args.warmup})")
-        return 2
+def _unique(values: list) -> list:
+    return list(dict.fromkeys(values))
+
+
+def _validated(args: argparse.Namespace) -> tuple[list[Preset], torch.device, list[int], list[str]]:
+    """Every argument checked before anything is measured or allocated; ValueError says what is wrong."""
+    presets = [get_preset(p) for p in _unique(args.preset or DEFAULT_PRESETS)]
+    device = detect_device(args.device).torch_device
+    tokens = _unique(args.tokens or DEFAULT_TOKENS)
+    schemes = _unique(args.scheme or DEFAULT_SCHEMES)
+    bad = [m for m in tokens if m < 1]
+    if bad:
+        raise ValueError(f"--tokens must be >= 1, got {bad}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1 (the median of no samples is undefined), got {args.repeats}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    validate_threads(args.threads)
     for preset in presets:
+        too_many = [m for m in tokens if m > preset.config.max_num_tokens]
+        if too_many:
+            raise ValueError(f"--tokens {too_many} exceed the {preset.name} layer's max_num_tokens "
+                             f"({preset.config.max_num_tokens})")
         for scheme in schemes:
             try:  # the plan is made before any weight exists: a scheme no backend serves stops here
                 select(preset.config, _scheme(scheme, preset), device)
             except (ValueError, NoBackendError) as exc:
-                print(f"moe bench: {preset.name} with --scheme {scheme!r}: {exc}")
-                return 2
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"moe bench: --threads must be >= 1, got {args.threads}")
-            return 2
-        torch.set_num_threads(args.threads)
-    threads = torch.get_num_threads()
+                raise ValueError(f"{preset.name} with --scheme {scheme!r}: {exc}") from None
+    return presets, device, tokens, schemes
 
+
+def main(args: argparse.Namespace) -> int:
+    """`moe bench`: 0 when every preset ran, 1 when one was refused for memory, 2 on bad arguments
+    (the message on stderr), 130 when interrupted (the points measured so far are in the JSON)."""
+    try:
+        presets, device, tokens, schemes = _validated(args)
+        out = prepare_out_dir(args.out)
+    except ValueError as exc:
+        print(f"moe bench: error: {exc}", file=sys.stderr)
+        return 2
+    threads = pin_threads(args.threads)
     machine = _machine(device, threads)
-    dtype = presets[0].config.dtype
-    ceilings = measure_ceilings(device, dtype, host_samples=max(args.repeats // 2, 5))
-    print(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads")
-    print(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write), {ceilings.matmul_dtype} matmul "
-          f"{ceilings.matmul_flop_per_s / 1e9:.1f} GFLOP/s\n")
-    print(_HEADER)
-
-    rows: list[Row] = []
-    refused: list[dict] = []
-    available = available_memory_bytes(device)
-    for preset in presets:
-        quants = [_scheme(s, preset) for s in schemes]
-        need = planned_bytes(preset.config, quants)
-        if need > MEMORY_HEADROOM * available:
-            reason = (f"needs about {need / 2**30:.1f} GiB for its weights ({', '.join(schemes)}), "
-                      f"{MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB available is "
-                      f"{MEMORY_HEADROOM * available / 2**30:.1f} GiB; not run")
-            print(f"{preset.name}: {reason}")
-            refused.append({"preset": preset.name, "reason": reason})
-            continue
-        rows.extend(_bench_preset(preset, schemes, tokens, device, ceilings, args))
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = (f"bench-{_slug(machine['device'])}-{machine['cpu_count']}cpu-{threads}t-torch{_slug(torch.__version__)}-"
             f"{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}")
-    payload = {"machine": machine, "ceilings": asdict(ceilings), "repeats": args.repeats, "warmup": args.warmup,
-               "rows": [asdict(r) for r in rows], "refused": refused,
-               "method": "median of repeats per point; floor = max(expected distinct experts * the scheme's stored "
-                         "bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert F.linear loop"}
-    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"\nwrote {out / f'{stem}.json'}")
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
+    _note(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads "
+          f"({'--threads' if args.threads else 'default: physical cores available to this process'}); "
+          f"results: {json_path}")
+    results = _Results(json_path, {
+        "machine": machine, "repeats": args.repeats, "warmup": args.warmup,
+        "method": "median, min and p90 of repeats per point; floor = max(expected distinct experts * the scheme's "
+                  "stored bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert F.linear loop"})
+    try:
+        with step("measuring the copy bandwidth and matmul rate"):
+            ceilings = measure_ceilings(device, presets[0].config.dtype, host_samples=max(args.repeats // 2, 5))
+        results.payload["ceilings"] = asdict(ceilings)
+        results.save()
+        print(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads")
+        print(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write), {ceilings.matmul_dtype} "
+              f"matmul {ceilings.matmul_flop_per_s / 1e9:.1f} GFLOP/s\n")
+        print(_HEADER, flush=True)
+        available = available_memory_bytes(device)
+        for preset in presets:
+            quants = [_scheme(s, preset) for s in schemes]
+            need = planned_bytes(preset.config, quants, max(tokens))
+            if need > MEMORY_HEADROOM * available:
+                reason = (f"needs about {need / 2**30:.1f} GiB ({', '.join(schemes)}, up to {max(tokens)} tokens), "
+                          f"{MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB available is "
+                          f"{MEMORY_HEADROOM * available / 2**30:.1f} GiB; not run")
+                print(f"{preset.name}: {reason}", flush=True)
+                results.refuse(preset.name, reason)
+                continue
+            _bench_preset(preset, schemes, tokens, device, ceilings, args, results)
+        results.finish()
+    except KeyboardInterrupt:
+        _note(f"moe bench: interrupted; the {len(results.payload['rows'])} points measured are in {json_path}")
+        return 130
+    _note(f"wrote {json_path}")
+    rows = results.rows
     if rows and not args.no_plot:
-        _plot(rows, out / f"{stem}.png", f"{machine['device']} {threads} threads, torch {torch.__version__}, "
-                                         f"{machine['date']}")
-        print(f"wrote {out / f'{stem}.png'}")
+        _plot(rows, png_path, f"{machine['device']}, {threads} threads, torch {torch.__version__}, {machine['date']}")
+        _note(f"wrote {png_path}")
     return 0 if rows or not presets else 1

@@ -4,25 +4,28 @@ that installed plugins contribute (`BackendSpec.commands`, e.g. moe-triton's `mo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import importlib
 import importlib.metadata as md
 import json
+import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Sequence
 
 import torch
 
+from moe_core import bench
 from moe_core.__about__ import PLUGIN_API, __version__
-from moe_core.backends import Platform, available_memory_bytes, detect_device, synchronize
+from moe_core.backends import REFERENCE_BACKEND, Platform, available_memory_bytes, detect_device, synchronize
 from moe_core.config import MoEConfig, ParallelConfig
 from moe_core.hf_config import load_hf_config, moe_config_from_hf, quant_from_hf
 from moe_core.oracle import BackendUnavailableError, NoBackendError, select
 from moe_core.plugins import PluginState, registry
 from moe_core.presets import PRESETS, get_preset
-from moe_core.quant import MoEQuantConfig, parse_scheme
+from moe_core.quant import SCHEME_SPELLINGS, MoEQuantConfig, parse_scheme
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -142,9 +145,10 @@ def _add_layer_args(p: argparse.ArgumentParser, default_preset: str | None) -> N
     src.add_argument("--preset", default=default_preset, choices=sorted(PRESETS),
                      help=f"built-in model shape (default: {default_preset})")
     src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its model directory)")
-    p.add_argument("--quant", metavar="SCHEME", help="unquantized | int4[:G[:zp]] | int8[:G[:zp]] | fp8-tensor | "
-                   "fp8-channel | fp8-block | mxfp4 (default: unquantized for presets, the config's "
-                   "quantization_config for --config; int4 without G uses the preset's group size)")
+    p.add_argument("--quant", metavar="SCHEME", help=f"{SCHEME_SPELLINGS.replace(', ', ' | ')} (default: "
+                   "unquantized for presets, the config's quantization_config for --config). As in Python: int8 "
+                   "is per channel (int8_w8a16()), int8:G groups of G; fp8 activations are scaled per token "
+                   "unless :tensor; int4 without G takes the preset's group size")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="activation dtype (default bf16)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, xpu (default: cpu for run, else auto)")
     p.add_argument("--backend", default=None, help="force a backend (same as env MOE_BACKEND)")
@@ -156,7 +160,7 @@ def _layer_from_args(args) -> tuple[MoEConfig, MoEQuantConfig, str]:
     parallel = ParallelConfig(ep_size=args.ep_size, ep_rank=args.ep_rank)
     dtype = _DTYPES[args.dtype] if args.dtype else None
     if args.config:
-        hf = load_hf_config(args.config)
+        hf = _read_hf_config(args.config)
         config = moe_config_from_hf(hf, dtype=dtype, parallel=parallel)
         quant = parse_scheme(args.quant) if args.quant else quant_from_hf(hf)
         return config, quant, f"{hf.get('model_type')} ({args.config})"
@@ -167,49 +171,83 @@ def _layer_from_args(args) -> tuple[MoEConfig, MoEQuantConfig, str]:
     config = MoEConfig(cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size, cfg.activation,
                        cfg.routing, dtype or cfg.dtype, parallel, cfg.has_bias, cfg.max_num_tokens)
     scheme = args.quant or "unquantized"
-    if scheme in ("int4", "int8"):
-        scheme = f"{scheme}:{preset.int4_group_size}"
+    if scheme == "int4":  # the group size of the model's published int4 checkpoints
+        scheme = f"int4:{preset.int4_group_size}"
     return config, parse_scheme(scheme), preset.name
 
 
+def _read_hf_config(path: str) -> dict:
+    """`load_hf_config`, with errors that name the file and say what is expected."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        hf = load_hf_config(path)
+    except FileNotFoundError:
+        where = "the folder has no config.json" if os.path.isdir(path) else "no such file"
+        raise ValueError(f"--config {path}: {where} (give a config.json or the model folder holding one)") from None
+    except OSError as exc:
+        raise ValueError(f"--config {path}: cannot read {file}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {path}: {file} is not valid JSON: {exc}") from None
+    except TypeError:  # load_hf_config looks for text_config in whatever the JSON holds
+        hf = None
+    if not isinstance(hf, dict):
+        raise ValueError(f"--config {path}: {file} holds no JSON object (a Hugging Face config.json is one)")
+    return hf
+
+
+def _parallel_from_args(args, config: MoEConfig) -> tuple[MoEConfig, object]:
+    """explain's --parallel/--payload/--fixed-slots/--placement: the layer's placement and mode."""
+    from moe_core.parallel import AllToAll, Replicate, balanced_placement
+
+    if args.placement == "balanced":
+        if not args.expert_loads:
+            raise ValueError("--placement balanced needs --expert-loads PATH (a JSON list of per-expert loads)")
+        with open(args.expert_loads) as f:
+            loads = json.load(f)
+        if not isinstance(loads, list) or len(loads) != config.num_experts:
+            got = f"a list of {len(loads)}" if isinstance(loads, list) else f"a JSON {type(loads).__name__}"
+            raise ValueError(f"--expert-loads {args.expert_loads}: expected a JSON list of {config.num_experts} "
+                             f"numbers (one per expert), got {got}")
+        placement = balanced_placement(loads, config.parallel.ep_size, args.redundant)
+        config = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, placement=placement))
+    elif args.redundant:
+        raise ValueError("--redundant needs --placement balanced")
+    if args.parallel == "all_to_all":
+        return config, AllToAll({"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}.get(args.payload),
+                                args.fixed_slots)
+    if args.payload or args.fixed_slots:
+        raise ValueError("--payload and --fixed-slots need --parallel all_to_all")
+    return config, Replicate() if args.parallel == "replicate" else None
+
+
 def cmd_explain(args) -> int:
+    from moe_core.parallel import resolve_parallel
+
     config, quant, name = _layer_from_args(args)
+    config, mode = _parallel_from_args(args, config)
     plan = select(config, quant, args.device, args.backend)
+    parallel = resolve_parallel(config, mode, plan.experts_cls.monolithic, plan.experts_cls.name())
     if args.json:
-        print(json.dumps({"model": name, **plan.to_dict()}, indent=2))
+        print(json.dumps({"model": name, **plan.to_dict(), "parallel": parallel.to_dict()}, indent=2))
     else:
-        print(f"model:   {name}\n{plan.explain()}")
+        print(f"model:   {name}\n{plan.explain()}\n\n{parallel.explain()}")
     return 0
 
 
 # ---- run ------------------------------------------------------------------------------------
 
 
-class _Progress:
-    """Progress on stderr: a redrawn bar on a terminal, a line per quarter in logs (no dependency)."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.start, self.tty = label, time.perf_counter(), sys.stderr.isatty()
-        self.quarter = 0
-
-    def __call__(self, done: int, total: int) -> None:
-        elapsed = time.perf_counter() - self.start
-        if self.tty:
-            width = 30
-            filled = width * done // total
-            end = "\n" if done == total else ""
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                             f"({elapsed:.1f}s){end}")
-        elif 4 * done // total > self.quarter:
-            self.quarter = 4 * done // total
-            sys.stderr.write(f"{self.label}: {done}/{total} ({elapsed:.1f}s)\n")
-        sys.stderr.flush()
-
-
-def _weight_bytes(config: MoEConfig, quant: MoEQuantConfig) -> int:
-    params = config.num_local_experts * (config.w13_rows + config.intermediate_size_per_partition) * config.hidden_size
-    bits = quant.weight.bits if quant.weight.quantized else torch.finfo(config.dtype).bits
-    return params * bits // 8
+def _validate_run_args(args) -> list[int]:
+    """The run's arguments, checked before any weight is built; returns the token counts, deduplicated."""
+    bad = [m for m in args.tokens if m < 1]
+    if bad:
+        raise ValueError(f"--tokens must be >= 1, got {bad}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1 (the median of no timings is undefined), got {args.repeats}")
+    bench.validate_threads(args.threads)
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    return list(dict.fromkeys(args.tokens))
 
 
 def cmd_run(args) -> int:
@@ -218,32 +256,43 @@ def cmd_run(args) -> int:
     from moe_core.routing import route_torch
     from moe_core.weights import ExpertWeights
 
+    tokens = _validate_run_args(args)
     config, quant, name = _layer_from_args(args)
+    too_many = [m for m in tokens if m > config.max_num_tokens]
+    if too_many:
+        raise ValueError(f"--tokens {too_many} exceed the layer's max_num_tokens ({config.max_num_tokens})")
     device = args.device or "cpu"
     # One process holds one expert-parallel slice: its output is that slice's share of the layer.
     layer = FusedMoE(config, quant, device, args.backend, ep_group="partial")
-    print(f"model:   {name}\n{layer.plan.explain()}\n")
-    # The canonical copy, the kernel copy and the fp32 reference of one expert at a time must fit.
-    need = 2 * _weight_bytes(config, quant)
+    need = bench.estimate_peak_bytes(config, [quant], max(tokens))
     have = available_memory_bytes(layer.device)
     if need > have:
-        raise MemoryError(f"{name} needs about {need / 2**30:.1f} GiB for its weights ({quant.name}) and "
-                          f"{layer.device} has {have / 2**30:.1f} GiB available; try --ep-size to hold a slice "
-                          "of the experts, a 4-bit --quant, or a smaller --preset")
-    weights = ExpertWeights.random(config, quant, seed=args.seed, progress=_Progress("preparing weights"))
+        raise MemoryError(f"{name} needs about {need / 2**30:.1f} GiB ({quant.name} weights, their kernel layout and "
+                          f"temporaries, up to {max(tokens)} tokens) and {layer.device} has {have / 2**30:.1f} GiB "
+                          "available; try --ep-size to hold a slice of the experts, a 4-bit --quant, or a smaller "
+                          "--preset")
+    threads = bench.pin_threads(args.threads)
+    print(f"model:   {name}\n{layer.plan.explain()}\n")
+    print(f"threads: {threads} ({'--threads' if args.threads else 'default: physical cores available to this process'}"
+          f"); estimated peak memory {need / 2**30:.2f} GiB", flush=True)
+    weights = ExpertWeights.random(config, quant, seed=args.seed, progress=bench.Progress("preparing weights"))
     gen = torch.Generator().manual_seed(args.seed + 1)
     bias = torch.randn(config.num_experts, generator=gen) * 0.1 if config.routing.has_correction_bias else None
-    layer.load_weights(weights, correction_bias=bias)
+    with bench.step(f"converting the weights for {layer.plan.experts_cls.name()}"):
+        layer.load_weights(weights, correction_bias=bias)
     tol = 1e-4 if config.dtype == torch.float32 else 2e-2 if quant.activation is not None else 1e-2
-    print(f"{'tokens':>7} {'time/layer':>12} {'tokens/s':>10} {'rel. error':>11}  verdict (tolerance {tol:g})")
+    print(f"\n{'tokens':>7} {'median':>12} {'min':>12} {'tokens/s':>10} {'rel. error':>11}  verdict (tolerance {tol:g})",
+          flush=True)
     failed = False
-    for m in args.tokens:
+    for m in tokens:
+        bench._note(f"{m} tokens: running, checking against the fp32 reference, timing {args.repeats} repeats")
         x = torch.randn(m, config.hidden_size, generator=gen).to(layer.device, config.dtype)
         logits = torch.randn(m, config.num_experts, generator=gen).to(layer.device)
         out = layer(x, logits)
         ids_w, ids = route_torch(logits, config.routing, config.top_k, layer.correction_bias)
         ref = reference_moe(x, weights, config, ids_w, ids, quant, config.expert_map(layer.device))
-        err = float((out.float() - ref).norm() / ref.norm().clamp(min=1e-30))
+        finite = bool(torch.isfinite(out).all())
+        err = float((out.float() - ref).norm() / ref.norm().clamp(min=1e-30)) if finite else float("nan")
         times = []
         for _ in range(args.repeats):
             synchronize(layer.device)
@@ -251,10 +300,13 @@ def cmd_run(args) -> int:
             layer(x, logits)
             synchronize(layer.device)
             times.append(time.perf_counter() - t0)
-        t = statistics.median(times)
-        ok = err < tol
+        timing = bench.summarize_timings(times)
+        bench.warn_if_unsteady(f"{m} tokens", timing)
+        ok = finite and err < tol
         failed |= not ok
-        print(f"{m:>7} {t * 1e3:>10.3f}ms {m / t:>10.0f} {err:>11.2e}  {'ok' if ok else 'FAILED'}")
+        verdict = "ok" if ok else "FAILED" if finite else "FAILED (NaN or Inf in the output)"
+        print(f"{m:>7} {timing.median * 1e3:>10.3f}ms {timing.min * 1e3:>10.3f}ms {m / timing.median:>10.0f} "
+              f"{err:>11.2e}  {verdict}", flush=True)
     return 1 if failed else 0
 
 
@@ -287,20 +339,31 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
                    "backend; repeatable")
     d.set_defaults(func=cmd_doctor)
 
-    e = sub.add_parser("explain", help="the backend candidate table for a model shape, scheme and device")
+    e = sub.add_parser("explain", help="the backend candidate table for a model shape, scheme and device, and "
+                       "the expert-parallel mode and placement")
     _add_layer_args(e, default_preset=None)
+    e.add_argument("--parallel", choices=["replicate", "all_to_all"], default=None,
+                   help="expert-parallel mode with --ep-size > 1 (default: replicate)")
+    e.add_argument("--payload", choices=["bf16", "fp8"], default=None,
+                   help="all_to_all dispatch payload (default: the layer dtype)")
+    e.add_argument("--fixed-slots", action="store_true", help="all_to_all with fixed slots (CUDA-graph capturable)")
+    e.add_argument("--placement", choices=["contiguous", "balanced"], default="contiguous",
+                   help="expert placement over the --ep-size ranks (balanced: from --expert-loads)")
+    e.add_argument("--expert-loads", metavar="PATH", help="JSON list of per-expert loads for --placement balanced")
+    e.add_argument("--redundant", type=int, default=0, help="extra copies of hot experts (balanced, all_to_all)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_explain)
 
     r = sub.add_parser("run", help="select, build a layer with random weights of the preset's real shape, run, "
                        "verify against the fp32 reference and time it")
     _add_layer_args(r, default_preset="qwen3-30b-a3b")
-    r.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128], help="token counts (default 1 16 128)")
-    r.add_argument("--repeats", type=int, default=5, help="timed repeats per token count (median reported)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128],
+                   help="token counts, each >= 1 (default 1 16 128)")
+    r.add_argument("--repeats", type=int, default=5, help="timed repeats per token count, >= 1 (median and min "
+                   "reported)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs, >= 0")
+    bench.add_threads_argument(r)
     r.set_defaults(func=cmd_run)
-
-    from moe_core import bench
 
     b = sub.add_parser("bench", help="time per layer vs the roofline floor and a naive per-expert loop; table + PNG")
     bench.add_arguments(b)
@@ -325,8 +388,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (BackendUnavailableError, NoBackendError, ValueError, MemoryError) as exc:
-        print(f"moe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _user_error(args, exc, str(exc))
+    except BrokenPipeError:  # stdout closed early (`moe ... | head`): nothing left to say
+        with contextlib.suppress(OSError, ValueError):  # nor at exit, when Python flushes stdout
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as exc:  # a file named on the command line that cannot be read or written
+        return _user_error(args, exc, f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+    except KeyboardInterrupt:
+        print(f"moe {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _user_error(args, exc: Exception, message: str) -> int:
+    """Exit 2 with `moe CMD: error: MESSAGE` on stderr; under --json, stdout gets the error as JSON too
+    (explain's with the candidate table), so a script reading stdout never sees nothing."""
+    print(f"moe {args.command}: error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        report = {"error": {"kind": type(exc).__name__, "message": message}}
+        if args.command == "explain":
+            report["candidates"] = _refusal_candidates(args)
+        print(json.dumps(report, indent=2))
+    return 2
+
+
+def _refusal_candidates(args) -> list[dict]:
+    """The candidate rows of a layer that was refused (the oracle's errors carry only their text):
+    the verdicts with the reference forced, which serves every layer, its own row as when not forced.
+    Empty when the layer itself cannot be described (a bad preset, scheme or config)."""
+    try:
+        config, quant, _ = _layer_from_args(args)
+        plan = select(config, quant, args.device, REFERENCE_BACKEND)
+    except (BackendUnavailableError, NoBackendError, ValueError, OSError):
+        return []
+    rows = []
+    for c in plan.candidates:
+        row = {**c.to_dict(), "chosen": False}
+        if c.backend == REFERENCE_BACKEND:
+            row.update(ok=False, reason="never chosen automatically (prefer='reference' to use it)")
+        elif c.ok:
+            row["reason"] = "supported"
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":
