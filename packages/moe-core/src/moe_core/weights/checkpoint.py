@@ -58,6 +58,17 @@ class LoadedLayer:
     model_config: Mapping[str, object]  # config.json, read-only
 
 
+def _read_json_object(path: Path) -> dict:
+    """A JSON file that must hold one object; anything else is a CheckpointError naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got a {type(value).__name__}")
+    return value
+
+
 class SafetensorsDirectory(Mapping[str, torch.Tensor]):
     """A lazy name -> tensor mapping over a directory's safetensors shards (tensors read on access)."""
 
@@ -69,7 +80,7 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
         # transformers' rule: the index if there is one, else the single file model.safetensors.
         index = self.root / "model.safetensors.index.json"
         if index.exists():
-            weight_map = json.loads(index.read_text()).get("weight_map")
+            weight_map = _read_json_object(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise CheckpointError(f"{index}: no 'weight_map' object")
             self._where = {k: self._shard_path(index, k, v) for k, v in weight_map.items()}
@@ -84,9 +95,16 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
                 found = (f" (found {', '.join(others)}, which are not read without an index)" if others
                          else " (no *.safetensors files)")
                 raise CheckpointError(f"{self.root}: no model.safetensors.index.json and no model.safetensors{found}")
-            with safe_open(single, framework="pt") as f:
+            with self._open_file(single) as f:
                 self._where = dict.fromkeys(f.keys(), single)
         self._open: dict[Path, object] = {}
+
+    def _open_file(self, path: Path):
+        """A safetensors handle; a truncated, empty or foreign file is a CheckpointError naming it."""
+        try:
+            return self._safe_open(path, framework="pt")
+        except Exception as exc:  # safetensors raises its own SafetensorError (and OSError)
+            raise CheckpointError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
 
     def _shard_path(self, index: Path, key: str, name: object) -> Path:
         """The index entry's file, which must be a plain file name or a path inside the model directory."""
@@ -103,7 +121,7 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
         """A key stored in two shards would be read from whichever the index names: refuse it."""
         holder: dict[str, Path] = {}
         for shard in shards:
-            with self._safe_open(shard, framework="pt") as f:
+            with self._open_file(shard) as f:
                 for key in f.keys():  # noqa: SIM118 - safetensors handles are not iterable
                     if key in holder:
                         raise CheckpointError(f"{self.root}: tensor {key!r} is stored in both {holder[key].name} "
@@ -113,7 +131,7 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
     def __getitem__(self, key: str) -> torch.Tensor:
         path = self._where[key]
         if path not in self._open:
-            self._open[path] = self._safe_open(path, framework="pt")
+            self._open[path] = self._open_file(path)
         try:
             return self._open[path].get_tensor(key)
         except Exception as exc:  # the index named a key its shard lacks
@@ -141,7 +159,7 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     config_path = root / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{root}: no config.json")
-    config = json.loads(config_path.read_text())
+    config = _read_json_object(config_path)
     text = config.get("text_config") or {}
     num_experts = _first_int(config, text, _NUM_EXPERTS_KEYS)
     if num_experts is None:
@@ -151,6 +169,8 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     source = TensorSource(tensors, str(root))
     prefix = find_experts_prefix(tensors, layer_index, str(root))
     qc = config.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise CheckpointError(f"{config_path}: quantization_config must be a JSON object, got {qc!r}")
     method = None if qc is None else qc.get("quant_method")
     fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
     _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name, num_experts)
@@ -193,14 +213,25 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
             source, prefix, num_experts, interleaved_gate_up=interleaved, experts=experts, dtype=dtype)
 
     ids = expert_ids(num_experts, experts)
+    config_path = Path(source.what) / "config.json"
+
+    def parsed(from_config):
+        """A format's quantization_config, its errors naming config.json."""
+        try:
+            return from_config(qc)
+        except CheckpointError:
+            raise
+        except ValueError as exc:
+            raise CheckpointError(f"{config_path}: {exc}") from exc
+
     if qc is None:
         if join_key(prefix, "gate_up_proj_blocks") in source:
             raise CheckpointError(f"{source.what}: MXFP4 expert tensors but config.json has no quantization_config")
         return unquantized()
     if method == "gptq":
-        return "gptq", gptq_experts(source, prefix, num_experts, GPTQFormat.from_config(qc), ids)
+        return "gptq", gptq_experts(source, prefix, num_experts, parsed(GPTQFormat.from_config), ids)
     if method == "awq":
-        fmt = AWQFormat.from_config(qc)
+        fmt = parsed(AWQFormat.from_config)
         if not fmt.converts(prefix):
             return unquantized()
         return "awq", awq_experts(source, prefix, num_experts, fmt, ids)
@@ -216,7 +247,7 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
                                   f"'{join_key(prefix, 'gate_up_proj_blocks')}' is missing")
         return "mxfp4", gpt_oss_mxfp4_experts(source, prefix, num_experts, ids)
     if method == "fp8":
-        return "fp8", block_fp8_experts(source, prefix, num_experts, BlockFP8Format.from_config(qc), ids)
+        return "fp8", block_fp8_experts(source, prefix, num_experts, parsed(BlockFP8Format.from_config), ids)
     raise ValueError(f"quantization_config.quant_method={method!r} is not supported: expected none or one of "
                      f"{', '.join(SUPPORTED_QUANT_METHODS)}")
 

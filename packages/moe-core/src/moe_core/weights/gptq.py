@@ -69,7 +69,10 @@ class GPTQFormat:
         for field in ("bits", "group_size"):
             if field not in qc:
                 raise ValueError(f"quantization_config has no {field!r}; a GPTQ config needs bits and group_size")
-        return GPTQFormat(bits=int(qc["bits"]), group_size=int(qc["group_size"]), sym=bool(qc.get("sym", True)),
+        for field in ("bits", "group_size"):
+            if isinstance(qc[field], bool) or not isinstance(qc[field], int):
+                raise ValueError(f"GPTQ quantization_config.{field}={qc[field]!r}: expected an integer")
+        return GPTQFormat(bits=qc["bits"], group_size=qc["group_size"], sym=bool(qc.get("sym", True)),
                           desc_act=bool(qc.get("desc_act", False)), zeros_stored_minus_one=fmt == "gptq")
 
     @property
