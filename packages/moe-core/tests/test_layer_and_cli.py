@@ -172,3 +172,20 @@ def test_tune_is_moe_triton_s_subcommand():
     plugins.reset_registry()
     status, ref = plugins.registry().commands()["tune"]
     assert status.distribution == "moe-triton" and ref.path == "moe_triton.tune:main"
+
+
+def test_a_call_too_large_for_memory_is_refused_before_allocating(monkeypatch):
+    """max_num_tokens admits the call, but its intermediates cannot fit: a MemoryError naming the sizes,
+    not an out-of-memory kill."""
+    from moe_core import layer as layer_module
+
+    big = MoEConfig(8, 2, 64, 32, max_num_tokens=10**7)
+    layer = FusedMoE(big, None, "cpu", prefer="reference")
+    layer.load_weights(ExpertWeights.random(big, layer.quant))
+    monkeypatch.setattr(layer_module, "available_memory_bytes", lambda device: 64 << 20)
+    M = 2 * 10**6  # about 3.3 GiB of fp32 intermediates
+    x, logits = torch.zeros(M, 64, dtype=torch.bfloat16), torch.zeros(M, 8)
+    with pytest.raises(MemoryError, match=r"2000000 tokens need about 3\.3 GiB .* 0\.1 GiB is available on cpu"):
+        layer(x, logits)
+    small = torch.randn(3, 64).bfloat16(), torch.randn(3, 8)  # small calls never query memory
+    assert layer(*small).shape == (3, 64)

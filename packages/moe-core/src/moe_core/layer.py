@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from moe_core.backends import available_memory_bytes
 from moe_core.config import MoEConfig
 from moe_core.oracle import Plan, apply_layer, select
 from moe_core.parallel import (
@@ -18,6 +19,9 @@ from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 
 __all__ = ["FusedMoE"]
+
+# Calls whose intermediates stay below this never query the device's free memory.
+_WORKING_MEMORY_CHECK_BYTES = 256 << 20
 
 
 class FusedMoE(torch.nn.Module):
@@ -95,6 +99,7 @@ class FusedMoE(torch.nn.Module):
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
+        self._check_working_memory(M)
         if self._dispatch is not None:  # every rank joins the exchange, even with no tokens of its own
             topk_weights, topk_ids = self.route(router_logits) if M else (
                 router_logits.new_empty((0, cfg.top_k), dtype=torch.float32),
@@ -104,6 +109,23 @@ class FusedMoE(torch.nn.Module):
             return hidden_states.new_empty((0, cfg.hidden_size))
         out = apply_layer(self.experts, hidden_states, router_logits, self.correction_bias)
         return out if self._finalize is None else self._finalize(out)
+
+    def _check_working_memory(self, num_tokens: int) -> None:
+        """Refuse a call whose intermediates cannot fit, before any is allocated (an out-of-memory kill
+        would take the process with it). Only large calls pay for the memory query."""
+        cfg = self.config
+        pairs = num_tokens * cfg.top_k
+        # fp32 bounds on what any backend keeps at once: GEMM1's gate/up rows, the activation's output,
+        # GEMM2's rows, and the output with its accumulator.
+        need = 4 * (pairs * (cfg.w13_rows + cfg.intermediate_size_per_partition + cfg.hidden_size)
+                    + 2 * num_tokens * cfg.hidden_size)
+        if need < _WORKING_MEMORY_CHECK_BYTES or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return  # small, or inside a CUDA graph capture (checked when the call ran eagerly first)
+        have = available_memory_bytes(self.device)
+        if need > have:
+            raise MemoryError(f"{num_tokens} tokens need about {need / 2**30:.1f} GiB of intermediates in this layer "
+                              f"({cfg.describe()}), but {have / 2**30:.1f} GiB is available on {self.device}: "
+                              "split the batch")
 
     def extra_repr(self) -> str:
         parallel = "" if self.parallel_plan.mode is None else f", parallel={self.parallel_plan.mode_name}"
