@@ -15,7 +15,7 @@ from moe_core import (
     fp8_w8a8,
     unquantized,
 )
-from moe_core import config as moe_config
+from moe_core.config import ExpertPlacement
 from moe_core.plugins import PluginState, registry
 from moe_core.quant import FP8_CHANNEL_WEIGHT, FP8_DYNAMIC_GROUP128, MoEQuantConfig, QuantFamily, int4_w4a16
 from moe_core.testing.conformance import SCENARIOS
@@ -174,10 +174,7 @@ def test_arguments_refuse_another_layout():
 
 
 def test_placements_the_mask_cannot_express_are_refused(amd_aiter):
-    placement_cls = getattr(moe_config, "ExpertPlacement", None)
-    if placement_cls is None:
-        pytest.skip("this moe-core places experts in contiguous blocks only")
-    placement = placement_cls(8, ((5, 4), (0, 1, 2, 3), (6, 7)))  # rank 0 holds expert 5, then expert 4
+    placement = ExpertPlacement(8, ((5, 4), (0, 1, 2, 3), (6, 7)))  # rank 0 holds expert 5, then expert 4
     unordered = _config(parallel=ParallelConfig(ep_size=3, ep_rank=0, placement=placement))
     refusal = AiterExperts.supports(unordered, unquantized(), MI355X)
     assert not refusal and "not in increasing global order" in refusal.reason
