@@ -29,6 +29,7 @@ import torch
 import transformers
 from torch import nn
 
+from _parity import record_fused_routing, relative_l2, unslipped_positions
 from moe_core.integrations._descriptors import BlockDescriptor, Refused
 from moe_core.integrations.transformers import (
     FusedMoEBlock,
@@ -144,8 +145,6 @@ def build_model(model_type: str, dtype: torch.dtype, seed: int) -> nn.Module:
     return model.to(dtype=dtype).eval()
 
 
-def relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
 def _first(out):
@@ -173,21 +172,8 @@ def _record_eager_routing(blocks, desc: BlockDescriptor) -> list[torch.Tensor]:
     return calls
 
 
-def _record_fused_routing(fused_blocks) -> list[torch.Tensor]:
-    calls: list[torch.Tensor] = []
-    for block in fused_blocks:
-        block.moe.register_forward_pre_hook(
-            lambda module, args: calls.append(module.route(args[1])[1].long().sort(dim=-1).values))
-    return calls
 
 
-def _unslipped_positions(eager_calls, fused_calls, shape, dtype) -> torch.Tensor:
-    assert len(eager_calls) == len(fused_calls), (len(eager_calls), len(fused_calls))
-    slipped = torch.stack([(e != f).any(dim=-1) for e, f in zip(eager_calls, fused_calls)])
-    if dtype == torch.float32:
-        assert not slipped.any(), f"fp32 routing differs in {int(slipped.sum())} (layer, token) pairs"
-    assert slipped.float().mean() <= 0.1, f"{int(slipped.sum())} of {slipped.numel()} routings slipped"
-    return slipped.any(dim=0).view(shape).int().cumsum(dim=1) == 0
 
 
 def _block_class(desc: BlockDescriptor) -> type:
@@ -231,9 +217,9 @@ def check_model(model_type: str, dtype: torch.dtype) -> None:
                 error = relative_l2(_first(fused(hidden_2d)), expected_2d)
                 assert error < TOLERANCE[dtype], f"{layer.name} (2-D) on {layer.backend}: relative L2 {error:.2e}"
             del eager_routing[eager_calls_before:]
-        fused_routing = _record_fused_routing(fused_blocks)
+        fused_routing = record_fused_routing(fused_blocks)
         fused_out = _model_output(model, token_ids)
-    keep = _unslipped_positions(eager_calls, fused_routing, SEQ, dtype)
+    keep = unslipped_positions(eager_calls, fused_routing, SEQ, dtype)
     assert keep.float().mean() >= 0.25, f"only {int(keep.sum())} of {keep.numel()} positions precede a routing slip"
     error = relative_l2(fused_out[keep], eager_out[keep])
     assert error < TOLERANCE[dtype], (f"{model_type} {dtype} output on {report.layers[0].backend} at {int(keep.sum())} "

@@ -43,6 +43,7 @@ import torch
 import transformers
 from torch import nn
 
+from _parity import record_fused_routing, relative_l2, unslipped_positions
 from moe_core import BackendUnavailableError, NoBackendError
 from moe_core.backends import detect_device
 from moe_core.integrations.transformers import FusedMoEBlock, UnsupportedModelError, fuse
@@ -94,8 +95,6 @@ def build_model(model_type: str, dtype: torch.dtype, device: str, seed: int) -> 
     return model.to(device=device, dtype=dtype).eval()
 
 
-def relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
 def _block_output(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -127,25 +126,8 @@ def _record_routing(blocks) -> list[torch.Tensor]:
     return calls
 
 
-def _record_fused_routing(fused_blocks) -> list[torch.Tensor]:
-    """The experts each fused block's layer picks (sorted), from the logits it receives."""
-    calls: list[torch.Tensor] = []
-    for block in fused_blocks:
-        block.moe.register_forward_pre_hook(
-            lambda module, args: calls.append(module.route(args[1])[1].long().sort(dim=-1).values))
-    return calls
 
 
-def _unslipped_positions(eager_calls: list[torch.Tensor], fused_calls: list[torch.Tensor],
-                         shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
-    """[batch, seq] bool: positions before the first token of their sequence that routed differently."""
-    assert len(eager_calls) == len(fused_calls)
-    slipped = torch.stack([(e != f).any(dim=-1) for e, f in zip(eager_calls, fused_calls)])  # [layers, tokens]
-    if dtype == torch.float32:
-        assert not slipped.any(), f"fp32 routing differs in {int(slipped.sum())} (layer, token) pairs"
-    assert slipped.float().mean() <= 0.1, f"{int(slipped.sum())} of {slipped.numel()} routings slipped"
-    per_token = slipped.any(dim=0).view(shape)
-    return per_token.int().cumsum(dim=1) == 0
 
 
 def check_parity(model_type: str, dtype: torch.dtype, prefer: str | None, device: str) -> None:
@@ -173,9 +155,9 @@ def check_parity(model_type: str, dtype: torch.dtype, prefer: str | None, device
             error = relative_l2(_block_output(fused, hidden), _block_output(eager_blocks[layer.name], hidden))
             assert error < TOLERANCE[dtype], f"{layer.name} on {layer.backend}: relative L2 {error:.2e}"
 
-        fused_routing = _record_fused_routing(model.get_submodule(layer.name) for layer in report.layers)
+        fused_routing = record_fused_routing(model.get_submodule(layer.name) for layer in report.layers)
         fused_logits = model(token_ids).logits
-    keep = _unslipped_positions(eager_routing, fused_routing, tuple(token_ids.shape), dtype)
+    keep = unslipped_positions(eager_routing, fused_routing, tuple(token_ids.shape), dtype)
     assert keep.float().mean() >= 0.25, f"only {int(keep.sum())} of {keep.numel()} positions precede a routing slip"
     error = relative_l2(fused_logits[keep], eager_logits[keep])
     assert error < TOLERANCE[dtype], (f"{model_type} {dtype} logits on {report.layers[0].backend} at {int(keep.sum())} "
@@ -295,10 +277,10 @@ def test_unslipped_positions_stop_at_each_sequence_first_slip():
     eager = [torch.tensor([[0, 1]] * 6), torch.tensor([[0, 1]] * 6)]  # two layers, 2 sequences x 3 tokens
     fused = [eager[0].clone(), eager[1].clone()]
     fused[1][1] = torch.tensor([0, 2])  # sequence 0, position 1 slips in the second layer
-    keep = _unslipped_positions(eager, fused, (2, 3), torch.bfloat16)
+    keep = unslipped_positions(eager, fused, (2, 3), torch.bfloat16)
     assert keep.tolist() == [[True, False, False], [True, True, True]]
     with pytest.raises(AssertionError, match="fp32 routing differs"):
-        _unslipped_positions(eager, fused, (2, 3), torch.float32)
+        unslipped_positions(eager, fused, (2, 3), torch.float32)
     fused[0][:] = torch.tensor([1, 3])  # every token of the first layer: far beyond a near-tie
     with pytest.raises(AssertionError, match="routings slipped"):
-        _unslipped_positions(eager, fused, (2, 3), torch.bfloat16)
+        unslipped_positions(eager, fused, (2, 3), torch.bfloat16)

@@ -121,6 +121,16 @@ class Capability:
                 raise ValueError(f"Capability.validated_on entry {entry!r} is invalid: expected 'platform: hardware' "
                                  f"with platform one of {names}")
 
+    def check_compute_capability(self, device: DeviceInfo) -> Support:
+        """The device's compute capability against min/max (devices that report none pass)."""
+        have = device.capability
+        if have is not None:
+            if self.min_capability and have < self.min_capability:
+                return Support.no(f"needs compute capability >= {self.min_capability}, device has {have}")
+            if self.max_capability and have > self.max_capability:
+                return Support.no(f"needs compute capability <= {self.max_capability}, device has {have}")
+        return Support.yes()
+
     @property
     def unvalidated_platforms(self) -> frozenset[Platform]:
         """Platforms the record claims but no real run has covered."""
@@ -155,11 +165,9 @@ class Experts(ABC):
         cap = cls.capability
         if device.platform not in cap.platforms:
             return Support.no(f"runs on {_fmt(cap.platforms)}, not {device.platform.value}")
-        if device.capability is not None:
-            if cap.min_capability and device.capability < cap.min_capability:
-                return Support.no(f"needs compute capability >= {cap.min_capability}, device has {device.capability}")
-            if cap.max_capability and device.capability > cap.max_capability:
-                return Support.no(f"needs compute capability <= {cap.max_capability}, device has {device.capability}")
+        arch = cap.check_compute_capability(device)
+        if not arch:
+            return arch
         for module in cap.requires:
             if importlib.util.find_spec(module) is None:
                 return Support.no(f"needs the Python package {module!r}, which is not installed")

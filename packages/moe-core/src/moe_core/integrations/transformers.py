@@ -202,20 +202,21 @@ def _value(where: str, block: nn.Module, spec: object, field: str) -> object:
     return spec
 
 
-def _tensor(where: str, block: nn.Module, path: str, what: str) -> torch.Tensor:
+def _typed(where: str, block: nn.Module, path: str, what: str, kind: type):
+    """The block's attribute at `path`, which must be a `kind` (a tensor or a module)."""
     value = _attr(block, path)
-    if not isinstance(value, torch.Tensor):
+    if not isinstance(value, kind):
         raise UnsupportedModelError(f"{where}: the {what} is expected at '{path}', found "
                                     f"{'nothing' if value is _MISSING else type(value).__name__}")
     return value
+
+
+def _tensor(where: str, block: nn.Module, path: str, what: str) -> torch.Tensor:
+    return _typed(where, block, path, what, torch.Tensor)
 
 
 def _module(where: str, block: nn.Module, path: str, what: str) -> nn.Module:
-    value = _attr(block, path)
-    if not isinstance(value, nn.Module):
-        raise UnsupportedModelError(f"{where}: the {what} is expected at '{path}', found "
-                                    f"{'nothing' if value is _MISSING else type(value).__name__}")
-    return value
+    return _typed(where, block, path, what, nn.Module)
 
 
 # transformers activation modules (ACT2FN classes) whose function moe_core computes exactly.

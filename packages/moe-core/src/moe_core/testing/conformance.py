@@ -100,12 +100,6 @@ def _present_devices(cls: type[Experts]) -> list[DeviceInfo]:
     return [d for d in devices if d.platform in cls.capability.platforms]
 
 
-def _in_capability_range(cls: type[Experts], device: DeviceInfo) -> bool:
-    cap, have = cls.capability, device.capability
-    return have is None or not ((cap.min_capability and have < cap.min_capability)
-                                or (cap.max_capability and have > cap.max_capability))
-
-
 def cases(plugin: str) -> list[Case]:
     out = []
     for cls in _plugin_classes(plugin):
@@ -142,7 +136,7 @@ def test_conformance_tests_every_class(request: pytest.FixtureRequest) -> None:
     assert classes, f"plugin {plugin!r} has no experts classes to test (is it installed and ready?)"
     tested = 0
     for cls in classes:
-        for device in (d for d in _present_devices(cls) if _in_capability_range(cls, d)):
+        for device in (d for d in _present_devices(cls) if cls.capability.check_compute_capability(d)):
             names = [name for name, config, quant in SCENARIOS if cls.supports(config, quant, device)]
             assert names, (f"{cls.name()} accepts none of the conformance scenarios on {device}: "
                            f"{', '.join(n for n, _, _ in SCENARIOS)}")
