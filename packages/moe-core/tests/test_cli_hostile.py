@@ -71,7 +71,8 @@ def no_weights_built(monkeypatch):
     (["--tokens", "4", "0"], "--tokens must be >= 1, got [0]"),
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--repeats", "-3"], "--repeats must be >= 1"),
-    (["--threads", "0"], "--threads must be >= 1"),
+    (["--threads", "0"], "--threads must be between 1 and"),
+    (["--threads", "100000"], "--threads must be between 1 and"),  # torch.set_num_threads crashed on it
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--tokens", "100000"], "exceed the layer's max_num_tokens (8192)"),
     (["--device", "tpu"], "device 'tpu' is not supported"),

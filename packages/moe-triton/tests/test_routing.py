@@ -151,3 +151,37 @@ def test_fused_layers_of_every_triton_class_route_with_this_router():
                                                 "TritonMxfp4Experts"}
     for cls in classes:
         assert router_of(cls) is route, cls.__name__
+
+
+INF = float("inf")
+
+
+def _infinite_rows(E: int, seed: int) -> torch.Tensor:
+    """One +Inf; three +Inf; all -Inf; all +Inf; every other expert -Inf; all but one -Inf (fewer
+    possible experts than k: -Inf ones fill the slots); then a finite row."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(7, E, generator=gen) * 2
+    logits[0, 3] = INF
+    logits[1, [1, E // 2, E - 1]] = INF
+    logits[2] = -INF
+    logits[3] = INF
+    logits[4, ::2] = -INF
+    logits[5, :E - 1] = -INF
+    return logits
+
+
+@pytest.mark.parametrize("name", list(ROUTINGS))
+def test_infinite_logits_route_as_route_torch(name, device):
+    """+Inf chooses its expert (several share the weight; lower ids first), a row of -Inf chooses
+    none (the k lowest ids, weight 0): the same ids and weights as route_torch, and never NaN."""
+    routing, E, k = ROUTINGS[name]
+    logits = _infinite_rows(E, E).to(device)
+    gen = torch.Generator().manual_seed(1)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(device) if routing.has_correction_bias else None
+    w, ids = route(logits, routing, k, bias)
+    w_ref, ids_ref = route_torch(logits, routing, k, bias)
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(w, w_ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(ids, ids_ref)
+    assert torch.equal(ids[2].cpu(), torch.arange(k, dtype=torch.int32)) and not w[2].any()
+    assert 3 in ids[0].tolist()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -174,6 +175,7 @@ class Routing:
     with groups: keep the `topk_groups` groups that score highest by `group_scoring`, mask the rest
     with -inf; ids = top-k of choice; weights = scores[ids] (never the biased values); if
     renormalize: weights /= (sum(weights) + renormalize_eps); weights *= routed_scaling_factor.
+    Infinite logits (+Inf chooses its expert; a row of -Inf chooses none): `moe_core.routing`.
     """
 
     scoring: Scoring = Scoring.SOFTMAX
@@ -278,6 +280,13 @@ class Routing:
 # ---- parallelism ----------------------------------------------------------------------------
 
 
+def _expert_id(value: object) -> int:
+    """An integer id (int, numpy or torch integer scalar); int() would truncate 1.7 or parse "1"."""
+    if isinstance(value, bool):
+        raise TypeError("a bool is not an expert id")
+    return operator.index(value)
+
+
 def _format_ids(ids: tuple[int, ...]) -> str:
     """Global expert ids as runs: (0, 1, 2, 5, 7, 8) -> '0-2,5,7-8'."""
     runs: list[list[int]] = []
@@ -304,9 +313,10 @@ class ExpertPlacement:
     def __post_init__(self) -> None:
         _check_positive_int("ExpertPlacement", "num_experts", self.num_experts)
         try:
-            ranks = tuple(tuple(int(i) for i in held) for held in self.ranks)
-        except (TypeError, ValueError):
-            raise _fail("ExpertPlacement", "ranks", self.ranks, "a sequence (per rank) of global expert ids") from None
+            ranks = tuple(tuple(_expert_id(i) for i in held) for held in self.ranks)
+        except TypeError:
+            raise _fail("ExpertPlacement", "ranks", self.ranks,
+                        "a sequence (per rank) of integer global expert ids") from None
         object.__setattr__(self, "ranks", ranks)
         if not ranks:
             raise _fail("ExpertPlacement", "ranks", ranks, "at least one rank")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from moe_core._progress import logged_step
 from moe_core.backends import available_memory_bytes
 from moe_core.config import MoEConfig
 from moe_core.oracle import Plan, apply_layer, select
@@ -20,6 +23,8 @@ from moe_core.weights.canonical import ExpertWeights
 
 __all__ = ["FusedMoE"]
 
+_log = logging.getLogger(__name__)
+
 # Calls whose intermediates stay below this never query the device's free memory.
 _WORKING_MEMORY_CHECK_BYTES = 256 << 20
 
@@ -29,7 +34,10 @@ class FusedMoE(torch.nn.Module):
 
     The backend is chosen at construction (see `plan.explain()`); weights come later through
     `load_weights`, in canonical form, from any reader in `moe_core.weights`. Loading again replaces
-    the kernel's tensors, so the same weights always give the same output.
+    the kernel's tensors, so the same weights always give the same output. `num_tokens`, the token
+    count the layer is mostly called with, picks the bucket of a measured ranking
+    (`moe_core.rankings`) where one covers the device; calls of any size up to
+    `config.max_num_tokens` are still served.
 
     With `config.parallel.ep_size > 1` the layer holds this rank's experts only (load
     `moe_core.parallel.local_weights(all_weights, config)`: the experts of
@@ -41,13 +49,20 @@ class FusedMoE(torch.nn.Module):
     - `moe_core.parallel.AllToAll(...)`: every rank gets its own tokens and router logits; they are
       routed here, sent to the ranks holding their experts and combined back (`AllToAllDispatch`);
       the output is the layer output for this rank's tokens. Every rank must call forward together.
+
+    Inference only: no backend computes gradients, so a call with grad mode enabled on inputs that
+    require grad raises RuntimeError (instead of returning an output that silently has none); call
+    it under `torch.no_grad()` or `torch.inference_mode()`.
     """
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig | None = None, device: object = None,
-                 prefer: str | None = None, ep_group: object = None, parallel: object = None) -> None:
+                 prefer: str | None = None, ep_group: object = None, parallel: object = None,
+                 num_tokens: int | None = None) -> None:
         super().__init__()
+        if prefer is not None and not isinstance(prefer, str):
+            raise TypeError(f"FusedMoE: prefer must be a backend name (str) or None, got {prefer!r}")
         self.config = config
-        self.plan: Plan = select(config, quant, device, prefer)
+        self.plan: Plan = select(config, quant, device, prefer, num_tokens=num_tokens)
         self.quant = self.plan.quant
         self.experts = self.plan.make_experts()
         self.correction_bias: torch.Tensor | None = None
@@ -66,23 +81,52 @@ class FusedMoE(torch.nn.Module):
         return self.plan.device.torch_device
 
     def load_weights(self, weights: ExpertWeights, correction_bias: torch.Tensor | None = None) -> None:
+        """Validate `weights` against the layer (shapes, dtypes, finite values) and convert them to the
+        kernel's layout; weights or a correction bias these checks refuse leave the layer as it was."""
+        if not isinstance(weights, ExpertWeights):
+            raise TypeError(f"load_weights takes moe_core.weights.ExpertWeights (ExpertWeights.random, "
+                            f"ExpertWeights.from_float or a reader in moe_core.weights), got {type(weights).__name__}")
         routing = self.config.routing
+        bias = None
         if routing.has_correction_bias:
             E = self.config.num_experts
-            if correction_bias is None or tuple(correction_bias.shape) != (E,):
-                got = None if correction_bias is None else list(correction_bias.shape)
+            if not isinstance(correction_bias, torch.Tensor) or tuple(correction_bias.shape) != (E,):
+                got = (list(correction_bias.shape) if isinstance(correction_bias, torch.Tensor)
+                       else None if correction_bias is None else type(correction_bias).__name__)
                 raise ValueError(f"this layer's routing uses a correction bias: pass correction_bias of shape [{E}], "
                                  f"got {got}")
-            self.correction_bias = correction_bias.detach().to(self.device, torch.float32).clone()
+            bias = correction_bias.detach().to(self.device, torch.float32).clone()
+            bad = (~torch.isfinite(bias)).nonzero().flatten().tolist()
+            if bad:
+                raise ValueError(f"correction_bias holds NaN or Inf for experts {_ids_text(bad)}: a selection bias "
+                                 "must be finite")
         elif correction_bias is not None:
             raise ValueError("correction_bias was given but the layer's routing has no correction bias")
-        self.experts.load_weights(weights)
+        local = self.config.num_local_experts
+        if (local != self.config.num_experts and isinstance(weights.w13, torch.Tensor)
+                and weights.num_experts == self.config.num_experts):
+            raise ValueError(f"this layer holds {local} of the {self.config.num_experts} experts (expert parallelism, "
+                             f"rank {self.config.parallel.ep_rank}), but all {weights.num_experts} were given: load "
+                             "moe_core.parallel.local_weights(weights, config)")
+        weights.validate(self.config, self.quant)
+        _refuse_unusable_values(weights)
+        with logged_step(_log, f"converting {self.config.num_local_experts} experts' {self.quant.weight} weights "
+                               f"to {self.plan.weight_layout} for {self.plan.experts_cls.name()}"):
+            self.experts.load_weights(weights)
+        self.correction_bias = bias
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        E = self.config.num_experts
+        if router_logits.dim() != 2 or router_logits.shape[1] != E:  # fewer columns would route among fewer experts
+            raise ValueError(f"router_logits must be [M, {E}] (tokens, global experts), got {list(router_logits.shape)}")
         return self.plan.router(router_logits, self.config.routing, self.config.top_k, self.correction_bias)
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         cfg = self.config
+        for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _refuse_autograd(hidden_states, router_logits)
         if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size:
             raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(hidden_states.shape)}")
         M = hidden_states.shape[0]
@@ -131,3 +175,44 @@ class FusedMoE(torch.nn.Module):
         parallel = "" if self.parallel_plan.mode is None else f", parallel={self.parallel_plan.mode_name}"
         return (f"{self.config.describe()}, {self.quant.name}, backend={self.plan.backend}/"
                 f"{self.plan.experts_cls.name()}{parallel}")
+
+
+def _refuse_unusable_values(weights: ExpertWeights) -> None:
+    """Weights without data (meta tensors) or with NaN/Inf values would make every output they touch
+    garbage, silently: refuse them, naming the tensor and the experts (checked per expert, so the
+    check allocates no full-size temporary; one host sync per tensor, at load only)."""
+    e8m0_scales = weights.key.scale is not None and weights.key.scale.dtype == "e8m0"
+    for name, t in weights.tensors().items():
+        if t.is_meta:
+            raise ValueError(f"ExpertWeights.{name} is a meta tensor and holds no values; load real tensors")
+        if t.dtype.is_floating_point:
+            # fp16 holds every fp8 value, Inf and NaN included (CUDA has no isfinite for fp8)
+            wide = torch.float16 if t.element_size() == 1 else t.dtype
+            bad = torch.stack([~torch.isfinite(t[e].to(wide)).all() for e in range(t.shape[0])])
+        elif e8m0_scales and name.endswith("_scale"):
+            bad = (t == 0xFF).flatten(1).any(1)  # e8m0's NaN encoding
+        else:
+            continue
+        experts = bad.nonzero().flatten().tolist()
+        if experts:
+            raise ValueError(f"ExpertWeights.{name} holds NaN or Inf values in experts {_ids_text(experts)}; every "
+                             "weight, scale and bias must be finite (check the checkpoint or the quantization that "
+                             "produced them)")
+
+
+def _ids_text(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+
+
+def _refuse_autograd(hidden_states: torch.Tensor, router_logits: torch.Tensor) -> None:
+    """FusedMoE has no backward: refuse a call that autograd would record (no device sync needed)."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [name for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits))
+               if t.requires_grad]
+    if needing:
+        raise RuntimeError(
+            f"FusedMoE is inference-only and computes no gradients, but {' and '.join(needing)} "
+            f"require{'s' if len(needing) == 1 else ''} grad with grad mode enabled (training, or a call outside "
+            "torch.no_grad()); its output would silently carry no gradient. Call the layer (or the model fused "
+            "by moe_core.integrations.transformers.fuse) under torch.no_grad() or torch.inference_mode()")

@@ -94,14 +94,15 @@ class ScaleSpec:
         if self.dtype not in ("fp32", "bf16", "fp16", "e8m0"):
             raise ValueError(f"ScaleSpec.dtype={self.dtype!r} is invalid: expected fp32, bf16, fp16 or e8m0")
         if self.granularity is Granularity.GROUP:
-            if not isinstance(self.group_size, int) or self.group_size < 1:
+            if not isinstance(self.group_size, int) or isinstance(self.group_size, bool) or self.group_size < 1:
                 raise ValueError(f"ScaleSpec.group_size={self.group_size!r} is invalid: GROUP scales need a "
                                  "positive group size (use CHANNEL for one scale per row)")
         elif self.group_size is not None:
             raise ValueError(f"ScaleSpec.group_size={self.group_size} is only valid with GROUP granularity")
         if self.granularity is Granularity.BLOCK:
             bs = self.block_shape
-            if not (isinstance(bs, tuple) and len(bs) == 2 and all(isinstance(b, int) and b > 0 for b in bs)):
+            if not (isinstance(bs, tuple) and len(bs) == 2
+                    and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)):
                 raise ValueError(f"ScaleSpec.block_shape={bs!r} is invalid: BLOCK scales need (rows, cols) > 0")
         elif self.block_shape is not None:
             raise ValueError(f"ScaleSpec.block_shape={self.block_shape} is only valid with BLOCK granularity")
@@ -265,7 +266,7 @@ def _int_weight_key(dtype: QuantDType, group_size: int, zero_point: bool, act_or
         if act_order:
             raise ValueError("act_order needs grouped scales (group_size > 0), not per-channel (-1)")
         scale = ScaleSpec(Granularity.CHANNEL, dtype=scale_dtype)
-    elif isinstance(group_size, int) and group_size > 0:
+    elif isinstance(group_size, int) and not isinstance(group_size, bool) and group_size > 0:
         scale = ScaleSpec(Granularity.GROUP, group_size=group_size, dtype=scale_dtype)
     else:
         raise ValueError(f"group_size={group_size!r} is invalid: expected a positive int or -1 (per channel)")

@@ -4,8 +4,9 @@ Same signature and semantics as `moe_core.routing.route_torch` (its twin, which 
 against): softmax or sigmoid scores, optional correction bias for selection only, DeepSeek-V3
 groups scored by their best two experts, top-k, optional renormalization and routed scaling.
 Llama4's top-1 sigmoid is the sigmoid case with k = 1 (its weight is applied to the input by the
-experts, not here). Ties between equal scores go to the lower expert id. The launch can also clear
-a buffer for the kernels behind it (`zero`).
+experts, not here). Ties between equal scores go to the lower expert id. Infinite logits follow
+`route_torch`'s rules (+Inf chooses its expert, a row of -Inf chooses none, with weight 0), with
+the same ids. The launch can also clear a buffer for the kernels behind it (`zero`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,13 @@ identity experts, post-expert norms, ...); activations moe_core does not compute
 whose weights are not floating point (e.g. already quantized by a transformers quantizer); a block
 whose attributes fail a descriptor's exactness checks, or any value a descriptor rejects. Mixtral-
 style `router_jitter_noise` only acts in training mode, where the fused block raises instead of
-ignoring it. The fused blocks are for inference: `FusedMoE` backends do not promise gradients.
+ignoring it.
+
+Inference only: `FusedMoE` computes no gradients, so a fused model called with grad mode enabled
+(training, or any call outside `torch.no_grad()` / `torch.inference_mode()`: the router weights
+require grad) raises FusedMoE's RuntimeError at its first MoE block instead of training on
+gradients that silently skip the experts. Run fused models under `torch.no_grad()` or
+`torch.inference_mode()` (`generate` already does).
 """
 
 from __future__ import annotations
@@ -508,6 +514,10 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     Raises UnsupportedModelError, naming the model type and what is unsupported, before any block
     is replaced; the oracle's errors (no backend, forced backend unavailable) likewise leave the
     model untouched.
+
+    The fused model is inference-only: call it under `torch.no_grad()` or `torch.inference_mode()`.
+    Called with grad mode enabled (training), each fused block raises RuntimeError ("FusedMoE is
+    inference-only ...") rather than return outputs without gradients through the experts.
     """
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)

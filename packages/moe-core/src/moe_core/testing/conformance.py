@@ -63,6 +63,7 @@ SCENARIOS: tuple[tuple[str, MoEConfig, MoEQuantConfig], ...] = (
     ("int8-channel", _cfg(), int8_w8a16(-1)),
     ("int8-g128-zp", _cfg(), int8_w8a16(128, zero_point=True)),
     ("fp8-tensor", _cfg(), fp8_w8a8("tensor")),
+    ("fp8-tensor-act-tensor", _cfg(), fp8_w8a8("tensor", activation_scales="tensor")),
     ("fp8-channel", _cfg(), fp8_w8a8("channel")),
     ("fp8-block128", _cfg(), fp8_w8a8("block")),
     ("mxfp4-swiglu_oai-bias", _cfg(activation=Activation.swiglu_oai(), bias=True), mxfp4_w4a16()),

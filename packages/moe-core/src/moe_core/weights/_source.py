@@ -6,6 +6,7 @@ names the tensor, what was found and what was expected. Nothing is guessed or si
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
@@ -21,9 +22,14 @@ def expert_ids(num_experts: int, experts: Sequence[int] | None) -> list[int]:
     """The expert ids to read, validated: all of them by default, else the given distinct ids in order."""
     if not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts={num_experts!r} is invalid: expected a positive int")
-    ids = list(range(num_experts)) if experts is None else [int(e) for e in experts]
-    if not ids or any(not 0 <= e < num_experts for e in ids) or len(set(ids)) != len(ids):
-        raise ValueError(f"experts={experts!r} is invalid: expected distinct ids in [0, {num_experts})")
+    invalid = ValueError(f"experts={experts!r} is invalid: expected distinct ids in [0, {num_experts}), each an int")
+    try:  # integers only: int() would truncate 1.5 or parse "1"
+        ids = list(range(num_experts)) if experts is None else [
+            operator.index(e) if not isinstance(e, bool) else None for e in experts]
+    except TypeError:
+        raise invalid from None
+    if not ids or None in ids or any(not 0 <= e < num_experts for e in ids) or len(set(ids)) != len(ids):
+        raise invalid
     return ids
 
 

@@ -14,6 +14,7 @@ read: `model.safetensors.index.json` says which file holds each key (without an 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from types import MappingProxyType
 
 import torch
 
+from moe_core._progress import logged_step
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights._source import CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.awq import AWQFormat, awq_experts
@@ -40,6 +42,7 @@ INTERLEAVED_GATE_UP_MODEL_TYPES = frozenset({"gpt_oss"})
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 SUPPORTED_QUANT_METHODS = ("gptq", "awq", "compressed-tensors", "mxfp4", "fp8")
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,17 +157,37 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     experts: expert ids to keep, in order (expert parallelism); default all.
     dtype: cast unquantized expert weights (and router tensors) to this dtype; default as stored.
     Raises CheckpointError for missing or mis-shaped tensors and ValueError for unsupported formats.
+    Logs the step at INFO on the "moe_core" logger (see `moe_core._progress`).
     """
+    with logged_step(_log, f"reading MoE layer {layer_index} from {model_dir}"):
+        return _read_layer(model_dir, layer_index, experts, dtype)
+
+
+def _read_layer(model_dir: str | Path, layer_index: int, experts: Sequence[int] | None,
+                dtype: torch.dtype | None) -> LoadedLayer:
+    if not isinstance(layer_index, int) or isinstance(layer_index, bool) or layer_index < 0:
+        raise ValueError(f"layer_index={layer_index!r} is invalid: expected an int >= 0 (a decoder layer's index)")
     root = Path(model_dir)
+    if root.exists() and not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory; give the model directory holding config.json and the "
+                              "safetensors files")
     config_path = root / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{root}: no config.json")
     config = _read_json_object(config_path)
     text = config.get("text_config") or {}
-    num_experts = _first_int(config, text, _NUM_EXPERTS_KEYS)
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{config_path}: text_config must be a JSON object, got {text!r}")
+    num_experts = _first_int(config_path, config, text, _NUM_EXPERTS_KEYS)
     if num_experts is None:
         raise CheckpointError(f"{config_path}: no expert count (looked for {', '.join(_NUM_EXPERTS_KEYS)}); "
                               "is this a MoE model?")
+    if num_experts < 1:
+        raise CheckpointError(f"{config_path}: an expert count of {num_experts} is invalid: expected a positive int")
+    top_k = _first_int(config_path, config, text, _TOP_K_KEYS)
+    if top_k is not None and not 1 <= top_k <= num_experts:
+        raise CheckpointError(f"{config_path}: experts per token = {top_k} is invalid: expected an int in "
+                              f"[1, {num_experts}] (the expert count)")
     tensors = SafetensorsDirectory(root)
     source = TensorSource(tensors, str(root))
     prefix = find_experts_prefix(tensors, layer_index, str(root))
@@ -172,6 +195,9 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
     if qc is not None and not isinstance(qc, dict):
         raise CheckpointError(f"{config_path}: quantization_config must be a JSON object, got {qc!r}")
     method = None if qc is None else qc.get("quant_method")
+    if qc is not None and method is None:
+        raise CheckpointError(f"{config_path}: quantization_config has no quant_method; expected one of "
+                              f"{', '.join(SUPPORTED_QUANT_METHODS)} (or no quantization_config for float weights)")
     fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
     _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name, num_experts)
     quant = MoEQuantConfig(weights.key) if fmt_name != "fp8" else BlockFP8Format.from_config(qc).quant_config()
@@ -187,7 +213,7 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
             raise CheckpointError(f"{root}: the {name} under {mlp!r} has shape {list(tensor.shape)}, expected "
                                   f"{list(shape)} (num_experts={E} from config.json, hidden size {K})")
     return LoadedLayer(weights=weights, quant=quant, format=fmt_name, experts_prefix=prefix,
-                       num_experts=num_experts, top_k=_first_int(config, text, _TOP_K_KEYS),
+                       num_experts=num_experts, top_k=top_k,
                        router_weight=router_weight, router_bias=router_bias, correction_bias=correction,
                        model_config=MappingProxyType(config))
 
@@ -279,9 +305,18 @@ def _optional(source: TensorSource, keys: Sequence[str], dtype: torch.dtype | No
     return None
 
 
-def _first_int(config: Mapping, text: Mapping, keys: Sequence[str]) -> int | None:
+def _first_int(config_path: Path, config: Mapping, text: Mapping, keys: Sequence[str]) -> int | None:
+    """The first of `keys` (config.json, then its text_config) holding an int; None where none is set.
+    Where none holds an int but one is set to something else (a string, a bool), the error names it
+    rather than reporting the value missing."""
+    wrong = None
     for cfg in (config, text):
         for k in keys:
-            if isinstance(cfg.get(k), int):
-                return cfg[k]
+            value = cfg.get(k)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if value is not None and wrong is None:
+                wrong = (k, value)
+    if wrong is not None:
+        raise CheckpointError(f"{config_path}: {wrong[0]}={wrong[1]!r} is not an int")
     return None

@@ -62,16 +62,37 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
     ok = row_ok[:, None] & col_ok[None, :]
     x = tl.load(logits_ptr + rows[:, None] * stride_m + expert[None, :], mask=ok, other=0.0).to(tl.float32)
     neg_inf = float("-inf")
+    pos_inf = float("inf")
+    lowest = -3.4028234663852886e38  # the most negative finite fp32
+    # Infinite logits as route_torch defines them: +Inf experts are chosen first (lower ids first),
+    # weighted by their score's limit; a row of -Inf only chooses no expert (weight 0).
+    unbounded = (x == pos_inf) & col_ok[None, :]
+    num_unbounded = tl.sum(unbounded.to(tl.int32), axis=1)
+    row_unbounded = num_unbounded > 0
+    ruled_out = (x == neg_inf) & col_ok[None, :]
+    no_expert = tl.sum(ruled_out.to(tl.int32), axis=1) == GROUPS * PER_GROUP
+    # A row without a possible expert is routed as zeros, then given weight 0: no NaN on the way.
+    x = tl.where(no_expert[:, None], 0.0, x)
+    ruled_out = ruled_out & ~no_expert[:, None]
     if SOFTMAX:
         x = tl.where(col_ok[None, :], x, neg_inf)
-        e = tl.exp(x - tl.max(x, axis=1)[:, None])
+        bounded = tl.where(row_unbounded[:, None] & col_ok[None, :], 0.0, x)  # +Inf rows: scored below
+        e = tl.exp(bounded - tl.max(bounded, axis=1)[:, None])
         scores = e / tl.sum(e, axis=1)[:, None]
+        unbounded_score = 1.0 / tl.maximum(num_unbounded, 1).to(tl.float32)
+        scores = tl.where(row_unbounded[:, None], tl.where(unbounded, unbounded_score[:, None], 0.0), scores)
     else:
         scores = tl.sigmoid(x)
+        unbounded_score = tl.full([BLOCK_M], 1.0, tl.float32)
     choice = scores
     if HAS_BIAS:
         choice = choice + tl.load(bias_ptr + expert, mask=col_ok, other=0.0)[None, :]
+    elif SOFTMAX:  # the other experts of a +Inf row score 0: their logits keep softmax's order
+        choice = tl.where(row_unbounded[:, None], x, choice)
+    choice = tl.where(unbounded, pos_inf, choice)
     choice = tl.where(col_ok[None, :], choice, neg_inf)
+    # -Inf experts rank below every possible one whatever the bias (lower ids first), above dropped groups.
+    selectable = tl.where(ruled_out, lowest, choice)
     if GROUPS > 1:
         grouped = tl.reshape(choice, [BLOCK_M, G_P2, PG_P2])
         best = tl.max(grouped, axis=2)
@@ -79,9 +100,13 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
             at = tl.argmax(grouped, axis=2)
             lane = tl.arange(0, PG_P2)
             second = tl.max(tl.where(lane[None, None, :] == at[:, :, None], neg_inf, grouped), axis=2)
-            group_score = best + second
+            # A group holding a +Inf expert is kept first, even beside a -Inf one (whose sum is NaN).
+            group_score = tl.where(best == pos_inf, best, best + second)
         else:
             group_score = best
+        # Groups of -Inf experts only rank below every other real group (lower ids first among them).
+        hopeless = tl.min(tl.reshape(ruled_out | ~col_ok[None, :], [BLOCK_M, G_P2, PG_P2]).to(tl.int32), axis=2) > 0
+        group_score = tl.where(hopeless, lowest, group_score)
         gids = tl.arange(0, G_P2)
         group_score = tl.where(gids[None, :] < GROUPS, group_score, neg_inf)
         keep = tl.zeros([BLOCK_M, G_P2], dtype=tl.int1)
@@ -91,11 +116,11 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
             keep = keep | hit
             group_score = tl.where(hit, neg_inf, group_score)
         keep_cols = tl.reshape(tl.broadcast_to(keep[:, :, None], [BLOCK_M, G_P2, PG_P2]), [BLOCK_M, C])
-        choice = tl.where(keep_cols, choice, neg_inf)
+        selectable = tl.where(keep_cols, selectable, neg_inf)
     # Each choice becomes one int64 key: the score's bits made order-preserving as a signed integer
     # (flip the magnitude bits of negatives), then the column inverted so that equal scores go to
     # the lower column. One max per top-k step then yields the winner, its column and its score.
-    bits = choice.to(tl.int32, bitcast=True)
+    bits = selectable.to(tl.int32, bitcast=True)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
     keys = (ordered.to(tl.int64) << 32) | (C - 1 - cols).to(tl.int64)[None, :]
     slots = tl.arange(0, K_P2)
@@ -110,6 +135,10 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
         else:
             top_bits = (best >> 32).to(tl.int32)
             w = (top_bits ^ ((top_bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+            chose_unbounded = w == pos_inf
+            if SOFTMAX:  # in a +Inf row the others' choice is their logit; their score is 0
+                w = tl.where(row_unbounded, 0.0, w)
+            w = tl.where(chose_unbounded, unbounded_score, tl.where(w == lowest, 0.0, w))
         eid = (c // PG_P2) * PER_GROUP + c % PG_P2
         top_w = tl.where(slots[None, :] == s, w[:, None], top_w)
         top_id = tl.where(slots[None, :] == s, eid[:, None], top_id)
@@ -118,6 +147,8 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
         top_w = top_w / (tl.sum(top_w, axis=1)[:, None] + renormalize_eps)
     if SCALE:
         top_w = top_w * scaling
+    top_w = tl.where(no_expert[:, None], 0.0, top_w)
+    top_id = tl.where(no_expert[:, None], slots[None, :], top_id)
     out = rows[:, None] * TOP_K + slots[None, :]
     out_ok = row_ok[:, None] & (slots[None, :] < TOP_K)
     tl.store(weights_ptr + out, top_w, mask=out_ok)
