@@ -7,7 +7,8 @@ are described or refused.
 
 Each served type is built tiny from its own config class (hidden 64, 2 layers, 8 experts, top-2;
 `TINY_OVERRIDES` for the few whose configs need more), randomly initialized with
-initializer_range=0.1 and every bias (router biases, selection biases) redrawn so it takes part.
+initializer_range=0.1 and every bias (router biases, selection biases) redrawn so it takes part
+(`UNINITIALIZED_EXPERTS`: experts the model's own init leaves unset are drawn too).
 Checks, as in test_transformers_parity.py (its module docstring states the tolerances and the
 routing-slip rule, reused here):
 
@@ -66,6 +67,18 @@ TINY_OVERRIDES: dict[str, dict] = {
     "llama4": {"text_config.num_experts_per_tok": 1},
     "llama4_text": {"num_experts_per_tok": 1},
     "granitemoehybrid": {"mamba_n_heads": 2, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    # Per-layer attention fields (TINY skips them) and its sparse-attention indexer, made tiny.
+    "dots3_note_text": {"num_attention_heads": 4, "num_key_value_heads": 4, "index_n_heads": 2, "index_head_dim": 16,
+                        "index_topk": 8},
+    # DSA attention layers take no RoPE dimensions; the first layers are dense by default.
+    "glm5_next_text": {"qk_rope_head_dim": 0, "mlp_layer_types": ["dense", "sparse"]},
+    "glm5_next": {"text_config.qk_rope_head_dim": 0, "text_config.mlp_layer_types": ["dense", "sparse"]},
+    "deepseek_ocr2_text": {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+                           "mlp_layer_types": ["dense", "sparse"]},
+    "unlimited_ocr_text": {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2},
+    "beam": {"mlp_layer_types": ["dense", "sparse"]},
+    # The talker's text config lacks the field its MoE block reads for the shared expert's width.
+    "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 48},
 }
 
 
@@ -74,7 +87,14 @@ _ALWAYS = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts")
 
 
 # Model types without an auto model class: the transformers class that holds their MoE blocks.
-MODEL_CLASSES = {"qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextModel"}
+MODEL_CLASSES = {"qwen3_omni_moe_text": "Qwen3OmniMoeThinkerTextModel",
+                 "qwen3_omni_moe_talker_text": "Qwen3OmniMoeTalkerModel",
+                 "deepseek_ocr2_text": "DeepseekOcr2TextModel", "unlimited_ocr_text": "UnlimitedOcrTextModel"}
+# Models whose own init leaves the experts' weights as allocated (torch.empty): drawn here like the others'.
+UNINITIALIZED_EXPERTS = {"qwen3_omni_moe_talker_text"}
+# Models fed embeddings: the talker embeds codec tokens (get_input_embeddings) and has no embed_tokens
+# for input_ids.
+EMBEDS_INPUT = {"qwen3_omni_moe_talker_text"}
 
 
 def _tiny_kwargs(config) -> dict:
@@ -100,19 +120,22 @@ def _set(config, name: str, value) -> None:
     setattr(config, last, value)
 
 
-def tiny_config(model_type: str):
-    """The model type's own config class, built with tiny sizes (so derived fields follow them)."""
+def tiny_config(model_type: str, kwargs_of=_tiny_kwargs):
+    """The model type's own config class, built with tiny sizes (so derived fields follow them);
+    `kwargs_of(config)`: the values each config and sub-config is built with."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     config_cls = CONFIG_MAPPING[model_type]
     overrides = TINY_OVERRIDES.get(model_type, {})
     top = {k: v for k, v in overrides.items() if "." not in k}
     default = config_cls()
-    kwargs = {**_tiny_kwargs(default), **top}
+    kwargs = {**kwargs_of(default), **top}
     for sub in ("text_config", "thinker_config", "vision_config", "audio_config"):
         part = getattr(default, sub, None)
         if part is not None and not isinstance(part, dict):
-            kwargs[sub] = type(part)(**_tiny_kwargs(part))
+            # The sub-config's own overrides go in as it is built: its validation sees them.
+            sub_overrides = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith(f"{sub}.")}
+            kwargs[sub] = type(part)(**{**kwargs_of(part), **sub_overrides})
     config = config_cls(**kwargs)
     for name, value in overrides.items():
         if "." in name:
@@ -130,9 +153,8 @@ def _auto_model(model_type: str, config) -> nn.Module:
     return model
 
 
-def build_model(model_type: str, dtype: torch.dtype, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    config = tiny_config(model_type)
+def instantiate(model_type: str, config) -> nn.Module:
+    """The model of `config` (fp32), eager experts, every bias redrawn so it takes part."""
     config.experts_implementation = "eager"
     if model_type in MODEL_CLASSES:
         model = getattr(transformers, MODEL_CLASSES[model_type])(config)
@@ -142,7 +164,14 @@ def build_model(model_type: str, dtype: torch.dtype, seed: int) -> nn.Module:
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             if "bias" in name.rsplit(".", 1)[-1] and tensor.dtype.is_floating_point:
                 tensor.normal_(0.0, 0.1)
-    return model.to(dtype=dtype).eval()
+            elif model_type in UNINITIALIZED_EXPERTS and name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+                tensor.normal_(0.0, config.initializer_range)
+    return model
+
+
+def build_model(model_type: str, dtype: torch.dtype, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return instantiate(model_type, tiny_config(model_type)).to(dtype=dtype).eval()
 
 
 
@@ -152,7 +181,10 @@ def _first(out):
 
 
 def _model_output(model: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids=token_ids, use_cache=False)
+    if model.config.model_type in EMBEDS_INPUT:
+        out = model(inputs_embeds=model.get_input_embeddings()(token_ids), use_cache=False)
+    else:
+        out = model(input_ids=token_ids, use_cache=False)
     return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
 
 

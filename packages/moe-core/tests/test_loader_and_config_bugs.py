@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from moe_core.hf_config import moe_config_from_hf
+from moe_core.hf_config import ConfigFileError, load_hf_config, moe_config_from_hf
 from moe_core.quant import unquantized
 from moe_core.weights import CheckpointError, ExpertWeights, load_layer
 from moe_core.weights.writers import unquantized_tensors, write_model_dir
@@ -46,12 +46,29 @@ def test_qwen3_moe_config_written_by_transformers_5():
 def test_expert_count_under_either_name_without_transformers(monkeypatch):
     import moe_core.hf_config as hf_config
 
-    monkeypatch.setattr(hf_config, "_transformers_aliases", lambda model_type: {})
+    monkeypatch.setattr(hf_config, "_config_class", lambda model_type: None)
     cfg = {"model_type": "qwen3_moe", "num_local_experts": E, "num_experts_per_tok": 2, "hidden_size": K,
-           "moe_intermediate_size": N}
+           "moe_intermediate_size": N, "norm_topk_prob": True, "hidden_act": "silu"}
     assert moe_config_from_hf(cfg).num_experts == E
-    with pytest.raises(ValueError, match=r"config has none of \('num_experts', 'num_local_experts'"):
+    # Without the config class, a value config.json omits has no default to fall back on: refused.
+    with pytest.raises(ValueError, match=r"the expert count is read from num_local_experts, but config.json sets "
+                                         r"none of num_local_experts, num_experts, n_routed_experts"):
         moe_config_from_hf({k: v for k, v in cfg.items() if k != "num_local_experts"})
+    with pytest.raises(ValueError, match=r"routing.renormalize is read from norm_topk_prob"):
+        moe_config_from_hf({k: v for k, v in cfg.items() if k != "norm_topk_prob"})
+
+
+@pytest.mark.parametrize(("text", "error", "match"), [
+    ("{not json", json.JSONDecodeError, r"Expecting property name enclosed in double quotes in .*config\.json"),
+    ("[1, 2]", ConfigFileError, r"config\.json holds a JSON list, not an object"),
+    ("3", ConfigFileError, r"config\.json holds a JSON int, not an object"),
+    ('{"text_config": 3}', ConfigFileError, r"config\.json: text_config is a JSON int, not an object"),
+])
+def test_load_hf_config_names_the_file(tmp_path, text, error, match):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(error, match=match) as raised:
+        load_hf_config(tmp_path)
+    assert isinstance(raised.value, ValueError)
 
 
 def test_without_index_only_model_safetensors_is_read(tmp_path):

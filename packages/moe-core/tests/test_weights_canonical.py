@@ -147,3 +147,75 @@ def test_stack_and_unquantized():
     with pytest.raises(ValueError, match="different quantization keys"):
         ExpertWeights.stack([w, ExpertWeights.random(CFG, int8_w8a16(), seed=2)])
     assert isinstance(w.key, type(MoEQuantConfig(w.key).weight))
+
+
+def _per_half_act_order(E: int = 3, N: int = 64, K: int = 128, group: int = 32, seed: int = 4):
+    """int4 act-order weights whose gate and up halves have different permutations, gate rows made
+    large in up's group 1 and up rows in gate's group 0: a half read with the other's grouping would
+    lose most of its precision."""
+    gen = torch.Generator().manual_seed(seed)
+    g13 = (torch.stack([torch.randperm(K, generator=gen) for _ in range(2 * E)]) // group).int().view(E, 2, K)
+    g2 = (torch.stack([torch.randperm(N, generator=gen) for _ in range(E)]) // group).int()
+    w13 = torch.randn(E, 2 * N, K, generator=gen) * K ** -0.5
+    w2 = torch.randn(E, K, N, generator=gen) * N ** -0.5
+    for e in range(E):
+        w13[e, :N, g13[e, 1] == 1] *= 50
+        w13[e, N:, g13[e, 0] == 0] *= 50
+    quant = int4_w4a16(group, act_order=True)
+    return ExpertWeights.from_float(w13, w2, quant, g_idx=(g13, g2)), w13, w2, quant
+
+
+def test_per_half_g_idx_scales_each_half_by_its_own_grouping():
+    ew, w13, _, quant = _per_half_act_order()
+    E, R, K = w13.shape
+    N = R // 2
+    ew.validate(MoEConfig(E, 2, K, N), quant)
+    assert ew.w13_g_idx.shape == (E, 2, K)
+    codes = unpack_int4(ew.w13).float()
+    want = torch.empty_like(w13)
+    for e in range(E):
+        for half, rows in enumerate((slice(0, N), slice(N, R))):
+            # each channel's scale is its group's in this half, wherever the channel sits
+            scale = ew.w13_scale[e, rows].float()[:, ew.w13_g_idx[e, half].long()]
+            want[e, rows] = (codes[e, rows] - 8) * scale
+    d13, _ = ew.dequantize()
+    assert torch.equal(d13, want)
+    assert float((d13 - w13).norm() / w13.norm()) < 0.12
+
+
+def test_reference_applies_each_halfs_g_idx():
+    """reference_moe on per-half act-order weights against the fp32 MLP of their dequantized halves."""
+    from moe_core.reference import reference_moe
+
+    ew, _, _, quant = _per_half_act_order(E=3, N=64, K=128)
+    cfg = MoEConfig(3, 2, 128, 64, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, 128, generator=gen)
+    tw = torch.rand(5, 2, generator=gen)
+    ids = torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0]])
+    d13, d2 = ew.dequantize()
+    want = torch.zeros(5, 128)
+    for t in range(5):
+        for s in range(2):
+            e = int(ids[t, s])
+            gate, up = (x[t] @ d13[e].T).chunk(2)
+            want[t] += tw[t, s] * (torch.nn.functional.silu(gate) * up) @ d2[e].T
+    got = reference_moe(x, ew, cfg, tw, ids, quant)
+    assert float((got - want).norm() / want.norm()) < 1e-6
+
+
+def test_per_half_g_idx_validation_and_stack():
+    ew, *_, quant = _per_half_act_order(E=2, N=64, K=128)
+    gated = MoEConfig(2, 2, 128, 64)
+    with pytest.raises(ValueError, match=r"w13_g_idx has shape \[2, 2, 128\], expected \[2, 128\]"):
+        ew.validate(MoEConfig(2, 2, 128, 128, activation=Activation.relu2()), quant)  # non-gated: one grouping
+    with pytest.raises(ValueError, match=r"w13_g_idx has shape \[2, 3, 128\], expected \[2, 2, 128\]"):
+        dataclasses.replace(ew, w13_g_idx=torch.zeros(2, 3, 128, dtype=torch.int32)).validate(gated, quant)
+    with pytest.raises(ValueError, match=r"w13_g_idx: values must lie in \[0, 4\)"):
+        dataclasses.replace(ew, w13_g_idx=ew.w13_g_idx + 1).validate(gated, quant)
+    # a shard with one grouping stacks with a per-half one: both take the per-half form
+    shared = dataclasses.replace(ew.narrow(0, 1), w13_g_idx=ew.w13_g_idx[:1, 0].contiguous())
+    stacked = ExpertWeights.stack([shared, ew.narrow(1, 1)])
+    assert torch.equal(stacked.w13_g_idx[0], ew.w13_g_idx[0, :1].expand(2, -1))
+    assert torch.equal(stacked.w13_g_idx[1], ew.w13_g_idx[1])
+    stacked.validate(gated, quant)

@@ -91,26 +91,31 @@ def test_bf16_scales_keep_their_dtype(tmp_path):
     torch.testing.assert_close(weights.dequantize()[1][0], expected[f"{PREFIX}.0.down_proj"], rtol=1e-2, atol=1e-3)
 
 
-def test_actorder_group_g_idx(tmp_path):
-    """weight_g_idx [K]: the documented act-order grouping; codes packed by compressed-tensors."""
+@pytest.mark.parametrize("per_half", [False, True], ids=["shared", "gate-up-apart"])
+def test_actorder_group_g_idx(tmp_path, per_half):
+    """weight_g_idx [K]: the documented act-order grouping; codes packed by compressed-tensors. Each
+    Linear is calibrated on its own, so gate_proj and up_proj may carry different groupings."""
     quant = int4_w4a16(32, act_order=True, scale_dtype="fp32")
     gen = torch.Generator().manual_seed(5)
     w13, w2 = torch.randn(E, 2 * N, K, generator=gen), torch.randn(E, K, N, generator=gen)
-    g13 = torch.stack([torch.randperm(K, generator=gen) // 32 for _ in range(E)]).int()
+    g13 = torch.stack([torch.randperm(K, generator=gen) // 32 for _ in range(2 * E if per_half else E)]).int()
+    if per_half:
+        g13 = g13.view(E, 2, K)
     g2 = torch.stack([torch.randperm(N, generator=gen) // 32 for _ in range(E)]).int()
     ref = ExpertWeights.from_float(w13, w2, quant, g_idx=(g13, g2))
     from moe_core.weights.packing import unpack_int4
 
     tensors = {}
     for e in range(E):
-        for proj, field, rows in (("gate_proj", "w13", slice(0, N)), ("up_proj", "w13", slice(N, None)),
-                                  ("down_proj", "w2", slice(None))):
+        for half, (proj, field, rows) in enumerate((("gate_proj", "w13", slice(0, N)),
+                                                    ("up_proj", "w13", slice(N, None)), ("down_proj", "w2", slice(None)))):
             codes = unpack_int4(getattr(ref, field)[e, rows])
             name = f"{PREFIX}.{e}.{proj}"
             tensors[f"{name}.weight_packed"] = pack_to_int32((codes.int() - 8).to(torch.int8), 4)
             tensors[f"{name}.weight_scale"] = getattr(ref, f"{field}_scale")[e, rows].clone()
             tensors[f"{name}.weight_shape"] = torch.tensor(codes.shape)
-            tensors[f"{name}.weight_g_idx"] = getattr(ref, f"{field}_g_idx")[e].clone()
+            g_idx = getattr(ref, f"{field}_g_idx")[e]
+            tensors[f"{name}.weight_g_idx"] = (g_idx[half] if g_idx.dim() == 2 else g_idx).clone()
     scheme = _quantization_config(_scheme(4, True, 32), ["lm_head"])
     scheme["config_groups"]["group_0"]["weights"]["actorder"] = "group"  # as releases before 0.20 wrote it
     config = {"model_type": "qwen3_moe", "num_experts": E, "quantization_config": scheme}

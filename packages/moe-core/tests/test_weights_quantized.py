@@ -136,12 +136,50 @@ def test_gptq_errors(tmp_path):
             load_layer(_write(tmp_path / "d", tensors, qc), 0)
 
 
-def test_gptq_gate_and_up_g_idx_must_agree(tmp_path):
-    ref = ExpertWeights.random(_moe(), int4_w4a16(32, act_order=True, scale_dtype="fp16"), seed=6)
+def _act_order_per_half(quant, seed: int, differing_experts=range(E)) -> ExpertWeights:
+    """Weights whose gate and up rows were calibrated apart: each half its own act-order permutation
+    (the same one for experts outside `differing_experts`)."""
+    gen = torch.Generator().manual_seed(seed)
+    g = quant.weight.group_size
+
+    def grouping(k: int) -> torch.Tensor:
+        return (torch.randperm(k, generator=gen) // g).int()
+
+    gate = torch.stack([grouping(K) for _ in range(E)])
+    up = torch.stack([grouping(K) if e in differing_experts else gate[e] for e in range(E)])
+    w2_g_idx = torch.stack([grouping(N) for _ in range(E)])
+    w13 = torch.randn(E, 2 * N, K, generator=gen) * K ** -0.5
+    w2 = torch.randn(E, K, N, generator=gen) * N ** -0.5
+    return ExpertWeights.from_float(w13, w2, quant, g_idx=(torch.stack([gate, up], 1), w2_g_idx))
+
+
+@pytest.mark.parametrize(("bits", "sym"), [(4, True), (4, False), (8, True)])
+def test_gptq_gate_and_up_with_different_g_idx(tmp_path, bits, sym):
+    """Producers calibrate each Linear apart: gate_proj and up_proj keep their own g_idx, read into
+    the per-half form [E, 2, K] (here only expert 2's halves differ: the whole layer takes the form)."""
+    factory = int4_w4a16 if bits == 4 else int8_w8a16
+    quant = factory(32, zero_point=not sym, act_order=True, scale_dtype="fp16")
+    ref = _act_order_per_half(quant, seed=6 + bits, differing_experts=(2,))
+    ref.validate(_moe(), quant)
     tensors = gptq_tensors(ref, PREFIX)
-    tensors[f"{PREFIX}.2.up_proj.g_idx"] = torch.flip(tensors[f"{PREFIX}.2.up_proj.g_idx"], [0])
-    with pytest.raises(CheckpointError, match="expert 2: gate_proj and up_proj have different g_idx"):
-        load_layer(_write(tmp_path, tensors, _gptq_qc(desc_act=True)), 0)
+    assert not torch.equal(tensors[f"{PREFIX}.2.gate_proj.g_idx"], tensors[f"{PREFIX}.2.up_proj.g_idx"])
+    assert torch.equal(tensors[f"{PREFIX}.1.gate_proj.g_idx"], tensors[f"{PREFIX}.1.up_proj.g_idx"])
+    loaded = load_layer(_write(tmp_path, tensors, _gptq_qc(bits, 32, sym, desc_act=True)), 0)
+    assert loaded.weights.w13_g_idx.shape == (E, 2, K)
+    _assert_same(loaded.weights, ref)
+    # An expert-parallel shard whose experts' halves agree reads as one grouping.
+    shard = load_layer(_write(tmp_path / "shard", tensors, _gptq_qc(bits, 32, sym, desc_act=True)), 0, experts=[0, 1])
+    assert torch.equal(shard.weights.w13_g_idx, ref.w13_g_idx[:2, 0])
+
+
+def test_gptq_halves_that_agree_read_as_one_g_idx(tmp_path):
+    quant = int4_w4a16(32, act_order=True, scale_dtype="fp16")
+    ref = _act_order_per_half(quant, seed=9, differing_experts=())
+    loaded = load_layer(_write(tmp_path, gptq_tensors(ref, PREFIX), _gptq_qc(desc_act=True)), 0)
+    assert loaded.weights.w13_g_idx.shape == (E, K)
+    assert torch.equal(loaded.weights.w13_g_idx, ref.w13_g_idx[:, 0])
+    for (a, b) in zip(loaded.weights.dequantize(), ref.dequantize()):
+        assert torch.equal(a, b)
 
 
 # ---- AWQ ----------------------------------------------------------------------------------

@@ -139,6 +139,62 @@ def test_int4_tinygemm(dtype, group, zero_point, act_order):
     assert err < (QUANTIZED_FP32_TOLERANCE if dtype == torch.float32 else TOLERANCE[dtype])
 
 
+def _act_order_per_half(config: MoEConfig, quant: MoEQuantConfig, seed: int, agree: bool = False) -> ExpertWeights:
+    """Act-order weights whose gate and up rows were calibrated apart (each half its own permutation,
+    as GPTQ producers write them), in the per-half form w13_g_idx [E, 2, K]; `agree`: one permutation
+    for both halves, still in that form."""
+    gen = torch.Generator().manual_seed(seed)
+    E, K, N, g = config.num_local_experts, config.hidden_size, config.intermediate_size_per_partition, quant.weight.group_size
+
+    def grouping(k: int) -> torch.Tensor:
+        return (torch.randperm(k, generator=gen) // g).int()
+
+    gate = torch.stack([grouping(K) for _ in range(E)])
+    up = gate if agree else torch.stack([grouping(K) for _ in range(E)])
+    w13 = torch.randn(E, 2 * N, K, generator=gen) * K ** -0.5
+    w2 = torch.randn(E, K, N, generator=gen) * N ** -0.5
+    b13 = (torch.randn(E, 2 * N, generator=gen) * 0.1).to(config.dtype) if config.has_bias else None
+    b2 = (torch.randn(E, K, generator=gen) * 0.1).to(config.dtype) if config.has_bias else None
+    return ExpertWeights.from_float(w13, w2, quant, b13, b2, g_idx=(torch.stack([gate, up], 1),
+                                    torch.stack([grouping(N) for _ in range(E)])), dtype=config.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("cls", "quant"), [
+    (CpuInt4Experts, int4_w4a16(64, act_order=True)),
+    (CpuInt4Experts, int4_w4a16(32, zero_point=True, act_order=True)),
+    (CpuDequantizedExperts, int8_w8a16(64, act_order=True)),
+], ids=["int4-g64", "int4-g32-zp", "int8-g64-dequantized"])
+def test_act_order_with_gate_and_up_grouped_apart(cls, quant, dtype):
+    """GPTQ producers calibrate gate_proj and up_proj apart: each half of w13 has its own g_idx.
+    Against the fp32 reference, with biases, on one expert-parallel rank's experts."""
+    config = _config(dtype=dtype, bias=True, parallel=ParallelConfig(ep_size=2, ep_rank=1))
+    weights = _act_order_per_half(config, quant, seed=3)
+    assert not torch.equal(weights.w13_g_idx[:, 0], weights.w13_g_idx[:, 1])
+    experts = cls(config, quant, CPU)
+    experts.load_weights(weights)
+    if cls is CpuInt4Experts:
+        assert experts._packed()["w13_perm"].shape == (4, 2, 256)  # one permutation per half
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(13, 256, generator=gen).to(dtype)
+    tw, ids = route_torch(torch.randn(13, 8, generator=gen), config.routing, config.top_k)
+    ref = reference_moe(x, weights, config, tw, ids, quant, config.expert_map())
+    err = float((experts.apply(x, tw, ids).float() - ref).norm() / ref.norm())
+    assert err < (QUANTIZED_FP32_TOLERANCE if dtype == torch.float32 else TOLERANCE[dtype])
+
+
+def test_int4_act_order_halves_that_agree_share_one_permutation():
+    config, quant = _config(), int4_w4a16(64, act_order=True)
+    weights = _act_order_per_half(config, quant, seed=5, agree=True)
+    experts = CpuInt4Experts(config, quant, CPU)
+    experts.load_weights(weights)
+    assert experts._packed()["w13_perm"].shape == (8, 256)
+    x = torch.randn(5, 256).bfloat16()
+    tw, ids = route_torch(torch.randn(5, 8), config.routing, config.top_k)
+    ref = reference_moe(x, weights, config, tw, ids, quant)
+    assert float((experts.apply(x, tw, ids).float() - ref).norm() / ref.norm()) < TOLERANCE[torch.bfloat16]
+
+
 def test_int4_float_zero_points():
     config = _config()
     quant = MoEQuantConfig(QuantKey(QuantDType.INT4, ScaleSpec(Granularity.GROUP, group_size=64, dtype="bf16"),

@@ -129,6 +129,27 @@ def test_refusals_are_specific(monkeypatch, tmp_path):
     assert not MarlinExperts.supports(layer(), int4_w4a16(128), CPU)
 
 
+def test_act_order_halves_grouped_apart_are_refused_at_load():
+    """Marlin sorts a GEMM's input channels once for all its rows: per-half w13 g_idx [E, 2, K] that
+    differ (gate and up calibrated apart) are refused with the reason; halves that agree pack as one."""
+    import dataclasses
+
+    from moe_core.weights import ExpertWeights
+
+    config, quant = layer(), int4_w4a16(64, act_order=True)
+    weights = ExpertWeights.random(config, quant, seed=1)
+    g_idx = weights.w13_g_idx
+    apart = dataclasses.replace(weights, w13_g_idx=torch.stack([g_idx, g_idx.flip(-1)], 1))
+    apart.validate(config, quant)
+    with pytest.raises(ValueError, match=r"w13_g_idx: gate and up rows have different act-order groupings.*"
+                                         r"Marlin takes one g_idx per GEMM"):
+        MarlinExperts.weight_processor(apart, config, torch.device("cpu"))
+    agree = dataclasses.replace(weights, w13_g_idx=torch.stack([g_idx, g_idx], 1))
+    packed = MarlinExperts.weight_processor(agree, config, torch.device("cpu")).tensors
+    shared = MarlinExperts.weight_processor(weights, config, torch.device("cpu")).tensors
+    assert packed.keys() == shared.keys() and all(torch.equal(packed[k], shared[k]) for k in shared)
+
+
 def test_missing_library_is_a_refusal_with_the_remedy(monkeypatch, tmp_path):
     monkeypatch.setenv(MARLIN_LIBRARY.env_var, str(tmp_path / "absent.so"))
     reason = MarlinExperts.supports(layer(), int4_w4a16(128), H200).reason

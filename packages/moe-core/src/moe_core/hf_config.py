@@ -1,7 +1,13 @@
 """Hugging Face `config.json` -> `MoEConfig` and `MoEQuantConfig`, exactly or not at all.
 
-Each supported `model_type` maps its router and expert fields to the descriptors; anything the
-descriptors cannot express raises `UnsupportedModelError` naming the field.
+Every model type `moe_core.integrations.transformers.fuse` serves is read through the same descriptor
+table (`moe_core.integrations._models.MODELS`): each descriptor's `ConfigFields` names the config
+attributes its block is built from, and its routing, activation and checks are resolved from those as
+`fuse` resolves them from the block. With transformers installed, config.json is parsed by the model
+type's own config class (its defaults, attribute_map aliases and sub-configs); without it, or for a
+model type the installed release lacks, config.json's keys are read under the same names and the
+aliases transformers' classes accept, and a value config.json omits is refused, not guessed.
+Anything the descriptors cannot express raises `UnsupportedModelError` naming the field.
 """
 
 from __future__ import annotations
@@ -13,38 +19,85 @@ from typing import Any
 
 import torch
 
-from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.config import Activation, ActivationKind, MoEConfig, ParallelConfig, Routing, Scoring
+from moe_core.integrations._descriptors import (
+    At,
+    BlockDescriptor,
+    ClampedSilu,
+    Fixed,
+    Mapped,
+    Refused,
+    Select,
+    SwigluOAI,
+)
+from moe_core.integrations._models import MODELS
 from moe_core.quant import MoEQuantConfig, mxfp4_w4a16, unquantized
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "UnsupportedModelError", "load_hf_config", "moe_config_from_hf", "quant_from_hf"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "ConfigFileError", "UnsupportedModelError", "load_hf_config",
+           "moe_config_from_hf", "quant_from_hf"]
 
 
 class UnsupportedModelError(ValueError):
     """The model's MoE block cannot be expressed exactly by moe_core's descriptors."""
 
 
+class ConfigFileError(ValueError, TypeError):
+    """A config.json that holds no JSON object. Also a TypeError: what reading keys of the JSON
+    value it does hold raises, which callers catch."""
+
+
+SUPPORTED_MODEL_TYPES = tuple(sorted(t for t, d in MODELS.items() if isinstance(d, BlockDescriptor)))
+
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_GATED = {"silu": Activation.silu, "swish": Activation.silu, "gelu": Activation.gelu,
-          "gelu_pytorch_tanh": Activation.gelu_tanh, "gelu_new": Activation.gelu_tanh}
+# transformers' ACT2FN names whose functions moe_core computes exactly (as `fuse` accepts their classes).
+_ACTIVATIONS = {"silu": ActivationKind.SILU, "swish": ActivationKind.SILU, "gelu": ActivationKind.GELU,
+                "gelu_new": ActivationKind.GELU_TANH, "gelu_pytorch_tanh": ActivationKind.GELU_TANH,
+                "relu2": ActivationKind.RELU2}
 
 
 def load_hf_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read config.json from a file or a model directory."""
+    """Read config.json from a file or a model directory; multimodal wrappers give their text_config
+    (with the wrapper's quantization_config). Invalid JSON raises json.JSONDecodeError and JSON that is
+    no object `ConfigFileError`, both ValueErrors naming the file."""
     p = os.fspath(path)
     if os.path.isdir(p):
         p = os.path.join(p, "config.json")
     with open(p) as f:
-        cfg = json.load(f)
+        text = f.read()
+    try:
+        cfg = _decode_special_floats(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise json.JSONDecodeError(f"{exc.msg} in {p}", exc.doc, exc.pos) from None
+    if not isinstance(cfg, dict):
+        raise ConfigFileError(f"{p} holds a JSON {type(cfg).__name__}, not an object (a config.json is one)")
     if "text_config" in cfg:  # multimodal wrappers keep the language model under text_config
-        text = dict(cfg["text_config"])
-        text.setdefault("quantization_config", cfg.get("quantization_config"))
-        return text
+        if not isinstance(cfg["text_config"], dict):
+            raise ConfigFileError(f"{p}: text_config is a JSON {type(cfg['text_config']).__name__}, not an object")
+        text_config = dict(cfg["text_config"])
+        text_config.setdefault("quantization_config", cfg.get("quantization_config"))
+        return text_config
     return cfg
 
 
-# Names transformers' config classes accept for the same field (their `attribute_map`s, e.g.
-# Qwen3MoeConfig writes `num_local_experts` and reads `num_experts` through the map; OlmoeConfig the
-# reverse). Used when transformers is not installed; with it, the config class's own map is read too.
+# How transformers writes the floats JSON has no numbers for (its config.json writer and reader).
+_FLOAT_TAG = "__float__"
+_FLOAT_TAG_VALUES = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _decode_special_floats(value: Any) -> Any:
+    """{"__float__": "Infinity"} (transformers' spelling of inf, -inf and NaN) -> the float, anywhere."""
+    if isinstance(value, dict):
+        if value.keys() == {_FLOAT_TAG} and value[_FLOAT_TAG] in _FLOAT_TAG_VALUES:
+            return _FLOAT_TAG_VALUES[value[_FLOAT_TAG]]
+        return {k: _decode_special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_special_floats(v) for v in value]
+    return value
+
+
+# Names config.json files use for the same field across transformers releases (their config classes'
+# `attribute_map`s, e.g. Qwen3MoeConfig stores `num_local_experts` and reads `num_experts` through the
+# map; OlmoeConfig the reverse). Tried in turn where no config class parses the file.
 _ALIASES: dict[str, tuple[str, ...]] = {
     "num_experts": ("num_local_experts", "n_routed_experts"),
     "num_local_experts": ("num_experts", "n_routed_experts"),
@@ -53,84 +106,184 @@ _ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _transformers_aliases(model_type: object) -> dict[str, str]:
-    """The installed transformers config class's attribute_map (alias -> stored name), or {}."""
+def _config_class(model_type: object) -> type | None:
+    """The installed transformers' config class of `model_type`, or None."""
     try:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     except ImportError:
-        return {}
+        return None
     try:
-        return dict(getattr(CONFIG_MAPPING[model_type], "attribute_map", {}) or {})
+        return CONFIG_MAPPING[model_type]
     except (KeyError, ImportError):
-        return {}
+        return None
 
 
-def _need(cfg: Mapping[str, Any], *names: str) -> Any:
-    """The first of `names` the config sets, each also under the aliases transformers accepts for it."""
-    attribute_map = _transformers_aliases(cfg.get("model_type"))
-    tried: list[str] = []
-    for n in names:
-        for candidate in (n, attribute_map.get(n), *_ALIASES.get(n, ())):
-            if candidate is None or candidate in tried:
-                continue
-            tried.append(candidate)
-            if cfg.get(candidate) is not None:
-                return cfg[candidate]
-    raise UnsupportedModelError(f"{cfg.get('model_type')}: config has none of {tuple(tried)}")
+_ABSENT = object()
 
 
-def _activation(cfg: Mapping[str, Any]) -> Activation:
-    act = cfg.get("hidden_act", "silu")
-    if act not in _GATED:
-        raise UnsupportedModelError(f"{cfg.get('model_type')}: hidden_act={act!r} is not supported "
-                                    f"(supported: {sorted(_GATED)})")
-    return _GATED[act]()
+class _ConfigView:
+    """A model's (text) config, read as the layer's modules read it (see the module docstring)."""
+
+    def __init__(self, cfg: Mapping[str, Any]) -> None:
+        self.model_type = cfg.get("model_type")
+        self.parsed = None
+        config_cls = _config_class(self.model_type)
+        if config_cls is not None:
+            try:
+                self.parsed = config_cls.from_dict(_decode_special_floats(dict(cfg))).get_text_config()
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise UnsupportedModelError(f"{self.model_type}: transformers' {config_cls.__name__} rejects "
+                                            f"this config: {exc}") from exc
+        text = cfg.get("text_config")
+        self.raw = text if isinstance(text, Mapping) else cfg
+
+    def get(self, name: str) -> Any:
+        """The value of config attribute `name`, or _ABSENT where the config class has no such attribute
+        or, unparsed, config.json leaves it to a default only that class knows."""
+        if self.parsed is not None:
+            return getattr(self.parsed, name, _ABSENT)
+        for candidate in (name, *_ALIASES.get(name, ())):
+            if candidate in self.raw:
+                return self.raw[candidate]
+        return _ABSENT
+
+    def need(self, name: str, field: str) -> Any:
+        value = self.get(name)
+        if value is None:
+            raise UnsupportedModelError(f"{self.model_type}: {field} is read from {name}, which its config sets to None")
+        if value is _ABSENT and self.parsed is not None:
+            raise UnsupportedModelError(f"{self.model_type}: {field} is read from {name}, which "
+                                        f"{type(self.parsed).__name__} does not have")
+        if value is _ABSENT:
+            names = ", ".join(dict.fromkeys((name, *_ALIASES.get(name, ()))))
+            raise UnsupportedModelError(f"{self.model_type}: {field} is read from {name}, but config.json sets none "
+                                        f"of {names} (its config class's default needs transformers installed)")
+        return _one_value(self.model_type, name, value)
 
 
-def _softmax_model(cfg, experts_key: str, inter_key: str, renormalize: bool) -> dict[str, Any]:
-    return dict(num_experts=_need(cfg, experts_key), top_k=_need(cfg, "num_experts_per_tok"),
-                intermediate_size=_need(cfg, inter_key), activation=_activation(cfg),
-                routing=Routing.softmax_topk(renormalize))
+def _one_value(model_type: object, name: str, value: Any) -> Any:
+    """A per-layer list (Hunyuan's num_experts, moe_topk) is one layer's value only when all agree."""
+    if isinstance(value, list | tuple):
+        if not value or any(v != value[0] for v in value):
+            raise UnsupportedModelError(f"{model_type}: {name}={value!r} differs between layers; one MoEConfig "
+                                        "describes one kind of layer")
+        return value[0]
+    return value
 
 
-def _fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    mt = cfg.get("model_type")
-    if mt == "mixtral":
-        return _softmax_model(cfg, "num_local_experts", "intermediate_size", renormalize=True)
-    if mt in ("qwen2_moe", "qwen3_moe"):
-        return _softmax_model(cfg, "num_experts", "moe_intermediate_size", bool(cfg.get("norm_topk_prob", False)))
-    if mt == "olmoe":
-        return _softmax_model(cfg, "num_experts", "intermediate_size", bool(cfg.get("norm_topk_prob", False)))
-    if mt == "deepseek_v3":
-        if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
-            raise UnsupportedModelError("deepseek_v3: only scoring_func='sigmoid' with topk_method='noaux_tc' "
-                                        f"is supported, got {cfg.get('scoring_func')!r}/{cfg.get('topk_method')!r}")
-        return dict(num_experts=_need(cfg, "n_routed_experts"), top_k=_need(cfg, "num_experts_per_tok"),
-                    intermediate_size=_need(cfg, "moe_intermediate_size"), activation=_activation(cfg),
-                    routing=Routing.deepseek_v3(_need(cfg, "n_group"), _need(cfg, "topk_group"),
-                                                float(cfg.get("routed_scaling_factor", 1.0)),
-                                                renormalize=bool(cfg.get("norm_topk_prob", True))))
-    if mt == "gpt_oss":
-        # gpt-oss: top-k on the router logits, then softmax over the k kept ones == renormalized softmax.
-        return dict(num_experts=_need(cfg, "num_local_experts"),
-                    top_k=_need(cfg, "num_experts_per_tok", "experts_per_token"),
-                    intermediate_size=_need(cfg, "intermediate_size"),
-                    activation=Activation.swiglu_oai(1.702, float(cfg.get("swiglu_limit", 7.0))),
-                    routing=Routing.softmax_topk(True), has_bias=True)
-    raise UnsupportedModelError(f"model_type={mt!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+def _descriptor(model_type: object) -> BlockDescriptor:
+    desc = MODELS.get(model_type) if isinstance(model_type, str) else None
+    if isinstance(desc, BlockDescriptor):
+        return desc
+    if isinstance(desc, Refused):
+        raise UnsupportedModelError(f"model_type={model_type!r} is not supported: {desc.reason}")
+    raise UnsupportedModelError(f"model_type={model_type!r} is not supported; supported: "
+                                f"{', '.join(SUPPORTED_MODEL_TYPES)}")
 
 
-SUPPORTED_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
+def _block_value(view: _ConfigView, desc: BlockDescriptor, spec: object, field: str) -> object:
+    """A descriptor field's value from the config: `At` and `Select` paths through `desc.config`."""
+    if isinstance(spec, At):
+        value = _block_attribute(view, desc, spec.path, field)
+        if value is None:
+            if spec.default is None:
+                raise UnsupportedModelError(f"{view.model_type}: {field} ({spec.path}) is None in its config")
+            return spec.default
+        return value
+    if isinstance(spec, Select):
+        value = _block_attribute(view, desc, spec.path, field)
+        for accepted, result in spec.cases:
+            if value == accepted:
+                return _block_value(view, desc, result, field)
+        accepted = ", ".join(repr(a) for a, _ in spec.cases)
+        raise UnsupportedModelError(f"{view.model_type}: {spec.path}={value!r} is not supported for {field} "
+                                    f"(supported: {accepted})")
+    return spec
+
+
+def _block_attribute(view: _ConfigView, desc: BlockDescriptor, path: str, field: str) -> object:
+    """The value the block's attribute at `path` takes from the config (None where the config sets none)."""
+    try:
+        source = desc.config.source(path)
+    except KeyError:
+        raise UnsupportedModelError(f"{view.model_type}: no config attribute is known for the block's {path} "
+                                    f"({field})") from None
+    if isinstance(source, Fixed):
+        return source.value
+    if isinstance(source, Mapped):
+        value = view.get(source.name)
+        value = None if value is _ABSENT else _one_value(view.model_type, source.name, value)
+        return dict(source.cases).get(value, value)
+    value = view.get(source)
+    if value is _ABSENT:
+        return view.need(source, field)  # raises, naming the field
+    return _one_value(view.model_type, source, value)
+
+
+def _activation(view: _ConfigView, desc: BlockDescriptor) -> Activation:
+    act = desc.activation
+    try:
+        if isinstance(act, SwigluOAI):
+            return Activation.swiglu_oai(alpha=float(_block_value(view, desc, act.alpha, "activation alpha")),
+                                         limit=float(_block_value(view, desc, act.limit, "activation limit")))
+        if isinstance(act, ClampedSilu):
+            return Activation.silu(clamp=float(_block_value(view, desc, act.limit, "activation limit")))
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{view.model_type}: {exc}") from exc
+    source = desc.config.hidden_act
+    name = source.value if isinstance(source, Fixed) else view.need(source, "the experts' activation")
+    if name not in _ACTIVATIONS:
+        raise UnsupportedModelError(f"{view.model_type}: {source}={name!r} is not supported "
+                                    f"(supported: {sorted(_ACTIVATIONS)})")
+    return Activation(_ACTIVATIONS[name])
+
+
+def _routing(view: _ConfigView, desc: BlockDescriptor) -> Routing:
+    r = desc.routing
+    scoring = _block_value(view, desc, r.scoring, "routing.scoring")
+    groups = int(_block_value(view, desc, r.num_expert_groups, "routing.num_expert_groups"))
+    renormalize = bool(_block_value(view, desc, r.renormalize, "routing.renormalize"))
+    try:
+        return Routing(
+            scoring=Scoring(scoring) if isinstance(scoring, str) else scoring, renormalize=renormalize,
+            renormalize_eps=r.renormalize_eps if renormalize else 0.0, num_expert_groups=groups,
+            topk_groups=int(_block_value(view, desc, r.topk_groups, "routing.topk_groups")) if groups > 1 else 1,
+            group_scoring=r.group_scoring,
+            has_correction_bias=bool(_block_value(view, desc, r.correction_bias, "routing.correction_bias")),
+            correction_bias_on_logits=r.correction_bias_on_logits,
+            routed_scaling_factor=float(_block_value(view, desc, r.routed_scaling_factor,
+                                                     "routing.routed_scaling_factor")),
+            weight_on_input=r.weight_on_input)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{view.model_type}: {exc}") from exc
 
 
 def moe_config_from_hf(cfg: Mapping[str, Any], dtype: torch.dtype | None = None,
                        parallel: ParallelConfig | None = None, max_num_tokens: int = 8192) -> MoEConfig:
-    """The MoEConfig of one routed-expert layer of the model (shared experts are the caller's)."""
-    fields = _fields(cfg)
+    """The MoEConfig of one routed-expert layer of the model (shared experts are the caller's): what
+    `fuse` builds for that model's blocks."""
+    model_type = cfg.get("model_type")
+    desc = _descriptor(model_type)
+    view = _ConfigView(cfg)
+    for check in desc.checks:
+        value = _block_attribute(view, desc, check.path, check.path)
+        if value not in check.accepted:
+            raise UnsupportedModelError(f"{model_type}: {check.path}={value!r}: {check.reason}")
+    fields = desc.config
     if dtype is None:
         dtype = _DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), torch.bfloat16)
-    return MoEConfig(hidden_size=_need(cfg, "hidden_size"), dtype=dtype,
-                     parallel=parallel or ParallelConfig(), max_num_tokens=max_num_tokens, **fields)
+    try:
+        return MoEConfig(
+            num_experts=int(view.need(fields.num_experts, "the expert count")),
+            top_k=int(_block_value(view, desc, desc.routing.top_k, "routing.top_k")),
+            hidden_size=int(view.need("hidden_size", "the hidden size")),
+            intermediate_size=int(view.need(fields.intermediate_size, "the experts' intermediate size")),
+            activation=_activation(view, desc), routing=_routing(view, desc), dtype=dtype,
+            parallel=parallel or ParallelConfig(), has_bias=fields.has_bias, max_num_tokens=max_num_tokens)
+    except UnsupportedModelError:
+        raise
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{model_type}: not expressible as a MoEConfig: {exc}") from exc
 
 
 # A representative routed-expert projection: compressed-tensors resolves schemes per module name.

@@ -21,7 +21,13 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.reference import apply_activation, fake_quantize_activation
 from moe_core.weights import ExpertWeights, PackedWeights
 from moe_cpu._details.dispatch import run_experts
-from moe_cpu._details.packing import act_order_permutation, dequantized, int4_tinygemm, int8_per_channel
+from moe_cpu._details.packing import (
+    act_order_permutation,
+    dequantized,
+    int4_tinygemm,
+    int8_per_channel,
+    w13_halves,
+)
 
 __all__ = [
     "CpuDequantizedExperts",
@@ -273,9 +279,20 @@ class Int4TinygemmProcessor:
         g = key.group_size
         tensors = _biases(weights, config.dtype)
         for name in ("w13", "w2"):
+            g_idx = getattr(weights, f"{name}_g_idx") if key.act_order else None
+            if g_idx is not None and g_idx.dim() == 3 and torch.equal(g_idx[:, 0], g_idx[:, 1]):
+                g_idx = g_idx[:, 0]  # the halves agree: one permutation serves all rows
+            if g_idx is not None and g_idx.dim() == 3:
+                # Gate and up grouped apart: each half packed under its own input permutation,
+                # stacked on dim 1 (w13 [E, 2, ...], w13_perm [E, 2, K]); _gemm runs them apart.
+                halves = [(half, act_order_permutation(half.w13_g_idx, g, name)) for half in w13_halves(weights)]
+                packed = [int4_tinygemm(half, name, config.dtype, perm) for half, perm in halves]
+                tensors[f"{name}_perm"] = torch.stack([perm for _, perm in halves], 1)
+                tensors[name], tensors[f"{name}_scale_and_zeros"] = (torch.stack(parts, 1) for parts in zip(*packed))
+                continue
             perm = None
-            if key.act_order:
-                perm = act_order_permutation(getattr(weights, f"{name}_g_idx"), g, name)
+            if g_idx is not None:
+                perm = act_order_permutation(g_idx, g, name)
                 tensors[f"{name}_perm"] = perm
             tensors[name], tensors[f"{name}_scale_and_zeros"] = int4_tinygemm(weights, name, config.dtype, perm)
         return PackedWeights(self.layout, tensors)
@@ -285,7 +302,8 @@ class CpuInt4Experts(_CpuExperts):
     """int4 weight-only (GPTQ/AWQ/compressed-tensors): `aten._weight_int4pack_mm_for_cpu` per expert.
 
     Act-order weights are served by permuting each expert's input channels once at load and its
-    input rows per call, which makes every scale group contiguous.
+    input rows per call, which makes every scale group contiguous. Where gate and up rows have
+    different groupings, each half has its own permutation and GEMM1 runs as two GEMMs.
     """
 
     weight_processor = Int4TinygemmProcessor()
@@ -309,13 +327,18 @@ class CpuInt4Experts(_CpuExperts):
 
     def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         perm = packed.get(f"{name}_perm")
-        if perm is not None:
-            x = x.index_select(1, perm[expert])
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), packed[name][expert],
-                                                       self.quant.weight.group_size,
-                                                       packed[f"{name}_scale_and_zeros"][expert])
+        codes, scale_and_zeros = packed[name][expert], packed[f"{name}_scale_and_zeros"][expert]
+        if perm is not None and perm.dim() == 3:  # gate and up halves, each under its own permutation
+            y = torch.cat([self._int4_mm(x.index_select(1, perm[expert, h]), codes[h], scale_and_zeros[h])
+                           for h in range(2)], dim=1)
+        else:
+            y = self._int4_mm(x if perm is None else x.index_select(1, perm[expert]), codes, scale_and_zeros)
         bias = _bias_of(packed, f"{name}_bias", expert)
         return y if bias is None else y + bias
+
+    def _int4_mm(self, x: torch.Tensor, codes: torch.Tensor, scale_and_zeros: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), codes, self.quant.weight.group_size,
+                                                          scale_and_zeros)
 
 
 # ---- int8 weight-only: ATen per-channel int8 GEMM ----------------------------------------------

@@ -3,8 +3,9 @@ scales live, and what they compute, in `moe_core` terms.
 
 A `BlockDescriptor` names attributes of the block (dotted paths such as "gate.weight"); `At` marks a
 value read from the block at fuse time (e.g. `At("gate.top_k")`), anything else is a constant. The
-table of every model type lives in `moe_core.integrations._models`; `transformers.fuse` is the only
-code that interprets it.
+table of every model type lives in `moe_core.integrations._models`; `transformers.fuse` interprets it
+against a model's blocks. `ConfigFields` says where the model's config holds each value `fuse` reads
+from the block, so `moe_core.hf_config` derives the same layer from config.json alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ __all__ = [
     "BlockDescriptor",
     "Check",
     "ClampedSilu",
+    "ConfigFields",
     "ExpertsLayout",
+    "Fixed",
+    "Mapped",
     "Refused",
     "RouterDescriptor",
     "RoutingDescriptor",
@@ -106,6 +110,59 @@ class SharedDescriptor:
     combine_scale: At | Select | float = 1.0  # (routed + shared) *= this when the shared experts are present
 
 
+@dataclass(frozen=True)
+class Fixed:
+    """A block attribute its module sets to a constant, whatever the config says."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class Mapped:
+    """A block attribute derived from config attribute `name`: `cases` maps config values to the block's
+    (e.g. moe_latent_size None -> an "Identity" projection); other values pass through unchanged."""
+
+    name: str
+    cases: tuple[tuple[object, object], ...]
+
+
+# The config attribute each block path is built from, unless a model's `ConfigFields.paths` says
+# otherwise (the block modules copy these from their config in __init__).
+_CONFIG_ATTRIBUTES: dict[str, str] = {
+    "gate.top_k": "num_experts_per_tok",
+    "router.top_k": "num_experts_per_tok",
+    "gate.norm_topk_prob": "norm_topk_prob",
+    "gate.num_group": "n_group",
+    "gate.topk_group": "topk_group",
+    "gate.topk_method": "topk_method",
+    "gate.routed_scaling_factor": "routed_scaling_factor",
+    "routed_scaling_factor": "routed_scaling_factor",
+    "gate.expert_selection_fn": "expert_selection_fn",
+    "shared_expert_combination_strategy": "shared_expert_combination_strategy",
+    "use_expert_bias": "use_expert_bias",
+    "experts.alpha": "swiglu_alpha",
+    "experts.limit": "swiglu_limit",
+    "experts.swiglu_alpha": "swiglu_alpha",
+    "experts.swiglu_limit": "swiglu_limit",
+}
+
+
+@dataclass(frozen=True)
+class ConfigFields:
+    """Where a model type's (text) config holds what `fuse` reads from its MoE block: the names its
+    modules read (transformers' config attribute names; the class's attribute_map aliases apply)."""
+
+    num_experts: str = "num_experts"
+    intermediate_size: str = "moe_intermediate_size"  # the routed experts' N
+    hidden_act: str | Fixed = "hidden_act"  # the experts' act_fn name (unused with a descriptor activation)
+    has_bias: bool = False  # the experts carry biases
+    paths: tuple[tuple[str, str | Fixed | Mapped], ...] = ()  # block path -> its source, beyond the defaults
+
+    def source(self, path: str) -> str | Fixed | Mapped:
+        """The config attribute (or constant) block path `path` is built from; KeyError if none is known."""
+        return dict(self.paths).get(path) or _CONFIG_ATTRIBUTES[path]
+
+
 class ExpertsLayout(enum.Enum):
     """How expert tensors are read when the experts module does not declare its layout itself."""
 
@@ -136,6 +193,7 @@ class BlockDescriptor:
     jitter_noise: str | None = None  # dotted path of a training-only input noise (Mixtral style)
     checks: tuple[Check, ...] = ()  # conditions for exactness
     takes_extra_inputs: bool = False  # forward(hidden, ...) takes more arguments that the fused block ignores
+    config: ConfigFields = ConfigFields()  # where config.json holds the same values (`moe_core.hf_config`)
     note: str = ""  # shown in docs/models.md: what the block does beyond plain top-k routing
 
     def __post_init__(self) -> None:

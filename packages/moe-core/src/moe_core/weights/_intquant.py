@@ -67,7 +67,8 @@ def assemble_int_experts(experts: list[dict[str, QuantizedProjection]], names: t
                          where: str) -> ExpertWeights:
     """Per-expert {module name: projection} -> canonical int4/int8 `ExpertWeights`.
 
-    group_size -1 means per channel. `where` names the layer in error messages.
+    group_size -1 means per channel. `where` names the layer in error messages. Act-order w13 g_idx
+    is [E, K] when every expert's gate and up share one grouping, else [E, 2, K] (gate's, up's).
     """
     gate, up, down = names
     w13_names = [n for n in (gate, up) if n is not None]
@@ -77,19 +78,20 @@ def assemble_int_experts(experts: list[dict[str, QuantizedProjection]], names: t
                               "bfloat16, float16, float32 shared by every projection")
     fields: dict[str, list[torch.Tensor]] = {k: [] for k in ("w13", "w2", "w13_scale", "w2_scale", "w13_zero",
                                                              "w2_zero", "w13_g_idx", "w2_g_idx")}
-    for e, ex in enumerate(experts):
-        first = ex[w13_names[0]]
-        if act_order and any(not torch.equal(ex[n].g_idx, first.g_idx) for n in w13_names[1:]):
-            raise CheckpointError(f"{where}: expert {e}: {gate} and {up} have different g_idx; the fused w13 "
-                                  "GEMM needs one input-channel grouping for both")
+    for ex in experts:
         for name, parts in (("w13", [ex[n] for n in w13_names]), ("w2", [ex[down]])):
             fields[name].append(torch.cat([p.codes for p in parts], 0))
             fields[f"{name}_scale"].append(torch.cat([p.scale for p in parts], 0))
             if zero_point:
                 fields[f"{name}_zero"].append(torch.cat([p.zero for p in parts], 0))
             if act_order:
-                fields[f"{name}_g_idx"].append(parts[0].g_idx.to(torch.int32))
+                fields[f"{name}_g_idx"].append(torch.stack([p.g_idx.to(torch.int32) for p in parts]))
     stacked = {k: torch.stack(v) for k, v in fields.items() if v}
+    if act_order:
+        stacked["w2_g_idx"] = stacked["w2_g_idx"][:, 0]
+        w13_g_idx = stacked["w13_g_idx"]  # [E, halves, K]
+        if bool((w13_g_idx == w13_g_idx[:, :1]).all()):
+            stacked["w13_g_idx"] = w13_g_idx[:, 0]
     if group_size == -1:
         for k in ("w13_scale", "w2_scale", "w13_zero", "w2_zero"):
             if k in stacked:

@@ -13,7 +13,9 @@ Layout (E = local experts, R = w13 rows = 2N gated (gate rows, then up rows) or 
 Scales per granularity (shown for w13; w2 alike with (K, N)): TENSOR fp32 [E]; CHANNEL [E, R];
 GROUP [E, R, K/g] (e8m0 as uint8 biased exponents); BLOCK fp32 [E, ceil(R/br), ceil(K/bc)].
 Integer zero points: uint8 codes shaped like the scales; float zero points: floats shaped like the
-scales. g_idx (act-order): int32 [E, K] for w13, [E, N] for w2. Biases: [E, R] and [E, K].
+scales. g_idx (act-order): int32 [E, K] for w13 (one grouping for all its rows) or, for gated layers
+whose gate and up rows were calibrated apart, [E, 2, K] (gate's, then up's); [E, N] for w2.
+Biases: [E, R] and [E, K].
 Dequantization: value = (code - zero) * scale, zero = 2**(bits-1) when symmetric.
 """
 
@@ -21,16 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from moe_core._progress import LoggedProgress
 from moe_core.config import MoEConfig
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights.packing import decode_e2m1, decode_e8m0, encode_e2m1, pack_int4, unpack_int4
 
 __all__ = ["ExpertWeights", "quantize_expert_tensor"]
+
+_log = logging.getLogger(__name__)
 
 _FP8_MAX = 448.0
 
@@ -44,7 +50,10 @@ class ExpertWeights:
     w2_scale: torch.Tensor | None = None
     w13_zero: torch.Tensor | None = None  # only with ZeroPoint.INTEGER / FLOAT
     w2_zero: torch.Tensor | None = None
-    w13_g_idx: torch.Tensor | None = None  # only with act_order: int32 [E, K], group of each input channel
+    # Only with act_order: int32 group of each input channel. [E, K] when all of w13's rows share one
+    # grouping; [E, 2, K] (gate rows' grouping, then up rows') for gated layers whose halves may
+    # differ. Readers give [E, K] whenever every expert's halves agree; backends accept both.
+    w13_g_idx: torch.Tensor | None = None
     w2_g_idx: torch.Tensor | None = None  # int32 [E, N]
     w13_bias: torch.Tensor | None = None  # [E, R]
     w2_bias: torch.Tensor | None = None  # [E, K]
@@ -102,7 +111,7 @@ class ExpertWeights:
                 raise ValueError(f"{name}: input dimension {cols} must be even for 4-bit packing")
             shape = (E, rows, cols // 2 if packed else cols)
             _expect(name, t, shape, want_dtype, "float" if want_dtype is None else None)
-            self._validate_scales(name, rows, cols)
+            self._validate_scales(name, rows, cols, config.activation.gated)
         if config.has_bias != self.has_bias or (self.w13_bias is None) != (self.w2_bias is None):
             raise ValueError(f"config.has_bias={config.has_bias} but w13_bias is "
                              f"{'set' if self.w13_bias is not None else 'None'} and w2_bias is "
@@ -111,7 +120,7 @@ class ExpertWeights:
             _expect("w13_bias", self.w13_bias, (E, R), None, "float")
             _expect("w2_bias", self.w2_bias, (E, K), None, "float")
 
-    def _validate_scales(self, name: str, rows: int, cols: int) -> None:
+    def _validate_scales(self, name: str, rows: int, cols: int, gated: bool) -> None:
         key, E = self.key, self.w13.shape[0]
         scale, zero, g_idx = (getattr(self, f"{name}_{s}") for s in ("scale", "zero", "g_idx"))
         if not key.quantized:
@@ -143,7 +152,8 @@ class ExpertWeights:
         elif zero is not None:
             raise ValueError(f"{name}_zero: the key {key} has no zero points but a tensor was given")
         if key.act_order:
-            _expect(f"{name}_g_idx", g_idx, (E, cols), torch.int32, None)
+            per_half = name == "w13" and gated and g_idx is not None and g_idx.dim() == 3
+            _expect(f"{name}_g_idx", g_idx, (E, 2, cols) if per_half else (E, cols), torch.int32, None)
             ngroups = sshape[2]
             if bool((g_idx < 0).any()) or bool((g_idx >= ngroups).any()):
                 raise ValueError(f"{name}_g_idx: values must lie in [0, {ngroups})")
@@ -187,7 +197,8 @@ class ExpertWeights:
                    dtype: torch.dtype = torch.bfloat16) -> ExpertWeights:
         """Quantize float weights (w13 [E, R, K], w2 [E, K, N]) to `quant`'s weight key.
 
-        Unquantized keys cast to `dtype`. For act-order keys `g_idx` gives (w13 [E, K], w2 [E, N]).
+        Unquantized keys cast to `dtype`. For act-order keys `g_idx` gives (w13 [E, K] or per half
+        [E, 2, K], w2 [E, N]).
         """
         key = quant.weight
         fields: dict[str, torch.Tensor | None] = {"w13_bias": w13_bias, "w2_bias": w2_bias}
@@ -198,7 +209,11 @@ class ExpertWeights:
             gi = g_idx[i] if (key.act_order and g_idx is not None) else None
             if key.act_order and gi is None:
                 raise ValueError("from_float: act-order keys need g_idx=(w13_g_idx [E, K], w2_g_idx [E, N])")
-            codes, scale, zero = quantize_expert_tensor(w, key, gi)
+            if name == "w13" and gi is not None and gi.dim() == 3:  # each half quantized by its own grouping
+                halves = [quantize_expert_tensor(part, key, gi[:, h]) for h, part in enumerate(w.chunk(2, dim=1))]
+                codes, scale, zero = (None if parts[0] is None else torch.cat(parts, 1) for parts in zip(*halves))
+            else:
+                codes, scale, zero = quantize_expert_tensor(w, key, gi)
             fields.update({name: codes, f"{name}_scale": scale, f"{name}_zero": zero, f"{name}_g_idx": gi})
         return ExpertWeights(key, **fields)
 
@@ -208,15 +223,21 @@ class ExpertWeights:
                device: torch.device | str = "cpu") -> ExpertWeights:
         """Weights of `config`'s real shape, drawn N(0, 1/fan_in) and quantized expert by expert.
 
-        Memory stays near the final size: one expert is drawn in fp32 at a time.
-        `progress(done, total)` is called after each expert. `device`: where they are drawn and
-        quantized, and live (a GPU draws a real-shape layer in a fraction of the CPU's time); one
-        seed draws other weights on another kind of device.
+        Memory stays near the final size: one expert is drawn in fp32 at a time and written into
+        the result. `progress(done, total)` is called after each expert (default: a line at INFO on
+        the "moe_core" logger every few seconds, see `moe_core._progress`). `device`: where they are
+        drawn and quantized, and live (a GPU draws a real-shape layer in a fraction of the CPU's
+        time); one seed draws other weights on another kind of device.
         """
         E, R, K, N = config.num_local_experts, config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
+        if torch.device(device).type == "meta":
+            raise ValueError("ExpertWeights.random: device='meta' holds no values; draw them on the CPU or an "
+                             "accelerator")
+        if progress is None:
+            progress = LoggedProgress(_log, f"drawing random {quant.name} weights of {E} experts")
         gen = torch.Generator(device=device).manual_seed(seed)
         draw = functools.partial(torch.randn, generator=gen, device=gen.device)
-        parts: list[ExpertWeights] = []
+        fields: dict[str, torch.Tensor] = {}
         for e in range(E):
             w13 = draw(1, R, K) * K ** -0.5
             w2 = draw(1, K, N) * N ** -0.5
@@ -227,12 +248,15 @@ class ExpertWeights:
                 g = quant.weight.group_size
                 gi = (_random_g_idx(K, g, gen).unsqueeze(0), _random_g_idx(N, g, gen).unsqueeze(0))
             bias_dtype = config.dtype if config.has_bias else None
-            parts.append(ExpertWeights.from_float(
+            part = ExpertWeights.from_float(
                 w13, w2, quant, b13.to(bias_dtype) if b13 is not None else None,
-                b2.to(bias_dtype) if b2 is not None else None, gi, dtype=config.dtype))
-            if progress is not None:
-                progress(e + 1, E)
-        return ExpertWeights.stack(parts)
+                b2.to(bias_dtype) if b2 is not None else None, gi, dtype=config.dtype)
+            if not fields:  # the result's tensors, filled expert by expert (no second copy to stack)
+                fields = {name: t.new_empty((E, *t.shape[1:])) for name, t in part.tensors().items()}
+            for name, t in part.tensors().items():
+                fields[name][e] = t[0]
+            progress(e + 1, E)
+        return ExpertWeights(quant.weight, **fields)
 
     @staticmethod
     def stack(parts: list[ExpertWeights]) -> ExpertWeights:
@@ -247,10 +271,18 @@ class ExpertWeights:
             if f.name == "key":
                 continue
             ts = [getattr(p, f.name) for p in parts]
+            if f.name == "w13_g_idx" and len({t.dim() for t in ts if t is not None}) > 1:
+                ts = [_per_half(t) for t in ts]  # one part's halves differ: every part in the [E, 2, K] form
             if all(t is None for t in ts):
                 continue
             if any(t is None for t in ts):
                 raise ValueError(f"ExpertWeights.stack: {f.name} is set on some parts but not others")
+            first = ts[0]
+            for i, t in enumerate(ts):  # torch.cat would promote a dtype silently
+                if (t.shape[1:], t.dtype, t.device) != (first.shape[1:], first.dtype, first.device):
+                    raise ValueError(f"ExpertWeights.stack: {f.name} of part {i} is {t.dtype} {list(t.shape)} on "
+                                     f"{t.device}, of part 0 {first.dtype} {list(first.shape)} on {first.device}; "
+                                     "parts may differ in the expert dimension only")
             fields[f.name] = torch.cat(ts, 0)
         return ExpertWeights(key, **fields)
 
@@ -280,10 +312,19 @@ def _expand(per_group: torch.Tensor, key: QuantKey, rows: int, cols: int,
         return per_group.view(E, rows, 1)
     if g is Granularity.GROUP:
         if g_idx is not None:
-            return torch.gather(per_group, 2, g_idx.long().unsqueeze(1).expand(E, rows, cols))
+            if g_idx.dim() == 3:  # per half: gate rows take g_idx[:, 0], up rows g_idx[:, 1]
+                index = g_idx.long().repeat_interleave(rows // 2, dim=1)
+            else:
+                index = g_idx.long().unsqueeze(1).expand(E, rows, cols)
+            return torch.gather(per_group, 2, index)
         return per_group.repeat_interleave(key.scale.group_size, dim=2)
     br, bc = key.scale.block_shape
     return per_group.repeat_interleave(br, 1).repeat_interleave(bc, 2)[:, :rows, :cols]
+
+
+def _per_half(g_idx: torch.Tensor | None) -> torch.Tensor | None:
+    """A w13 g_idx in the per-half form [E, 2, K]."""
+    return g_idx.unsqueeze(1).expand(-1, 2, -1).contiguous() if g_idx is not None and g_idx.dim() == 2 else g_idx
 
 
 def _random_g_idx(k: int, group_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -318,6 +359,8 @@ def quantize_expert_tensor(w: torch.Tensor, key: QuantKey, g_idx: torch.Tensor |
 
     if key.dtype is QuantDType.FP4_E2M1:
         g = spec.group_size
+        if cols % g:
+            raise ValueError(f"group size {g} does not divide the input dimension {cols}")
         blocks = w.view(E, rows, cols // g, g)
         amax = blocks.abs().amax(dim=-1).clamp(min=2.0 ** -126)
         # Largest e2m1 magnitude is 6 = 1.5 * 2**2: pick the exponent that keeps amax representable.

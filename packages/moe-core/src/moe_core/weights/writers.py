@@ -93,7 +93,7 @@ def gptq_tensors(weights: ExpertWeights, prefix: str, v1_zeros: bool = True) -> 
         out[f"{module}.qweight"] = _pack_rows(codes.t().long(), bits)
         out[f"{module}.qzeros"] = _pack_rows(stored_zero.long(), bits).t().contiguous()  # along N
         out[f"{module}.scales"] = scale.t().contiguous()
-        out[f"{module}.g_idx"] = g_idx.to(torch.int32).clone()  # gate and up share it: own copies
+        out[f"{module}.g_idx"] = g_idx.to(torch.int32).clone()  # gate and up may share it: own copies
     return out
 
 
@@ -167,8 +167,8 @@ def _int_projections(weights: ExpertWeights, prefix: str):
     int4 = weights.key.dtype is QuantDType.INT4
     N = weights.w13.shape[1] // 2
     for e in range(weights.num_experts):
-        for name, field, rows in (("gate_proj", "w13", slice(0, N)), ("up_proj", "w13", slice(N, 2 * N)),
-                                  ("down_proj", "w2", slice(None))):
+        for name, field, rows, half in (("gate_proj", "w13", slice(0, N), 0), ("up_proj", "w13", slice(N, 2 * N), 1),
+                                        ("down_proj", "w2", slice(None), None)):
             codes = getattr(weights, field)[e, rows]
             codes = unpack_int4(codes) if int4 else codes
             scale = getattr(weights, f"{field}_scale")[e, rows]
@@ -178,7 +178,9 @@ def _int_projections(weights: ExpertWeights, prefix: str):
                 scale = scale.unsqueeze(1)
                 zero = zero.unsqueeze(1) if zero is not None else None
             g_idx = getattr(weights, f"{field}_g_idx")
-            yield e, join_key(prefix, f"{e}.{name}"), codes, scale, zero, (g_idx[e] if g_idx is not None else None)
+            if g_idx is not None:
+                g_idx = g_idx[e, half] if g_idx.dim() == 3 else g_idx[e]  # [E, 2, K]: gate's, then up's
+            yield e, join_key(prefix, f"{e}.{name}"), codes, scale, zero, g_idx
 
 
 def _to_int32(words: torch.Tensor) -> torch.Tensor:

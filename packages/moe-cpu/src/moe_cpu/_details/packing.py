@@ -29,6 +29,18 @@ def act_order_permutation(g_idx: torch.Tensor, group_size: int, name: str) -> to
     return perm
 
 
+def w13_halves(weights: ExpertWeights) -> tuple[ExpertWeights, ExpertWeights]:
+    """The gate rows and the up rows of a gated w13 as weights of their own (w13 = that half, with
+    its half of the per-half g_idx [E, 2, K]), for halves whose act-order groupings differ."""
+    n = weights.w13.shape[1] // 2
+    g_idx = weights.w13_g_idx
+    return tuple(dataclasses.replace(
+        weights, w13=weights.w13[:, rows], w13_scale=weights.w13_scale[:, rows],
+        w13_zero=weights.w13_zero[:, rows] if weights.w13_zero is not None else None,
+        w13_g_idx=g_idx[:, half] if g_idx is not None else None)
+        for half, rows in enumerate((slice(0, n), slice(n, 2 * n))))
+
+
 def int4_tinygemm(weights: ExpertWeights, name: str, dtype: torch.dtype, perm: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [E, R, C/2], scale_and_zeros [E, C/g, R, 2] in `dtype`) for one GEMM's weights."""
