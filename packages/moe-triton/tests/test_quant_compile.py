@@ -34,11 +34,20 @@ _SPECIALIZATIONS = {
     "quads-tail-last-arrival": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_M=64, SINK=2,
                                      MUL_ROUTED=True, REDUCE_TOPK=8, K_TAIL=True, NARROW=True, TAIL=32),
                                 {"b_ptr": "*i16"}),
-    "mxfp4-relu2": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, ACT=5, BLOCK_N=256),
-                    {"b_ptr": "*u8", "s_ptr": "*u8"}),
-    # fp16 activations: the e2m1 values are scaled in fp32 first
-    "mxfp4-fp16-unswapped": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, BLOCK_K=64, SWAP_AB=False, SINK=1, SPLIT_K=2),
-                             {"a_ptr": "*fp16", "b_ptr": "*u8", "s_ptr": "*u8"}),
+    # MXFP4 quads: gpt-oss's GEMM1 (K padded, clamped SwiGLU, bias) with the folded scale, a GEMM2 with
+    # the two-factor one taking in tails, and one token's GEMM2 prefetching its weights
+    "mxfp4-gpt-oss-gemm1": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=4,
+                                 GATE_UP_CHUNK=32, HAS_BIAS=True, K_TAIL=True, FOLDED_SCALE=True, PDL=True),
+                            {"b_ptr": "*i16", "s_ptr": "*u8"}),
+    "mxfp4-two-factor-tail": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, SINK=1,
+                                   MUL_ROUTED=True, REDUCE_TOPK=4, NARROW=True, TAIL=32, N_FIRST=True),
+                              {"b_ptr": "*i16", "s_ptr": "*u8"}),
+    "mxfp4-direct-prefetch": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, SINK=2, MUL_ROUTED=True,
+                                   REDUCE_TOPK=4, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True, PREFETCH_TILES=1,
+                                   FOLDED_SCALE=True), {"b_ptr": "*i16", "s_ptr": "*u8"}),
+    # fp16 activations: the e2m1 values are scaled in fp32, then rounded to fp16
+    "mxfp4-fp16": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, SINK=1, SPLIT_K=2,
+                        FOLDED_SCALE=True), {"a_ptr": "*fp16", "b_ptr": "*i16", "s_ptr": "*u8"}),
     "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
                                GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
@@ -54,7 +63,8 @@ import json, sys
 from moe_triton._common.offline_compile import compile_quant_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
-    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, flush=True)
+    print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, "0x81C081C0" in ptx,
+          flush=True)
 """
 
 
@@ -66,11 +76,12 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
-        wgmma, waits, prefetches = (flag == "True" for flag in built[name])
+        wgmma, waits, prefetches, e2m1_unpack = (flag == "True" for flag in built[name])
         # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name
         assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
         assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
+        assert e2m1_unpack == (consts["WTYPE"] == 3), name  # MXFP4 quads unpacked by the PTX lop3s
 
 
 _WGMMA_SPECIALIZATIONS = {
@@ -87,6 +98,15 @@ _WGMMA_SPECIALIZATIONS = {
     "tail16-gemm2-atomic-k-tail": (dict(TAIL=16, ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True,
                                         REDUCE_TOPK=8, A_ROWS_DIV=1, ZERO_SIDE=False, STAGES=3, K_TAIL=True,
                                         GROUP=64), {"c_ptr": "*fp32"}),
+    # MXFP4 quads (uint8 e8m0 scale rows, one per quarter): gpt-oss's GEMM1 with the folded scale, a
+    # GEMM2 with the two-factor one and a tail, fp16 activations (scaled in fp32) with a producer
+    "mxfp4-gpt-oss-gemm1": (dict(WTYPE=3, FOLDED_SCALE=True, GROUP=32, CODE_OFFSET=0, ACT=4, HAS_BIAS=True,
+                                 K_TAIL=True, STAGES=3), {"s_ptr": "*u8"}),
+    "mxfp4-two-factor-tail16-gemm2": (dict(WTYPE=3, GROUP=32, CODE_OFFSET=0, TAIL=16, ATOMIC=True, ACT=0,
+                                           GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=4, A_ROWS_DIV=1,
+                                           ZERO_SIDE=False, STAGES=3), {"s_ptr": "*u8", "c_ptr": "*fp32"}),
+    "mxfp4-fp16-producer": (dict(WTYPE=3, FOLDED_SCALE=True, GROUP=32, CODE_OFFSET=0, BLOCK_M=64, BLOCK_N=256,
+                                 STAGES=3), {"a_ptr": "*fp16", "s_ptr": "*u8", "c_ptr": "*fp16"}),
 }
 
 
@@ -96,18 +116,18 @@ from moe_triton._common.offline_compile import compile_wgmma_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_wgmma_gemm(consts, pointers).asm["ptx"]
     print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
-          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), flush=True)
+          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), ptx.count("0x81C081C0"), flush=True)
 """
 
 
 def test_wgmma_gemm_compiles_for_hopper():
     """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
     between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
-    with one in flight at each of its four waits per 128-wide tile."""
+    with one in flight at each of its four waits per 128-wide tile; MXFP4 unpacked by the PTX lop3s."""
     stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
-    for name, (mmas, waits, copy_arrivals, setmaxnreg) in built.items():
+    for name, (mmas, waits, copy_arrivals, setmaxnreg, e2m1_masks) in built.items():
         # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
         # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs,
         # and with TAIL a third one, two MMAs per quarter (block and tail) that it waits for (wait 0).
@@ -115,3 +135,5 @@ def test_wgmma_gemm_compiles_for_hopper():
         tail_loops = 2 if _WGMMA_SPECIALIZATIONS[name][0].get("TAIL", 0) else 0
         assert mmas >= 4 * loops + 8 * tail_loops and waits == 4 * loops, (name, mmas, waits)
         assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)
+        # Quarters 0 and 1 of each loop's unpack mask with 0x81C081C0.
+        assert (e2m1_masks >= 2 * loops) == (_WGMMA_SPECIALIZATIONS[name][0].get("WTYPE", 0) == 3), (name, e2m1_masks)

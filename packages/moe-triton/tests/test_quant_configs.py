@@ -1,24 +1,25 @@
 """Launch configurations of the quantized GEMM: the dataclasses' limits, tuned files of an exact
-shape, another device's wgmma entries, and the shipped int4 files.
+shape, another device's wgmma entries, the shipped int4 files, and MXFP4 taking int4's.
 """
 
 import dataclasses
 
 import pytest
 import torch
-from _quant_support import DEV, RUN_ON, int4_bf16_layer, rel_l2, wgmma_launch
+from _quant_support import DEV, RUN_ON, gemm1_operand, int4_bf16_layer, rel_l2, wgmma_launch
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import MoEConfig
 from moe_core.presets import get_preset
-from moe_core.quant import fp8_w8a8, int4_w4a16
+from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._common.target import wgmma_capable
 from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
-from moe_triton.quantized import TritonFp8Experts, TritonWna16Experts
+from moe_triton.quant_gemm_details._heuristics import pick_config
+from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.tune import quant_candidates
 
 
@@ -160,3 +161,65 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
         hit = configs.lookup_exact(key, m)
         assert (hit.source, hit.detail) == ("tuned", f"{key.file_name()} at M={m}")
         assert isinstance(hit.config, QuantKernelConfig)
+
+
+@pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
+                                         ("NVIDIA H200", "NVIDIA_H200")])
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
+    """No MXFP4 files ship: each preset's MXFP4 layer takes the int4 file of its shape on that GPU (gpt-oss's
+    groups of 64, the others' 128), entry for entry, and says so."""
+    p = get_preset(preset)
+    cfg = p.config
+    key = ConfigKey("mxfp4", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", tag)
+    assert TritonMxfp4Experts(cfg, mxfp4_w4a16(), DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))).config_key == key
+    int4_key = dataclasses.replace(key, kernel=f"wna16-int4-g{p.int4_group_size}")
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        hit, lender = configs.lookup_exact(key, m), configs.lookup_exact(int4_key, m)
+        assert (hit.source, hit.detail, hit.config) == ("borrowed", lender.detail, lender.config)
+
+
+def test_mxfp4_file_of_its_own_wins(tmp_path, monkeypatch):
+    """An MXFP4 file (a user's own tuning) is taken before the int4 file of the shape; another shape
+    borrows nothing (the heuristic then), and int4 with zero points lends nothing."""
+    p = get_preset("gpt-oss-120b")
+    cfg = p.config
+    key = ConfigKey("mxfp4", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
+                    "NVIDIA_H200")
+    own = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 2, swap_ab=True), GemmConfig(16, 64, 2, 4, 2, swap_ab=True))
+    configs.write_configs(key, {4: own}, tmp_path)
+    configs.write_configs(dataclasses.replace(key, kernel="wna16-int4-g32-zp", hidden=256), {4: own}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = configs.lookup_exact(key, 4)
+        assert (hit.source, hit.config) == ("tuned", own)
+        assert configs.lookup_exact(dataclasses.replace(key, hidden=256), 4) is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+@pytest.mark.parametrize("K", [256, 192])
+def test_heuristic_treats_mxfp4_as_int4(K):
+    """Without a file, MXFP4 takes the launch shapes `pick_config` gives int4 quads of its shape."""
+    mxfp4, int4 = gemm1_operand(mxfp4_w4a16(), K, seed=1), gemm1_operand(int4_w4a16(64), K, seed=1)
+    assert mxfp4.k_tiles == int4.k_tiles == 2
+    for pairs in (2, 16, 64, 400, 4000):
+        assert pick_config(pairs, 4, mxfp4, DEV) == pick_config(pairs, 4, int4, DEV)
+
+
+def test_borrowed_launch_shapes_keep_three_stages_at_most(monkeypatch):
+    """MXFP4's ring also holds its scale rows: int4's four-stage 128 x 256 wgmma tiles (qwen3-235b-a22b
+    at 2048 tokens) ran out of shared memory on an H100 by 1 KB, so a borrowed shape keeps three."""
+    import moe_triton.quantized as quantized
+
+    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
+    cfg = get_preset("qwen3-235b-a22b").config
+    device = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    lent = configs.lookup_exact(TritonWna16Experts(cfg, int4_w4a16(128), device).config_key, 2048)
+    assert lent.config.gemm1.num_stages == 4 and lent.config.gemm1.wgmma
+    hit = TritonMxfp4Experts(cfg, mxfp4_w4a16(), device)._find_config(2048)
+    assert hit.source == "borrowed" and hit.detail.endswith("stages capped at 3")
+    assert hit.config == QuantKernelConfig(*(dataclasses.replace(g, num_stages=3)
+                                             for g in (lent.config.gemm1, lent.config.gemm2)))

@@ -21,6 +21,7 @@ from _quant_support import (
 from moe_core.config import Activation, MoEConfig, ParallelConfig
 from moe_core.quant import int4_w4a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.target import wgmma_capable
 from moe_triton.align import align_block_size
@@ -77,14 +78,16 @@ def test_gemm1_with_the_activation_matches_twin():
     (int4_w4a16(64), 192, 1, True, 64, 4, 16), (int4_w4a16(64, zero_point=True), 192, 2, True, 128, 4, 16),
     (int4_w4a16(32, zero_point=True), 192, 1, True, 64, 4, 64), (int4_w4a16(-1), 192, 2, True, 64, 4, 16),
     (int4_w4a16(-1, zero_point=True), 192, 1, True, 128, 4, 32),
-    (mxfp4_w4a16(), 256, 1, False, 64, 4, 16), (mxfp4_w4a16(), 256, 2, True, 64, 4, 16),
+    # MXFP4 always takes the quads (K = 192 padded as int4's), quarter j in scale group j
+    (mxfp4_w4a16(), 256, 1, True, 64, 4, 16), (mxfp4_w4a16(), 384, 4, True, 128, 4, 32),
+    (mxfp4_w4a16(), 192, 2, True, 64, 8, 64),
 ])
 def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
     operands, and int4 scaled per weight or after the dots (`_heuristics.POST_SCALE_MAX_TILE`)."""
     w = gemm1_operand(quant, K, seed=3)
-    if quant.weight.dtype.value == "int4":
-        assert w.quads == (K % 128 == 0 or w.group < K)  # quads (padded for groups), else halves
+    mxfp4 = quant.weight.dtype.value == "fp4e2m1"
+    assert w.quads == (mxfp4 or K % 128 == 0 or w.group < K)  # quads (padded for groups), else int4 halves
     assert gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 
@@ -125,6 +128,7 @@ def test_narrow_blocks_match_reference(quant, block_m):
     (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
     (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles
     (int4_w4a16(128), 256, 64, 16, True),
+    (mxfp4_w4a16(), 192, 32, 16, True),
 ])
 def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     """tl.dot kernel: a full block takes in its expert's last block when that holds at most `tail`
@@ -133,9 +137,10 @@ def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     `narrow`, the blocks not taken in that hold at most half a block run narrow)."""
     counts = [block_m + 1, block_m + tail, block_m + tail + 1, 0, 2 * block_m + tail, 5, block_m, 2 * block_m + 1]
     plain = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True, narrow=narrow)
-    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K)
+    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K, cls=cls)
     taking = dataclasses.replace(plain, tail=tail)
-    taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K)
+    taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K, cls=cls)
     assert rel_l2(taken, ref) < 1e-2
     torch.testing.assert_close(taken, out, rtol=1e-3, atol=1e-3)
 
@@ -165,14 +170,39 @@ def test_tl_dot_tail_rows_reach_every_sink(sink):
 
 
 def test_tl_dot_tail_refuses_other_weights():
-    w = gemm1_operand(mxfp4_w4a16(), 256, seed=1)
+    w = gemm1_operand(int4_w4a16(-1), 192, seed=1)  # per channel, K = 192: the halves layout
     ids = torch.zeros(40, 1, dtype=torch.int32, device=DEV)
     sorted_ids, expert_ids, num_post = align_block_size(ids, 32, w.num_experts)
     out = torch.zeros(40, w.n, dtype=torch.float32, device=DEV)
-    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of int4 weights in the "
-                                         r"quads layout, got MXFP4"):
-        grouped_quant_gemm(torch.randn(40, 256, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
+    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of 4-bit weights in the "
+                                         r"quads layout, got INT4 torch.uint8"):
+        grouped_quant_gemm(torch.randn(40, 192, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
                  GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_mxfp4_scales_above_two_take_two_factors(wgmma):
+    """An MXFP4 tensor with an e8m0 scale above 2^1 (here w2's, up to 2^4) cannot fold 2^126 into one
+    bf16 factor: the processor marks it, and its GEMM scales each weight by two factors, exactly as
+    the reference (w13 keeps the folded scale); on a Hopper GPU on the wgmma kernel too."""
+    if wgmma and not wgmma_capable(DEV):
+        pytest.skip("the wgmma kernel needs an NVIDIA Hopper GPU")
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
+    quant = mxfp4_w4a16()
+    weights = ExpertWeights.random(cfg, quant, seed=6, device=DEV)
+    big = weights.w2_scale.clone()
+    big[:, ::3, 1::2] = torch.randint(129, 132, big[:, ::3, 1::2].shape, dtype=torch.uint8)
+    weights = dataclasses.replace(weights, w2_scale=big)
+    experts = TritonMxfp4Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    assert experts._operand("w13", 256, 256).folded_scale and not experts._operand("w2", 256, 128).folded_scale
+    if wgmma:
+        experts.config_override = QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 128, 3))
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(24, 256, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(24, 4, generator=gen).to(DEV), cfg.routing, 2)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
 
 
 def test_wgmma_gemm_is_refused_off_hopper():
@@ -201,10 +231,18 @@ def test_wgmma_gemm_is_refused_off_hopper():
                  QuantKernelConfig(wgmma_launch(16, 128, 3), wgmma_launch(16, 256, 3)), id="channel-zp-relu2"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
                  QuantKernelConfig(wgmma_launch(64, 128, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
+    # MXFP4 (gpt-oss's shape: K padded to whole tiles, clamped SwiGLU with biases), quarter j in scale group j
+    pytest.param(mxfp4_w4a16(), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
+                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 256, 3)), id="mxfp4-gpt-oss-folded"),
+    pytest.param(mxfp4_w4a16(), torch.bfloat16, 1024, 512, Activation.silu(), False, 300,
+                 QuantKernelConfig(dataclasses.replace(wgmma_launch(128, 256, 3), tail=16),
+                                   wgmma_launch(128, 128, 4, split=2)), id="mxfp4-tail-split"),
+    pytest.param(mxfp4_w4a16(), torch.float16, 1024, 512, Activation.gelu(), False, 200,
+                 QuantKernelConfig(wgmma_launch(64, 256, 3), wgmma_launch(64, 128, 3)), id="mxfp4-fp16"),
 ])
 def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
-    out, ref = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
-                    override=launch)
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    out, ref = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias, override=launch)
     assert rel_l2(out, ref) < 1e-2
 
 
@@ -241,12 +279,13 @@ def test_wgmma_gemm_with_expert_parallel_on_gpu():
     assert rel_l2(out, ref) < 1e-2
 
 
-def test_int4_gemm_refuses_unswapped():
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16())])
+def test_4bit_gemm_refuses_unswapped(cls, quant):
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
-    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=1, device=DEV))
+    experts = cls(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=1, device=DEV))
     experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
     x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
     ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match="int4 weights run swapped only"):
+    with pytest.raises(ValueError, match="4-bit weights run swapped only"):
         experts.apply(x, torch.rand(3, 2, device=DEV), ids)

@@ -1,26 +1,41 @@
 """The quantized GEMM's weight layouts (`quant_gemm_details._layouts`): each a round trip, the
-processors' packing, K padding of the quads layout, and the kernel reading codes in any memory order.
+processors' packing, K padding of the quads layout, the kernel reading codes in any memory order,
+and the e2m1 unpack of MXFP4 quads (`_dequant`) against the e2m1 values.
 """
 
 import dataclasses
+import re
 
+import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from _quant_support import DEV, RUN_ON, gemm1_error, gemm1_operand, rel_l2, run_layer
 
 from moe_core.config import Activation, MoEConfig
 from moe_core.quant import int4_w4a16, mxfp4_w4a16
 from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.packing import E2M1_VALUES
 from moe_triton.configs import GemmConfig
-from moe_triton.quant_gemm_details._dequant import dequantize_operand, dequantize_padded
+from moe_triton.quant_gemm_details._dequant import (
+    dequantize_operand,
+    dequantize_padded,
+    e2m1_quarter_ptx,
+    e2m1_weights,
+    e8m0_factors,
+    unpack_e2m1_quads,
+)
 from moe_triton.quant_gemm_details._layouts import (
+    E2M1_FIELDS,
+    INT4_NIBBLES,
     GateUpInterleave,
     HalvesLayout,
     QuadsLayout,
     stored_k_major,
     stored_tile_major,
 )
-from moe_triton.quantized import TritonWna16Experts
+from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
 
 
 @pytest.mark.parametrize("zero_point", [False, True])
@@ -36,6 +51,21 @@ def test_int4_pads_k_to_whole_quads_tiles(zero_point):
     for M in (1, 9):
         out, ref = run_layer(TritonWna16Experts, quant, Activation.swiglu_oai(), torch.bfloat16, K=192, N=192, bias=True,
                         M=M)
+        assert rel_l2(out, ref) < 1e-2
+
+
+def test_mxfp4_pads_k_to_whole_quads_tiles():
+    """MXFP4 whose K 128 does not divide (gpt-oss's 2880; 192 here): the quads layout padded to whole
+    tiles with code 0 and e8m0 exponent 0, the padding dequantizing to exactly 0; every scale of
+    ExpertWeights.random is at most 2^1, so both GEMMs take the folded scale."""
+    w = gemm1_operand(mxfp4_w4a16(), 192, seed=4)
+    assert w.quads and w.codes.dtype == torch.int16 and w.k == 192 and w.k_tiles == 2 and w.codes.shape[2] == 2
+    assert w.scale.shape[1] == 256 // 32 and bool((w.scale[:, 6:] == 0).all()) and w.folded_scale
+    full = dequantize_padded(w)
+    assert full.shape[2] == 256 and bool((full[:, :, 192:] == 0).all()) and bool((full[:, :, :192] != 0).any())
+    for M in (1, 9):
+        out, ref = run_layer(TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai(), torch.bfloat16, K=192, N=192,
+                             bias=True, M=M)
         assert rel_l2(out, ref) < 1e-2
 
 
@@ -72,16 +102,23 @@ def test_int4_tile_packing_roundtrip():
     assert int(packed[0, 0, 1, 0]) == int(unpacked[0, 0, 64]) | (int(unpacked[0, 0, 96]) << 4)
 
 
-def test_int4_quad_packing_roundtrip():
-    codes = torch.randint(0, 256, (2, 3, 128), dtype=torch.uint8)
-    words = QuadsLayout(128).swizzle(codes)
-    assert words.shape == (2, 3, 2, 32) and words.dtype == torch.int16
-    assert words.stride() == (192, 32, 96, 1)  # tile-major: one K tile's rows are contiguous
-    unpacked = QuadsLayout(128).unswizzle(words)
+@pytest.mark.parametrize("code_bits", [INT4_NIBBLES, E2M1_FIELDS])
+def test_quad_packing_roundtrip(code_bits):
+    """int4 nibbles and MXFP4's e2m1 fields: a round trip, tile-major, quarter j's code of k =
+    t * 128 + 32 j + i in word i of tile t at the word bits code_bits[j] names."""
+    codes = torch.randint(0, 256, (2, 3, 256), dtype=torch.uint8)
+    layout = QuadsLayout(128, code_bits)
+    words = layout.swizzle(codes)
+    assert words.shape == (2, 3, 4, 32) and words.dtype == torch.int16
+    assert words.stride() == (384, 32, 96, 1)  # tile-major: one K tile's rows are contiguous
+    unpacked = layout.unswizzle(words)
     assert torch.equal(unpacked[..., 0::2] | (unpacked[..., 1::2] << 4), codes)
-    # Tile 1 of row 2, word 5: nibble j holds k = 128 + 32 j + 5.
+    # Tile 1 of row 2, word 5: quarter j holds k = 128 + 32 j + 5.
     word = int(words[1, 2, 1, 5]) & 0xFFFF
-    assert [(word >> (4 * j)) & 0xF for j in range(4)] == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
+    held = [sum(((word >> at) & 1) << b for b, at in enumerate(code_bits[j])) for j in range(4)]
+    assert held == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
+    with pytest.raises(ValueError, match="16 bits of a word"):
+        QuadsLayout(128, (*INT4_NIBBLES[:3], (12, 13, 14, 14)))
 
 
 def test_gate_up_interleave_roundtrip():
@@ -104,3 +141,87 @@ def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
     orders = {"tile-major": stored_tile_major(c), "row-major": c.contiguous(), "K-major": stored_k_major(c)}
     for name, codes in orders.items():
         assert gemm1_error(dataclasses.replace(w, codes=codes), GemmConfig(16, 64, 2, 4, 2, True)) < 1e-3, name
+
+
+@triton.jit
+def _e2m1_weights_kernel(words_ptr, exps_ptr, out_ptr, DT: tl.constexpr, PTX: tl.constexpr, FOLDED: tl.constexpr,
+                         R: tl.constexpr, Q: tl.constexpr):
+    """Quads words [R, Q] of one K tile and an e8m0 exponent per row -> fp32 weights [R, 4 quarters, Q],
+    unpacked in DT and scaled by `e8m0_factors`, as the kernels do."""
+    rows = tl.arange(0, R)
+    cols = tl.arange(0, Q)
+    words = tl.load(words_ptr + rows[:, None] * Q + cols[None, :])
+    lo, hi = e8m0_factors(tl.expand_dims(tl.load(exps_ptr + rows), 1), DT, FOLDED)
+    values = unpack_e2m1_quads(words, DT, PTX)
+    for j in tl.static_range(4):
+        tl.store(out_ptr + (rows[:, None] * 4 + j) * Q + cols[None, :],
+                 e2m1_weights(values[j], lo, hi, FOLDED, tl.float32))
+
+
+# e8m0 exponents: the extremes (2^-127, 2^127), around the folded scale's limit (128: 2^1) and between.
+_FOLDABLE = [0, 1, 2, 63, 100, 119, 126, 127, 128]
+_ANY = [*_FOLDABLE, 129, 130, 191, 252, 253, 254]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # the interpreter's infs
+@pytest.mark.parametrize(("dt", "ptx"), [("fp32", False), ("bf16", False), ("bf16", True)])
+@pytest.mark.parametrize(("folded", "exps"), [(True, _FOLDABLE), (False, _ANY)])
+def test_e2m1_unpack_is_exact_for_every_code_and_scale(dt, ptx, folded, exps):
+    """The unpack of MXFP4 quads and the e8m0 factors give every e2m1 code times every e8m0 scale
+    exactly, as the fp32 reference (inf where its weight overflows: 2 * 2^127 and up), in all four
+    quarters: the folded scale up to 2^1, the two-factor one for all. The portable unpack in fp32
+    everywhere; in bf16 (portable, and the PTX on NVIDIA) compiled only: the CPU interpreter flushes
+    bf16 subnormals, which the unpacked codes are."""
+    if dt == "bf16" and DEV.type == "cpu":
+        pytest.skip("the CPU interpreter flushes bf16 subnormals")
+    if ptx and torch.version.hip is not None:
+        pytest.skip("PTX: NVIDIA only")
+    R, K = 16, 128  # a row per exponent (tl.arange's power of two: the list repeats)
+    exps = (exps * 2)[:R]
+    codes = (torch.arange(R * K) % 16).view(1, R, K).to(torch.uint8)  # each quarter sees every code twice
+    words = QuadsLayout(128, E2M1_FIELDS).swizzle(codes[..., 0::2] | (codes[..., 1::2] << 4))[0, :, 0].contiguous()
+    exps_t = torch.tensor(exps, dtype=torch.uint8)
+    out = torch.empty(R, 4, 32, dtype=torch.float32, device=DEV)
+    dtype = {"fp32": tl.float32, "bf16": tl.bfloat16}[dt]
+    _e2m1_weights_kernel[(1,)](words.to(DEV), exps_t.to(DEV), out, DT=dtype, PTX=ptx, FOLDED=folded, R=R, Q=32)
+    values = E2M1_VALUES.double()[codes[0].long()]
+    want = torch.ldexp(values, exps_t.double().view(R, 1) - 127).float().view(R, 4, 32)
+    assert bool(torch.isinf(want).any()) != folded  # the largest scales overflow some weights, as in fp32
+    assert torch.equal(out.cpu(), want)
+
+
+def _run_ptx(asm: str, src: np.ndarray) -> dict[str, np.ndarray]:
+    """The and / shl / shr / lop3 (0xEA: (a & b) | c) instructions of `asm` on uint32 registers, $4 = src."""
+    regs: dict[str, np.ndarray] = {"$4": src}
+    for instr in re.findall(r"(and|shl|shr|lop3)\.b32 ([^;]+);", asm):
+        op, args = instr[0], [a.strip() for a in instr[1].split(",")]
+
+        def val(a):
+            return np.uint32(int(a, 16)) if a.startswith("0x") else (np.uint32(int(a)) if a.isdigit() else regs[a])
+
+        if op == "and":
+            regs[args[0]] = val(args[1]) & val(args[2])
+        elif op == "shl":
+            regs[args[0]] = val(args[1]) << val(args[2])
+        elif op == "shr":
+            regs[args[0]] = val(args[1]) >> val(args[2])
+        else:
+            assert args[4] == "0xEA", args
+            regs[args[0]] = (val(args[1]) & val(args[2])) | val(args[3])
+    return regs
+
+
+def test_e2m1_ptx_places_each_quarter_as_a_bf16():
+    """The PTX unpack (NVIDIA only, not run here), evaluated instruction by instruction on every 16-bit
+    word in both halves of a register: quarter j of each word becomes the bf16 whose bits 6-8 are its
+    code's mantissa and exponent and bit 15 its sign, every other bit zero (the portable unpack's bits)."""
+    low = np.arange(1 << 16, dtype=np.uint32)
+    src = low | (low[::-1] << np.uint32(16))
+    asm = "{" + " ".join(e2m1_quarter_ptx(j, f"${j}", "$4") for j in range(4)) + "}"
+    regs = _run_ptx(asm, src)
+    for j, bits in enumerate(E2M1_FIELDS):
+        for half in (0, 16):
+            word = (src >> np.uint32(half)) & np.uint32(0xFFFF)
+            code = sum(((word >> np.uint32(at)) & np.uint32(1)) << np.uint32(b) for b, at in enumerate(bits))
+            want = ((code & np.uint32(7)) << np.uint32(6)) | ((code & np.uint32(8)) << np.uint32(12))
+            assert np.array_equal((regs[f"${j}"] >> np.uint32(half)) & np.uint32(0xFFFF), want), (j, half)

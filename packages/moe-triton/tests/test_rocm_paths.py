@@ -10,11 +10,11 @@ import torch
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import MoEConfig
-from moe_core.quant import fp8_w8a8, int4_w4a16, unquantized
+from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16, unquantized
 from moe_triton._common.target import tma_capable
 from moe_triton.configs import lookup
 from moe_triton.experts import TritonExperts
-from moe_triton.quantized import TritonFp8Experts, TritonWna16Experts
+from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
 MI300X = DeviceInfo(Platform.ROCM, 0, "AMD Instinct MI300X", (9, 4))
 H100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
@@ -33,11 +33,14 @@ def test_hopper_tiles_of_nvidia_files_run_portable_kernels_on_rocm():
     assert any(t.wgmma for t in asked) and any(t.tma for t in asked)
 
 
-def test_quantized_launches_on_rocm_use_the_tl_dot_kernel():
-    experts = TritonWna16Experts(QWEN3_30B, int4_w4a16(128), MI300X)
-    for m in TOKENS:
-        cfg = experts.config_for(m).config
-        assert not cfg.gemm1.wgmma and not cfg.gemm2.wgmma
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16())])
+def test_quantized_launches_on_rocm_use_the_tl_dot_kernel(cls, quant):
+    """The NVIDIA int4 files (MXFP4 borrows them) run their wgmma GEMMs as tl.dot ones."""
+    experts = cls(QWEN3_30B, quant, MI300X)
+    hits = [experts.config_for(m) for m in TOKENS]
+    assert any("wgmma off" in hit.detail for hit in hits)
+    for hit in hits:
+        assert not hit.config.gemm1.wgmma and not hit.config.gemm2.wgmma
 
 
 @pytest.mark.parametrize("device, served", [(MI300X, False), (H100, True)])

@@ -7,10 +7,10 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
-"wna16-int4-g128"). The quantized experts only take a file of their exact shape
-(`lookup_exact`); otherwise their own shape-aware heuristic
-(`quant_gemm_details._heuristics.pick_config`) applies. `TunedLaunch` is the experts classes'
-`config_for`.
+"wna16-int4-g128", and "mxfp4"). The quantized experts only take a file of their exact shape
+(`lookup_exact`; MXFP4, which ships none, the int4 file of its shape: `BORROWED_FAMILIES`);
+otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
+`TunedLaunch` is the experts classes' `config_for`.
 
 A file holds only what the lookup reads: "key", "configs" (tuned M -> configuration) and the
 versions it was tuned under; the tuner's timings go to a side file (`write_configs`).
@@ -30,6 +30,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 __all__ = [
+    "BORROWED_FAMILIES",
     "ConfigKey",
     "GemmConfig",
     "KernelConfig",
@@ -218,7 +219,7 @@ class QuantKernelConfig:
 
 
 def _entry_type(kernel: str) -> type[KernelConfig] | type[QuantKernelConfig]:
-    return QuantKernelConfig if kernel.startswith("wna16-") else KernelConfig
+    return QuantKernelConfig if kernel.startswith("wna16-") or kernel in BORROWED_FAMILIES else KernelConfig
 
 
 @dataclass(frozen=True)
@@ -338,13 +339,29 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
     return Lookup(default_config(key, M), "default", f"no tuned file for {key.file_name()}")
 
 
+# Quantized families without tuned files of their own, and the families whose launch shapes they
+# take instead (`lookup_exact`): MXFP4 runs the int4 quads kernels (the same words, a scale per 32
+# k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128.
+BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)")}
+
+
 def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
-    """A file of exactly this shape: tuned on this device, else on another one; None if neither."""
+    """A file of exactly this shape: tuned on this device, else on another one; else, for a family of
+    BORROWED_FAMILIES, a lender's file of this shape ("borrowed": this device's first, then the
+    smallest group, scaled per weight as MXFP4 is); None if none."""
     db = _load()
     if key in db:
         return _hit(db, key, M, "tuned")
     others = sorted((k for k in db if replace(k, device=key.device) == key), key=ConfigKey.file_name)
-    return _hit(db, others[0], M, "other-device") if others else None
+    if others:
+        return _hit(db, others[0], M, "other-device")
+    lender = BORROWED_FAMILIES.get(key.kernel)
+    lent = [k for k in db if lender is not None and lender.fullmatch(k.kernel)
+            and replace(k, kernel=key.kernel, device=key.device) == key]
+    if not lent:
+        return None
+    best = min(lent, key=lambda k: (k.device != key.device, int(lender.fullmatch(k.kernel).group(1)), k.file_name()))
+    return _hit(db, best, M, "borrowed")
 
 
 def write_configs(key: ConfigKey, table: _Table, folder: Path, versions: dict[str, str] | None = None,

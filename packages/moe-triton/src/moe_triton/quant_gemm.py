@@ -2,7 +2,7 @@
 
 `grouped_quant_gemm` runs one GEMM over align-sorted (token, k) pairs, `direct_quant_gemm` one over
 topk_ids without alignment (one token's distinct experts); both launch the tl.dot kernel
-(`quant_gemm_details._kernel`), or for a `GemmConfig.wgmma` configuration (int4 quads, Hopper) the
+(`quant_gemm_details._kernel`), or for a `GemmConfig.wgmma` configuration (quads, Hopper) the
 Gluon wgmma kernel (`quant_gemm_details._wgmma`). `quant_gemm_torch` is their twin: the per-pair
 fp32 result from weights dequantized in torch.
 
@@ -88,7 +88,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
-    are int4 quads stored tile-major, and changes no result.
+    are quads stored tile-major, and changes no result.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -113,7 +113,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
             zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
-        raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only int4 quads codes pad K to whole "
+        raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
     if a.shape[1] != w.k:
         raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
@@ -129,11 +129,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("a gated activation in the GEMM needs w's rows interleaved (gate_up_chunk > 0)")
     if (out.stride(1) if out.dim() == 2 else 1) != 1:
         raise ValueError("the GEMM output needs a unit column stride")
-    if w.wtype is WType.INT4 and not cfg.swap_ab:
-        raise ValueError("int4 weights run swapped only (the weights are the MMA's register operand): "
+    if w.wtype in (WType.INT4, WType.MXFP4) and not cfg.swap_ab:
+        raise ValueError("4-bit weights run swapped only (the weights are the MMA's register operand): "
                          f"got {cfg}")
     if cfg.tail and not w.quads:
-        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of int4 weights in the quads layout, got "
+        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of 4-bit weights in the quads layout, got "
                          f"{w.wtype.name} {w.codes.dtype}")
     tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
     n_tiles = triton.cdiv(w.n, cfg.block_n)
@@ -176,7 +176,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
             a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), scale_rows_stride,
             bias.stride(0) if bias is not None else 0, out.stride(0),
-            GROUP=w.group, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
+            GROUP=w.group, WTYPE=int(w.wtype), FOLDED_SCALE=w.folded_scale, HAS_ZP=w.zero is not None,
+            CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
             A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk,
             ATOMIC=sink is Sink.ATOMIC, ACT=int(act_kind(activation)) if activation else 0,
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
@@ -217,6 +218,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE,
+        FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
@@ -225,7 +227,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
 
 def _prefetchable(w: WeightOperand) -> bool:
     """Whether a dependent direct launch can prefetch w's weights into L2 (the kernel's PREFETCH_TILES):
-    int4 quads stored tile-major, scales (and zero points) with contiguous rows, on a GPU whose
+    quads stored tile-major, scales (and zero points) with contiguous rows, on a GPU whose
     launches are dependent (sm_90 and later: the bulk prefetch is an sm_90 instruction)."""
     c = w.codes
     return (w.quads and c.stride(3) == 1 and c.stride(1) == c.shape[3] and w.scale.stride(2) == 1
@@ -250,7 +252,7 @@ def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, d
                      + (f" (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))})"
                         if a.is_cuda and not interpreting() else ""))
     if not (w.quads and w.block_k == 128):
-        wants.append(f"int4 weights in the quads layout with 128-wide K tiles, got {w.wtype.name} "
+        wants.append(f"4-bit weights in the quads layout with 128-wide K tiles, got {w.wtype.name} "
                      f"{w.codes.dtype} block_k={w.block_k}")
     if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
         wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
@@ -260,8 +262,9 @@ def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, d
             w.zero is not None and w.zero.stride() != w.scale.stride()):
         wants.append("unit-stride activation columns, quads words, scale columns, and zero points "
                      "strided like the scales")
-    # cp.async moves 16-byte pieces: activation rows, scale rows (and uint8 zero-point rows).
-    piece = 16 if w.zero is not None else 8
+    # cp.async moves 16-byte pieces: activation rows, scale rows (and uint8 zero-point rows), in
+    # elements of the narrowest of them.
+    piece = 16 // min(w.scale.element_size(), w.zero.element_size() if w.zero is not None else 2)
     if a.stride(0) % 8 or w.n % piece or scale_rows_stride % piece or w.scale.stride(0) % piece:
         wants.append(f"rows that split into 16-byte pieces (activation row stride a multiple of 8, N and the "
                      f"scale strides multiples of {piece}), got {a.stride(0)}, N={w.n}, {w.scale.stride()}")

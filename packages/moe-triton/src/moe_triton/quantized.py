@@ -17,8 +17,8 @@ of their own when the caller routed (`apply`). More tokens take a cast launch af
 reduce over stored rows from that many pairs (and the activation launch after a split GEMM1).
 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
-(programmatic dependent launch), so their launch latency hides behind it; for one token, int4
-GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
+(programmatic dependent launch), so their launch latency hides behind it; for one token, a 4-bit
+(quads) GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
 The measurements behind the thresholds below: docs/design/triton-gemm-quantized.md.
 """
 
@@ -35,8 +35,10 @@ from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import Capability, Experts, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.packing import pack_int4, unpack_int4
 from moe_core.weights.processor import PackedWeights
 from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton.act_order import permute_pair_rows
 from moe_triton.act_quant import QMode, act_quant
 from moe_triton.align import align_block_size
 from moe_triton.configs import (
@@ -52,6 +54,8 @@ from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_
 from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
 from moe_triton.quant_gemm_details._kernel import AScale
 from moe_triton.quant_gemm_details._layouts import (
+    E2M1_FIELDS,
+    INT4_NIBBLES,
     GateUpInterleave,
     HalvesLayout,
     QuadsLayout,
@@ -96,19 +100,25 @@ def _int4_quads(cols: int, group: int) -> bool:
     return group % 32 == 0 and (cols % 128 == 0 or (group < cols and _padded_k(cols) % group == 0))
 
 
+def _takes_quads(wtype: WType, cols: int, group: int) -> bool:
+    """4-bit weights in the quads layout: MXFP4 always (its groups of 32 divide any padded K), int4
+    where `_int4_quads`."""
+    return wtype is WType.MXFP4 or (wtype is WType.INT4 and _int4_quads(cols, group))
+
+
 def _padded_k(cols: int) -> int:
-    """K of the int4 quads layout: whole 128-wide tiles."""
+    """K of the quads layout: whole 128-wide tiles."""
     return -(-cols // 128) * 128
 
 
 def _block_k(wtype: WType, cols: int, group: int) -> int:
-    """K tile of one GEMM: it must divide K (int4 quads pad K instead), and each dequantized slice (a
-    quarter of the tile for int4 quads, half for the halves layout: one dot each) must sit inside
+    """K tile of one GEMM: it must divide K (quads pad K instead), and each dequantized slice (a
+    quarter of the tile for quads, half for the halves layout: one dot each) must sit inside
     one scale group."""
-    if wtype is WType.INT4 and _int4_quads(cols, group):
+    if _takes_quads(wtype, cols, group):
         return 128
     for bk in (128, 64, 32):
-        piece = bk // 2 if wtype in (WType.INT4, WType.MXFP4) else bk
+        piece = bk // 2 if wtype is WType.INT4 else bk
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
@@ -130,12 +140,74 @@ def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
     return t.transpose(1, 2).contiguous()
 
 
+def _group_sort(g_idx: torch.Tensor, group: int, name: str) -> torch.Tensor:
+    """int64 [..., C]: input channels sorted by scale group (stable), so that group j occupies
+    [j*group, (j+1)*group). Only groupings of exactly `group` channels each (GPTQ desc_act's) sort so."""
+    perm = torch.argsort(g_idx.long(), dim=-1, stable=True)
+    expected = torch.arange(g_idx.shape[-1], device=g_idx.device) // group
+    if not torch.equal(torch.gather(g_idx.long(), -1, perm), expected.expand_as(perm)):
+        raise ValueError(f"{name}_g_idx: every scale group must hold exactly {group} input channels for the "
+                         "Triton WNA16 kernels; this act-order assignment does not")
+    return perm
+
+
+def _act_order_sorted(weights: ExpertWeights, config: MoEConfig, device: torch.device
+                      ) -> tuple[ExpertWeights, torch.Tensor]:
+    """Act-order weights as plain grouped ones, and `w13_perm` int32 [E, K] ([E, 2, K] where gate and
+    up are grouped apart): each expert's input channels sorted by scale group (each w13 half by its
+    own g_idx), so the kernel reads a scale row per group of K; GEMM1's input is permuted to match per
+    pair (`permute_pair_rows`). w2's sort is folded into w13's output rows, both halves alike (gate n
+    stays paired with up n), so GEMM1 already writes GEMM2's input in w2's sorted order."""
+    key = weights.key
+    int4 = key.dtype is QuantDType.INT4
+    group = key.group_size
+    g13 = weights.w13_g_idx.to(device)
+    if g13.dim() == 3 and torch.equal(g13[:, 0], g13[:, 1]):
+        g13 = g13[:, 0]  # the halves agree: one order for all rows
+    perm13 = _group_sort(g13, group, "w13")
+    perm2 = _group_sort(weights.w2_g_idx.to(device), group, "w2")
+    codes13 = weights.w13.to(device)
+    codes13 = unpack_int4(codes13) if int4 else codes13
+    E, R, K = codes13.shape
+    cols = perm13.unsqueeze(1).expand(E, R, K) if perm13.dim() == 2 else perm13.repeat_interleave(R // 2, dim=1)
+    codes13 = torch.gather(codes13, 2, cols)
+    N = perm2.shape[1]
+    rows = torch.cat([perm2, perm2 + N], 1) if config.activation.gated else perm2
+
+    def w13_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = t.to(device)
+        return torch.gather(t, 1, rows.view(E, R, *([1] * (t.dim() - 2))).expand_as(t))
+
+    codes2 = weights.w2.to(device)
+    codes2 = unpack_int4(codes2) if int4 else codes2
+    codes2 = torch.gather(codes2, 2, perm2.unsqueeze(1).expand_as(codes2))
+    sorted_weights = replace(
+        weights, w13=pack_int4(w13_rows(codes13)) if int4 else w13_rows(codes13), w2=pack_int4(codes2) if int4 else codes2,
+        w13_scale=w13_rows(weights.w13_scale), w13_zero=w13_rows(weights.w13_zero),
+        w13_bias=w13_rows(weights.w13_bias), w13_g_idx=None, w2_g_idx=None)
+    return sorted_weights, perm13.to(torch.int32).contiguous()
+
+
+def _half_experts(weights: ExpertWeights) -> ExpertWeights:
+    """w13 [E, 2N, ...] as 2E experts of N rows: expert 2e holds e's gate rows, 2e + 1 its up rows."""
+    def split(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(t.shape[0] * 2, t.shape[1] // 2, *t.shape[2:])
+
+    return replace(weights, w13=split(weights.w13), w13_scale=split(weights.w13_scale),
+                   w13_zero=split(weights.w13_zero), w13_bias=split(weights.w13_bias))
+
+
 class _Processor:
     """Canonical -> kernel layout. Pure: reads `weights`, returns new tensors.
 
     `layout` names the tensors' shapes and memory order (`quant_gemm_details._layouts`) and changes
     when they do, so packed weights cached under it stay valid. `interleave_gate_up`: gated w13 rows
-    (codes, scales, zero points, bias) in `GateUpInterleave(GATE_UP_CHUNK)` order."""
+    (codes, scales, zero points, bias) in `GateUpInterleave(GATE_UP_CHUNK)` order.
+
+    Act-order weights are sorted first (`_act_order_sorted`) and add `w13_perm`; where gate and up
+    are grouped apart, w13 is packed as 2E half-experts of N rows (`_half_experts`), not interleaved."""
 
     def __init__(self, layout: str, interleave_gate_up: bool) -> None:
         self.layout = layout
@@ -145,8 +217,14 @@ class _Processor:
         key = weights.key
         wt = _wtype(key)
         out: dict[str, torch.Tensor] = {}
+        halves_apart = False
+        if key.act_order:
+            weights, out["w13_perm"] = _act_order_sorted(weights, config, device)
+            halves_apart = out["w13_perm"].dim() == 3
+            if halves_apart:
+                weights = _half_experts(weights)
         order = None
-        if self.interleave_gate_up and config.activation.gated:
+        if self.interleave_gate_up and config.activation.gated and not halves_apart:
             order = GateUpInterleave(GATE_UP_CHUNK).row_order(config.intermediate_size_per_partition, device)
         for name in ("w13", "w2"):
             rows = order if name == "w13" else None
@@ -165,16 +243,21 @@ class _Processor:
             group = _group(key, cols)
             bk = _block_k(wt, cols, group)
             zero = canonical(zero) if zero is not None else None
-            if wt is WType.INT4 and _int4_quads(cols, group):
+            if _takes_quads(wt, cols, group):
                 if cols % bk:
-                    # Whole K tiles: the padding's codes sit at the implicit zero and its scale rows are
-                    # zero, so it dequantizes to exactly 0 (the kernel also masks the activations there).
+                    # Whole K tiles whose padding dequantizes to exactly 0 (the kernel also masks the
+                    # activations there): int4 codes at the implicit zero and zero scale rows, MXFP4
+                    # code 0 (+0.0) and e8m0 exponent 0.
                     pad_k = _padded_k(cols) - cols
-                    codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88)
-                    scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0.0)
+                    codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88 if wt is WType.INT4 else 0)
+                    scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0)
                     zero = torch.nn.functional.pad(zero, (0, pad_k // group), value=8) if zero is not None else None
-                out[name] = QuadsLayout(bk).swizzle(codes)
-            elif wt in (WType.INT4, WType.MXFP4):
+                out[name] = QuadsLayout(bk, E2M1_FIELDS if wt is WType.MXFP4 else INT4_NIBBLES).swizzle(codes)
+                if wt is WType.MXFP4:
+                    # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
+                    # reads it without waiting for the GPU.
+                    out[f"{name}_folded_scale"] = torch.tensor(bool(scale.max() <= 128))
+            elif wt is WType.INT4:
                 out[name] = HalvesLayout(bk).swizzle(codes)
             else:
                 out[name] = codes.contiguous()
@@ -212,17 +295,23 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def _find_config(self, num_tokens: int) -> Lookup:
         """Only a tuned file of this exact shape (`configs.lookup_exact`: this device's, else another
-        one's), else `pick_config`'s measured heuristic: unlike the 16-bit tiles, a quantized launch
-        shape does not carry over to other shapes. Off sm_90, wgmma GEMMs run as tl.dot ones."""
+        one's; MXFP4 the int4 file of its shape), else `pick_config`'s measured heuristic: unlike the
+        16-bit tiles, a quantized launch shape does not carry over to other shapes. Off sm_90, wgmma
+        GEMMs run as tl.dot ones."""
         hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
         if hit is None:
             hit = Lookup(self.heuristic_config(num_tokens), "default",
                          "pick_config heuristic (no tuned file of this shape)")
         elif (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
                 self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)):
-            # Another GPU's file (lookup_exact's "other-device"): its Hopper-only GEMMs run as `tl.dot` ones.
+            # Another GPU's file ("other-device", or one borrowed): its Hopper-only GEMMs run as `tl.dot` ones.
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
+        if hit.source == "borrowed" and max(hit.config.gemm1.num_stages, hit.config.gemm2.num_stages) > \
+                BORROWED_MAX_STAGES:
+            capped = QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
+                                         for g in (hit.config.gemm1, hit.config.gemm2)))
+            hit = Lookup(capped, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
         return hit
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
@@ -243,8 +332,11 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, k, 0,
                                  128 if key.scale.granularity is Granularity.BLOCK else _block_k(wt, k, k), 0)
         group = _group(key, k)
+        if name == "w13" and self._w13_halves_apart:
+            n //= 2  # half-experts of N rows (`_half_experts`)
+        folded = p.get(f"{name}_folded_scale")
         return WeightOperand(wt, p[name], p[f"{name}_scale"], p.get(f"{name}_zero"), n, k, group,
-                             _block_k(wt, k, group), key.code_offset)
+                             _block_k(wt, k, group), key.code_offset, folded_scale=folded is not None and bool(folded))
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
@@ -268,7 +360,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         """int32 elements of the sums and arrival counts, zero on entry, that a GEMM1 split over K
         finishes by last arrival at this many tokens; 0 where GEMM1 needs none."""
         cfg = self.config
-        if self._qmode is not QMode.NONE or not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS:
+        if self._qmode is not QMode.NONE or not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
             return 0
         gemm1 = self.config_for(num_tokens).config.gemm1
         if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1:
@@ -341,10 +433,16 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             pair_expert = pair_expert.to(torch.int32)
             a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local)
             a1_div = 1
-        gemm1 = partial(gemm, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
+        gemm1_launch = gemm
+        perm = packed.get("w13_perm")
+        if perm is not None:  # act-order WNA16: each pair's input in its expert's sorted channel order
+            a1, gemm1_launch = self._act_order_gemm1(x, topk_ids, perm, gemm, c1.block_m, direct)
+            a1_div = 1
+        halves_apart = perm is not None and perm.dim() == 3
+        gemm1 = partial(gemm1_launch, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
         chunk = self._gate_up_chunk
-        if qm is QMode.NONE and (split1 == 1 or finish_last):
+        if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if split1 == 1:
@@ -362,7 +460,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             # fp8 keeps GEMM1's output in fp32 so the quantization of GEMM2's input sees the reference's values.
             h_dtype = torch.float32 if (split1 > 1 or qm is not QMode.NONE) else inter_dtype
             h = (torch.zeros if split1 > 1 else torch.empty)(P, R, dtype=h_dtype, device=dev)
-            gemm1(h, atomic=split1 > 1)
+            # Half-experts write a pair's gate row, then its up row: [2P, N] is h's [gate | up] rows.
+            gemm1(h.view(2 * P, N) if halves_apart else h, atomic=split1 > 1)
             a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
@@ -386,13 +485,56 @@ class _QuantTritonExperts(Experts, TunedLaunch):
     @property
     def _gate_up_chunk(self) -> int:
         """Rows per gate/up chunk of the packed w13 (0: canonical [gate | up] or not gated)."""
+        if self._w13_halves_apart:
+            return 0
         return GATE_UP_CHUNK if self.weight_processor.interleave_gate_up and self.config.activation.gated else 0
+
+    @property
+    def _w13_halves_apart(self) -> bool:
+        """Act-order weights whose gate and up halves are grouped apart: w13 packed as 2E half-experts."""
+        perm = self._packed().get("w13_perm")
+        return perm is not None and perm.dim() == 3
+
+    def _act_order_gemm1(self, x: torch.Tensor, topk_ids: torch.Tensor, perm: torch.Tensor, gemm: partial,
+                         block_m: int, direct: bool) -> tuple[torch.Tensor, partial]:
+        """(GEMM1's input, the GEMM launcher to take it) for act-order weights (`_act_order_sorted`).
+
+        One order per expert (perm [E, K]): row p of the input is pair p's token in its expert's
+        order, through the layer's own launcher `gemm`. Gate and up grouped apart (perm [E, 2, K]): each
+        pair becomes two, of half-experts 2e and 2e + 1 (rows 2p and 2p + 1, each in its half's order),
+        aligned on their own; GEMM1 then writes [2P, N], that is [P, 2N] as [gate | up], and the
+        activation runs as its own launch."""
+        M, topk = topk_ids.shape
+        ids = topk_ids.to(torch.int32)
+        expert_map = self.expert_map
+        if perm.dim() == 2:
+            local = ids if expert_map is None else expert_map[ids.long()]
+            return permute_pair_rows(x, perm, local.flatten(), topk), gemm
+        halves = torch.arange(2, dtype=torch.int32, device=ids.device)
+        half_ids = (2 * ids.unsqueeze(-1) + halves).view(M, 2 * topk)
+        half_map = None
+        if expert_map is not None:  # global half-expert -> local one, -1 stays -1
+            half_map = torch.where(expert_map.unsqueeze(-1) >= 0, 2 * expert_map.unsqueeze(-1) + halves, -1)
+            half_map = half_map.flatten().to(torch.int32)
+        local = half_ids if half_map is None else half_map[half_ids.long()]
+        a1 = permute_pair_rows(x, perm.view(-1, perm.shape[-1]), local.flatten(), 2 * topk)
+        if direct:
+            return a1, partial(direct_quant_gemm, topk_ids=half_ids.contiguous(), expert_map=half_map)
+        sorted_ids, expert_ids, num_post = align_block_size(half_ids, block_m, 2 * self.config.num_experts, half_map)
+        return a1, partial(grouped_quant_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
+                           num_valid=2 * M * topk)
 
 
 def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:
     """int32 elements of a split GEMM1's last-arrival scratch: fp32 sums [pairs, rows], then an
     arrival count per pair and block of rows."""
     return pairs * rows + pairs * -(-rows // block_n)
+
+
+# A borrowed int4 launch shape's pipeline depth for MXFP4: its ring also holds four e8m0 scale rows
+# per K tile, and int4's four-stage 128 x 256 wgmma tiles fill the H100's shared memory to within 1 KB
+# (233,540 bytes needed against 232,448 on qwen3-235b-a22b at 2048 tokens).
+BORROWED_MAX_STAGES = 3
 
 
 def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:
@@ -431,14 +573,17 @@ class TritonWna16Experts(_QuantTritonExperts):
     capability = Capability(
         platforms=_GPUS,
         schemes=(
-            SchemeSupport(QuantDType.INT4, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
-            SchemeSupport(QuantDType.INT8, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP),
+            SchemeSupport(QuantDType.INT4, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP, act_order=True),
+            SchemeSupport(QuantDType.INT8, _INT_GRANS, group_sizes=_GROUPS, zero_points=_INT_ZP, act_order=True),
         ),
         min_capability=(8, 0),
         **_SHARED_CAPABILITY,
         limitations=(
-            "act-order (g_idx) is refused: its per-expert channel permutation would need a per-k scale "
-            "gather (or a permuted copy of the activations per expert) inside the GEMM",
+            "act-order (g_idx): each expert's channels are sorted by group at load and each (token, choice) "
+            "pair's input gathered in that order per call (top_k copies of the input); where gate and up are "
+            "grouped apart GEMM1 runs over 2E half-experts and the activation as its own launch; "
+            "checked under the CPU interpreter only, not yet on a GPU",
+            "act-order only where every group holds exactly group_size channels (checked at load)",
             "float zero points (HQQ/tinygemm) are refused",
         ),
     )
@@ -502,7 +647,8 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor(f"triton.mxfp4.halves.gate-up-{GATE_UP_CHUNK}", interleave_gate_up=True)
+    weight_processor = _Processor(f"triton.mxfp4.quads-e2m1-fields-k-padded.gate-up-{GATE_UP_CHUNK}",
+                                  interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,
         schemes=(SchemeSupport(QuantDType.FP4_E2M1, frozenset({Granularity.GROUP}), group_sizes=frozenset({32})),),
@@ -510,3 +656,8 @@ class TritonMxfp4Experts(_QuantTritonExperts):
         **_SHARED_CAPABILITY,
         limitations=("weights are dequantized in registers (no native fp4 tensor-core path)",),
     )
+
+    def kernel_family(self) -> str | None:
+        """No MXFP4 files ship: where none of its shape exists, the lookup takes the int4 launch shapes
+        of that shape (`configs.BORROWED_FAMILIES`)."""
+        return "mxfp4"

@@ -32,7 +32,8 @@ DEFAULT_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
     BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
-    POST_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, NARROW=False, PREFETCH_TILES=0, TAIL=0)
+    POST_SCALE=False, FOLDED_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, NARROW=False, PREFETCH_TILES=0,
+    TAIL=0)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
@@ -44,9 +45,9 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 # GEMM1 of a bf16 int4 (quads, group 128) layer with its gated activation, on the wgmma kernel
 # (launched with the register plan `ws_regs` gives its BLOCK_M).
 WGMMA_CONSTEXPRS = dict(
-    GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
-    ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128, BLOCK_N=256, STAGES=4,
-    K_TAIL=False, TAIL=0)
+    GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
+    MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128,
+    BLOCK_N=256, STAGES=4, K_TAIL=False, TAIL=0)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).

@@ -1,10 +1,11 @@
 """Dequantization of the weight layouts (`_layouts`): in registers inside the kernels (jit), and
 in torch for the twin (`dequantize_operand`).
 
-In the kernels, 4-bit codes become floats by ORing them into the mantissa of a power of two whose
+In the kernels, int4 codes become floats by ORing them into the mantissa of a power of two whose
 ulp is 1 (`biased`): exact, and cheaper than an integer -> float conversion; the zero point is then
 subtracted in the compute type (exact for codes below 16) so the scale's multiply is the only
-rounding, as in the reference.
+rounding, as in the reference. e2m1 codes become floats by moving their bits into a bf16's
+(`unpack_e2m1_quads`), which `e8m0_factors` then scale exactly.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ import triton
 import triton.language as tl
 
 from moe_core.weights.packing import E2M1_VALUES
-from moe_triton.quant_gemm_details._layouts import HalvesLayout, QuadsLayout, WeightOperand, WType
+from moe_triton.quant_gemm_details._layouts import (
+    E2M1_FIELDS,
+    INT4_NIBBLES,
+    HalvesLayout,
+    QuadsLayout,
+    WeightOperand,
+    WType,
+)
 
-__all__ = ["biased", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1", "int4_group", "int4_zero",
-           "unpack_quads"]
+__all__ = ["biased", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx", "e2m1_weights",
+           "e8m0_factors", "int4_group", "int4_zero", "unpack_e2m1_quads", "unpack_quads"]
 
 # One 32-bit register = two int16 words of the INT4 layout. Output j: nibble j of each word ORed
 # into the mantissa of the 16-bit float 128 (bf16) or 1024 (fp16), whose ulp is 1: the pair
@@ -35,21 +43,112 @@ lop3.b32 $3, t2, 0x000F000F, MAGIC, 0xEA;
 _QUAD_ASM_BF16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x43004300"))
 _QUAD_ASM_FP16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x64006400"))
 
-@triton.jit
-def e2m1(codes, CT: tl.constexpr):
-    """e2m1 codes (below 16) -> their exact values in CT (bf16 or fp32: fp16 cannot hold the subnormal below).
 
-    The code's exponent and mantissa bits go to the top of CT's exponent and mantissa fields, its
-    sign to the sign bit: exponent 0 then lands on a subnormal of the same relative size as e2m1's
-    (0.5 = 2^-1 * 1), so one multiply by 2^126 makes every value exact. Bit operations only: no
-    table, no int -> float conversion."""
-    c = codes.to(tl.int32)
-    if CT == tl.float32:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-        bits = ((c & 7) << 22) | ((c & 8) << 28)
+@triton.constexpr_function
+def e2m1_quarter_ptx(j: int, out: str, src: str) -> str:
+    """PTX of quarter j of one 32-bit register `src` = two int16 words of the MXFP4 quads layout
+    (`_layouts.E2M1_FIELDS`): `out` gets both words' e2m1 codes as a bf16 pair, the code's mantissa
+    and exponent in bits 6-8 and its sign in bit 15 of each half, every other bit zero. That bf16 is
+    the code's value times 2^-126, exactly: a code of exponent 0 lands on a subnormal, as e2m1's own
+    subnormal (0.5 = 2^-1 * 1), and the others on normals of the same relative size. lop3 0xEA is
+    (a & b) | c. A constexpr function: the kernels build their asm from it at compile time."""
+    if j == 0:  # stored in place
+        return f"and.b32 {out}, {src}, 0x81C081C0;"
+    if j == 1:  # three bits lower, sign included
+        return f"{{.reg .b32 t; shl.b32 t, {src}, 3; and.b32 {out}, t, 0x81C081C0;}}"
+    # Quarters 2 and 3: a shift for the 3-bit field, one for the sign.
+    field = f"shr.b32 f, {src}, 3" if j == 2 else f"shl.b32 f, {src}, 6"
+    sign = f"shl.b32 s, {src}, {1 if j == 2 else 2}"
+    return f"{{.reg .b32 f, s; {field}; and.b32 f, f, 0x01C001C0; {sign}; lop3.b32 {out}, s, 0x80008000, f, 0xEA;}}"
+
+
+_E2M1_QUADS_ASM = tl.constexpr("{" + " ".join(e2m1_quarter_ptx(j, f"${j}", "$4") for j in range(4)) + "}")
+
+
+@triton.jit
+def _e2m1_bits(w, j: tl.constexpr):
+    """`e2m1_quarter_ptx` on int32 words (one word each): quarter j's bf16 bits in the low 16 bits."""
+    if j == 0:
+        bits = w & 0x81C0
+    elif j == 1:
+        bits = (w << 3) & 0x81C0
+    elif j == 2:
+        bits = ((w >> 3) & 0x01C0) | ((w << 1) & 0x8000)
     else:
-        tl.static_assert(CT == tl.bfloat16, "e2m1 values are built in bf16 or fp32")  # noqa: SIM300
-        bits = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.int16)
-    return bits.to(CT, bitcast=True) * 8.507059173023462e37  # 2^126
+        bits = ((w << 6) & 0x01C0) | ((w << 2) & 0x8000)
+    return bits
+
+
+@triton.jit
+def _e2m1_value(bits, DT: tl.constexpr):
+    """bf16 bits in an int32's low half -> that bf16 in DT (bf16, or fp32: the same bits, 16 zeros after)."""
+    if DT == tl.float32:  # noqa: SIM300 (DT is the compile-time dtype, not a literal)
+        v = (bits << 16).to(tl.float32, bitcast=True)
+    else:
+        v = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return v
+
+
+@triton.jit
+def unpack_e2m1_quads(words, DT: tl.constexpr, PTX: tl.constexpr):
+    """int16 words (MXFP4 quads) -> four tensors, quarters 0-3: each e2m1 code's value times 2^-126,
+    exact, in DT (bf16, or fp32: every such value is a bf16, and an fp32 with the same exponent range).
+    PTX: shifts and lop3 on register pairs (`e2m1_quarter_ptx`, NVIDIA, DT bf16); else portable shifts."""
+    if PTX:
+        tl.static_assert(DT == tl.bfloat16, "the PTX unpack yields bf16 pairs")  # noqa: SIM300
+        vals = tl.inline_asm_elementwise(_E2M1_QUADS_ASM, "=r,=r,=r,=r,r", [words], is_pure=True, pack=2,
+                                         dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16))
+    else:
+        w = words.to(tl.int32)
+        vals = (_e2m1_value(_e2m1_bits(w, 0), DT), _e2m1_value(_e2m1_bits(w, 1), DT),
+                _e2m1_value(_e2m1_bits(w, 2), DT), _e2m1_value(_e2m1_bits(w, 3), DT))
+    return vals
+
+
+@triton.jit
+def _pow2(e, FT: tl.constexpr):
+    """2^e in FT (bf16 or fp32) for integer e in [-126, 127], built from its exponent bits."""
+    if FT == tl.float32:  # noqa: SIM300 (FT is the compile-time dtype, not a literal)
+        p = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    else:
+        p = ((e + 127) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return p
+
+
+@triton.jit
+def e8m0_factors(exps, FT: tl.constexpr, FOLDED: tl.constexpr):
+    """e8m0 exponents s (uint8) -> (lo, hi) in FT (bf16 or fp32) that make an `unpack_e2m1_quads`
+    value v (the code's value c times 2^-126) the weight c * 2^(s - 127), exactly: v * lo when
+    FOLDED, else (v * lo) * hi.
+
+    Why exact: c has at most two significant bits and |c| <= 6, and bf16 and fp32 share fp32's
+    exponent range, so c * 2^(s-127) is a bf16 for every e8m0 s (0..254) unless it overflows, which
+    it does in the fp32 reference too (2 * 2^127 and up). A product of such exact values rounds to
+    itself, so each multiply below gives the exact weight (inf where the reference's is).
+    - FOLDED (every s of the tensor at most 128, the processor's check): lo = 2^(s-1) = 2^126 * 2^(s-127),
+      a bf16 for s <= 128 (2^127 at most): one multiply per weight.
+    - Otherwise 2^(s-1) can exceed bf16's largest power of two (2^127), so the 2^126 is split:
+      lo = 2^(min(s, 128) - 1) gives c * 2^(min(s, 128) - 127) exactly (|c| * 2 at most), and
+      hi = 2^(max(s, 128) - 128) the rest; both factors are normal powers of two for every s."""
+    s = exps.to(tl.int32)
+    if FOLDED:
+        lo = _pow2(s - 1, FT)
+        hi = lo  # unused
+    else:
+        lo = _pow2(tl.minimum(s, 128) - 1, FT)
+        hi = _pow2(tl.maximum(s, 128) - 128, FT)
+    return lo, hi
+
+
+@triton.jit
+def e2m1_weights(v, lo, hi, FOLDED: tl.constexpr, CT: tl.constexpr):
+    """Weights of `unpack_e2m1_quads` values with their group's `e8m0_factors`, computed in the
+    factors' type (exact, see there), as CT: bf16 and fp32 hold them exactly; fp16 (whose range is
+    far narrower) takes each one rounded once, as a cast of the reference's fp32 weight."""
+    w = v.to(lo.dtype) * lo
+    if not FOLDED:
+        w = w * hi
+    return w.to(CT)
 
 
 @triton.jit
@@ -108,21 +207,12 @@ def int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CODE_OFFSET:
 @triton.jit
 def dequantize(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
              CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr):
-    """INT4 (halves) / INT8 / MXFP4 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
+    """INT4 (halves) / INT8 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
     [BN]: the group's row."""
     if WTYPE == 0:
         tl.static_assert(N_AXIS == 0, "int4 runs swapped only")
         s, z = int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, codes.shape[0])
         return (biased(codes, CT) - z) * s
-    if WTYPE == 3:
-        scale = tl.expand_dims(tl.exp2(tl.load(scale_ptrs, mask=n_mask, other=127).to(tl.float32) - 127.0), 1 - N_AXIS)
-        # One return: after `if CONSTEXPR: return`, Triton 3.6 still compiles the code that follows.
-        if CT == tl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-            # 2^(s - 127) leaves fp16's range for many e8m0 exponents: scale in fp32.
-            values = (e2m1(codes, tl.float32) * scale).to(CT)
-        else:
-            values = e2m1(codes, CT) * scale.to(CT)  # powers of two: bf16 and fp32 hold every e8m0 scale
-        return values
     # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
     s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1 - N_AXIS)
     if HAS_ZP:
@@ -151,8 +241,8 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
 def dequantize_padded(w: WeightOperand) -> torch.Tensor:
     """fp32 [E, N, k_tiles * block_k] of a 4-bit or int8 operand, quads' K padding included."""
     if w.quads:
-        codes = QuadsLayout(w.block_k).unswizzle(w.codes)
-    elif w.wtype in (WType.INT4, WType.MXFP4):
+        codes = QuadsLayout(w.block_k, E2M1_FIELDS if w.wtype is WType.MXFP4 else INT4_NIBBLES).unswizzle(w.codes)
+    elif w.wtype is WType.INT4:
         codes = HalvesLayout(w.block_k).unswizzle(w.codes)
     else:
         codes = w.codes

@@ -12,7 +12,7 @@ its last contributor (LAST_ARRIVAL). A launch may also zero the next GEMM's sums
 
 Every launch may be programmatically dependent (`moe_triton._common.pdl`): its programs wait for
 the kernel ahead before they write anything or read what it may have written. A one-token GEMM2
-of int4 quads uses that head start: before its wait it asks L2 for its first K tiles of weights
+of quads uses that head start: before its wait it asks L2 for its first K tiles of weights
 (PREFETCH_TILES, a bulk prefetch), which arrive while GEMM1 runs.
 
 Launch-order and block options:
@@ -20,7 +20,7 @@ Launch-order and block options:
   activation rows (read from DRAM once, then from L2).
 - NARROW: an aligned block whose second half is padding (an expert's last) runs over its first
   half only (`_wgemm_rows` is compiled for both row counts).
-- TAIL (int4 quads): a full block takes in its expert's next block when that holds at most TAIL
+- TAIL (quads): a full block takes in its expert's next block when that holds at most TAIL
   valid pairs: a second accumulator fed by the same dequantized weights, and the next block's
   program exits, so the expert's weights are dequantized once less.
 - SWAP_AB (4-bit weights): out^T = W . X^T, the dequantized weights as the MMA's register operand
@@ -38,7 +38,15 @@ import triton.language as tl
 
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
-from moe_triton.quant_gemm_details._dequant import dequantize, int4_group, int4_zero, unpack_quads
+from moe_triton.quant_gemm_details._dequant import (
+    dequantize,
+    e2m1_weights,
+    e8m0_factors,
+    int4_group,
+    int4_zero,
+    unpack_e2m1_quads,
+    unpack_quads,
+)
 
 
 class AScale(enum.IntEnum):
@@ -83,7 +91,7 @@ def _prefetch_l2(ptr, nbytes):
 @triton.jit
 def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, stride_bt, stride_se, stride_sk,
                          HAS_ZP: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """L2 prefetches of one program's int4 quads weights: K tiles kt0..kt1 of rows n0.. (stored
+    """L2 prefetches of one program's quads weights: K tiles kt0..kt1 of rows n0.. (stored
     tile-major, so one tile's rows are one run) and the scale (and zero-point) rows they use
     (N contiguous)."""
     QK: tl.constexpr = BLOCK_K // 4
@@ -161,9 +169,9 @@ def _moe_wgemm_kernel(
     ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, ZERO_SIDE: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
-    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, PDL: tl.constexpr,
-    K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr,
-    TAIL: tl.constexpr,
+    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
+    PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, NARROW: tl.constexpr,
+    PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -183,7 +191,7 @@ def _moe_wgemm_kernel(
         # first K tiles head for L2, so its K loop starts on L2 hits instead of a cold DRAM stream
         # after GEMM1's tail. It reads only topk_ids, complete before the kernel ahead passed its
         # own wait (no launch can start before that), the expert map and the weights.
-        tl.static_assert(DIRECT and QUADS and PDL, "L2 prefetch: dependent direct launches of int4 quads")
+        tl.static_assert(DIRECT and QUADS and PDL, "L2 prefetch: dependent direct launches of quads")
         pre_e = tl.load(sorted_ids_ptr + pid_m)
         if HAS_MAP:
             pre_e = tl.load(expert_ids_ptr + pre_e)
@@ -230,8 +238,8 @@ def _moe_wgemm_kernel(
     tl.static_assert(not ((NARROW or TAIL > 0) and DIRECT), "direct blocks hold one pair")
     absorbs = False
     if TAIL > 0:
-        tl.static_assert(WTYPE == 0 and QUADS and SWAP_AB and not POST_SCALE and TAIL < BLOCK_M,
-                         "taken-in tails: int4 quads, swapped, scaled per weight, TAIL below BLOCK_M")
+        tl.static_assert(QUADS and SWAP_AB and not POST_SCALE and TAIL < BLOCK_M,
+                         "taken-in tails: quads, swapped, scaled per weight, TAIL below BLOCK_M")
         # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
         # after a full one) is taken in by that block: the same test on both sides.
         has_prev = pid_m > 0
@@ -249,15 +257,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M, TAIL)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M // 2, 0)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, K_TAIL, BLOCK_M, 0)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0)
 
 
 @triton.jit
@@ -281,12 +289,12 @@ def _wgemm_rows(
     MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
-    PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, K_TAIL: tl.constexpr, ROWS: tl.constexpr,
-    TAIL: tl.constexpr,
+    PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
-    (int4 quads: a second accumulator fed by the same dequantized weights)."""
+    (quads: a second accumulator fed by the same dequantized weights)."""
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
@@ -299,6 +307,11 @@ def _wgemm_rows(
     # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
     # whose bf16 dot is wrong.
     CT: tl.constexpr = tl.float32 if UPCAST else a_ptr.dtype.element_ty
+    # MXFP4: e2m1 values are scaled in FT, which holds every e8m0 scale (fp16 does not), after an
+    # unpack in bf16 (PTX) or FT.
+    FT: tl.constexpr = tl.bfloat16 if CT == tl.bfloat16 else tl.float32  # noqa: SIM300 (CT: compile-time dtype)
+    UNPACK_T: tl.constexpr = tl.bfloat16 if PTX_UNPACK else FT
+    tl.static_assert(SWAP_AB == (QUADS or WTYPE == 0), "4-bit weights run swapped, the others not")  # noqa: SIM300
     a_base = a_ptr + a_rows[:, None] * stride_am
     b_base = b_ptr + e * stride_be + offs_n[None, :] * stride_bn
     bt_base = b_ptr + e * stride_be + offs_n[:, None] * stride_bn
@@ -309,7 +322,7 @@ def _wgemm_rows(
     else:
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
 
-    if WTYPE == 0 and QUADS:
+    if QUADS:
         # out^T = W . X^T: the dequantized weights are the MMA's A operand, which Hopper's wgmma
         # reads from registers, and the few token rows sit on the MMA's narrow N side instead of
         # padding its 64-row M side.
@@ -324,11 +337,16 @@ def _wgemm_rows(
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
-            v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
+            if WTYPE == 3:
+                tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
+                values = unpack_e2m1_quads(words, UNPACK_T, PTX_UNPACK)
+            else:
+                v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
             k = k0 + offs_q
             a_ptrs = a_base + k[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
+                tl.static_assert(WTYPE == 0, "scaled after the dots: int4 tiles inside one scale group")
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
                 z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
@@ -339,21 +357,28 @@ def _wgemm_rows(
                 part = _dot_at(v3 - z, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
                 acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
             else:
-                s0, z0 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
-                    s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
-                else:
-                    g = ((k0 + QK) // GROUP) * stride_sk
-                    s1, z1 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                    g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                    s2, z2 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                    g = ((k0 + 3 * QK) // GROUP) * stride_sk
-                    s3, z3 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
-                # the scale's multiply, as in the reference.
-                values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                if WTYPE == 0:
+                    s0, z0 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
+                        s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
+                    else:
+                        g = ((k0 + QK) // GROUP) * stride_sk
+                        s1, z1 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 2 * QK) // GROUP) * stride_sk
+                        s2, z2 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 3 * QK) // GROUP) * stride_sk
+                        s3, z3 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
+                    # the scale's multiply, as in the reference.
+                    values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
                 for j in tl.static_range(4):
-                    w = (values[j] - zeros[j]) * scales[j]
+                    if WTYPE == 3:
+                        # Quarter j is scale group j (32 k): one e8m0 row per quarter.
+                        exps = tl.load(s_base + (k0 // GROUP + j) * stride_sk, mask=n_mask, other=0)
+                        lo, hi = e8m0_factors(tl.expand_dims(exps, 1), FT, FOLDED_SCALE)
+                        w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
+                    else:
+                        w = (values[j] - zeros[j]) * scales[j]
                     acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
                     if TAIL > 0:
                         tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask, k + j * QK,
@@ -363,7 +388,8 @@ def _wgemm_rows(
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
                          tail_a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N, HAS_BIAS,
                          MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
-    elif WTYPE == 0 or WTYPE == 3:
+    elif WTYPE == 0:
+        # int4 halves (a K the quads cannot pad), swapped as the quads: two dots over K halves.
         HALF: tl.constexpr = BLOCK_K // 2
         offs_h = tl.arange(0, HALF)
         for kt in range(kt0, kt1):
@@ -372,26 +398,12 @@ def _wgemm_rows(
             a_hi = tl.load(a_base + (k0 + HALF + offs_h)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0)
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
-            if SWAP_AB:  # as for the quads
-                packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None],
-                                 other=0)
-                w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
-                                CODE_OFFSET, CT, 0)
-                w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
-                                CODE_OFFSET, CT, 0)
-                acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
-                acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
-            else:
-                packed = tl.load(b_base + kt * stride_bt + offs_h[:, None] * stride_bk, mask=n_mask[None, :],
-                                 other=0)
-                w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP,
-                                CODE_OFFSET, CT, 1)
-                w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP,
-                                CODE_OFFSET, CT, 1)
-                acc = tl.dot(a_lo.to(CT), w_lo, acc)
-                acc = tl.dot(a_hi.to(CT), w_hi, acc)
-        if SWAP_AB:
-            acc = tl.trans(acc_t)
+            packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
+            w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
+            acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
+            acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
+        acc = tl.trans(acc_t)
     else:
         offs_k = tl.arange(0, BLOCK_K)
         for kt in range(kt0, kt1):

@@ -3,17 +3,20 @@
 Both 4-bit layouts are tensors indexed [E, N, K tile, word] that the kernel reads through strides;
 their memory order is the one the kernels stream fastest (docs/design/triton-gemm-quantized.md).
 
-- `QuadsLayout` (int4 with 128-wide K tiles): int16 [E, N, cdiv(K, block_k), block_k/4], stored
-  tile-major ([E, K tile, N, word] in memory: one program's N x K tile of weights is one contiguous
-  run). Word i of K tile t holds in nibble j (bits 4j..4j+3) the code of
-  k = t*block_k + j*block_k/4 + i. The kernel runs swapped (weights as the MMA's A operand, in
-  registers) and loads the words straight into that operand's register layout, where each 32-bit
-  register holds two neighbouring words: one shift and one lop3 per register give nibble j of both
-  as a 16-bit float pair (`_dequant.unpack_quads`), the operand of the j-th of four dots over
-  contiguous K quarters. A K that 128 does not divide (gpt-oss's 2880) is padded to whole tiles
-  when its scale groups divide the padded K: the padding's scale rows are zero, so its weights
-  dequantize to exactly 0, and the kernel masks the activations' columns past K (K_TAIL).
-- `HalvesLayout` (int4 that cannot be padded so: per-channel scales, K % 128 != 0; and MXFP4):
+- `QuadsLayout` (int4 with 128-wide K tiles, and MXFP4): int16 [E, N, cdiv(K, block_k), block_k/4],
+  stored tile-major ([E, K tile, N, word] in memory: one program's N x K tile of weights is one
+  contiguous run). Word i of K tile t holds the codes of k = t*block_k + j*block_k/4 + i for the
+  four quarters j, at the word bits its `code_bits` name: int4 in nibble j (bits 4j..4j+3,
+  `INT4_NIBBLES`), MXFP4 where one shift puts an e2m1 code's bits where a bf16 holds them
+  (`E2M1_FIELDS`). The kernel runs swapped (weights as the MMA's A operand, in registers) and
+  loads the words straight into that operand's register layout, where each 32-bit register holds
+  two neighbouring words: shifts and lop3s of the register give quarter j of both as a 16-bit float
+  pair (`_dequant.unpack_quads`, `_dequant.unpack_e2m1_quads`), the operand of the j-th of four dots
+  over contiguous K quarters; for MXFP4 (a scale per 32 k) quarter j is scale group j. A K that
+  128 does not divide (gpt-oss's 2880) is padded to whole tiles when its scale groups divide the
+  padded K: the padding's weights dequantize to exactly 0 (int4: zero scale rows; MXFP4: code 0),
+  and the kernel masks the activations' columns past K (K_TAIL).
+- `HalvesLayout` (int4 that cannot be padded so: per-channel scales, K % 128 != 0):
   uint8 [E, N, K/block_k, block_k/2], stored K-major ([E, K tile, byte, N] in memory: a program's
   tile is block_k/2 runs of block_n bytes). Byte i of K tile t holds k = t*block_k + i in its low
   nibble and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves.
@@ -35,8 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType", "WeightOperand", "stored_k_major",
-           "stored_tile_major"]
+__all__ = ["E2M1_FIELDS", "INT4_NIBBLES", "GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType",
+           "WeightOperand", "stored_k_major", "stored_tile_major"]
 
 
 class WType(enum.IntEnum):
@@ -51,9 +54,9 @@ class WeightOperand:
     """One GEMM's weights in kernel layout.
 
     Invariants: `codes` follows this module's layout for `wtype`; `n`, `k` are the GEMM's
-    output and input sizes; `block_k` divides k, except for int4 quads, whose codes, scales and
+    output and input sizes; `block_k` divides k, except for quads, whose codes, scales and
     zero points cover `k_tiles` whole tiles and dequantize to 0 past k; for grouped int/mxfp4
-    scales each block_k/4 (int4 quads), block_k/2 (halves) or block_k (int8) slice of K lies inside
+    scales each block_k/4 (quads), block_k/2 (halves) or block_k (int8) slice of K lies inside
     one scale group; `group` is the K extent of one scale row (k itself for per-channel).
     """
 
@@ -66,6 +69,9 @@ class WeightOperand:
     group: int  # K per scale row; 0 for fp8 (granularity comes from AScale)
     block_k: int
     code_offset: int  # implicit zero when `zero` is None (8, 128), 0 otherwise
+    # MXFP4: every e8m0 scale is at most 2^1, so one multiply per weight scales an unpacked code
+    # (`_dequant.e8m0_factors`); otherwise two.
+    folded_scale: bool = False
 
     @property
     def num_experts(self) -> int:
@@ -73,8 +79,8 @@ class WeightOperand:
 
     @property
     def quads(self) -> bool:
-        """INT4 codes in the quads layout (int16 words); the halves layout is uint8."""
-        return self.wtype is WType.INT4 and self.codes.dtype == torch.int16
+        """4-bit codes in the quads layout (int16 words); the halves layout is uint8."""
+        return self.wtype in (WType.INT4, WType.MXFP4) and self.codes.dtype == torch.int16
 
     @property
     def k_tiles(self) -> int:
@@ -94,7 +100,7 @@ def stored_k_major(words: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class HalvesLayout:
-    """4-bit codes (int4, e2m1) two per byte over the two halves of each K tile, stored K-major."""
+    """int4 codes two per byte over the two halves of each K tile, stored K-major."""
 
     block_k: int  # K per tile; divides K
 
@@ -116,11 +122,26 @@ class HalvesLayout:
         return torch.cat((t & 0xF, t >> 4), dim=3).reshape(E, R, T * 2 * H)
 
 
+# Where each quarter's 4-bit code sits in a quads word: code bit b of quarter j at word bit [j][b].
+INT4_NIBBLES = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
+# An e2m1 code's bits 0-2 (mantissa, exponent) go to a bf16's bits 6-8 and its sign (bit 3) to bit
+# 15 (`_dequant.unpack_e2m1_quads`): quarter 0 is stored there already, quarter 1 three bits lower (one
+# shift places both its field and its sign). No placement gives all four quarters one shift each, so
+# quarters 2 and 3 keep their 3-bit fields apart from their signs: 11 instructions per 32-bit register
+# (eight weights) instead of 15 for nibbles.
+E2M1_FIELDS = ((6, 7, 8, 15), (3, 4, 5, 12), (9, 10, 11, 14), (0, 1, 2, 13))
+
+
 @dataclass(frozen=True)
 class QuadsLayout:
-    """int4 codes four per int16 word over the four quarters of each K tile, stored tile-major."""
+    """4-bit codes four per int16 word over the four quarters of each K tile, stored tile-major."""
 
     block_k: int  # K per tile; a multiple of 4 dividing the (padded) K
+    code_bits: tuple[tuple[int, ...], ...] = INT4_NIBBLES  # INT4_NIBBLES or E2M1_FIELDS
+
+    def __post_init__(self) -> None:
+        if sorted(b for bits in self.code_bits for b in bits) != list(range(16)) or len(self.code_bits) != 4:
+            raise ValueError(f"code_bits must place four 4-bit codes on the 16 bits of a word, got {self.code_bits}")
 
     def swizzle(self, codes: torch.Tensor) -> torch.Tensor:
         """Canonical packed [E, R, K/2] (even k low) -> int16 [E, R, K/block_k, block_k/4], stored tile-major."""
@@ -136,7 +157,10 @@ class QuadsLayout:
         for e in range(E):
             c = codes[e]
             full = torch.stack((c & 0xF, c >> 4), dim=-1).view(R, T, 4, Q).to(torch.int32)
-            words = full[..., 0, :] | (full[..., 1, :] << 4) | (full[..., 2, :] << 8) | (full[..., 3, :] << 12)
+            words = torch.zeros(R, T, Q, dtype=torch.int32, device=codes.device)
+            for j, bits in enumerate(self.code_bits):
+                for b, at in enumerate(bits):
+                    words |= ((full[..., j, :] >> b) & 1) << at
             out[e] = (words - ((words >> 15) << 16)).to(torch.int16).transpose(0, 1)  # two's complement
         return out.permute(0, 2, 1, 3)
 
@@ -144,7 +168,8 @@ class QuadsLayout:
         """int16 [E, R, K tiles, block_k/4] (any strides) -> codes uint8 [E, R, K] (0..15)."""
         E, R, T, Q = words.shape
         w = words.to(torch.int32).unsqueeze(3) & 0xFFFF
-        return torch.cat([(w >> (4 * j)) & 0xF for j in range(4)], dim=3).reshape(E, R, T * 4 * Q).to(torch.uint8)
+        quarters = [sum(((w >> at) & 1) << b for b, at in enumerate(bits)) for bits in self.code_bits]
+        return torch.cat(quarters, dim=3).reshape(E, R, T * 4 * Q).to(torch.uint8)
 
 
 @dataclass(frozen=True)

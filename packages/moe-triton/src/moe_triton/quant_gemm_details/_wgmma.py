@@ -1,9 +1,10 @@
-"""The int4 quads GEMM of `_kernel` written in Gluon for Hopper: warp-specialized, asynchronous wgmma.
+"""The quads GEMM of `_kernel` written in Gluon for Hopper: warp-specialized, asynchronous wgmma.
 
-Same contract as `_kernel._moe_wgemm_kernel` for int4 quads weights over align-sorted pairs
-(STORE and ATOMIC sinks, split-K, GEMM1's activation over interleaved gate/up chunks, bias,
-router weight, zeroing the next GEMM's sums on the side); its torch twin is
-`moe_triton.quant_gemm.quant_gemm_torch`.
+Same contract as `_kernel._moe_wgemm_kernel` for quads weights over align-sorted pairs (STORE and
+ATOMIC sinks, split-K, GEMM1's activation over interleaved gate/up chunks, bias, router weight,
+zeroing the next GEMM's sums on the side); its torch twin is `moe_triton.quant_gemm.quant_gemm_torch`.
+WTYPE picks the weights, a compile-time branch of the unpack only: int4 (nibble minus zero point,
+times the group's scale) or MXFP4 (e2m1 codes times their quarter's e8m0 factors, `_dequant`).
 
 Why a second kernel: with `tl.dot`, Triton 3.6 waits for every dot whose operand was dequantized in
 registers (`wgmma.wait_group 0`), so unpacking never overlaps the tensor cores, and the warps that
@@ -58,6 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from moe_triton._common.activation import activate
 from moe_triton._common.wgmma import EPILOGUE_LAYOUT, tail_role
+from moe_triton.quant_gemm_details._dequant import e2m1_quarter_ptx, e2m1_weights, e8m0_factors
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -85,6 +87,14 @@ def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
         v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
                                       dtype=gl.bfloat16)
     return v
+
+
+@gluon.jit
+def _e2m1_quarter(words, j: gl.constexpr):
+    """Quarter j's e2m1 values times 2^-126 of MXFP4 quads words, exact, in bf16, in the words' layout
+    (`_dequant.e2m1_quarter_ptx` on each 32-bit register)."""
+    return gl.inline_asm_elementwise(e2m1_quarter_ptx(j, "$0", "$1"), "=r,r", [words], is_pure=True, pack=2,
+                                     dtype=gl.bfloat16)
 
 
 @gluon.constexpr_function
@@ -232,12 +242,22 @@ def _group_scales(s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS
 
 
 @gluon.jit
+def _group_e8m0(s_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS: gl.constexpr, GROUPS: gl.constexpr,
+                FOLDED_SCALE: gl.constexpr, FT: gl.constexpr, layout: gl.constexpr):
+    """MXFP4: the `e8m0_factors` (lo, hi) of ring rows [r0, r0 + ROWS) in quarter j's scale group
+    (its own: groups of 32), [ROWS, 1] in FT and `layout`."""
+    exps = s_ring.index(stage * GROUPS + j).slice(r0, ROWS).load(gl.SliceLayout(1, layout))
+    return e8m0_factors(gl.expand_dims(exps, 1), FT, FOLDED_SCALE)
+
+
+@gluon.jit
 def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr,
              bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid,
              alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-             GROUP: gl.constexpr, GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
-             HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
-             ACT: gl.constexpr, CHUNK: gl.constexpr, K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr,
+             GROUP: gl.constexpr, GROUPS: gl.constexpr, WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr,
+             HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr,
+             REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr,
+             K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr,
              WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr,
              TAIL: gl.constexpr):
     """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
@@ -268,21 +288,21 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
     if TAIL > 0 and absorbs:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
-                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
-                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
-                        TAIL, STAGES, FOLDED)
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
+                        CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
+                        BLOCK_M, TAIL, STAGES, FOLDED)
     elif FOLDED and narrow:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
-                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
-                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M // 2,
-                        0, STAGES, FOLDED)
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
+                        CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
+                        BLOCK_M // 2, 0, STAGES, FOLDED)
     else:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
-                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS,
-                        MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M, BLOCK_M,
-                        0, STAGES, FOLDED)
+                        stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
+                        CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
+                        BLOCK_M, 0, STAGES, FOLDED)
 
 
 @gluon.jit
@@ -302,14 +322,16 @@ def row_halves(acc, out_l: gl.constexpr):
 def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr,
                     topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
                     stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP: gl.constexpr, GROUPS: gl.constexpr,
-                    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
-                    MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
+                    WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
+                    ACT: gl.constexpr,
                     CHUNK: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
                     MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
     """The consumer's K loop over the block's first MMA_N rows (its MMA's N) and, with TAIL_N, the
     TAIL_N rows after the block (a second accumulator on the same dequantized weights), then its
     epilogue for each."""
     CT: gl.constexpr = x_rings[0].dtype
+    FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300 (MXFP4: `e8m0_factors`)
     X_ROWS: gl.constexpr = BLOCK_M // 2
     x_r0: gl.constexpr = WG * X_ROWS
     r0: gl.constexpr = WG * WG_ROWS
@@ -341,9 +363,15 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
         for j in gl.static_range(4):
             # Scale rows are read once per group (at the quarter that starts one), not once per quarter.
             if (j * QUARTER) % GROUP == 0:
-                s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET, CT,
-                                     w_op)
-            w = (_nibble(words, j, CT) - z) * s
+                if WTYPE == 3:
+                    lo, hi = _group_e8m0(s_ring, stage, j, r0, WG_ROWS, GROUPS, FOLDED_SCALE, FT, w_op)
+                else:
+                    s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET,
+                                         CT, w_op)
+            if WTYPE == 3:
+                w = e2m1_weights(_e2m1_quarter(words, j), lo, hi, FOLDED_SCALE, CT)
+            else:
+                w = (_nibble(words, j, CT) - z) * s
             acc = warpgroup_mma(w, x_rings[j].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
             if TAIL_N > 0:
                 acc_t = warpgroup_mma(w, x_tails[j].index(stage).permute((1, 0)), acc_t, is_async=True)
@@ -433,11 +461,12 @@ def moe_w4a16_wgmma_kernel(
     a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr,
     zero_ptr, N, K, num_valid, zero_numel, zero_chunk, alpha, limit,
     stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-    GROUP: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
-    A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
-    ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr, SPLIT_K: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, K_TAIL: gl.constexpr,
-    PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    GROUP: gl.constexpr, WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr,
+    CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr, A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr,
+    REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr,
+    ZERO_SIDE: gl.constexpr, SPLIT_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr, K_TAIL: gl.constexpr, PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
     TAIL: gl.constexpr,  # 0, or 8 / 16 with FOLDED: a full block takes in its expert's last <= TAIL pairs
 ):
     NW: gl.constexpr = gl.num_warps()
@@ -449,6 +478,7 @@ def moe_w4a16_wgmma_kernel(
     gl.static_assert(NW == 4, "the default partition is one consumer warpgroup")
     gl.static_assert(WG_ROWS == 64 or WG_ROWS == 128, "two consumer warpgroups of 64 or 128 weight rows")
     gl.static_assert(GROUP % QUARTER == 0, "each quarter lies in one scale group")
+    gl.static_assert(WTYPE != 3 or GROUP == QUARTER, "MXFP4: one scale group per quarter")
     gl.static_assert(TAIL == 0 or (FOLDED and (TAIL == 8 or TAIL == 16)),
                      "a taken-in tail of 8 or 16 pairs, with the copies folded into the consumers")
     gl.static_assert(GATE_UP_CHUNK == 0 or ((WG_ROWS // 2) % GATE_UP_CHUNK == 0 and GATE_UP_CHUNK % 16 == 0),
@@ -515,26 +545,26 @@ def moe_w4a16_wgmma_kernel(
             (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
         ], [4], [CONSUMER_REGS])
     else:
         gl.warp_specialize([
             (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT,
-                        GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
                         n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
                         stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
