@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for moe-cuda: install the project from wheels, unpack the carried vendor libraries,
-# run moe-cuda's tests (device-marked ones and moe-core's conformance suite) on the GPU, then a small
-# side-by-side benchmark of moe-triton against each moe-cuda backend.
+# run moe-cuda's tests (device-marked ones and moe-core's conformance suite) on the GPU, then
+# `moe bench --backends all`: every installed backend side by side on the same layers, which also
+# writes the measured ranking the oracle reads (moe_core/rankings_data/ ships the committed one).
 #
 #   here:       uv build --all-packages -o .carry/wheels
 #               (the vendor libraries, xz-compressed: .carry/vendor/_moe_C_stable_libtorch.abi3.so.xz from
@@ -11,7 +12,10 @@
 #
 # Phases (default: tests bench): each one's exit status is reported; a failing phase does not stop
 # the next; the script exits non-zero if any failed. Everything printed also goes to
-# $OUT/run_moe_cuda.log; the benchmark writes $OUT/bench_moe_cuda_<device>.{json,md}.
+# $OUT/run_moe_cuda.log; the benchmark writes $OUT/bench/bench-*.json and ranking-<device>.json after
+# every measured cell (a run stopped by BENCH_TIMEOUT keeps what it measured). What it measures:
+#   BENCH_PRESETS (default: the five real presets), BENCH_SCHEMES (default: bf16 int4 int8 fp8-channel
+#   fp8-block mxfp4), BENCH_TOKENS (default: 1 8 32 128 512 2048 8192), BENCH_TIMEOUT seconds (500).
 set -uo pipefail
 WHEELS=${1:?usage: run_moe_cuda.sh WHEEL_DIR [VENDOR_DIR] [PHASE...]}
 shift
@@ -59,7 +63,13 @@ for phase in "${PHASES[@]}"; do
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 "$ROOT/packages/moe-cuda/tests"
       rc=$? ;;
     bench)
-      python3 "$HERE/bench_moe_cuda.py" --out "$OUT" --budget-s 240
+      args=(--device cuda --backends all --out "$OUT/bench" --no-plot)
+      for p in ${BENCH_PRESETS:-qwen3-30b-a3b mixtral-8x7b gpt-oss-120b qwen3-235b-a22b deepseek-v3}; do
+        args+=(--preset "$p"); done
+      for s in ${BENCH_SCHEMES:-bf16 int4 int8 fp8-channel fp8-block mxfp4}; do args+=(--scheme "$s"); done
+      # shellcheck disable=SC2206
+      args+=(--tokens ${BENCH_TOKENS:-1 8 32 128 512 2048 8192})
+      timeout "${BENCH_TIMEOUT:-500}" python3 -m moe_core bench "${args[@]}"
       rc=$? ;;
     *) echo "unknown phase $phase (tests, bench)"; rc=2 ;;
   esac

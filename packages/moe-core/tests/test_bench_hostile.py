@@ -156,7 +156,7 @@ def test_an_unsteady_cell_is_flagged(capsys):
 
 def test_the_plot_title_fits_the_figure():
     pytest.importorskip("matplotlib")
-    rows = [bench.Row("tiny", "bf16", m, "CpuOneDnnExperts", m, m, m, 0.0, 1.0, m / 2, "memory", 0.5, 2.0 * m, 2.0,
+    rows = [bench.Row("tiny", "bf16", m, "cpu", "CpuOneDnnExperts", "unquantized", "unquantized", "S", "wall-clock", m, m, m, 0.0, 1.0, m / 2, "memory", 0.5, 2.0 * m, 2.0,
                       1, 1, 2.0) for m in (1, 8)]
     title = ("AMD EPYC 7B13 64-Core Processor (a long device name), 2 threads, torch 2.9.1+cu128, "
              "2026-11-27T11:13:10+00:00")
@@ -197,8 +197,9 @@ _MEASURE = textwrap.dedent("""
     from moe_core.config import MoEConfig, Routing
     from moe_core.presets import PRESETS, Preset
 
-    def peak():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    def peak():  # this process's high-water mark; ru_maxrss would carry the forking parent's over exec
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
     def resident():  # now, not the high-water mark: what the process holds before the run
         with open("/proc/self/statm") as f:

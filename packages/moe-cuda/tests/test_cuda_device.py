@@ -9,6 +9,7 @@ import torch
 from _cuda_helpers import cuda_device, layer, run_against_reference
 
 from moe_core.config import Activation, ParallelConfig
+from moe_core.layer import FusedMoE
 from moe_core.quant import (
     FP8_BLOCK128_WEIGHT,
     FP8_CHANNEL_WEIGHT,
@@ -19,9 +20,10 @@ from moe_core.quant import (
     mxfp4_w4a16,
     unquantized,
 )
+from moe_core.weights.canonical import ExpertWeights
 from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
 from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
-from moe_cuda.marlin import MarlinExperts, align_blocks, block_size_m
+from moe_cuda.marlin import MarlinExperts, align_blocks, block_size_m, library_align_blocks
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts
 from moe_cuda.vendor import MARLIN_LIBRARY, SGLANG_SM90_LIBRARY
 
@@ -83,6 +85,45 @@ def test_align_blocks_on_the_gpu_equals_the_cpu():
     gpu = align_blocks(ids.cuda(), block, 64, None)
     for name in ("sorted_ids", "expert_ids", "num_tokens_post_padded"):
         assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
+
+
+def test_library_align_blocks_holds_the_same_blocks():
+    """The library's kernel may order pairs within an expert its own way: same rows in use, each
+    local pair once, every block of one expert holding that expert's pairs only."""
+    ids = torch.randint(0, 64, (300, 8), generator=torch.Generator().manual_seed(0))
+    block = block_size_m(300, 8, 64)
+    ours = align_blocks(ids, block, 64, None)
+    theirs = library_align_blocks(ids.cuda(), block, 64)
+    used = int(theirs.num_tokens_post_padded)
+    assert used == int(ours.num_tokens_post_padded)
+    rows = theirs.sorted_ids[:used].cpu().long()
+    real = rows[rows < ids.numel()]
+    assert torch.equal(real.sort().values, torch.arange(ids.numel()))
+    experts = theirs.expert_ids[:used // block].cpu().long().repeat_interleave(block)
+    is_real = rows < ids.numel()
+    assert torch.equal(ids.reshape(-1)[rows[is_real]], experts[is_real])
+
+
+def test_marlin_layer_is_captured_in_a_cuda_graph():
+    config = layer(E=32, K=512, N=256, top_k=4)
+    quant = int4_w4a16(128)
+    moe = FusedMoE(config, quant, "cuda", prefer="marlin")
+    moe.load_weights(ExpertWeights.random(config, quant, seed=3, device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(5, 512, device="cuda", generator=gen, dtype=torch.bfloat16)
+    logits = torch.randn(5, 32, device="cuda", generator=gen)
+    eager = moe(x, logits)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        moe(x, logits)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe(x, logits)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
 
 
 def test_sglang_library_loads():

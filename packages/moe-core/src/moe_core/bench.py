@@ -1,8 +1,10 @@
 """`moe bench`: time whole MoE layers against the machine's own ceilings and a naive per-expert loop,
 and the one definition of those ceilings and of the roofline floor (benchmarks/gpu uses them too).
 
-For each preset, scheme and token count it times `FusedMoE` (routing + experts) and reports the
-fraction of the roofline floor it reaches (`roofline_floor`):
+For each preset, scheme and token count it times `FusedMoE` (routing + experts) on the backend the
+oracle chooses, or on every installed backend (`--backends all`, which also writes the measured
+ranking `select()` reads: `moe_core.rankings`), and reports the fraction of the roofline floor it
+reaches (`roofline_floor`):
 
     floor = max(expected distinct experts * weight bytes per expert / copy bandwidth,
                 2 * M * top_k * (R + N) * K / matmul rate)
@@ -13,6 +15,11 @@ the weight bytes of the scheme as stored: codes plus scales, zero points and act
 bandwidth (bytes read + written of a large copy) and the rate of a large matmul in the layer dtype.
 The naive baseline is the loop of transformers' eager MoE blocks: route, then `F.linear` per expert
 that got tokens, in the layer dtype.
+
+On CUDA a layer is timed as engines run it: captured in CUDA graphs over rotating input sets (8,
+2 above 512 tokens), the L2 cache flushed before every replay, CUDA events around each replay
+(`time_cuda_layer`); a layer that cannot be captured is timed eagerly the same way, and the row says
+so. Elsewhere calls are timed by the wall clock, interleaved with the naive loop.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.metadata
 import json
 import math
 import os
@@ -37,10 +45,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from moe_core.backends import available_memory_bytes, detect_device, synchronize
+from moe_core.backends import REFERENCE_BACKEND, available_memory_bytes, detect_device, synchronize
 from moe_core.config import MoEConfig
 from moe_core.layer import FusedMoE
-from moe_core.oracle import NoBackendError, select
+from moe_core.oracle import BackendUnavailableError, NoBackendError, select
+from moe_core.plugins import PluginState, registry
 from moe_core.presets import PRESETS, Preset, get_preset
 from moe_core.quant import (
     Granularity,
@@ -52,6 +61,7 @@ from moe_core.quant import (
     parse_scheme,
     unquantized,
 )
+from moe_core.rankings import load_ranking, ranking_from_rows, shape_key, user_rankings_dir
 from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
@@ -59,7 +69,7 @@ from moe_core.weights.canonical import ExpertWeights
 __all__ = ["Ceilings", "Floor", "Progress", "SmClockSampler", "TimingSummary", "add_arguments", "default_threads",
            "estimate_peak_bytes", "expected_distinct_experts", "expert_weight_bytes", "main", "measure_ceilings",
            "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "step", "summarize_timings",
-           "weight_bytes_per_param", "write_json_atomic"]
+           "time_cuda_layer", "weight_bytes_per_param", "write_json_atomic"]
 
 DEFAULT_PRESETS = ("tiny", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 8, 32, 128)
@@ -97,9 +107,14 @@ class Floor:
 @dataclass(frozen=True)
 class Row:
     preset: str
-    scheme: str
+    scheme: str  # as given on the command line
     tokens: int
-    experts: str  # the experts class the oracle chose
+    backend: str  # the backend timed: the oracle's choice, or each of --backends
+    experts: str  # its experts class
+    quant: str  # MoEQuantConfig.name of the scheme, the key of ranking entries
+    family: str  # QuantFamily of the scheme
+    shape: str  # moe_core.rankings.shape_key of the layer
+    timing: str  # "cuda-graph", "cuda-events (eager: ...)" or "wall-clock"
     time_ms: float  # median
     min_ms: float
     p90_ms: float
@@ -113,6 +128,10 @@ class Row:
     bytes_per_expert: int  # the scheme's stored bytes (`expert_weight_bytes`), what the floor reads
     kernel_bytes_per_expert: int  # the experts' packed tensors (a backend may unpack or pad at load)
     expected_distinct_experts: float
+    # Relative L2 difference of this backend's output from the first backend timed on the same cell
+    # and inputs (None for that one): a cross-check of the kernels at the real shape.
+    compared_with: str | None = None
+    rel_diff: float | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,6 +146,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fp8-tensor[:token|:tensor], fp8-channel[:token|:tensor], fp8-block, mxfp4; "
                              f"repeatable (default: {', '.join(DEFAULT_SCHEMES)})")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xpu")
+    parser.add_argument("--backends", default="chosen", metavar="chosen|all|B1,B2",
+                        help="which backends to time: the one the oracle chooses (default), every installed "
+                             "backend but the reference (all), or a comma-separated list; each forced backend is "
+                             "timed where it serves the layer and its refusal is recorded otherwise. The run "
+                             "writes the measured ranking (ranking-<device>.json) next to its results")
+    parser.add_argument("--save-ranking", action="store_true",
+                        help="also merge the measured ranking into the user's rankings folder "
+                             "(~/.cache/moe/rankings), where select() and `moe explain` find it")
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"output folder for JSON and PNG (default: ./{DEFAULT_OUT}; created if missing, "
                              "checked for writing before anything is measured; the JSON is rewritten after "
@@ -171,8 +198,10 @@ def pin_threads(requested: int | None) -> int:
 
 
 def validate_threads(requested: int | None) -> None:
-    if requested is not None and requested < 1:
-        raise ValueError(f"--threads must be >= 1, got {requested}")
+    """More threads than CPUs only oversubscribe them (and torch crashes on absurd counts)."""
+    cpus = os.cpu_count() or 1
+    if requested is not None and not 1 <= requested <= cpus:
+        raise ValueError(f"--threads must be between 1 and {cpus} (the CPUs of this machine), got {requested}")
 
 
 def _note(text: str) -> None:
@@ -349,6 +378,63 @@ def _cuda_median_seconds(fn: Callable[[], object]) -> float:
     return statistics.median(times[CUDA_DROPPED:])
 
 
+# The CUDA layer protocol: the L2 cache is flushed by writing this many bytes before every replay.
+CUDA_L2_FLUSH_BYTES = 256 << 20
+# Replays per timed layer: enough for about CUDA_LAYER_BUDGET_S of timed calls, within these bounds.
+CUDA_LAYER_REPLAYS = (10, 1000)
+CUDA_LAYER_BUDGET_S = 0.06
+
+
+def _cuda_graphs(layer: Callable, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[Callable[[], None]]:
+    """One CUDA graph per input set, each returned as its replay; warmed up (and compiled) first on a
+    side stream, as capture requires."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(*inputs[0])
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = []
+    for x, logits in inputs:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer(x, logits)
+        graphs.append(graph)
+    return [g.replay for g in graphs]
+
+
+def time_cuda_layer(layer: Callable, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], str]:
+    """(seconds per call samples, method) of `layer` over the input sets taken in turn: replayed from
+    CUDA graphs ("cuda-graph"), or called eagerly where capture fails ("cuda-events (eager: why)");
+    the L2 cache flushed before every call, CUDA events around it."""
+    try:
+        calls, method = _cuda_graphs(layer, inputs), "cuda-graph"
+    except Exception as exc:  # a layer that cannot be captured is still timed, as it would run
+        torch.cuda.synchronize()
+        calls = [lambda x=x, lg=lg: layer(x, lg) for x, lg in inputs]
+        method = f"cuda-events (eager: capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    flush = torch.empty(CUDA_L2_FLUSH_BYTES, dtype=torch.uint8, device=inputs[0][0].device)
+    for i in range(10):
+        calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(5):
+        calls[i % len(calls)]()
+    end.record()
+    end.synchronize()
+    estimate_s = start.elapsed_time(end) / 5e3
+    low, high = CUDA_LAYER_REPLAYS
+    replays = max(low, min(high, int(CUDA_LAYER_BUDGET_S / max(estimate_s, 1e-7))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for i, (before, after) in enumerate(events):
+        flush.zero_()
+        before.record()
+        calls[i % len(calls)]()
+        after.record()
+    torch.cuda.synchronize()
+    return [before.elapsed_time(after) / 1e3 for before, after in events], method
+
+
 def _cuda_copy_seconds(device: torch.device) -> float:
     src = torch.randn(CUDA_COPY_BYTES // 2, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -493,7 +579,7 @@ def _activation_bytes(config: MoEConfig, tokens: int) -> int:
 
 
 def estimate_peak_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens: int = 0,
-                        dense_baseline: bool = False) -> int:
+                        dense_baseline: bool = False, accelerator: bool = False) -> int:
     """Peak memory, above what the process held before, of building and running `config` under each
     of `quants` in turn (`moe run`: one scheme; `moe bench`: several, one at a time) for up to
     `tokens` tokens per call.
@@ -503,7 +589,8 @@ def estimate_peak_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens:
     kernel layout, `_packed_bytes_per_param`, with the temporaries of packing integer codes), plus the
     temporaries of one expert (or of the chunk of experts dequantized at once), the activations and a
     fixed allowance for the allocator and libraries. `dense_baseline`: the layer-dtype weights of the
-    naive loop stay loaded throughout, and unquantized layers load those (`moe bench`).
+    naive loop stay loaded throughout, and unquantized layers load those (`moe bench`). `accelerator`:
+    the layer runs on a GPU, whose kernels keep every scheme's codes (`_packed_bytes_per_param`).
     """
     E = config.num_local_experts
     params = E * (config.w13_rows * config.hidden_size + config.hidden_size * config.intermediate_size_per_partition)
@@ -512,13 +599,13 @@ def estimate_peak_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens:
     per_scheme = []
     for q in quants:
         canonical = params * weight_bytes_per_param(config, q)
-        packed = params * _packed_bytes_per_param(config, q)
+        packed = params * _packed_bytes_per_param(config, q, accelerator)
         if dense_baseline and not q.weight.quantized:  # the layer loads the naive loop's weights
             per_scheme.append(packed + activations)
             continue
         temporaries = params / E * _EXPERT_TEMPORARY_BYTES[q.weight.quantized]
         packing = 0
-        if _packs_codes(q):
+        if _packs_codes(q) and not accelerator:  # the CPU's ATen packing temporaries
             larger = max(config.w13_rows, config.intermediate_size_per_partition) * config.hidden_size
             packing = E * larger * _PACKING_BYTES[q.weight.dtype]
         if packed > canonical:
@@ -531,16 +618,23 @@ def estimate_peak_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens:
     return int((dense if dense_baseline else 0) + max(per_scheme, default=0) + _FIXED_OVERHEAD_BYTES)
 
 
-def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens: int = 0) -> int:
+def planned_bytes(config: MoEConfig, quants: list[MoEQuantConfig], tokens: int = 0, accelerator: bool = False) -> int:
     """Peak memory of `moe bench` on `config`: `estimate_peak_bytes` with the naive loop's dense weights."""
-    return estimate_peak_bytes(config, quants, tokens, dense_baseline=True)
+    return estimate_peak_bytes(config, quants, tokens, dense_baseline=True, accelerator=accelerator)
 
 
-def _packed_bytes_per_param(config: MoEConfig, quant: MoEQuantConfig) -> float:
-    """Upper bound of a kernel layout's size per parameter: grouped int4 and per-channel int8 codes
-    repack at their own size; every other format may be dequantized at load (where no packed kernel
-    serves it), to the layer dtype, or to fp32 where activations are quantized."""
+# GPU layouts keep the codes but may pad them (K to whole tiles, e.g. gpt-oss's 2880 to 2944).
+_ACCELERATOR_PADDING = 1.1
+
+
+def _packed_bytes_per_param(config: MoEConfig, quant: MoEQuantConfig, accelerator: bool = False) -> float:
+    """Upper bound of a kernel layout's size per parameter: on GPUs the codes, padded; on the CPU,
+    grouped int4 and per-channel int8 codes repack at their own size and every other format may be
+    dequantized at load (where no packed kernel serves it), to the layer dtype, or to fp32 where
+    activations are quantized."""
     own = weight_bytes_per_param(config, quant)
+    if accelerator:
+        return own * _ACCELERATOR_PADDING
     if not quant.weight.quantized or _packs_codes(quant):
         return own
     return max(own, 4.0 if quant.activation is not None else weight_bytes_per_param(config, unquantized()))
@@ -574,11 +668,23 @@ def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch
     return forward
 
 
+def _distribution_versions() -> dict[str, str]:
+    """Versions of moe-core, the installed plugins' distributions and the kernel libraries they use."""
+    names = {"moe-core", "triton", *(s.distribution for s in registry().statuses.values())}
+    versions = {}
+    for name in sorted(names):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return versions
+
+
 def _machine(device: torch.device, threads: int) -> dict:
     info = detect_device(device)
-    return {"device": str(info), "cpu_model": detect_device("cpu").name, "cpu_count": os.cpu_count(),
-            "torch_threads": threads, "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    return {"device": str(info), "device_name": info.name, "cpu_model": detect_device("cpu").name,
+            "cpu_count": os.cpu_count(), "torch_threads": threads, "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "distributions": _distribution_versions(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
 class _Results:
@@ -595,9 +701,19 @@ class _Results:
     def add_row(self, row: Row) -> None:
         self.payload["rows"].append(asdict(row))
         self.save()
+        if self.ranking_path is not None:
+            write_json_atomic(self.ranking_path, self.ranking())
 
-    def refuse(self, preset: str, reason: str) -> None:
-        self.payload["refused"].append({"preset": preset, "reason": reason})
+    ranking_path: Path | None = None
+
+    def ranking(self) -> dict:
+        machine = self.payload["machine"]
+        return ranking_from_rows(self.payload["rows"], machine["device_name"],
+                                 {"date": machine["date"], "torch": machine["torch"],
+                                  "distributions": machine["distributions"]}, self.payload["method"])
+
+    def refuse(self, preset: str, reason: str, scheme: str | None = None, backend: str | None = None) -> None:
+        self.payload["refused"].append({"preset": preset, "scheme": scheme, "backend": backend, "reason": reason})
         self.save()
 
     def finish(self) -> None:
@@ -609,65 +725,118 @@ class _Results:
         return [Row(**r) for r in self.payload["rows"]]
 
 
-def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], device: torch.device,
-                  ceilings: Ceilings, args: argparse.Namespace, results: _Results) -> None:
-    config = preset.config
-    E, K = config.num_experts, config.hidden_size
-    gen = torch.Generator().manual_seed(0)
-    correction_bias = torch.randn(E, generator=gen).to(device) * 0.1 if config.routing.has_correction_bias else None
-    dtype_name = str(config.dtype).removeprefix("torch.")
-    dense = ExpertWeights.random(config, unquantized(), progress=Progress(f"{preset.name}: {dtype_name} weights"))
-    dense = dense.to(device)
-    naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
-    inputs = {m: (torch.randn(m, K, generator=gen).to(device, config.dtype), torch.randn(m, E, generator=gen).to(device))
-              for m in tokens}
-    for scheme in schemes:
-        _bench_scheme(preset, scheme, dense, correction_bias, inputs, naive, device, ceilings, args, results)
+def _input_sets(config: MoEConfig, tokens: int, device: torch.device, gen: torch.Generator
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(hidden states, router logits) sets of `tokens` tokens: one, or on CUDA the rotating sets the
+    graph protocol replays in turn (8, 2 above 512 tokens), so consecutive calls read other activations."""
+    sets = 1 if device.type != "cuda" else (8 if tokens <= 512 else 2)
+    return [(torch.randn(tokens, config.hidden_size, generator=gen).to(device, config.dtype),
+             torch.randn(tokens, config.num_experts, generator=gen).to(device)) for _ in range(sets)]
 
 
-def _bench_scheme(preset: Preset, scheme: str, dense: ExpertWeights, correction_bias: torch.Tensor | None,
-                  inputs: dict[int, tuple[torch.Tensor, torch.Tensor]],
-                  naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backends: list[str | None],
                   device: torch.device, ceilings: Ceilings, args: argparse.Namespace, results: _Results) -> None:
     config = preset.config
-    quant = _scheme(scheme, preset)
-    layer = FusedMoE(config, quant, device)
-    weights = dense
-    if quant.weight.quantized:
-        weights = ExpertWeights.random(config, quant, progress=Progress(f"{preset.name}: {scheme} weights")).to(device)
-    with step(f"{preset.name}: {scheme}: converting the weights for {layer.plan.experts_cls.name()}"):
+    gen = torch.Generator().manual_seed(0)
+    correction_bias = (torch.randn(config.num_experts, generator=gen).to(device) * 0.1
+                       if config.routing.has_correction_bias else None)
+    dtype_name = str(config.dtype).removeprefix("torch.")
+    # Drawn where they run: a GPU draws a real-shape layer in a fraction of the CPU's time.
+    dense = ExpertWeights.random(config, unquantized(), progress=Progress(f"{preset.name}: {dtype_name} weights"),
+                                 device=device)
+    naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
+    inputs = {m: _input_sets(config, m, device, gen) for m in tokens}
+    naive_ms: dict[int, float] = {}  # per token count, timed once per preset on the dense weights
+    for scheme in schemes:
+        first_outputs: dict[int, tuple[str, torch.Tensor]] = {}  # per token count: (backend, output)
+        quant = _scheme(scheme, preset)
+        weights = dense
+        if quant.weight.quantized:
+            weights = ExpertWeights.random(config, quant, progress=Progress(f"{preset.name}: {scheme} weights"),
+                                           device=device)
+        for backend in backends:
+            try:
+                layer = FusedMoE(config, quant, device, prefer=backend)
+            except BackendUnavailableError as exc:
+                reason = str(exc).split("\n\n")[0]
+                _note(f"{preset.name}: {scheme}: {reason}")
+                results.refuse(preset.name, reason, scheme, backend)
+                continue
+            _bench_layer(preset, scheme, quant, layer, weights, correction_bias, inputs, naive, naive_ms,
+                         first_outputs, device, ceilings, args, results)
+            del layer
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        del weights
+
+
+def _stored_bytes(value: object) -> int:
+    """Bytes of a packed tensor, or of the tensors of canonical weights a backend keeps as they are."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, ExpertWeights):
+        return sum(_stored_bytes(t) for n, t in value.tensors().items() if not n.endswith("bias"))
+    raise TypeError(f"packed weights hold a {type(value).__name__}, expected tensors")
+
+
+def _bench_layer(preset: Preset, scheme: str, quant: MoEQuantConfig, layer: FusedMoE, weights: ExpertWeights,
+                 correction_bias: torch.Tensor | None, inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
+                 naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], naive_ms: dict[int, float],
+                 first_outputs: dict[int, tuple[str, torch.Tensor]], device: torch.device, ceilings: Ceilings,
+                 args: argparse.Namespace, results: _Results) -> None:
+    config, name = preset.config, layer.plan.experts_cls.name()
+    with step(f"{preset.name}: {scheme}: converting the weights for {layer.plan.backend} / {name}"):
         layer.load_weights(weights, correction_bias)
-    del weights
     packed = layer.experts.weights
-    kernel_bytes = sum(t.numel() * t.element_size() for n, t in packed.tensors.items() if not n.endswith("bias"))
+    kernel_bytes = sum(_stored_bytes(t) for n, t in packed.tensors.items() if not n.endswith("bias"))
     kernel_bytes_per_expert = kernel_bytes // config.num_local_experts
     with torch.inference_mode():  # the naive loop runs under it too: neither pays for autograd
-        for m in inputs:
-            _note(f"{preset.name}: {scheme}: timing {m} tokens ({args.warmup} warmup + {args.repeats} repeats, "
-                  "layer and naive loop in turn)")
-            samples, naive_samples = _time_interleaved(
-                [lambda m=m: layer(*inputs[m]), lambda m=m: naive(*inputs[m])], device, args.warmup, args.repeats)
+        for m, sets in inputs.items():
+            output = layer(*sets[0]).float()
+            compared_with, rel_diff = first_outputs.setdefault(m, (layer.plan.backend, output))[0], None
+            if compared_with != layer.plan.backend:
+                reference = first_outputs[m][1]
+                rel_diff = float((output - reference).norm() / reference.norm().clamp_min(1e-30))
+            else:
+                compared_with = None
+            del output
+            what = f"{preset.name}: {scheme}: {layer.plan.backend}: timing {m} tokens"
+            if device.type == "cuda":
+                _note(f"{what} (CUDA graphs, L2 flushed before every replay)")
+                samples, method = time_cuda_layer(layer, sets)
+                if m not in naive_ms:
+                    naive_ms[m] = statistics.median(_time(lambda m=m: naive(*inputs[m][0]), device, args.warmup,
+                                                          args.repeats)) * 1e3
+            else:
+                _note(f"{what} ({args.warmup} warmup + {args.repeats} repeats, layer and naive loop in turn)")
+                x, logits = sets[0]
+                samples, naive_samples = _time_interleaved(
+                    [lambda x=x, lg=logits: layer(x, lg), lambda x=x, lg=logits: naive(x, lg)], device, args.warmup,
+                    args.repeats)
+                naive_ms.setdefault(m, statistics.median(naive_samples) * 1e3)
+                method = "wall-clock"
             timing = summarize_timings(samples)
-            warn_if_unsteady(f"{preset.name} {scheme} {m} tokens", timing)
+            warn_if_unsteady(f"{preset.name} {scheme} {layer.plan.backend} {m} tokens", timing)
             median = timing.median
-            naive_ms = statistics.median(naive_samples) * 1e3
             floor = roofline_floor(config, quant, m, ceilings)
-            row = Row(preset.name, scheme, m, layer.plan.experts_cls.name(), median * 1e3, timing.min * 1e3,
-                      timing.p90 * 1e3, timing.spread, m / median, floor.seconds * 1e3, floor.bound,
-                      floor.seconds / median, naive_ms, naive_ms / (median * 1e3), round(floor.bytes_per_expert),
-                      kernel_bytes_per_expert, floor.expected_distinct_experts)
+            row = Row(preset.name, scheme, m, layer.plan.backend, name, quant.name, quant.family.value,
+                      shape_key(config), method, median * 1e3, timing.min * 1e3, timing.p90 * 1e3, timing.spread,
+                      m / median, floor.seconds * 1e3, floor.bound, floor.seconds / median, naive_ms[m],
+                      naive_ms[m] / (median * 1e3), round(floor.bytes_per_expert), kernel_bytes_per_expert,
+                      floor.expected_distinct_experts, compared_with, rel_diff)
             results.add_row(row)
             print(_format_row(row), flush=True)
 
 
-_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'experts':<24} {'ms':>9} {'min ms':>9} {'spread':>6} "
-           f"{'tok/s':>9} {'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7}")
+_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'backend':<16} {'ms':>9} {'min ms':>9} {'spread':>6} "
+           f"{'tok/s':>9} {'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7} {'diff':>8}")
 
 
 def _format_row(r: Row) -> str:
-    return (f"{r.preset:<16} {r.scheme:<8} {r.tokens:>5} {r.experts:<24} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
+    return (f"{r.preset:<16} {r.scheme:<8} {r.tokens:>5} {r.backend:<16} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
             f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.floor_fraction:>7.2f} "
-            f"{r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f}")
+            f"{r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f} "
+            f"{'' if r.rel_diff is None else f'{r.rel_diff:.1e}':>8}")
 
 
 def _figure(rows: list[Row], title: str):
@@ -681,12 +850,16 @@ def _figure(rows: list[Row], title: str):
     fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
     for ax, name in zip(axes[0], presets):
         mine = [r for r in rows if r.preset == name]
-        for i, scheme in enumerate(dict.fromkeys(r.scheme for r in mine)):
-            pts = [r for r in mine if r.scheme == scheme]
-            color = f"C{i}"
-            ax.plot([r.tokens for r in pts], [r.time_ms for r in pts], "o-", color=color, label=f"{scheme} layer")
-            ax.plot([r.tokens for r in pts], [r.floor_ms for r in pts], "--", color=color, label=f"{scheme} floor")
-        base = [r for r in mine if r.scheme == mine[0].scheme]
+        series = list(dict.fromkeys((r.scheme, r.backend) for r in mine))
+        several = len({b for _, b in series}) > 1
+        for i, (scheme, backend) in enumerate(series):
+            pts = [r for r in mine if (r.scheme, r.backend) == (scheme, backend)]
+            color, label = f"C{i % 10}", f"{scheme} {backend}" if several else scheme
+            ax.plot([r.tokens for r in pts], [r.time_ms for r in pts], "o-", color=color, label=f"{label} layer")
+            if pts[0].backend == next(b for s, b in series if s == scheme):  # one floor per scheme
+                ax.plot([r.tokens for r in pts], [r.floor_ms for r in pts], "--", color=color,
+                        label=f"{scheme} floor")
+        base = [r for r in mine if (r.scheme, r.backend) == series[0]]
         ax.plot([r.tokens for r in base], [r.naive_ms for r in base], ":", color="gray", label="naive loop (dtype)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -710,6 +883,21 @@ def _plot(rows: list[Row], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def save_ranking(ranking: dict, folder: Path | None = None) -> Path:
+    """Merge `ranking` into the device's file in `folder` (default: the user's rankings folder):
+    entries measured now replace those of the same scheme, shape and token bucket."""
+    folder = folder if folder is not None else user_rankings_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ranking-{_slug(ranking['device'])}.json"
+    merged = {(e["scheme"], e["shape"], e["tokens"]): e for e in ranking["entries"]}
+    if path.exists():
+        load_ranking(path)  # a broken file is reported, not overwritten
+        old = json.loads(path.read_text())
+        merged = {**{(e["scheme"], e["shape"], e["tokens"]): e for e in old["entries"]}, **merged}
+    write_json_atomic(path, {**ranking, "entries": [merged[k] for k in sorted(merged)]})
+    return path
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -718,10 +906,35 @@ def _unique(values: list) -> list:
     return list(dict.fromkeys(values))
 
 
-def _validated(args: argparse.Namespace) -> tuple[list[Preset], torch.device, list[int], list[str]]:
+def _backends(text: str) -> list[str | None]:
+    """--backends as FusedMoE's `prefer` values: [None] for the oracle's choice."""
+    text = text.strip().lower()
+    if text == "chosen":
+        return [None]
+    reg = registry()
+    installed = sorted(reg.backends() - {REFERENCE_BACKEND})
+    if text == "all":  # the backends of plugins that can run here; the others are listed, not timed
+        not_ready = {s.name: f"{s.state.value}: {s.reason}" for s in reg.statuses.values()
+                     if s.state is not PluginState.READY}
+        if not_ready:
+            _note("--backends all: not timed (plugin not ready here): "
+                  + "; ".join(f"{name} ({why})" for name, why in sorted(not_ready.items())))
+        return sorted({r.backend for s in reg.statuses.values() if s.state is PluginState.READY and s.spec
+                       for r in s.spec.experts} - {REFERENCE_BACKEND})
+    named = _unique([b.strip() for b in text.split(",") if b.strip()])
+    unknown = [b for b in named if b not in installed and b != REFERENCE_BACKEND]
+    if unknown or not named:
+        raise ValueError(f"--backends {text!r}: {', '.join(unknown) or 'no backend'} not installed; expected chosen, "
+                         f"all, or a comma-separated list of {', '.join([*installed, REFERENCE_BACKEND])}")
+    return list(named)
+
+
+def _validated(args: argparse.Namespace
+               ) -> tuple[list[Preset], torch.device, list[int], list[str], list[str | None]]:
     """Every argument checked before anything is measured or allocated; ValueError says what is wrong."""
     presets = [get_preset(p) for p in _unique(args.preset or DEFAULT_PRESETS)]
     device = detect_device(args.device).torch_device
+    backends = _backends(args.backends)
     tokens = _unique(args.tokens or DEFAULT_TOKENS)
     schemes = _unique(args.scheme or DEFAULT_SCHEMES)
     bad = [m for m in tokens if m < 1]
@@ -738,18 +951,22 @@ def _validated(args: argparse.Namespace) -> tuple[list[Preset], torch.device, li
             raise ValueError(f"--tokens {too_many} exceed the {preset.name} layer's max_num_tokens "
                              f"({preset.config.max_num_tokens})")
         for scheme in schemes:
-            try:  # the plan is made before any weight exists: a scheme no backend serves stops here
-                select(preset.config, _scheme(scheme, preset), device)
-            except (ValueError, NoBackendError) as exc:
-                raise ValueError(f"{preset.name} with --scheme {scheme!r}: {exc}") from None
-    return presets, device, tokens, schemes
+            refusals = []
+            for backend in backends:  # the plans are made before any weight exists
+                try:
+                    select(preset.config, _scheme(scheme, preset), device, backend)
+                except (ValueError, NoBackendError, BackendUnavailableError) as exc:
+                    refusals.append(str(exc).split("\n\n")[0])
+            if len(refusals) == len(backends):
+                raise ValueError(f"{preset.name} with --scheme {scheme!r}: {'; '.join(refusals)}")
+    return presets, device, tokens, schemes, backends
 
 
 def main(args: argparse.Namespace) -> int:
     """`moe bench`: 0 when every preset ran, 1 when one was refused for memory, 2 on bad arguments
     (the message on stderr), 130 when interrupted (the points measured so far are in the JSON)."""
     try:
-        presets, device, tokens, schemes = _validated(args)
+        presets, device, tokens, schemes, backends = _validated(args)
         out = prepare_out_dir(args.out)
     except ValueError as exc:
         print(f"moe bench: error: {exc}", file=sys.stderr)
@@ -759,13 +976,18 @@ def main(args: argparse.Namespace) -> int:
     stem = (f"bench-{_slug(machine['device'])}-{machine['cpu_count']}cpu-{threads}t-torch{_slug(torch.__version__)}-"
             f"{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}")
     json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
+    ranking_path = out / f"ranking-{_slug(machine['device_name'] or machine['device'])}.json"
     _note(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads "
           f"({'--threads' if args.threads else 'default: physical cores available to this process'}); "
           f"results: {json_path}")
     results = _Results(json_path, {
         "machine": machine, "repeats": args.repeats, "warmup": args.warmup,
-        "method": "median, min and p90 of repeats per point; floor = max(expected distinct experts * the scheme's "
-                  "stored bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert F.linear loop"})
+        "method": ("CUDA graphs over rotating input sets, L2 flushed before every replay, CUDA events"
+                   if device.type == "cuda" else "wall clock") +
+                  "; median, min and p90 of the samples per point; floor = max(expected distinct experts * the "
+                  "scheme's stored bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert "
+                  "F.linear loop"})
+    results.ranking_path = ranking_path
     try:
         with step("measuring the copy bandwidth and matmul rate"):
             ceilings = measure_ceilings(device, presets[0].config.dtype, host_samples=max(args.repeats // 2, 5))
@@ -778,7 +1000,7 @@ def main(args: argparse.Namespace) -> int:
         available = available_memory_bytes(device)
         for preset in presets:
             quants = [_scheme(s, preset) for s in schemes]
-            need = planned_bytes(preset.config, quants, max(tokens))
+            need = planned_bytes(preset.config, quants, max(tokens), accelerator=device.type != "cpu")
             if need > MEMORY_HEADROOM * available:
                 reason = (f"needs about {need / 2**30:.1f} GiB ({', '.join(schemes)}, up to {max(tokens)} tokens), "
                           f"{MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB available is "
@@ -786,12 +1008,15 @@ def main(args: argparse.Namespace) -> int:
                 print(f"{preset.name}: {reason}", flush=True)
                 results.refuse(preset.name, reason)
                 continue
-            _bench_preset(preset, schemes, tokens, device, ceilings, args, results)
+            _bench_preset(preset, schemes, tokens, backends, device, ceilings, args, results)
         results.finish()
     except KeyboardInterrupt:
         _note(f"moe bench: interrupted; the {len(results.payload['rows'])} points measured are in {json_path}")
         return 130
-    _note(f"wrote {json_path}")
+    finally:
+        if args.save_ranking and results.payload["rows"]:
+            _note(f"merged the measured ranking into {save_ranking(results.ranking())}")
+    _note(f"wrote {json_path} and {ranking_path}")
     rows = results.rows
     if rows and not args.no_plot:
         _plot(rows, png_path, f"{machine['device']}, {threads} threads, torch {torch.__version__}, {machine['date']}")

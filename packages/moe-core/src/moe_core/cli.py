@@ -26,6 +26,7 @@ from moe_core.oracle import BackendUnavailableError, NoBackendError, select
 from moe_core.plugins import PluginState, registry
 from moe_core.presets import PRESETS, get_preset
 from moe_core.quant import SCHEME_SPELLINGS, MoEQuantConfig, parse_scheme
+from moe_core.rankings import list_rankings
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -84,6 +85,7 @@ def doctor_report(require: Sequence[str] = ()) -> dict:
         "distributions": dists,
         "plugins": [s.to_dict() for s in reg.statuses.values()],
         "experts": _experts_rows(reg),
+        "rankings": list_rankings(),
         "require": {},
     }
     present = {d["platform"] for d in devices}
@@ -132,6 +134,13 @@ def cmd_doctor(args) -> int:
                 val += f"; NOT validated on {', '.join(e['not_validated_on'])}"
             rows.append([e["backend"], e["experts"], val, e.get("error", "; ".join(e["limitations"]))])
         _print_table(rows)
+        print("\nmeasured rankings (select() orders backends by the first that covers a layer's device):")
+        names = {d["name"] for d in report["devices"]}
+        for r in report["rankings"] or [{"path": "none found (moe bench --backends all --save-ranking writes one)"}]:
+            what = (f"ERROR {r['error']}" if "error" in r else
+                    f"{r['device']}, {r['entries']} entries, measured {r['date']}"
+                    f"{' (this machine)' if r['device'] in names else ''}" if "device" in r else "")
+            print(f"  {r['path']}  {what}".rstrip())
         for want, r in report["require"].items():
             print(f"\nrequire {want}: {'ok' if r['ok'] else 'FAILED: ' + r['reason']}")
     return 0 if all(r["ok"] for r in report["require"].values()) else 1
@@ -202,16 +211,26 @@ def _parallel_from_args(args, config: MoEConfig) -> tuple[MoEConfig, object]:
     if args.placement == "balanced":
         if not args.expert_loads:
             raise ValueError("--placement balanced needs --expert-loads PATH (a JSON list of per-expert loads)")
-        with open(args.expert_loads) as f:
-            loads = json.load(f)
+        expected = f"expected a JSON list of {config.num_experts} finite numbers >= 0 (one load per expert)"
+        try:
+            with open(args.expert_loads, encoding="utf-8") as f:
+                loads = json.load(f)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--expert-loads {args.expert_loads}: not valid JSON ({exc}); {expected}") from None
         if not isinstance(loads, list) or len(loads) != config.num_experts:
             got = f"a list of {len(loads)}" if isinstance(loads, list) else f"a JSON {type(loads).__name__}"
-            raise ValueError(f"--expert-loads {args.expert_loads}: expected a JSON list of {config.num_experts} "
-                             f"numbers (one per expert), got {got}")
+            raise ValueError(f"--expert-loads {args.expert_loads}: {expected}, got {got}")
+        bad = next(((e, v) for e, v in enumerate(loads) if isinstance(v, bool) or not isinstance(v, (int, float))
+                    or not 0 <= v < float("inf")), None)
+        if bad is not None:
+            raise ValueError(f"--expert-loads {args.expert_loads}: {expected}, got {json.dumps(bad[1])} for expert "
+                             f"{bad[0]}")
         placement = balanced_placement(loads, config.parallel.ep_size, args.redundant)
         config = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, placement=placement))
     elif args.redundant:
         raise ValueError("--redundant needs --placement balanced")
+    elif args.expert_loads:
+        raise ValueError("--expert-loads is read by --placement balanced only; add it, or drop --expert-loads")
     if args.parallel == "all_to_all":
         return config, AllToAll({"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}.get(args.payload),
                                 args.fixed_slots)
@@ -225,7 +244,9 @@ def cmd_explain(args) -> int:
 
     config, quant, name = _layer_from_args(args)
     config, mode = _parallel_from_args(args, config)
-    plan = select(config, quant, args.device, args.backend)
+    if args.tokens is not None and args.tokens < 1:
+        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
+    plan = select(config, quant, args.device, args.backend, num_tokens=args.tokens)
     parallel = resolve_parallel(config, mode, plan.experts_cls.monolithic, plan.experts_cls.name())
     if args.json:
         print(json.dumps({"model": name, **plan.to_dict(), "parallel": parallel.to_dict()}, indent=2))
@@ -264,7 +285,7 @@ def cmd_run(args) -> int:
     device = args.device or "cpu"
     # One process holds one expert-parallel slice: its output is that slice's share of the layer.
     layer = FusedMoE(config, quant, device, args.backend, ep_group="partial")
-    need = bench.estimate_peak_bytes(config, [quant], max(tokens))
+    need = bench.estimate_peak_bytes(config, [quant], max(tokens), accelerator=layer.device.type != "cpu")
     have = available_memory_bytes(layer.device)
     if need > have:
         raise MemoryError(f"{name} needs about {need / 2**30:.1f} GiB ({quant.name} weights, their kernel layout and "
@@ -351,6 +372,9 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
                    help="expert placement over the --ep-size ranks (balanced: from --expert-loads)")
     e.add_argument("--expert-loads", metavar="PATH", help="JSON list of per-expert loads for --placement balanced")
     e.add_argument("--redundant", type=int, default=0, help="extra copies of hot experts (balanced, all_to_all)")
+    e.add_argument("--tokens", type=int, default=None, metavar="M",
+                   help="the token count the layer is mostly called with: where a measured ranking covers the "
+                        "device, that count's bucket orders the backends (default: every measured count)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_explain)
 

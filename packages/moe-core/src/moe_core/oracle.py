@@ -2,7 +2,9 @@
 
 The plan is made before any weight is allocated and fixes the weight layout, so what was selected
 and what gets converted can never disagree. A forced backend (`prefer=` or `MOE_BACKEND`) is served
-or refused with its reason; it is never silently replaced by another.
+or refused with its reason; it is never silently replaced by another. Backends are tried in the
+order of a measured ranking where one covers the device and layer (`moe_core.rankings`), else in
+the static order their plugins declare.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from moe_core.config import MoEConfig
 from moe_core.experts import Experts
 from moe_core.plugins import ExpertsRef, PluginState, PluginStatus, Registry, registry
 from moe_core.quant import MoEQuantConfig, unquantized
+from moe_core.rankings import RankingMatch, find_ranking
 from moe_core.routing import route_torch
 
 __all__ = ["BackendUnavailableError", "Candidate", "NoBackendError", "Plan", "apply_layer", "router_of", "select"]
@@ -66,6 +69,7 @@ class Plan:
     experts_cls: type[Experts]
     candidates: tuple[Candidate, ...]
     forced: bool  # chosen because the user named it
+    ranking: RankingMatch | None = None  # the measured order the candidates were tried in, if any
 
     @property
     def weight_layout(self) -> str:
@@ -83,15 +87,27 @@ class Plan:
         return format_candidates(self.candidates)
 
     def explain(self) -> str:
-        how = "forced by the user" if self.forced else "first supported backend in priority order"
+        if self.forced:
+            how = "forced by the user"
+        elif self.ranking is not None and self.backend in self.ranking.order:
+            how = "the fastest measured backend that supports the layer"
+        else:
+            how = "first supported backend in priority order"
+        order = f"order:   {self.ranking.describe()}\n" if self.ranking is not None else \
+            "order:   static plugin priorities (no measured ranking covers this device and layer)\n"
         return (f"layer:   {self.config.describe()}\nquant:   {self.quant.name} ({self.quant})\n"
                 f"device:  {self.device}\nchosen:  {self.backend} / {self.experts_cls.name()} ({how}); "
-                f"weight layout {self.weight_layout}\n\n{self.table()}")
+                f"weight layout {self.weight_layout}\n{order}\n{self.table()}")
 
     def to_dict(self) -> dict:
+        ranking = None if self.ranking is None else {
+            "source": self.ranking.ranking.source, "device": self.ranking.ranking.device,
+            "measured": self.ranking.ranking.measured, "basis": self.ranking.basis,
+            "us": dict(self.ranking.us)}
         return {"backend": self.backend, "experts": self.experts_cls.name(), "forced": self.forced,
                 "weight_layout": self.weight_layout, "device": str(self.device), "quant": self.quant.name,
-                "config": self.config.describe(), "candidates": [c.to_dict() for c in self.candidates]}
+                "config": self.config.describe(), "ranking": ranking,
+                "candidates": [c.to_dict() for c in self.candidates]}
 
 
 @functools.cache
@@ -124,12 +140,15 @@ def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> st
     return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows).rstrip()
 
 
-def _backend_order(device: DeviceInfo, quant: MoEQuantConfig, reg: Registry) -> list[str]:
-    """Installed backends by the rank their plugins declare for this platform and quantization family
-    (larger first, then by name); the reference last."""
+def _backend_order(device: DeviceInfo, quant: MoEQuantConfig, reg: Registry,
+                   measured: RankingMatch | None = None) -> list[str]:
+    """Installed backends: those a measured ranking covers first, fastest first; then the rest by the
+    rank their plugins declare for this platform and quantization family (larger first, then by
+    name); the reference last."""
     plugged = reg.backends() - {REFERENCE_BACKEND}
-    ranked = sorted(plugged, key=lambda b: (-reg.rank(b, device.platform, quant.family), b))
-    return [*ranked, REFERENCE_BACKEND]
+    static = sorted(plugged, key=lambda b: (-reg.rank(b, device.platform, quant.family), b))
+    fastest = [b for b in measured.order if b in plugged] if measured is not None else []
+    return [*fastest, *(b for b in static if b not in fastest), REFERENCE_BACKEND]
 
 
 def _failed_plugin(name: str, reg: Registry) -> PluginStatus | None:
@@ -139,8 +158,11 @@ def _failed_plugin(name: str, reg: Registry) -> PluginStatus | None:
 
 
 def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
-           device: object = None, prefer: str | None = None, *, plugins: Registry | None = None) -> Plan:
-    """Choose the experts class for a layer. `prefer` (or env MOE_BACKEND) forces a backend."""
+           device: object = None, prefer: str | None = None, *, num_tokens: int | None = None,
+           plugins: Registry | None = None) -> Plan:
+    """Choose the experts class for a layer. `prefer` (or env MOE_BACKEND) forces a backend.
+    `num_tokens`: the token count the layer is mostly called with; where a measured ranking covers
+    the device and layer, that count's bucket decides the order (None: every measured count)."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"select: config must be a MoEConfig, got {type(config).__name__}")
     quant = quant if quant is not None else unquantized()
@@ -149,7 +171,9 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
     dev = detect_device(device)
     reg = plugins if plugins is not None else registry()
     forced = prefer if prefer is not None else (os.environ.get(ENV_BACKEND) or None)
-    order = _backend_order(dev, quant, reg)
+    measured = find_ranking(dev.name, config, quant, num_tokens) if forced is None else None
+    order = _backend_order(dev, quant, reg, measured)
+    measured_us = dict(measured.us) if measured is not None else {}
     if forced is not None:
         forced = forced.strip().lower()
         if forced not in order:
@@ -191,6 +215,9 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
             if ok and not take:
                 reason = f"supported; {forced!r} was forced" if forced not in (None, backend) else \
                     "supported; a preferred candidate was chosen"
+            if ok and backend in measured_us:
+                reason = f"{reason}; measured {measured_us[backend]:.1f} us" if reason else \
+                    f"measured {measured_us[backend]:.1f} us, the fastest that supports the layer"
             candidates.append(Candidate(backend, cls.name(), source, ok, reason, take))
             if take:
                 chosen = (backend, cls)
@@ -199,10 +226,10 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
         table = format_candidates(candidates)
         head = f"{config.describe()}, {quant.name}, on {dev}"
         if forced:
-            why = [c.reason for c in candidates if c.backend == forced]
+            why = dict.fromkeys(c.reason for c in candidates if c.backend == forced)
             raise BackendUnavailableError(f"backend {forced!r} cannot serve {head}: {'; '.join(why)}\n\n{table}")
         hint = ""
         if not any(dev.platform in s.spec.platforms for s in reg.statuses.values() if s.spec is not None):
             hint = f"\n\nno kernels for {dev.platform.value} are installed: pip install {INSTALL_HINTS[dev.platform]}"
         raise NoBackendError(f"no backend can serve {head}\n\n{table}{hint}")
-    return Plan(config, quant, dev, chosen[0], chosen[1], tuple(candidates), forced is not None)
+    return Plan(config, quant, dev, chosen[0], chosen[1], tuple(candidates), forced is not None, measured)

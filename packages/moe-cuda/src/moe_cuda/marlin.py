@@ -2,8 +2,9 @@
 library, for weight-only int4/int8 (GPTQ, AWQ zero points, act-order), fp8 and MXFP4 weights with
 bf16/fp16 activations.
 
-The layer routes (moe-core's `route_torch`); `align_blocks` sorts the routed pairs by expert into
-blocks of `block_size_m` rows (the kernel's sorted-ids form); GEMM1 writes one row per pair, the
+The layer routes (moe-core's `route_torch`); the library's `moe_align_block_size` (`align_blocks`,
+its torch twin, under an expert map) sorts the routed pairs by expert into blocks of `block_size_m`
+rows (the kernel's sorted-ids form); GEMM1 writes one row per pair, the
 activation runs in torch (fp32) between the GEMMs, GEMM2 multiplies each row by its router weight,
 and the top-k rows of a token are summed. Weights are repacked into Marlin's tiles here
 (`moe_cuda.marlin_layout`), never by vLLM's `gptq_marlin_repack`, which lives in a second library.
@@ -53,6 +54,7 @@ __all__ = [
     "MarlinWeightType",
     "align_blocks",
     "block_size_m",
+    "library_align_blocks",
     "marlin_twin",
     "weight_type",
 ]
@@ -148,7 +150,7 @@ class MarlinProcessor:
                                  ("w2", config.hidden_size, config.intermediate_size_per_partition)):
             codes = _codes(weights, name).to(device)
             if key.act_order:
-                g_idx = getattr(weights, f"{name}_g_idx").to(device)
+                g_idx = _one_grouping(getattr(weights, f"{name}_g_idx"), name).to(device)
                 order = torch.argsort(g_idx, dim=1, stable=True)
                 codes = torch.gather(codes, 2, order.unsqueeze(1).expand_as(codes))
                 tensors[f"{name}_g_idx"] = torch.gather(g_idx, 1, order).to(torch.int32).contiguous()
@@ -164,6 +166,18 @@ class MarlinProcessor:
             if weights.has_bias:
                 tensors[f"{name}_bias"] = marlin_bias(getattr(weights, f"{name}_bias").to(device, config.dtype))
         return PackedWeights(self.layout, tensors)
+
+
+def _one_grouping(g_idx: torch.Tensor, name: str) -> torch.Tensor:
+    """g_idx [E, k]: Marlin sorts one GEMM's input channels once for all its rows, so per-half w13
+    groupings [E, 2, K] are served only where gate and up agree."""
+    if g_idx.dim() == 3:
+        if not torch.equal(g_idx[:, 0], g_idx[:, 1]):
+            raise ValueError(f"{name}_g_idx: gate and up rows have different act-order groupings (GPTQ "
+                             "calibrated them apart); Marlin takes one g_idx per GEMM, so it cannot serve "
+                             "these weights: use the triton or cpu backend")
+        g_idx = g_idx[:, 0]
+    return g_idx
 
 
 _PAIR_SWAP = torch.tensor([0, 2, 1, 3])
@@ -212,8 +226,8 @@ def align_blocks(topk_ids: torch.Tensor, block: int, num_local_experts: int,
         ids = torch.where(ids < 0, num_local_experts, ids)
     counts = torch.zeros(num_local_experts + 1, dtype=torch.int64, device=ids.device)
     counts.index_add_(0, ids, torch.ones_like(ids))
-    padded = (counts + block - 1) // block * block
-    padded[-1] = 0  # other ranks' pairs take no rows
+    # other ranks' pairs (the last count) take no rows; padding, not an element write, keeps it capturable
+    padded = torch.nn.functional.pad((counts[:-1] + block - 1) // block * block, (0, 1))
     padded_start = torch.cumsum(padded, 0) - padded
     order = torch.argsort(ids, stable=True)
     sorted_expert = ids[order]
@@ -227,6 +241,20 @@ def align_blocks(topk_ids: torch.Tensor, block: int, num_local_experts: int,
     expert_ids = torch.searchsorted(block_ends, blocks, right=True).clamp(max=num_local_experts - 1)
     return MarlinBlocks(sorted_ids[:capacity], expert_ids.to(torch.int32),
                         padded.sum().reshape(1).to(torch.int32), block)
+
+
+def library_align_blocks(topk_ids: torch.Tensor, block: int, num_local_experts: int) -> MarlinBlocks:
+    """`align_blocks` (no expert map) by the Marlin library's own `moe_align_block_size` kernel: one
+    launch instead of about twenty. Order within an expert is the kernel's; blocks past the rows in
+    use are never read. CUDA only."""
+    MARLIN_LIBRARY.load()
+    pairs = topk_ids.numel()
+    capacity = pairs + min(pairs, num_local_experts) * (block - 1)
+    sorted_ids = torch.empty(capacity, dtype=torch.int32, device=topk_ids.device)
+    expert_ids = torch.empty(math.ceil(capacity / block), dtype=torch.int32, device=topk_ids.device)
+    used = torch.empty(1, dtype=torch.int32, device=topk_ids.device)
+    torch.ops._moe_C.moe_align_block_size(topk_ids, num_local_experts, block, sorted_ids, expert_ids, used, None)
+    return MarlinBlocks(sorted_ids, expert_ids, used, block)
 
 
 # ---- the kernel and its twin ------------------------------------------------------------------
@@ -320,12 +348,16 @@ class MarlinExperts(Experts):
         features=ROUTED_BY_CORE,
         hidden_multiple=128,  # the kernel's thread tiles: GEMM1 k = K % 128, GEMM2 n = K % 64
         intermediate_multiple=64,  # GEMM1 n = 2N % 128, GEMM2 k = N % 64
+        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
         limitations=(
             "weight-only: activations stay bf16/fp16 (fp8 W8A8 layers go elsewhere)",
+            "run on Hopper only (sm90): Ampere and Ada (sm80/sm86/sm89), where Marlin matters most, are not "
+            "validated on real hardware",
             "needs vLLM 0.26.0's prebuilt _moe_C library (MOE_CUDA_MARLIN_LIB or an installed vllm==0.26.0); "
             "on Hopper its sm_80 PTX is compiled on first use (about a minute, cached in CUDA_CACHE_PATH)",
             "hidden size a multiple of 128 and intermediate size of 64 (no padding; gpt-oss's 2880 is refused)",
             "int8 only symmetric; zero points only int4 with groups (AWQ); act-order without zero points",
+            "act-order only with one grouping for gate and up rows: per-half g_idx that differ are refused at load",
             "the activation and the top-k sum run as torch ops between and after the two kernel calls",
         ),
     )
@@ -359,8 +391,11 @@ class MarlinExperts(Experts):
         cfg = self.config
         M, K = hidden_states.shape
         top_k = topk_ids.shape[1]
-        blocks = align_blocks(topk_ids, block_size_m(M, top_k, cfg.num_local_experts), cfg.num_local_experts,
-                              self.expert_map)
+        block = block_size_m(M, top_k, cfg.num_local_experts)
+        if hidden_states.is_cuda and self.expert_map is None:
+            blocks = library_align_blocks(topk_ids, block, cfg.num_local_experts)
+        else:
+            blocks = align_blocks(topk_ids, block, cfg.num_local_experts, self.expert_map)
         topk_weights = topk_weights.float().contiguous()
         x = hidden_states.contiguous()
         on_input = cfg.routing.weight_on_input
