@@ -204,3 +204,19 @@ def test_doctor_names_a_broken_ranking_file(rankings_env, capsys):
     assert moe_main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "ranking-broken.json  ERROR ranking file" in out and "bench-results" not in out
+
+
+def test_bench_records_a_backend_that_fails_and_goes_on(tmp_path, monkeypatch, rankings_env):
+    from moe_core.reference import ReferenceExperts
+
+    def broken(self, weights):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(ReferenceExperts, "load_weights", broken)
+    rc = moe_main(["bench", "--preset", "tiny", "--scheme", "bf16", "--tokens", "1", "--backends", "reference,cpu",
+                   "--repeats", "1", "--warmup", "0", "--out", str(tmp_path), "--no-plot"])
+    assert rc == 0
+    payload = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert [r["backend"] for r in payload["rows"]] == ["cpu"]
+    assert any(r["backend"] == "reference" and "reference failed: RuntimeError: CUDA out of memory" in r["reason"]
+               for r in payload["refused"])

@@ -762,8 +762,16 @@ def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backend
                 _note(f"{preset.name}: {scheme}: {reason}")
                 results.refuse(preset.name, reason, scheme, backend)
                 continue
-            _bench_layer(preset, scheme, quant, layer, weights, correction_bias, inputs, naive, naive_ms,
-                         first_outputs, device, ceilings, args, results)
+            try:
+                _bench_layer(preset, scheme, quant, layer, weights, correction_bias, inputs, naive, naive_ms,
+                             first_outputs, device, ceilings, args, results)
+            except (RuntimeError, ValueError, MemoryError) as exc:
+                if backend is None:  # the oracle's own choice failing is the user's error to see
+                    raise
+                # one backend failing to load or run (out of memory, a kernel's own refusal) is its result
+                reason = f"{backend} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                _note(f"{preset.name}: {scheme}: {reason}")
+                results.refuse(preset.name, reason, scheme, backend)
             del layer
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -956,9 +964,10 @@ def _validated(args: argparse.Namespace
                 try:
                     select(preset.config, _scheme(scheme, preset), device, backend)
                 except (ValueError, NoBackendError, BackendUnavailableError) as exc:
-                    refusals.append(str(exc).split("\n\n")[0])
-            if len(refusals) == len(backends):
-                raise ValueError(f"{preset.name} with --scheme {scheme!r}: {'; '.join(refusals)}")
+                    refusals.append(str(exc))
+            # a scheme that none of several backends serves is that cell's result, recorded when run
+            if refusals and backends == [None]:
+                raise ValueError(f"{preset.name} with --scheme {scheme!r}: {refusals[0]}")
     return presets, device, tokens, schemes, backends
 
 

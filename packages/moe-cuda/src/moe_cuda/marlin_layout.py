@@ -64,11 +64,17 @@ def _check_bits(bits: int) -> None:
 
 
 def marlin_repack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes [E, K, N] (integers 0 .. 2**bits - 1, any integer dtype) -> int32 [E, K/16, N*bits/2]."""
+    """Codes [E, K, N] (integers 0 .. 2**bits - 1, any integer dtype) -> int32 [E, K/16, N*bits/2].
+    One expert at a time: the int64 temporaries of a whole real-size layer would not fit a GPU."""
     _check_bits(bits)
     E, K, N = codes.shape
     if K % TILE or N % 64:
         raise ValueError(f"Marlin tiles need K % 16 == 0 and N % 64 == 0, got K={K}, N={N}")
+    return torch.cat([_repack(codes[e:e + 1], bits) for e in range(E)])
+
+
+def _repack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    E, K, N = codes.shape
     tiles = codes.to(torch.int64).reshape(E, K // TILE, TILE, N // TILE, TILE).permute(0, 1, 3, 2, 4)
     rows = tiles.reshape(E, K // TILE, N // 64, 1024)[..., _slot_order(bits).to(codes.device)]
     per_word = 32 // bits
