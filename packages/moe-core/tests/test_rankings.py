@@ -131,6 +131,7 @@ def test_scheme_then_family_fallbacks(three_backends, rankings_env):
     int4_g64 = select(CFG, int4_w4a16(64), H100, num_tokens=1)  # family only: both entries, geometric means
     assert int4_g64.ranking.basis.startswith("family wna16")
     assert int4_g64.backend == "fast_static"  # the only backend measured in both entries
+    assert int4_g64.ranking.relative and "fast_static 2.00x the fastest" in int4_g64.explain()
     assert select(CFG, int8_w8a16(), H100, num_tokens=1).backend == "slow_static"
 
 

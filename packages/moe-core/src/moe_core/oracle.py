@@ -216,8 +216,8 @@ def select(config: MoEConfig, quant: MoEQuantConfig | None = None,
                 reason = f"supported; {forced!r} was forced" if forced not in (None, backend) else \
                     "supported; a preferred candidate was chosen"
             if ok and backend in measured_us:
-                reason = f"{reason}; measured {measured_us[backend]:.1f} us" if reason else \
-                    f"measured {measured_us[backend]:.1f} us, the fastest that supports the layer"
+                reason = f"{reason}; measured {measured.time_text(backend)}" if reason else \
+                    f"measured {measured.time_text(backend)}, the fastest that supports the layer"
             candidates.append(Candidate(backend, cls.name(), source, ok, reason, take))
             if take:
                 chosen = (backend, cls)

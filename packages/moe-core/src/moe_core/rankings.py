@@ -82,12 +82,17 @@ class RankingMatch:
     """The measured order for one case, and what it rests on."""
 
     order: tuple[str, ...]  # backends, fastest first
-    us: tuple[tuple[str, float], ...]  # the times behind `order`: exact entry's, else geometric means
+    us: tuple[tuple[str, float], ...]  # one entry's microseconds, or (relative) geometric means of time / fastest
     basis: str  # which entries decided: "scheme and shape at 32 tokens", "scheme on 3 shapes", ...
     ranking: Ranking
+    relative: bool = False  # `us` holds ratios to each entry's fastest, not times
+
+    def time_text(self, backend: str) -> str:
+        t = dict(self.us)[backend]
+        return f"{t:.2f}x the fastest" if self.relative else f"{t:.1f} us"
 
     def describe(self) -> str:
-        times = ", ".join(f"{b} {t:.1f} us" for b, t in self.us)
+        times = ", ".join(f"{b} {self.time_text(b)}" for b, _ in self.us)
         date = self.ranking.measured.get("date", "undated")
         return (f"measured ranking {self.ranking.source} ({self.ranking.device}, {date}; {self.basis}): "
                 f"{times}")
@@ -193,9 +198,8 @@ def _match(ranking: Ranking, config: MoEConfig, quant: MoEQuantConfig, num_token
             return RankingMatch(entries[0].backends, entries[0].us, f"{label} {at}", ranking)
         us = _geomean_order(entries)
         if us:
-            return RankingMatch(tuple(b for b, _ in us), us,
-                                f"{label} {at}, {len(entries)} entries, times relative to each entry's fastest",
-                                ranking)
+            return RankingMatch(tuple(b for b, _ in us), us, f"{label} {at}, geometric mean over {len(entries)} "
+                                "entries", ranking, relative=True)
     return None
 
 
