@@ -26,9 +26,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def run_against_reference(cls, config, quant, device=CPU, m=37, seed=3):
-    """(relative L2 error, output) of `cls` on a random layer against the fp32 reference."""
-    weights = ExpertWeights.random(config, quant, seed=seed)
+def run_against_reference(cls, config, quant, device=CPU, m=37, seed=3, weights=None):
+    """(relative L2 error, output) of `cls` on `weights` (default: a random layer) against the fp32 reference."""
+    weights = weights if weights is not None else ExpertWeights.random(config, quant, seed=seed)
     experts = cls(config, quant, device)
     experts.load_weights(weights)
     gen = torch.Generator().manual_seed(seed)

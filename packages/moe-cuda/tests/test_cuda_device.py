@@ -87,6 +87,15 @@ def test_align_blocks_on_the_gpu_equals_the_cpu():
         assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name
 
 
+def test_marlin_act_order_halves_grouped_apart():
+    from test_cuda_marlin import halves_grouped_apart
+
+    config, quant = layer(E=32, K=1024, N=512, top_k=4), int4_w4a16(128, act_order=True)
+    _, apart = halves_grouped_apart(config, quant)
+    err, _ = run_against_reference(MarlinExperts, config, quant, cuda_device(), weights=apart)
+    assert err < 1e-2, err
+
+
 def test_library_align_blocks_holds_the_same_blocks():
     """The library's kernel may order pairs within an expert its own way: same rows in use, each
     local pair once, every block of one expert holding that expert's pairs only."""

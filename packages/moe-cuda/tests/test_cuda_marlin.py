@@ -129,22 +129,34 @@ def test_refusals_are_specific(monkeypatch, tmp_path):
     assert not MarlinExperts.supports(layer(), int4_w4a16(128), CPU)
 
 
-def test_act_order_halves_grouped_apart_are_refused_at_load():
-    """Marlin sorts a GEMM's input channels once for all its rows: per-half w13 g_idx [E, 2, K] that
-    differ (gate and up calibrated apart) are refused with the reason; halves that agree pack as one."""
+def halves_grouped_apart(config, quant, seed=1):
+    """Act-order weights whose up rows take another grouping than the gate rows (GPTQ calibrating the
+    two Linears apart): canonical w13_g_idx [E, 2, K] with halves that differ."""
     import dataclasses
 
     from moe_core.weights import ExpertWeights
 
-    config, quant = layer(), int4_w4a16(64, act_order=True)
-    weights = ExpertWeights.random(config, quant, seed=1)
+    weights = ExpertWeights.random(config, quant, seed=seed)
     g_idx = weights.w13_g_idx
     apart = dataclasses.replace(weights, w13_g_idx=torch.stack([g_idx, g_idx.flip(-1)], 1))
     apart.validate(config, quant)
-    with pytest.raises(ValueError, match=r"w13_g_idx: gate and up rows have different act-order groupings.*"
-                                         r"Marlin takes one g_idx per GEMM"):
-        MarlinExperts.weight_processor(apart, config, torch.device("cpu"))
-    agree = dataclasses.replace(weights, w13_g_idx=torch.stack([g_idx, g_idx], 1))
+    return weights, apart
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_act_order_halves_grouped_apart_run_gemm1_as_two_gemms(bias):
+    """Marlin sorts a GEMM's input channels once for all its rows: halves grouped apart pack as two
+    GEMMs (w13_gate, w13_up) and match the reference; halves that agree pack as one."""
+    import dataclasses
+
+    config, quant = layer(bias=bias), int4_w4a16(64, act_order=True)
+    weights, apart = halves_grouped_apart(config, quant)
+    packed = MarlinExperts.weight_processor(apart, config, torch.device("cpu")).tensors
+    assert {"w13_gate", "w13_up", "w13_gate_perm", "w13_up_perm"} <= packed.keys() and "w13" not in packed
+    assert not torch.equal(packed["w13_gate_perm"], packed["w13_up_perm"])
+    err, _ = run_against_reference(MarlinExperts, config, quant, weights=apart)
+    assert err < 1e-2, err
+    agree = dataclasses.replace(weights, w13_g_idx=torch.stack([weights.w13_g_idx] * 2, 1))
     packed = MarlinExperts.weight_processor(agree, config, torch.device("cpu")).tensors
     shared = MarlinExperts.weight_processor(weights, config, torch.device("cpu")).tensors
     assert packed.keys() == shared.keys() and all(torch.equal(packed[k], shared[k]) for k in shared)

@@ -138,46 +138,56 @@ class MarlinProcessor:
     """Canonical weights -> Marlin tiles: per GEMM ("w13": n = R, k = K; "w2": n = K, k = N)
     `{name}` int32 [E, k/16, n*bits/2]; `{name}_scale` [E, groups, n] (layer dtype; MXFP4: e8m0);
     with zero points `{name}_zero` int32 [E, groups, n/8]; with act-order `{name}_g_idx` (sorted) and
-    `{name}_perm` (the sort) int32 [E, k]; with biases `{name}_bias` [E, n] (layer dtype)."""
+    `{name}_perm` (the sort) int32 [E, k]; with biases `{name}_bias` [E, n] (layer dtype).
+
+    Marlin sorts one GEMM's input channels once for all its rows, so act-order w13 whose gate and up
+    halves are grouped apart (canonical g_idx [E, 2, K] with halves that differ) becomes two GEMMs,
+    "w13_gate" and "w13_up" (n = N each), whose outputs are the two halves of GEMM1's rows."""
 
     layout: str = "marlin.tiles"
 
     def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
-        key = weights.key
-        wtype = weight_type(key)
+        N, K = config.intermediate_size_per_partition, config.hidden_size
+        gemms: list[tuple[str, str, slice, torch.Tensor | None]] = []  # (packed name, canonical name, rows, g_idx)
+        for name in ("w13", "w2"):
+            g_idx = getattr(weights, f"{name}_g_idx") if weights.key.act_order else None
+            if g_idx is not None and g_idx.dim() == 3 and not torch.equal(g_idx[:, 0], g_idx[:, 1]):
+                gemms += [("w13_gate", name, slice(0, N), g_idx[:, 0]), ("w13_up", name, slice(N, 2 * N), g_idx[:, 1])]
+            else:
+                gemms.append((name, name, slice(None), g_idx[:, 0] if g_idx is not None and g_idx.dim() == 3
+                              else g_idx))
         tensors: dict[str, torch.Tensor] = {}
-        for name, rows, cols in (("w13", config.w13_rows, config.hidden_size),
-                                 ("w2", config.hidden_size, config.intermediate_size_per_partition)):
-            codes = _codes(weights, name).to(device)
-            if key.act_order:
-                g_idx = _one_grouping(getattr(weights, f"{name}_g_idx"), name).to(device)
-                order = torch.argsort(g_idx, dim=1, stable=True)
-                codes = torch.gather(codes, 2, order.unsqueeze(1).expand_as(codes))
-                tensors[f"{name}_g_idx"] = torch.gather(g_idx, 1, order).to(torch.int32).contiguous()
-                tensors[f"{name}_perm"] = order.to(torch.int32).contiguous()
-            tensors[name] = marlin_repack(codes.transpose(1, 2), wtype.bits)
-            scales = marlin_scales(_grouped_scales(weights, name, rows, cols, config.dtype).to(device))
-            if key.dtype is QuantDType.FP4_E2M1:  # the fp4 dequantizer reads scale pairs swapped
-                scales = _swap_scale_pairs(scales).view(torch.float8_e8m0fnu)
-            tensors[f"{name}_scale"] = scales
-            if key.zero_point is ZeroPoint.INTEGER:
-                zeros = getattr(weights, f"{name}_zero").to(device).transpose(1, 2)
-                tensors[f"{name}_zero"] = marlin_zero_points(zeros)
-            if weights.has_bias:
-                tensors[f"{name}_bias"] = marlin_bias(getattr(weights, f"{name}_bias").to(device, config.dtype))
+        for packed_name, name, rows, g_idx in gemms:
+            cols = K if name == "w13" else N
+            tensors.update(_pack_gemm(weights, name, packed_name, rows, cols, g_idx, config.dtype, device))
         return PackedWeights(self.layout, tensors)
 
 
-def _one_grouping(g_idx: torch.Tensor, name: str) -> torch.Tensor:
-    """g_idx [E, k]: Marlin sorts one GEMM's input channels once for all its rows, so per-half w13
-    groupings [E, 2, K] are served only where gate and up agree."""
-    if g_idx.dim() == 3:
-        if not torch.equal(g_idx[:, 0], g_idx[:, 1]):
-            raise ValueError(f"{name}_g_idx: gate and up rows have different act-order groupings (GPTQ "
-                             "calibrated them apart); Marlin takes one g_idx per GEMM, so it cannot serve "
-                             "these weights: use the triton or cpu backend")
-        g_idx = g_idx[:, 0]
-    return g_idx
+def _pack_gemm(weights: ExpertWeights, name: str, packed_name: str, rows: slice, cols: int,
+               g_idx: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """The Marlin tensors of canonical weight `name`'s output rows `rows` as GEMM `packed_name`."""
+    key = weights.key
+    out: dict[str, torch.Tensor] = {}
+    codes = _codes(weights, name)[:, rows].to(device)
+    if g_idx is not None:
+        g_idx = g_idx.to(device)
+        order = torch.argsort(g_idx, dim=1, stable=True)
+        codes = torch.gather(codes, 2, order.unsqueeze(1).expand_as(codes))
+        out[f"{packed_name}_g_idx"] = torch.gather(g_idx, 1, order).to(torch.int32).contiguous()
+        out[f"{packed_name}_perm"] = order.to(torch.int32).contiguous()
+    out[packed_name] = marlin_repack(codes.transpose(1, 2), weight_type(key).bits)
+    all_rows = getattr(weights, name).shape[1]
+    scales = _grouped_scales(weights, name, all_rows, cols, dtype)[..., rows]
+    scales = marlin_scales(scales.to(device))
+    if key.dtype is QuantDType.FP4_E2M1:  # the fp4 dequantizer reads scale pairs swapped
+        scales = _swap_scale_pairs(scales).view(torch.float8_e8m0fnu)
+    out[f"{packed_name}_scale"] = scales
+    if key.zero_point is ZeroPoint.INTEGER:
+        zeros = getattr(weights, f"{name}_zero")[:, rows].to(device).transpose(1, 2)
+        out[f"{packed_name}_zero"] = marlin_zero_points(zeros)
+    if weights.has_bias:
+        out[f"{packed_name}_bias"] = marlin_bias(getattr(weights, f"{name}_bias")[:, rows].to(device, dtype))
+    return out
 
 
 _PAIR_SWAP = torch.tensor([0, 2, 1, 3])
@@ -357,7 +367,8 @@ class MarlinExperts(Experts):
             "on Hopper its sm_80 PTX is compiled on first use (about a minute, cached in CUDA_CACHE_PATH)",
             "hidden size a multiple of 128 and intermediate size of 64 (no padding; gpt-oss's 2880 is refused)",
             "int8 only symmetric; zero points only int4 with groups (AWQ); act-order without zero points",
-            "act-order only with one grouping for gate and up rows: per-half g_idx that differ are refused at load",
+            "act-order gate and up halves grouped apart run GEMM1 as two kernel calls (checked on CPU through "
+            "the kernel's twin only; the single-grouping act-order path ran on the GPU)",
             "the activation and the top-k sum run as torch ops between and after the two kernel calls",
         ),
     )
@@ -401,8 +412,14 @@ class MarlinExperts(Experts):
         on_input = cfg.routing.weight_on_input
         if on_input:  # top_k is 1: scale each token's input by its one weight
             x = (x.float() * topk_weights).to(x.dtype)
-        h = self._gemm(x, packed, "w13", blocks, topk_weights, top_k, False, cfg.w13_rows,
-                       torch.empty(M * top_k, cfg.w13_rows, dtype=x.dtype, device=x.device))
+        if "w13_gate" in packed.tensors:  # act-order halves grouped apart: GEMM1 as two GEMMs
+            n = cfg.intermediate_size_per_partition
+            h = torch.cat([self._gemm(x, packed, half, blocks, topk_weights, top_k, False, n,
+                                      torch.empty(M * top_k, n, dtype=x.dtype, device=x.device))
+                           for half in ("w13_gate", "w13_up")], dim=1)
+        else:
+            h = self._gemm(x, packed, "w13", blocks, topk_weights, top_k, False, cfg.w13_rows,
+                           torch.empty(M * top_k, cfg.w13_rows, dtype=x.dtype, device=x.device))
         a = activate(h, cfg)
         # rows of pairs another rank owns are never written: zeros keep them out of the sum
         y = self._gemm(a, packed, "w2", blocks, topk_weights, 1, not on_input, K,
