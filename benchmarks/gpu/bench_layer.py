@@ -4,7 +4,7 @@ Per model preset x M x {bf16, int4 W4A16} (and, with --dtypes mxfp4, MXFP4 weigh
 activations: time and floor only, the anchor tables have no such column): the layer as users run
 it, `moe_core.FusedMoE` on the triton backend (its experts class's router, alignment, GEMM1 +
 activation, GEMM2, top-k reduce), captured in CUDA graphs (8 rotating input sets, 2 above 512
-tokens), timed with triton.testing.do_bench (L2 flushed before every call; median). Ceilings are
+tokens), timed by moe_core.bench.time_cuda_layer (L2 flushed before every replay; median). Ceilings are
 measured in the same run (`moe_core.bench.measure_ceilings`): device-to-device copy bandwidth
 (bytes read + written) and the 8192^3 bf16 matmul rate. floor = max(expected distinct experts'
 weight bytes / bandwidth, 2*M*topk*3*N*K / matmul rate), expected distinct experts =

@@ -8,8 +8,9 @@ floor's expected count of distinct experts assumes (a 0.1 bias concentrated Deep
 fewer experts).
 
 `time_layer` is the benchmark's protocol: the layer captured in CUDA graphs over rotating input sets
-(8 sets, 2 above 512 tokens, so consecutive replays read other activations), timed with
-triton.testing.do_bench (L2 flushed before every replay; median), the SM clock sampled meanwhile.
+(8 sets, 2 above 512 tokens, so consecutive replays read other activations), the L2 flushed before
+every replay, CUDA events around each (`moe_core.bench.time_cuda_layer`; median), the SM clock
+sampled meanwhile.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from moe_core import FusedMoE
-from moe_core.bench import SmClockSampler
+from moe_core.bench import SmClockSampler, time_cuda_layer
 from moe_core.presets import Preset
 from moe_core.quant import MoEQuantConfig, int4_w4a16, mxfp4_w4a16, unquantized
 from moe_core.routing import route_torch
@@ -84,30 +85,13 @@ def distinct_experts(preset: Preset, inputs: list[tuple[torch.Tensor, torch.Tens
 
 def time_layer(layer: Layer, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
     """{"us": median microseconds per call, "sm_clock_mhz": median SM clock or None} of `layer`
-    replayed from one CUDA graph per input set, the sets taken in turn."""
-    from triton.testing import do_bench
-
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(*inputs[0])  # compiles and warms up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graphs = []
-    for x, logits in inputs:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            layer(x, logits)
-        graphs.append(graph)
-    turn = [0]
-
-    def replay():
-        graphs[turn[0] % len(graphs)].replay()
-        turn[0] += 1
-
+    replayed from one CUDA graph per input set, the sets taken in turn, the L2 flushed before every
+    replay (`moe_core.bench.time_cuda_layer`, what `moe bench` uses on CUDA)."""
     with SmClockSampler(inputs[0][0].device) as clock:
-        us = do_bench(replay, warmup=10, rep=60, return_mode="median") * 1e3
-    graphs.clear()  # free the captured memory before the next cell
-    return {"us": us, "sm_clock_mhz": clock.median}
+        samples, method = time_cuda_layer(layer, inputs)
+    if method != "cuda-graph":
+        raise RuntimeError(f"the layer could not be captured in a CUDA graph: {method}")
+    return {"us": statistics.median(samples) * 1e6, "sm_clock_mhz": clock.median}
 
 
 def reference_error(layer: Layer, preset: Preset, weights: ExpertWeights, x: torch.Tensor, logits: torch.Tensor,
