@@ -21,24 +21,20 @@ import torch
 
 from moe_core.config import Activation, ActivationKind, MoEConfig, ParallelConfig, Routing, Scoring
 from moe_core.integrations._descriptors import (
-    At,
     BlockDescriptor,
     ClampedSilu,
     Fixed,
     Mapped,
     Refused,
-    Select,
     SwigluOAI,
+    UnsupportedModelError,
+    resolve,
 )
 from moe_core.integrations._models import MODELS
 from moe_core.quant import MoEQuantConfig, mxfp4_w4a16, unquantized
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "ConfigFileError", "UnsupportedModelError", "load_hf_config",
            "moe_config_from_hf", "quant_from_hf"]
-
-
-class UnsupportedModelError(ValueError):
-    """The model's MoE block cannot be expressed exactly by moe_core's descriptors."""
 
 
 class ConfigFileError(ValueError, TypeError):
@@ -183,22 +179,8 @@ def _descriptor(model_type: object) -> BlockDescriptor:
 
 def _block_value(view: _ConfigView, desc: BlockDescriptor, spec: object, field: str) -> object:
     """A descriptor field's value from the config: `At` and `Select` paths through `desc.config`."""
-    if isinstance(spec, At):
-        value = _block_attribute(view, desc, spec.path, field)
-        if value is None:
-            if spec.default is None:
-                raise UnsupportedModelError(f"{view.model_type}: {field} ({spec.path}) is None in its config")
-            return spec.default
-        return value
-    if isinstance(spec, Select):
-        value = _block_attribute(view, desc, spec.path, field)
-        for accepted, result in spec.cases:
-            if value == accepted:
-                return _block_value(view, desc, result, field)
-        accepted = ", ".join(repr(a) for a, _ in spec.cases)
-        raise UnsupportedModelError(f"{view.model_type}: {spec.path}={value!r} is not supported for {field} "
-                                    f"(supported: {accepted})")
-    return spec
+    return resolve(spec, lambda path: _block_attribute(view, desc, path, field), str(view.model_type), field,
+                   "its config")
 
 
 def _block_attribute(view: _ConfigView, desc: BlockDescriptor, path: str, field: str) -> object:

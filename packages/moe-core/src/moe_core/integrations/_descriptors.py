@@ -11,6 +11,7 @@ from the block, so `moe_core.hf_config` derives the same layer from config.json 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from moe_core.config import GroupScoring, Scoring
@@ -30,7 +31,13 @@ __all__ = [
     "Select",
     "SharedDescriptor",
     "SwigluOAI",
+    "UnsupportedModelError",
+    "resolve",
 ]
+
+
+class UnsupportedModelError(ValueError):
+    """A model, or one of its MoE blocks, that the descriptors cannot express exactly; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -213,3 +220,24 @@ class Refused:
         if self.kind not in ("unsupported", "no_moe"):
             raise ValueError(f"Refused.kind={self.kind!r} is invalid: expected 'unsupported' or 'no_moe'")
 
+
+def resolve(spec: object, read: Callable[[str], object], where: str, field: str, source: str) -> object:
+    """A descriptor field's value: a constant as it is; `At` and `Select` paths through `read(path)`
+    (None where nothing is set), from `source` ("this block", "its config"); `where` and `field`
+    name the value in errors."""
+    if isinstance(spec, At):
+        value = read(spec.path)
+        if value is None:
+            if spec.default is None:
+                raise UnsupportedModelError(f"{where}: {field} is read from '{spec.path}', which {source} does not set")
+            return spec.default
+        return value
+    if isinstance(spec, Select):
+        value = read(spec.path)
+        for accepted, result in spec.cases:
+            if value == accepted:
+                return resolve(result, read, where, field, source)
+        accepted = ", ".join(repr(a) for a, _ in spec.cases)
+        raise UnsupportedModelError(f"{where}: {spec.path}={value!r} is not supported for {field} "
+                                    f"(supported: {accepted})")
+    return spec

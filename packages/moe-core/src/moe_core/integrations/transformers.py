@@ -70,13 +70,13 @@ from torch import nn
 
 from moe_core.config import Activation, ActivationKind, MoEConfig, Routing, Scoring
 from moe_core.integrations._descriptors import (
-    At,
     BlockDescriptor,
     ClampedSilu,
     ExpertsLayout,
     Refused,
-    Select,
     SwigluOAI,
+    UnsupportedModelError,
+    resolve,
 )
 from moe_core.integrations._models import MODELS
 from moe_core.layer import FusedMoE
@@ -96,10 +96,6 @@ __all__ = [
     "refused_model_types",
     "supported_model_types",
 ]
-
-
-class UnsupportedModelError(ValueError):
-    """`fuse` cannot express this model, or one of its MoE blocks, exactly; the message says why."""
 
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -190,22 +186,8 @@ def _attr(block: nn.Module, path: str) -> object:
 
 def _value(where: str, block: nn.Module, spec: object, field: str) -> object:
     """A descriptor field's value for this block: constants as they are, `At` and `Select` read."""
-    if isinstance(spec, At):
-        value = _attr(block, spec.path)
-        if value is _MISSING or value is None:
-            if spec.default is None:
-                raise UnsupportedModelError(f"{where}: {field} is read from '{spec.path}', which this block lacks")
-            return spec.default
-        return value
-    if isinstance(spec, Select):
-        value = _attr(block, spec.path)
-        for accepted, result in spec.cases:
-            if value == accepted:
-                return _value(where, block, result, field)
-        accepted = ", ".join(repr(a) for a, _ in spec.cases)
-        raise UnsupportedModelError(f"{where}: {spec.path}={value!r} is not supported for {field} "
-                                    f"(supported: {accepted})")
-    return spec
+    return resolve(spec, lambda path: None if (value := _attr(block, path)) is _MISSING else value, where, field,
+                   "this block")
 
 
 def _typed(where: str, block: nn.Module, path: str, what: str, kind: type):
