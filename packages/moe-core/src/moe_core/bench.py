@@ -688,11 +688,12 @@ def _machine(device: torch.device, threads: int) -> dict:
 
 
 class _Results:
-    """The run's JSON, rewritten (atomically) after every measured point: an interrupted run keeps
-    what it measured."""
+    """The run's JSON and the ranking its rows make, rewritten (atomically) after every measured
+    point: an interrupted run keeps what it measured."""
 
-    def __init__(self, path: Path, payload: dict) -> None:
-        self.path, self.payload = path, {**payload, "complete": False, "rows": [], "refused": []}
+    def __init__(self, path: Path, ranking_path: Path, payload: dict) -> None:
+        self.path, self.ranking_path = path, ranking_path
+        self.payload = {**payload, "complete": False, "rows": [], "refused": []}
         self.save()
 
     def save(self) -> None:
@@ -701,10 +702,7 @@ class _Results:
     def add_row(self, row: Row) -> None:
         self.payload["rows"].append(asdict(row))
         self.save()
-        if self.ranking_path is not None:
-            write_json_atomic(self.ranking_path, self.ranking())
-
-    ranking_path: Path | None = None
+        write_json_atomic(self.ranking_path, self.ranking())
 
     def ranking(self) -> dict:
         machine = self.payload["machine"]
@@ -989,14 +987,13 @@ def main(args: argparse.Namespace) -> int:
     _note(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads "
           f"({'--threads' if args.threads else 'default: physical cores available to this process'}); "
           f"results: {json_path}")
-    results = _Results(json_path, {
+    results = _Results(json_path, ranking_path, {
         "machine": machine, "repeats": args.repeats, "warmup": args.warmup,
         "method": ("CUDA graphs over rotating input sets, L2 flushed before every replay, CUDA events"
                    if device.type == "cuda" else "wall clock") +
                   "; median, min and p90 of the samples per point; floor = max(expected distinct experts * the "
                   "scheme's stored bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert "
                   "F.linear loop"})
-    results.ranking_path = ranking_path
     try:
         with step("measuring the copy bandwidth and matmul rate"):
             ceilings = measure_ceilings(device, presets[0].config.dtype, host_samples=max(args.repeats // 2, 5))
