@@ -221,3 +221,20 @@ def test_bench_records_a_backend_that_fails_and_goes_on(tmp_path, monkeypatch, r
     assert [r["backend"] for r in payload["rows"]] == ["cpu"]
     assert any(r["backend"] == "reference" and "reference failed: RuntimeError: CUDA out of memory" in r["reason"]
                for r in payload["refused"])
+
+
+def test_shipped_rankings_load_and_name_known_backends():
+    from pathlib import Path
+
+    import moe_core.rankings as rankings
+
+    shipped = sorted(Path(rankings.__file__).with_name("rankings_data").glob("ranking-*.json"))
+    assert shipped, "moe-core ships at least one measured ranking"
+    known = {"triton", "marlin", "torch_grouped_mm", "sglang_fp8_block", "flashinfer_cutlass", "flashinfer_trtllm",
+             "aiter", "xpu", "cpu"}
+    for path in shipped:
+        ranking = load_ranking(path)
+        assert ranking.device and ranking.measured.get("date") and ranking.entries
+        for entry in ranking.entries:
+            assert set(entry.backends) <= known, entry
+            assert entry.us == tuple(sorted(entry.us, key=lambda bt: bt[1]))
