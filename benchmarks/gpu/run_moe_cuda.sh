@@ -12,10 +12,13 @@
 #
 # Phases (default: tests bench): each one's exit status is reported; a failing phase does not stop
 # the next; the script exits non-zero if any failed. Everything printed also goes to
-# $OUT/run_moe_cuda.log; the benchmark writes $OUT/bench/bench-*.json and ranking-<device>.json after
-# every measured cell (a run stopped by BENCH_TIMEOUT keeps what it measured). What it measures:
-#   BENCH_PRESETS (default: the five real presets), BENCH_SCHEMES (default: bf16 int4 int8 fp8-channel
-#   fp8-block mxfp4), BENCH_TOKENS (default: 1 8 32 128 512 2048 8192), BENCH_TIMEOUT seconds (500).
+# $OUT/run_moe_cuda.log. The benchmark runs one `moe bench` per visible GPU, the presets dealt out
+# largest first; each writes $OUT/bench/gpuN/bench-*.json and ranking-<device>.json after every
+# measured cell (a run stopped by BENCH_TIMEOUT keeps what it measured), and the rankings are merged
+# into $OUT/bench/ranking-<device>.json (copy it into packages/moe-core/src/moe_core/rankings_data/).
+# What it measures: BENCH_PRESETS (default: the five real presets), BENCH_SCHEMES (default: bf16 int4
+# int8 fp8-channel fp8-block mxfp4), BENCH_TOKENS (default: 1 8 32 128 512 2048 8192), BENCH_TIMEOUT
+# seconds (500).
 set -uo pipefail
 WHEELS=${1:?usage: run_moe_cuda.sh WHEEL_DIR [VENDOR_DIR] [PHASE...]}
 shift
@@ -63,14 +66,34 @@ for phase in "${PHASES[@]}"; do
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 "$ROOT/packages/moe-cuda/tests"
       rc=$? ;;
     bench)
-      args=(--device cuda --backends all --out "$OUT/bench" --no-plot)
-      for p in ${BENCH_PRESETS:-qwen3-30b-a3b mixtral-8x7b gpt-oss-120b qwen3-235b-a22b deepseek-v3}; do
-        args+=(--preset "$p"); done
+      args=(--device cuda --backends all --no-plot)
       for s in ${BENCH_SCHEMES:-bf16 int4 int8 fp8-channel fp8-block mxfp4}; do args+=(--scheme "$s"); done
       # shellcheck disable=SC2206
       args+=(--tokens ${BENCH_TOKENS:-1 8 32 128 512 2048 8192})
-      timeout "${BENCH_TIMEOUT:-500}" python3 -m moe_core bench "${args[@]}"
-      rc=$? ;;
+      # shellcheck disable=SC2206
+      presets=(${BENCH_PRESETS:-deepseek-v3 qwen3-235b-a22b gpt-oss-120b mixtral-8x7b qwen3-30b-a3b})
+      gpus=$(nvidia-smi -L | wc -l)
+      pids=()
+      for ((g = 0; g < gpus && g < ${#presets[@]}; g++)); do
+        mine=()
+        for ((i = g; i < ${#presets[@]}; i += gpus)); do mine+=(--preset "${presets[i]}"); done
+        mkdir -p "$OUT/bench/gpu$g"
+        CUDA_VISIBLE_DEVICES=$g timeout "${BENCH_TIMEOUT:-500}" python3 -m moe_core bench "${args[@]}" "${mine[@]}" \
+          --out "$OUT/bench/gpu$g" > "$OUT/bench/gpu$g.log" 2>&1 &
+        pids+=($!)
+      done
+      rc=0
+      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+      tail -n 3 "$OUT"/bench/gpu*.log
+      python3 - "$OUT/bench" <<'EOF_MERGE' || rc=1
+import json, sys
+from pathlib import Path
+from moe_core.bench import save_ranking
+out = Path(sys.argv[1])
+for path in sorted(out.glob("gpu*/ranking-*.json")):
+    print("merged", path, "into", save_ranking(json.loads(path.read_text()), out))
+EOF_MERGE
+      ;;
     *) echo "unknown phase $phase (tests, bench)"; rc=2 ;;
   esac
   echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"

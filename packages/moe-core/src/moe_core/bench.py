@@ -68,8 +68,8 @@ from moe_core.weights.canonical import ExpertWeights
 
 __all__ = ["Ceilings", "Floor", "Progress", "SmClockSampler", "TimingSummary", "add_arguments", "default_threads",
            "estimate_peak_bytes", "expected_distinct_experts", "expert_weight_bytes", "main", "measure_ceilings",
-           "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "step", "summarize_timings",
-           "time_cuda_layer", "weight_bytes_per_param", "write_json_atomic"]
+           "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "save_ranking", "step",
+           "summarize_timings", "time_cuda_layer", "weight_bytes_per_param", "write_json_atomic"]
 
 DEFAULT_PRESETS = ("tiny", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 8, 32, 128)
