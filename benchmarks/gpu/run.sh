@@ -22,18 +22,8 @@
 set -uo pipefail
 WHEELS=${1:?usage: run.sh WHEEL_DIR PHASE...}
 shift
-OUT=${OUT:-/tmp/moe-gpu-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
-export PYTHONUNBUFFERED=1
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-SITE=${MOE_SITE:-/tmp/moe-site}
-rm -rf "$SITE"
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$WHEELS"/*.whl || exit 3
-export PYTHONPATH=$SITE
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+# shellcheck source=benchmarks/gpu/_setup.sh
+source "$(dirname "$0")/_setup.sh" run.log
 # The tests spend most of a serial run compiling kernels on the CPU (-p compile_timing shows it): spread
 # them over up to 8 pytest-xdist workers where it is installed.
 XDIST=()

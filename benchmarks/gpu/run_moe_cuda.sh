@@ -26,16 +26,8 @@ VENDOR=.carry/vendor
 if [ $# -gt 0 ] && [ -d "$1" ]; then VENDOR=$1; shift; fi
 PHASES=("$@")
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(tests bench)
-OUT=${OUT:-/tmp/moe-gpu-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run_moe_cuda.log") 2>&1
-export PYTHONUNBUFFERED=1
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-SITE=${MOE_SITE:-/tmp/moe-site}
-rm -rf "$SITE"
-python3 -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "$WHEELS"/*.whl || exit 3
-export PYTHONPATH=$SITE
+# shellcheck source=benchmarks/gpu/_setup.sh
+source "$(dirname "$0")/_setup.sh" run_moe_cuda.log
 
 # The vendor libraries, decompressed once per machine; moe-cuda finds them through these variables.
 LIBS=/tmp/moe-cuda-libs
@@ -53,8 +45,6 @@ ls -l "$LIBS"
 export CUDA_CACHE_PATH=/tmp/moe-cuda-ptx-cache
 export CUDA_CACHE_MAXSIZE=4294967296
 
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 python3 -m moe_core doctor --require cuda | grep -E "cuda|moe-cuda|NOT validated" | cut -c1-200
 
 failed=0

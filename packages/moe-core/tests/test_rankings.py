@@ -54,7 +54,7 @@ def three_backends():
 
 def _ranking_file(tmp_path, entries, device="NVIDIA H100", name="ranking-h100.json"):
     path = tmp_path / name
-    path.write_text(json.dumps({"device": device, "measured": {"date": "2026-11-27"}, "protocol": "test",
+    path.write_text(json.dumps({"device": device, "measured": {"date": "2000-01-01"}, "protocol": "test",
                                 "entries": entries}))
     return path
 

@@ -61,18 +61,21 @@ def run(quant, halves_apart: bool, dtype=torch.float16, activation=None, K=256, 
 HALVES = [pytest.param(False, id="one-grouping"), pytest.param(True, id="gate-up-apart")]
 
 
-@pytest.mark.parametrize("halves_apart", HALVES)
-@pytest.mark.parametrize(("quant", "activation", "dtype"), [
+_GATED_CASES = [
     (int4_w4a16(128, act_order=True), Activation.silu(), torch.float16),  # int4 quads
     (int4_w4a16(64, zero_point=True, act_order=True), Activation.gelu(), torch.bfloat16),
     (int4_w4a16(32, act_order=True), Activation.swiglu_oai(), torch.float16),
     (int8_w8a16(32, zero_point=True, act_order=True), Activation.silu(), torch.float16),
-    (int4_w4a16(64, act_order=True), Activation.relu2(), torch.float16),  # not gated: one grouping only
+]
+
+
+# A non-gated w13 has one half, so one grouping only.
+@pytest.mark.parametrize(("quant", "activation", "dtype", "halves_apart"), [
+    *((*case, halves_apart) for case in _GATED_CASES for halves_apart in (False, True)),
+    (int4_w4a16(64, act_order=True), Activation.relu2(), torch.float16, False),
 ])
 @pytest.mark.parametrize("M", [7, 1])  # 1: the direct launches, without alignment
 def test_act_order_matches_reference(quant, activation, dtype, halves_apart, M):
-    if halves_apart and not activation.gated:
-        pytest.skip("a non-gated w13 has one half")
     out, ref = run(quant, halves_apart, dtype, activation, M=M)
     assert rel_l2(out, ref) < 1e-2
 

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -69,7 +70,7 @@ from moe_core.weights.canonical import ExpertWeights
 __all__ = ["Ceilings", "Floor", "Progress", "SmClockSampler", "TimingSummary", "add_arguments", "default_threads",
            "estimate_peak_bytes", "expected_distinct_experts", "expert_weight_bytes", "main", "measure_ceilings",
            "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "save_ranking", "step",
-           "summarize_timings", "time_cuda_layer", "weight_bytes_per_param", "write_json_atomic"]
+           "summarize_timings", "time_cuda_layer", "triton_version", "weight_bytes_per_param", "write_json_atomic"]
 
 DEFAULT_PRESETS = ("tiny", "qwen3-30b-a3b")
 DEFAULT_TOKENS = (1, 8, 32, 128)
@@ -668,13 +669,21 @@ def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch
     return forward
 
 
+def triton_version() -> str | None:
+    """The installed triton's version ("unknown" without metadata), or None where it is not installed."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _distribution_versions() -> dict[str, str]:
-    """Versions of moe-core, the installed plugins' distributions and the kernel libraries they use."""
-    names = {"moe-core", "triton", *(s.distribution for s in registry().statuses.values())}
-    versions = {}
-    for name in sorted(names):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[name] = importlib.metadata.version(name)
+    """Versions of moe-core, the installed plugins' distributions and triton."""
+    versions = registry().distribution_versions()
+    if (triton := triton_version()) is not None:
+        versions["triton"] = triton
     return versions
 
 

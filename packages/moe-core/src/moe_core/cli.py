@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
-import importlib.metadata as md
 import json
 import os
 import platform
@@ -66,15 +64,8 @@ def _experts_rows(reg) -> list[dict]:
 
 def doctor_report(require: Sequence[str] = ()) -> dict:
     reg = registry()
-    dists = {"moe-core": __version__}
-    for s in reg.statuses.values():
-        dists.setdefault(s.distribution, s.version)
-    triton_version = None
-    if importlib.util.find_spec("triton") is not None:
-        try:
-            triton_version = md.version("triton")
-        except md.PackageNotFoundError:
-            triton_version = "unknown"
+    dists = reg.distribution_versions()
+    triton_version = bench.triton_version()
     devices = _devices()
     report = {
         "core": {"version": __version__, "plugin_api": list(PLUGIN_API)},

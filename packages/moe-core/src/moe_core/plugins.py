@@ -211,6 +211,13 @@ class Registry:
     def backends(self) -> set[str]:
         return {r.backend for _, r in self.refs()}
 
+    def distribution_versions(self) -> dict[str, str]:
+        """moe-core's version and each plugin distribution's, as discovery found them."""
+        versions = {"moe-core": __version__}
+        for s in self.statuses.values():
+            versions.setdefault(s.distribution, s.version)
+        return versions
+
     def rank(self, backend: str, platform: Platform, family: QuantFamily) -> int:
         """The highest rank any spec gives `backend` on `platform` for `family` (0 if none does)."""
         ranks = [p.rank for s in self.statuses.values() if s.spec is not None for p in s.spec.priorities

@@ -81,11 +81,16 @@ class Ranking:
 class RankingMatch:
     """The measured order for one case, and what it rests on."""
 
-    order: tuple[str, ...]  # backends, fastest first
-    us: tuple[tuple[str, float], ...]  # one entry's microseconds, or (relative) geometric means of time / fastest
+    us: tuple[tuple[str, float], ...]  # fastest first: one entry's microseconds, or (relative) geometric
+    # means of time / the entry's fastest
     basis: str  # which entries decided: "scheme and shape at 32 tokens", "scheme on 3 shapes", ...
     ranking: Ranking
     relative: bool = False  # `us` holds ratios to each entry's fastest, not times
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The measured backends, fastest first."""
+        return tuple(b for b, _ in self.us)
 
     def time_text(self, backend: str) -> str:
         t = dict(self.us)[backend]
@@ -195,10 +200,10 @@ def _match(ranking: Ranking, config: MoEConfig, quant: MoEQuantConfig, num_token
             continue
         at = f"at {bucket} tokens" if bucket is not None else "over every measured token count"
         if len(entries) == 1:
-            return RankingMatch(entries[0].backends, entries[0].us, f"{label} {at}", ranking)
+            return RankingMatch(entries[0].us, f"{label} {at}", ranking)
         us = _geomean_order(entries)
         if us:
-            return RankingMatch(tuple(b for b, _ in us), us, f"{label} {at}, geometric mean over {len(entries)} "
+            return RankingMatch(us, f"{label} {at}, geometric mean over {len(entries)} "
                                 "entries", ranking, relative=True)
     return None
 

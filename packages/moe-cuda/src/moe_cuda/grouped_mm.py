@@ -13,6 +13,7 @@ CPU tests run this class's real path at tiny shapes.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +83,10 @@ class _GroupedExperts(Experts):
         expert = perm.expert.clamp(max=bias.shape[0] - 1)  # rows of other ranks' experts are masked later
         return (y.float() + bias[expert]).to(y.dtype)
 
+    @abstractmethod
     def _grouped(self, x: torch.Tensor, packed: PackedWeights, name: str, offsets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """One grouped GEMM of the expert-sorted rows x against weight `name` (rows of expert e:
+        offsets[e-1]:offsets[e])."""
 
 
 class TorchGroupedMmExperts(_GroupedExperts):

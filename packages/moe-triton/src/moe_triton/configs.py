@@ -26,6 +26,7 @@ import math
 import os
 import re
 import threading
+from abc import abstractmethod
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -400,5 +401,6 @@ class TunedLaunch:
             hit = self._lookups[num_tokens] = self._find_config(num_tokens)
         return hit
 
+    @abstractmethod
     def _find_config(self, num_tokens: int) -> Lookup:
-        raise NotImplementedError
+        """The launch configuration for num_tokens tokens from the files this class takes."""
