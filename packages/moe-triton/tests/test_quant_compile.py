@@ -38,16 +38,16 @@ _SPECIALIZATIONS = {
     # the two-factor one taking in tails, and one token's GEMM2 prefetching its weights
     "mxfp4-gpt-oss-gemm1": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=4,
                                  GATE_UP_CHUNK=32, HAS_BIAS=True, K_TAIL=True, FOLDED_SCALE=True, PDL=True),
-                            {"b_ptr": "*i16", "s_ptr": "*u8"}),
+                            {"b_ptr": "*i16", "s_ptr": "*i32"}),
     "mxfp4-two-factor-tail": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, BLOCK_M=64, SINK=1,
                                    MUL_ROUTED=True, REDUCE_TOPK=4, NARROW=True, TAIL=32, N_FIRST=True),
-                              {"b_ptr": "*i16", "s_ptr": "*u8"}),
+                              {"b_ptr": "*i16", "s_ptr": "*i32"}),
     "mxfp4-direct-prefetch": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, SINK=2, MUL_ROUTED=True,
                                    REDUCE_TOPK=4, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True, PREFETCH_TILES=1,
-                                   FOLDED_SCALE=True), {"b_ptr": "*i16", "s_ptr": "*u8"}),
+                                   FOLDED_SCALE=True), {"b_ptr": "*i16", "s_ptr": "*i32"}),
     # fp16 activations: the e2m1 values are scaled in fp32, then rounded to fp16
     "mxfp4-fp16": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, SINK=1, SPLIT_K=2,
-                        FOLDED_SCALE=True), {"a_ptr": "*fp16", "b_ptr": "*i16", "s_ptr": "*u8"}),
+                        FOLDED_SCALE=True), {"a_ptr": "*fp16", "b_ptr": "*i16", "s_ptr": "*i32"}),
     "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
                                GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
@@ -98,15 +98,15 @@ _WGMMA_SPECIALIZATIONS = {
     "tail16-gemm2-atomic-k-tail": (dict(TAIL=16, ATOMIC=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True,
                                         REDUCE_TOPK=8, A_ROWS_DIV=1, ZERO_SIDE=False, STAGES=3, K_TAIL=True,
                                         GROUP=64), {"c_ptr": "*fp32"}),
-    # MXFP4 quads (uint8 e8m0 scale rows, one per quarter): gpt-oss's GEMM1 with the folded scale, a
+    # MXFP4 quads (int32 e8m0 exponent words, one per row and K tile): gpt-oss's GEMM1 with the folded scale, a
     # GEMM2 with the two-factor one and a tail, fp16 activations (scaled in fp32) with a producer
     "mxfp4-gpt-oss-gemm1": (dict(WTYPE=3, FOLDED_SCALE=True, GROUP=32, CODE_OFFSET=0, ACT=4, HAS_BIAS=True,
-                                 K_TAIL=True, STAGES=3), {"s_ptr": "*u8"}),
+                                 K_TAIL=True, STAGES=3), {"s_ptr": "*i32"}),
     "mxfp4-two-factor-tail16-gemm2": (dict(WTYPE=3, GROUP=32, CODE_OFFSET=0, TAIL=16, ATOMIC=True, ACT=0,
                                            GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=4, A_ROWS_DIV=1,
-                                           ZERO_SIDE=False, STAGES=3), {"s_ptr": "*u8", "c_ptr": "*fp32"}),
+                                           ZERO_SIDE=False, STAGES=3), {"s_ptr": "*i32", "c_ptr": "*fp32"}),
     "mxfp4-fp16-producer": (dict(WTYPE=3, FOLDED_SCALE=True, GROUP=32, CODE_OFFSET=0, BLOCK_M=64, BLOCK_N=256,
-                                 STAGES=3), {"a_ptr": "*fp16", "s_ptr": "*u8", "c_ptr": "*fp16"}),
+                                 STAGES=3), {"a_ptr": "*fp16", "s_ptr": "*i32", "c_ptr": "*fp16"}),
 }
 
 

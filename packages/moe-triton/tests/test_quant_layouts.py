@@ -32,8 +32,10 @@ from moe_triton.quant_gemm_details._layouts import (
     GateUpInterleave,
     HalvesLayout,
     QuadsLayout,
+    pack_e8m0_tiles,
     stored_k_major,
     stored_tile_major,
+    unpack_e8m0_tiles,
 )
 from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
 
@@ -60,13 +62,34 @@ def test_mxfp4_pads_k_to_whole_quads_tiles():
     ExpertWeights.random is at most 2^1, so both GEMMs take the folded scale."""
     w = gemm1_operand(mxfp4_w4a16(), 192, seed=4)
     assert w.quads and w.codes.dtype == torch.int16 and w.k == 192 and w.k_tiles == 2 and w.codes.shape[2] == 2
-    assert w.scale.shape[1] == 256 // 32 and bool((w.scale[:, 6:] == 0).all()) and w.folded_scale
+    exps = unpack_e8m0_tiles(w.scale)
+    assert w.scale.dtype == torch.int32 and w.scale.shape[1] == 2
+    assert exps.shape[1] == 256 // 32 and bool((exps[:, 6:] == 0).all()) and w.folded_scale
     full = dequantize_padded(w)
     assert full.shape[2] == 256 and bool((full[:, :, 192:] == 0).all()) and bool((full[:, :, :192] != 0).any())
     for M in (1, 9):
         out, ref = run_layer(TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai(), torch.bfloat16, K=192, N=192,
                              bias=True, M=M)
         assert rel_l2(out, ref) < 1e-2
+
+
+def test_e8m0_tile_words_round_trip():
+    """MXFP4 exponents [E, 4T, N] -> int32 words [E, T, N] whose byte j (value bits 8j..8j+7) is
+    group 4t + j's exponent of row n, and back; groups not a multiple of 4 and other dtypes refused."""
+    gen = torch.Generator().manual_seed(11)
+    exps = torch.randint(0, 256, (3, 8, 40), generator=gen, dtype=torch.uint8)
+    words = pack_e8m0_tiles(exps)
+    assert words.dtype == torch.int32 and words.shape == (3, 2, 40)
+    as_int = words.long() & 0xFFFFFFFF
+    for t in range(2):
+        for j in range(4):
+            assert torch.equal((as_int[:, t] >> (8 * j)) & 0xFF, exps[:, 4 * t + j].long())
+    assert torch.equal(unpack_e8m0_tiles(words), exps)
+    assert torch.equal(unpack_e8m0_tiles(words.transpose(1, 2).contiguous().transpose(1, 2)), exps)
+    with pytest.raises(ValueError, match="multiple of 4 groups"):
+        pack_e8m0_tiles(exps[:, :6])
+    with pytest.raises(ValueError, match="uint8"):
+        pack_e8m0_tiles(exps.to(torch.int32))
 
 
 def test_processor_interleaves_gated_w13_rows():

@@ -61,6 +61,7 @@ from moe_triton.quant_gemm_details._layouts import (
     QuadsLayout,
     WeightOperand,
     WType,
+    pack_e8m0_tiles,
 )
 from moe_triton.routing import route
 from moe_triton.topk_sum import topk_sum
@@ -261,7 +262,8 @@ class _Processor:
                 out[name] = HalvesLayout(bk).swizzle(codes)
             else:
                 out[name] = codes.contiguous()
-            out[f"{name}_scale"] = _rows_first(scale, key)
+            out[f"{name}_scale"] = (pack_e8m0_tiles(_rows_first(scale, key)) if wt is WType.MXFP4
+                                    else _rows_first(scale, key))
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero, key)
         if weights.has_bias:
@@ -647,7 +649,7 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor(f"triton.mxfp4.quads-e2m1-fields-k-padded.gate-up-{GATE_UP_CHUNK}",
+    weight_processor = _Processor(f"triton.mxfp4.quads-e2m1-fields-e8m0-words-k-padded.gate-up-{GATE_UP_CHUNK}",
                                   interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,

@@ -22,6 +22,7 @@ from moe_triton.quant_gemm_details._layouts import (
     QuadsLayout,
     WeightOperand,
     WType,
+    unpack_e8m0_tiles,
 )
 
 __all__ = ["biased", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx", "e2m1_weights",
@@ -246,9 +247,10 @@ def dequantize_padded(w: WeightOperand) -> torch.Tensor:
         codes = HalvesLayout(w.block_k).unswizzle(w.codes)
     else:
         codes = w.codes
-    scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
     if w.wtype is WType.MXFP4:
-        return E2M1_VALUES.to(codes.device)[codes.long()] * torch.exp2(scale.float() - 127)
+        exps = unpack_e8m0_tiles(w.scale).transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
+        return E2M1_VALUES.to(codes.device)[codes.long()] * torch.exp2(exps.float() - 127)
+    scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
     zero = (w.zero.transpose(1, 2).repeat_interleave(w.group, 2).float() if w.zero is not None
             else float(w.code_offset))
     return (codes.float() - zero) * scale.float()

@@ -196,9 +196,10 @@ def _moe_wgemm_kernel(
         if HAS_MAP:
             pre_e = tl.load(expert_ids_ptr + pre_e)
         if pre_e >= 0:
+            # MXFP4's exponent words hold a whole K tile each: one scale row per tile.
             _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, pre_e.to(tl.int64), pid_n * BLOCK_N, N, kt0,
                                  tl.minimum(kt1, kt0 + PREFETCH_TILES), stride_be, stride_bt, stride_se, stride_sk,
-                                 HAS_ZP, GROUP, BLOCK_N, BLOCK_K)
+                                 HAS_ZP, BLOCK_K if WTYPE == 3 else GROUP, BLOCK_N, BLOCK_K)
     # Launched while the previous kernel may still run (programmatic dependent launch).
     wait_then_release(PDL)
     if ZERO_SIDE:
@@ -371,10 +372,14 @@ def _wgemm_rows(
                     # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
                     # the scale's multiply, as in the reference.
                     values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                if WTYPE == 3:
+                    # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
+                    # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
+                    # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
+                    exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
                 for j in tl.static_range(4):
                     if WTYPE == 3:
-                        # Quarter j is scale group j (32 k): one e8m0 row per quarter.
-                        exps = tl.load(s_base + (k0 // GROUP + j) * stride_sk, mask=n_mask, other=0)
+                        exps = (exp_words >> (8 * j)) & 0xFF
                         lo, hi = e8m0_factors(tl.expand_dims(exps, 1), FT, FOLDED_SCALE)
                         w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
                     else:

@@ -22,8 +22,10 @@ their memory order is the one the kernels stream fastest (docs/design/triton-gem
   nibble and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves.
 - INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
 
-Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8/MXFP4; fp8 keeps its
-canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
+Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8; MXFP4's e8m0 exponents are
+int32 [E, K tiles, N] (`pack_e8m0_tiles`: byte j holds quarter j's, so one 4-byte load per row and
+tile, which the kernels pipeline like any other operand, brings all four); fp8 keeps its canonical
+scales ([E], [E, N] or [E, N/128, K/128] blocks).
 
 `GateUpInterleave` orders a gated w13's rows so that each GEMM1 output tile holds matching gate and
 up columns (the activation then runs in GEMM1's epilogue).
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["E2M1_FIELDS", "INT4_NIBBLES", "GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType",
-           "WeightOperand", "stored_k_major", "stored_tile_major"]
+           "WeightOperand", "pack_e8m0_tiles", "stored_k_major", "stored_tile_major", "unpack_e8m0_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -62,7 +64,7 @@ class WeightOperand:
 
     wtype: WType
     codes: torch.Tensor
-    scale: torch.Tensor  # [E, K / group, N] (N contiguous); fp8: [E], [E, N] or [E, N/128, K/128]
+    scale: torch.Tensor  # [E, K / group, N] (N contiguous); MXFP4: int32 [E, K tiles, N]; fp8: [E], [E, N] or [E, N/128, K/128]
     zero: torch.Tensor | None  # uint8, like scale (INT4/INT8 with integer zero points)
     n: int
     k: int
@@ -96,6 +98,21 @@ def stored_tile_major(words: torch.Tensor) -> torch.Tensor:
 def stored_k_major(words: torch.Tensor) -> torch.Tensor:
     """[E, N, K tile, word] values stored as [E, K tile, word, N] (the halves' order)."""
     return words.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
+def pack_e8m0_tiles(exps: torch.Tensor) -> torch.Tensor:
+    """uint8 e8m0 exponents [E, 4 * T, N] (groups of 32 k, four per 128-wide K tile) -> int32 [E, T, N]
+    whose byte j (little-endian, as CUDA and x86 read it) is group 4t + j's exponent of row n."""
+    E, G, N = exps.shape
+    if exps.dtype != torch.uint8 or G % 4:
+        raise ValueError(f"expected uint8 exponents with a multiple of 4 groups, got {exps.dtype} {list(exps.shape)}")
+    return exps.reshape(E, G // 4, 4, N).transpose(2, 3).contiguous().view(torch.int32).squeeze(3)
+
+
+def unpack_e8m0_tiles(words: torch.Tensor) -> torch.Tensor:
+    """int32 [E, T, N] of `pack_e8m0_tiles` -> its uint8 exponents [E, 4 * T, N]."""
+    E, T, N = words.shape
+    return words.contiguous().unsqueeze(3).view(torch.uint8).transpose(2, 3).reshape(E, 4 * T, N)
 
 
 @dataclass(frozen=True)

@@ -242,12 +242,10 @@ def _group_scales(s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS
 
 
 @gluon.jit
-def _group_e8m0(s_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS: gl.constexpr, GROUPS: gl.constexpr,
-                FOLDED_SCALE: gl.constexpr, FT: gl.constexpr, layout: gl.constexpr):
-    """MXFP4: the `e8m0_factors` (lo, hi) of ring rows [r0, r0 + ROWS) in quarter j's scale group
-    (its own: groups of 32), [ROWS, 1] in FT and `layout`."""
-    exps = s_ring.index(stage * GROUPS + j).slice(r0, ROWS).load(gl.SliceLayout(1, layout))
-    return e8m0_factors(gl.expand_dims(exps, 1), FT, FOLDED_SCALE)
+def _quarter_e8m0(exp_words, j: gl.constexpr, FOLDED_SCALE: gl.constexpr, FT: gl.constexpr):
+    """MXFP4: the `e8m0_factors` (lo, hi) of quarter j's scale group (its own: groups of 32) from a
+    tile's exponent words (byte j), [ROWS, 1] in FT and the words' layout."""
+    return e8m0_factors(gl.expand_dims((exp_words >> (8 * j)) & 0xFF, 1), FT, FOLDED_SCALE)
 
 
 @gluon.jit
@@ -363,12 +361,13 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
         for j in gl.static_range(4):
             # Scale rows are read once per group (at the quarter that starts one), not once per quarter.
             if (j * QUARTER) % GROUP == 0:
-                if WTYPE == 3:
-                    lo, hi = _group_e8m0(s_ring, stage, j, r0, WG_ROWS, GROUPS, FOLDED_SCALE, FT, w_op)
+                if WTYPE == 3:  # the tile's exponent words: one ring row (GROUP is the whole tile)
+                    exp_words = s_ring.index(stage).slice(r0, WG_ROWS).load(gl.SliceLayout(1, w_op))
                 else:
                     s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET,
                                          CT, w_op)
             if WTYPE == 3:
+                lo, hi = _quarter_e8m0(exp_words, j, FOLDED_SCALE, FT)
                 w = e2m1_weights(_e2m1_quarter(words, j), lo, hi, FOLDED_SCALE, CT)
             else:
                 w = (_nibble(words, j, CT) - z) * s
@@ -472,7 +471,9 @@ def moe_w4a16_wgmma_kernel(
     NW: gl.constexpr = gl.num_warps()
     CT: gl.constexpr = a_ptr.dtype.element_ty
     TILE_K: gl.constexpr = 4 * QUARTER
-    GROUPS: gl.constexpr = TILE_K // GROUP if GROUP < TILE_K else 1
+    # K per scale ring row: MXFP4's exponent words hold a whole tile (`_layouts.pack_e8m0_tiles`).
+    RING_GROUP: gl.constexpr = TILE_K if WTYPE == 3 else GROUP
+    GROUPS: gl.constexpr = TILE_K // RING_GROUP if RING_GROUP < TILE_K else 1
     WG_ROWS: gl.constexpr = BLOCK_N // 2  # weight rows per consumer warpgroup
     FOLDED: gl.constexpr = PRODUCER_WARPS == 0  # the consumers copy their own share of each tile
     gl.static_assert(NW == 4, "the default partition is one consumer warpgroup")
@@ -545,12 +546,12 @@ def moe_w4a16_wgmma_kernel(
             (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
                         ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
                         ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
         ], [4], [CONSUMER_REGS])
     else:
@@ -558,15 +559,15 @@ def moe_w4a16_wgmma_kernel(
             (_consume, (0, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
                         ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
-                        GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
+                        RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
                         ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
             (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
                         n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
-                        stride_sk, GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
+                        stride_sk, RING_GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
                         BLOCK_N, STAGES)),
         ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
