@@ -1,4 +1,4 @@
-"""The int4 tuner (`moe_triton.tune`): its candidate lists and the search, with a fake timer.
+"""The quantized tuner (`moe_triton.tune`, int4 and MXFP4): its candidate lists and the search, with a fake timer.
 """
 
 import dataclasses
@@ -8,12 +8,17 @@ import torch
 from _quant_support import DEV, RUN_ON
 
 from moe_core.config import MoEConfig
-from moe_core.quant import int4_w4a16
+from moe_core.quant import int4_w4a16, mxfp4_w4a16
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS, TritonWna16Experts
-from moe_triton.tune import _tune_int4_layer, per_gemm_grid, quant_candidates, wgmma_grid
+from moe_triton.quantized import (
+    BORROWED_MAX_STAGES,
+    LAST_ARRIVAL_MAX_TOKENS,
+    TritonMxfp4Experts,
+    TritonWna16Experts,
+)
+from moe_triton.tune import _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
 
 
 def test_wgmma_grid_fits_hopper_shared_memory():
@@ -64,7 +69,7 @@ def test_int4_tuner_keeps_the_fastest_candidate():
         return (2.0 - 1.0 * (cand.gemm1.split_k > base.gemm1.split_k)
                 - 0.5 * (cand.gemm1.num_stages < base.gemm1.num_stages))
 
-    table, measured = _tune_int4_layer(experts, [3], 5, lambda s: None, timer=timer)
+    table, measured = _tune_quant_layer(experts, [3], 5, lambda s: None, timer=timer)
     first = quant_candidates(base)
     second = [c for c in quant_candidates(first["split*2"]).values() if c not in first.values()]
     assert runs == list(first.values()) + second and experts.config_override is None
@@ -93,7 +98,7 @@ def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
         return times[experts.config_override]
 
     logged = []
-    table, measured = _tune_int4_layer(experts, [3], 5, logged.append, timer=timer)
+    table, measured = _tune_quant_layer(experts, [3], 5, logged.append, timer=timer)
     assert list(times.values()).count(1.0) == 1 and table[3] == shipped
     assert measured["3"]["shipped"] == shipped_as and measured["3"]["best"] == shipped_as
     assert f"shipped ({shipped_as}) 1.0" in logged[-1]
@@ -122,7 +127,7 @@ def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():
         return 1.0
 
     few, many = LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1
-    _, measured = _tune_int4_layer(experts, [few, many], 5, lambda s: None, timer=timer, wgmma=True)
+    _, measured = _tune_quant_layer(experts, [few, many], 5, lambda s: None, timer=timer, wgmma=True)
     assert not any(k.startswith("wgmma:") for k in measured[str(few)]["layer_us"])
     assert {k for k in measured[str(many)]["layer_us"] if k.startswith("wgmma:")} == set(wgmma_grid())
     assert sum(c.gemm1.wgmma for c in timed) == len(wgmma_grid())
@@ -137,6 +142,34 @@ def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
         cand = experts.config_override
         return 2.0 - (cand.gemm2.block_n == 64 and cand.gemm2.split_k == 2 and cand.gemm1 == base.gemm1)
 
-    table, measured = _tune_int4_layer(experts, [1], 5, lambda s: None, timer=timer, per_gemm=True)
+    table, measured = _tune_quant_layer(experts, [1], 5, lambda s: None, timer=timer, per_gemm=True)
     assert table[1] == QuantKernelConfig(base.gemm1, dataclasses.replace(base.gemm2, block_n=64, split_k=2))
     assert measured["1"]["best"] == f"heuristic+gemm2:split=2,block_n=64,warps={base.gemm2.num_warps}"
+
+
+def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch):
+    """MXFP4 ships no files of its own: the int4 launch shape it borrows is timed as it runs, its
+    pipeline cut to BORROWED_MAX_STAGES, under the shipped name."""
+    import moe_triton.tune as tune
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonMxfp4Experts(cfg, mxfp4_w4a16(), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, mxfp4_w4a16(), seed=9, device=DEV))
+    base = experts.heuristic_config(3)
+    # Six stages: no neighbour of the heuristic or of the winner has as many.
+    deep = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=BORROWED_MAX_STAGES + 3),
+                             dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n,
+                                                 num_stages=BORROWED_MAX_STAGES + 3))
+    served = QuantKernelConfig(dataclasses.replace(deep.gemm1, num_stages=BORROWED_MAX_STAGES),
+                               dataclasses.replace(deep.gemm2, num_stages=BORROWED_MAX_STAGES))
+    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(deep, "borrowed", "an int4 file"))
+    timed = []
+
+    def timer(layer, rep_ms):
+        out = layer()
+        assert torch.isfinite(out).all()
+        timed.append(experts.config_override)
+        return 1.0 if experts.config_override == served else 2.0
+
+    table, measured = _tune_quant_layer(experts, [3], 5, lambda s: None, timer=timer)
+    assert deep not in timed and table[3] == served and measured["3"]["shipped"] == "shipped"

@@ -309,11 +309,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             # Another GPU's file ("other-device", or one borrowed): its Hopper-only GEMMs run as `tl.dot` ones.
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
-        if hit.source == "borrowed" and max(hit.config.gemm1.num_stages, hit.config.gemm2.num_stages) > \
-                BORROWED_MAX_STAGES:
-            capped = QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
-                                         for g in (hit.config.gemm1, hit.config.gemm2)))
-            hit = Lookup(capped, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
+        if hit.source == "borrowed" and borrowed_as_served(hit.config) != hit.config:
+            hit = Lookup(borrowed_as_served(hit.config), hit.source,
+                         hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
         return hit
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
@@ -533,10 +531,16 @@ def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:
     return pairs * rows + pairs * -(-rows // block_n)
 
 
-# A borrowed int4 launch shape's pipeline depth for MXFP4: its ring also holds four e8m0 scale rows
-# per K tile, and int4's four-stage 128 x 256 wgmma tiles fill the H100's shared memory to within 1 KB
+# A borrowed int4 launch shape's pipeline depth for MXFP4: its ring also holds each K tile's e8m0
+# exponents (4 bytes per weight row), and int4's four-stage 128 x 256 wgmma tiles fill the H100's shared memory to within 1 KB
 # (233,540 bytes needed against 232,448 on qwen3-235b-a22b at 2048 tokens).
 BORROWED_MAX_STAGES = 3
+
+
+def borrowed_as_served(config: QuantKernelConfig) -> QuantKernelConfig:
+    """A borrowed int4 launch shape as MXFP4 runs it: at most BORROWED_MAX_STAGES stages."""
+    return QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
+                               for g in (config.gemm1, config.gemm2)))
 
 
 def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:

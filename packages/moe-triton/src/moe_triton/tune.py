@@ -1,6 +1,6 @@
 """Search launch configurations on the current GPU and write them as tuned-config JSON.
 
-    python -m moe_triton.tune [--quant none|int4] [--preset NAME ...] [--shape E,N,K,TOPK ...]
+    python -m moe_triton.tune [--quant none|int4|mxfp4] [--preset NAME ...] [--shape E,N,K,TOPK ...]
                               [--m 1 8 ...] [--out DIR]
 
 bf16 (`--quant none`, `TritonExperts`): each GEMM is timed alone (`triton.testing.do_bench`: L2
@@ -11,10 +11,11 @@ kernels compete per GEMM, charged for what they save: the alignment when both GE
 the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles join the list at 64
 and 128 rows per block (`candidates(..., wgmma=True)`).
 
-int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size): the whole layer
-(routing included) is captured in a CUDA graph and timed the same way for the measured heuristic
-(`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M
-(if any), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's
+int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size) and MXFP4 (`--quant
+mxfp4`, `TritonMxfp4Experts`): the whole layer (routing included) is captured in a CUDA graph and
+timed the same way for the measured heuristic (`quant_gemm_details._heuristics.pick_config`), the
+configuration shipped for that shape and M (if any; MXFP4 without a file of its own: the int4 one
+it borrows, as served), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's
 tiles for both GEMMs (`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs
 can run on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's grid of
 split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
@@ -205,12 +206,12 @@ def _graph_time_us(fn, rep_ms: int) -> float:
     return do_bench(graph.replay, warmup=10, rep=rep_ms, return_mode="median") * 1e3
 
 
-def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False,
+def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False,
                      wgmma: bool = False) -> tuple[dict[int, QuantKernelConfig], dict]:
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
     one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
-    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
+    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS, borrowed_as_served
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -247,6 +248,8 @@ def _tune_int4_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_ge
             experts.config_override = None
             raise RuntimeError(f"M={M}: the heuristic configuration did not run")
         shipped = lookup_exact(experts.config_key, M)
+        if shipped is not None and shipped.source == "borrowed":
+            shipped = dataclasses.replace(shipped, config=borrowed_as_served(shipped.config))
         if shipped is not None:
             time_all({"shipped": shipped.config})
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
@@ -366,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--out", type=Path, default=Path("moe-triton-configs"), help="folder for the JSON files")
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
-    p.add_argument("--quant", default="none", choices=["none", "int4"],
-                   help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size")
+    p.add_argument("--quant", default="none", choices=["none", "int4", "mxfp4"],
+                   help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size; "
+                        "mxfp4: TritonMxfp4Experts")
     p.add_argument("--per-gemm", action="store_true",
-                   help="int4: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
+                   help="int4, mxfp4: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
-                   help="int4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
+                   help="int4, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
                         f"10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -380,12 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if any(m < 1 for m in args.m):
         p.error("--m values must be positive token counts")
-    if args.wgmma and args.quant != "int4":
-        p.error("--wgmma is an int4 option (the quantized GEMM's Hopper kernel)")
-    if args.quant == "int4":
+    if (args.wgmma or args.per_gemm) and args.quant == "none":
+        p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4 or mxfp4)")
+    if args.quant != "none":
         if args.shape:
-            p.error("--shape is for the bf16 kernels; int4 tunes model presets (--preset)")
-        return _main_int4(args)
+            p.error(f"--shape is for the bf16 kernels; {args.quant} tunes model presets (--preset)")
+        return _main_quant(args)
 
     from moe_core.config import Activation
     from moe_core.presets import get_preset
@@ -414,30 +418,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _main_int4(args) -> int:
+def _main_quant(args) -> int:
     from moe_core.backends import detect_device
     from moe_core.presets import get_preset
-    from moe_core.quant import int4_w4a16
+    from moe_core.quant import int4_w4a16, mxfp4_w4a16
     from moe_core.weights.canonical import ExpertWeights
-    from moe_triton.quantized import TritonWna16Experts
+    from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
 
     presets = args.preset if args.preset is not None else DEFAULT_PRESETS
     dev = torch.device("cuda")
-    print(f"moe tune --quant int4 on {torch.cuda.get_device_name()}: {', '.join(presets)} x M in {args.m}", flush=True)
+    print(f"moe tune --quant {args.quant} on {torch.cuda.get_device_name()}: {', '.join(presets)} x M in {args.m}",
+          flush=True)
     for name in presets:
         start = time.time()
         preset = get_preset(name)
-        quant = int4_w4a16(preset.int4_group_size)
+        if args.quant == "int4":
+            quant, cls = int4_w4a16(preset.int4_group_size), TritonWna16Experts
+        else:
+            quant, cls = mxfp4_w4a16(), TritonMxfp4Experts
         # Random weights of the preset's shape, packed by the experts class's own weight processor.
-        experts = TritonWna16Experts(preset.config, quant, detect_device(dev))
+        experts = cls(preset.config, quant, detect_device(dev))
         experts.load_weights(ExpertWeights.random(preset.config, quant, device=dev))
-        table, measured = _tune_int4_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
+        table, measured = _tune_quant_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
                                            per_gemm=args.per_gemm, wgmma=args.wgmma)
         key = experts.config_key
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
-               "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration, its "
+               "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration (MXFP4: "
+               "the borrowed int4 one, as served), its "
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
                + " and the best one's neighbours"
                + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
