@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
-# One device call for moe-cuda: install the project from wheels, unpack the carried vendor libraries,
-# run moe-cuda's tests (device-marked ones and moe-core's conformance suite) on the GPU, then
-# `moe bench --backends all`: every installed backend side by side on the same layers, which also
-# writes the measured ranking the oracle reads (moe_core/rankings_data/ ships the committed one).
+# One device call for moe-cuda and the side-by-side benchmark: install the project from wheels, unpack
+# the carried vendor libraries, then run the requested jobs over every visible GPU at once
+# (benchmarks/gpu/gpu_jobs.py: one worker per GPU takes the next job, longest first).
 #
-#   here:       uv build --all-packages -o .carry/wheels
+#   here:       uv build --all-packages --wheel -o .carry/wheels
 #               (the vendor libraries, xz-compressed: .carry/vendor/_moe_C_stable_libtorch.abi3.so.xz from
-#                vllm 0.26.0, .carry/vendor/common_ops.abi3.so.xz from sglang-kernel 0.4.6's sgl_kernel/sm90/)
-#   on the GPU: bash benchmarks/gpu/run_moe_cuda.sh .carry/wheels [.carry/vendor] [tests] [bench]
+#                vllm 0.26.0, .carry/vendor/common_ops.abi3.so.xz from sglang-kernel 0.4.6's sgl_kernel/sm90/;
+#                for the peers phase .carry/vendor/triton_kernels from vllm 0.26.0's wheel:
+#                bash benchmarks/gpu/extract_triton_kernels.sh VLLM_WHEEL .carry/vendor)
+#   on the GPU: bash benchmarks/gpu/run_moe_cuda.sh .carry/wheels [.carry/vendor] [PHASE...]
 #               (carry: .carry/wheels and .carry/vendor)
 #
-# Phases (default: tests bench): each one's exit status is reported; a failing phase does not stop
-# the next; the script exits non-zero if any failed. Everything printed also goes to
-# $OUT/run_moe_cuda.log. The benchmark runs one `moe bench` per visible GPU, the presets dealt out
-# largest first; each writes $OUT/bench/gpuN/bench-*.json and ranking-<device>.json after every
-# measured cell (a run stopped by BENCH_TIMEOUT keeps what it measured), and the rankings are merged
-# into $OUT/bench/ranking-<device>.json (copy it into packages/moe-core/src/moe_core/rankings_data/).
-# What it measures: BENCH_PRESETS (default: the five real presets), BENCH_SCHEMES (default: bf16 int4
-# int8 fp8-channel fp8-block mxfp4), BENCH_TOKENS (default: 1 8 32 128 512 2048 8192), BENCH_TIMEOUT
-# seconds (500).
+# Phases (default: tests bench), each a set of jobs:
+# tests:        moe-cuda's tests (device-marked ones and moe-core's conformance suite), one job.
+# triton-tests: moe-triton's device-marked tests, one job.
+# bench:        `moe bench --backends all`, one job per preset and scheme: every installed backend side
+#               by side on the same layers; each job writes $OUT/bench/P-S/bench-*.json and
+#               ranking-<device>.json after every measured cell (a job stopped by the deadline keeps
+#               what it measured); the rankings are merged into $OUT/bench/ranking-<device>.json (copy it
+#               into packages/moe-core/src/moe_core/rankings_data/).
+# peers:        OpenAI triton_kernels' matmul_ogs MXFP4 layer (benchmarks/gpu/peer_matmul_ogs.py), one job
+#               per preset -> $OUT/peers/P/peer_matmul_ogs.json.
+# What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
+# BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
+# 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose names it matches from their
+# start run. DEADLINE: seconds after which no job starts and running ones stop (540).
+# Everything printed also goes to $OUT/run_moe_cuda.log; job logs are $OUT/jobs/NAME.log and their
+# exit statuses $OUT/jobs/jobs.json; the script exits non-zero if a job failed or never started.
 set -uo pipefail
 WHEELS=${1:?usage: run_moe_cuda.sh WHEEL_DIR [VENDOR_DIR] [PHASE...]}
 shift
@@ -47,46 +55,49 @@ export CUDA_CACHE_MAXSIZE=4294967296
 
 python3 -m moe_core doctor --require cuda | grep -E "cuda|moe-cuda|NOT validated" | cut -c1-200
 
-failed=0
+# shellcheck disable=SC2206
+presets=(${BENCH_PRESETS:-deepseek-v3 qwen3-235b-a22b gpt-oss-120b mixtral-8x7b qwen3-30b-a3b})
+JOBS=$OUT/jobs.txt
+: > "$JOBS"
 for phase in "${PHASES[@]}"; do
-  start=$(date +%s)
   case "$phase" in
     tests)
       # Serial: xdist workers would each compile Marlin's PTX before the cache holds it.
-      MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 "$ROOT/packages/moe-cuda/tests"
-      rc=$? ;;
+      printf 'moe-cuda-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 %s\n' \
+        "$ROOT/packages/moe-cuda/tests" >> "$JOBS" ;;
+    triton-tests)
+      printf 'moe-triton-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 -m device %s\n' \
+        "$ROOT/packages/moe-triton/tests" >> "$JOBS" ;;
     bench)
-      args=(--device cuda --backends all --no-plot)
-      for s in ${BENCH_SCHEMES:-bf16 int4 int8 fp8-channel fp8-block mxfp4}; do args+=(--scheme "$s"); done
-      # shellcheck disable=SC2206
-      args+=(--tokens ${BENCH_TOKENS:-1 8 32 128 512 2048 8192})
-      # shellcheck disable=SC2206
-      presets=(${BENCH_PRESETS:-deepseek-v3 qwen3-235b-a22b gpt-oss-120b mixtral-8x7b qwen3-30b-a3b})
-      gpus=$(nvidia-smi -L | wc -l)
-      pids=()
-      for ((g = 0; g < gpus && g < ${#presets[@]}; g++)); do
-        mine=()
-        for ((i = g; i < ${#presets[@]}; i += gpus)); do mine+=(--preset "${presets[i]}"); done
-        mkdir -p "$OUT/bench/gpu$g"
-        CUDA_VISIBLE_DEVICES=$g timeout "${BENCH_TIMEOUT:-500}" python3 -m moe_core bench "${args[@]}" "${mine[@]}" \
-          --out "$OUT/bench/gpu$g" > "$OUT/bench/gpu$g.log" 2>&1 &
-        pids+=($!)
-      done
-      rc=0
-      for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-      tail -n 3 "$OUT"/bench/gpu*.log
-      python3 - "$OUT/bench" <<'EOF_MERGE' || rc=1
+      for p in "${presets[@]}"; do
+        for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do
+          printf 'bench-%s-%s\tpython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
+            "$p" "$s" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$p-$s" >> "$JOBS"
+        done
+      done ;;
+    peers)
+      for p in "${presets[@]}"; do
+        printf 'peer-matmul-ogs-%s\tpython3 %s --triton-kernels %s --preset %s --m %s --check --out %s\n' \
+          "$p" "$HERE/peer_matmul_ogs.py" "$VENDOR" "$p" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" \
+          "$OUT/peers/$p" >> "$JOBS"
+      done ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, peers)"; exit 2 ;;
+  esac
+done
+if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
+start=$(date +%s)
+python3 "$HERE/gpu_jobs.py" "$JOBS" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
+failed=$?
+echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
+for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
+if [ -d "$OUT/bench" ]; then
+  python3 - "$OUT/bench" <<'EOF_MERGE' || failed=1
 import json, sys
 from pathlib import Path
 from moe_core.bench import save_ranking
 out = Path(sys.argv[1])
-for path in sorted(out.glob("gpu*/ranking-*.json")):
+for path in sorted(out.glob("*/ranking-*.json")):
     print("merged", path, "into", save_ranking(json.loads(path.read_text()), out))
 EOF_MERGE
-      ;;
-    *) echo "unknown phase $phase (tests, bench)"; rc=2 ;;
-  esac
-  echo "== phase $phase: exit $rc after $(( $(date +%s) - start ))s"
-  [ "$rc" -eq 0 ] || failed=1
-done
+fi
 exit $failed

@@ -1,0 +1,80 @@
+"""SASS instructions per weight in the quantized GEMMs' K loop, from an offline sm_90 build (no GPU:
+Triton's own ptxas and cuobjdump), for the table in docs/design/triton-gemm-quantized.md.
+
+    python benchmarks/gpu/sass_k_loop.py [--ops]
+
+The builds specialize the unit strides (activation columns, quads words, scale columns) as Triton
+does at launch for arguments equal to 1: left as run-time values, the words would load 2 bytes at a
+time through registers instead of by cp.async, and the counts would describe another kernel. The K
+loop is the longest backward branch of the kernel (of one consumer for the wgmma kernel); per
+weight = its instructions / (weights per thread per K tile). --ops also prints each loop's opcode mix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+
+from moe_triton._common.offline_compile import compile_quant_gemm, compile_wgmma_gemm
+
+UNIT_STRIDES = dict(stride_ak=1, stride_bk=1, stride_sn=1)
+QUADS = dict(UNIT_STRIDES, QUADS=True, BLOCK_K=128, SWAP_AB=True)
+MXFP4 = dict(GROUP=32, WTYPE=3, CODE_OFFSET=0)
+MXFP4_PTRS = {"b_ptr": "*i16", "s_ptr": "*i32"}
+
+# name: (kernel, constexprs, pointer types, weights per thread per K tile)
+CASES = {
+    "tl.dot BM16 x BN128, int4 g128 (POST_SCALE)": (
+        "dot", dict(QUADS, GROUP=128, WTYPE=0, POST_SCALE=True), {"b_ptr": "*i16"}, 128 * 128 // 128),
+    "tl.dot BM16 x BN128, int4 g64 (scaled per weight)": (
+        "dot", dict(QUADS, GROUP=64, WTYPE=0), {"b_ptr": "*i16"}, 128 * 128 // 128),
+    "tl.dot BM16 x BN128, MXFP4 folded": ("dot", dict(QUADS, **MXFP4, FOLDED_SCALE=True), MXFP4_PTRS, 128),
+    "tl.dot BM16 x BN128, MXFP4 two factors": ("dot", dict(QUADS, **MXFP4), MXFP4_PTRS, 128),
+    "tl.dot BM32 x BN256, K tail, SwiGLU, int4 g64 (gpt-oss)": (
+        "dot", dict(QUADS, GROUP=64, WTYPE=0, BLOCK_M=32, BLOCK_N=256, K_TAIL=True, ACT=4, GATE_UP_CHUNK=32,
+                    HAS_BIAS=True), {"b_ptr": "*i16"}, 256),
+    "tl.dot BM32 x BN256, K tail, SwiGLU, MXFP4 folded (gpt-oss)": (
+        "dot", dict(QUADS, **MXFP4, FOLDED_SCALE=True, BLOCK_M=32, BLOCK_N=256, K_TAIL=True, ACT=4,
+                    GATE_UP_CHUNK=32, HAS_BIAS=True), MXFP4_PTRS, 256),
+    "wgmma BM128 x BN256 per consumer, int4 g128": ("wgmma", {}, {}, 128),
+    "wgmma BM128 x BN256 per consumer, MXFP4 folded": (
+        "wgmma", dict(MXFP4, FOLDED_SCALE=True), {"s_ptr": "*i32"}, 128),
+}
+
+
+def k_loop(cubin: bytes) -> list[str]:
+    """The instructions of the innermost loop (backward branch) around an MMA in a cubin's SASS."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    code = [(int(m.group(1), 16), m.group(2).strip())
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [(int(t.group(1), 16), addr) for addr, text in code
+             if (t := re.search(r"BRA\s.*?0x([0-9a-f]+)", text)) and int(t.group(1), 16) < addr]
+    bodies = [[text for addr, text in code if start <= addr <= end] for start, end in loops]
+    return min((body for body in bodies if any("HGMMA" in text for text in body)), key=len)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", action="store_true", help="print each loop's most frequent opcodes")
+    args = parser.parse_args()
+    for name, (kernel, consts, pointers, weights_per_thread) in CASES.items():
+        built = (compile_quant_gemm(consts, pointers) if kernel == "dot" else compile_wgmma_gemm(consts, pointers))
+        loop = k_loop(built.asm["cubin"])
+        print(f"{name}: {len(loop)} instructions, {len(loop) / weights_per_thread:.2f} per weight")
+        if args.ops:
+            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loop)
+            print("   ", ", ".join(f"{op} {n}" for op, n in ops.most_common(14)))
+
+
+if __name__ == "__main__":
+    main()
