@@ -317,13 +317,15 @@ class MatmulOgsMoE:
         from moe_core.routing import route_torch
 
         weights, ids = route_torch(logits, cfg.routing, cfg.top_k, self.correction_bias)
-        ids = ids.to(torch.int16)
+        # int32 for topk: it packs its bitmatrix with 1 << (id % 32) in the ids' own type, which in
+        # int16 loses every expert whose id % 32 is 16 or more; the sort takes int16 ids, as routing() gives.
+        ids = ids.to(torch.int32)
         # topk with given ids reads x at them: x holds the weights there, so no softmax, values as chosen.
         x = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
             1, ids.long(), weights
         )
         vals, ids, bitmatrix = topk(x, cfg.top_k, apply_softmax=False, y_indx=ids)
-        return routing_from_bitmatrix(bitmatrix, vals, ids, cfg.num_experts, cfg.top_k)
+        return routing_from_bitmatrix(bitmatrix, vals, ids.to(torch.int16), cfg.num_experts, cfg.top_k)
 
     def experts(self, x: torch.Tensor, routing_data, gather, scatter) -> torch.Tensor:
         from triton_kernels.matmul_ogs import matmul_ogs

@@ -25,8 +25,9 @@
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
 # 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose names it matches from their
 # start run. DEADLINE: seconds after which no job starts and running ones stop (540).
-# Everything printed also goes to $OUT/run_moe_cuda.log; job logs are $OUT/jobs/NAME.log and their
-# exit statuses $OUT/jobs/jobs.json; the script exits non-zero if a job failed or never started.
+# Everything printed also goes to $OUT/run_moe_cuda.log; everything else (job logs jobs/NAME.log, their
+# exit statuses jobs/jobs.json, bench/, peers/) is packed into $OUT/results.tar.gz at the end (the device
+# tool brings back a few files only); the script exits non-zero if a job failed or never started.
 set -uo pipefail
 WHEELS=${1:?usage: run_moe_cuda.sh WHEEL_DIR [VENDOR_DIR] [PHASE...]}
 shift
@@ -100,4 +101,7 @@ for path in sorted(out.glob("*/ranking-*.json")):
     print("merged", path, "into", save_ranking(json.loads(path.read_text()), out))
 EOF_MERGE
 fi
+# The device tool brings back a few files only: everything but the logs above in one archive.
+tar -czf /tmp/moe-results.tar.gz -C "$OUT" --exclude=run_moe_cuda.log . && \
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name run_moe_cuda.log -exec rm -rf {} + && mv /tmp/moe-results.tar.gz "$OUT/results.tar.gz"
 exit $failed
