@@ -19,7 +19,7 @@ from moe_triton import configs
 from moe_triton._common.target import wgmma_capable
 from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm_details._heuristics import pick_config
-from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts, borrowed_as_served
 from moe_triton.tune import quant_candidates
 
 
@@ -163,20 +163,31 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
         assert isinstance(hit.config, QuantKernelConfig)
 
 
+# The token counts where the shipped H100 MXFP4 files differ from the int4 shapes they otherwise copy.
+MXFP4_TUNED_ON_H100 = {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}}
+
+
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
                                          ("NVIDIA H200", "NVIDIA_H200")])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
 def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
-    """No MXFP4 files ship: each preset's MXFP4 layer takes the int4 file of its shape on that GPU (gpt-oss's
-    groups of 64, the others' 128), entry for entry, and says so."""
+    """Each preset's MXFP4 layer takes the int4 file of its shape on that GPU (gpt-oss's groups of 64, the
+    others' 128), entry for entry, and says so, unless an MXFP4 file of that GPU ships (three H100 shapes):
+    then that one, whose entries are the int4 ones as MXFP4 serves them but where tuning found faster.
+    The H100's MXFP4 files do not reach the H200, which borrows its own int4 shapes."""
     p = get_preset(preset)
     cfg = p.config
     key = ConfigKey("mxfp4", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", tag)
     assert TritonMxfp4Experts(cfg, mxfp4_w4a16(), DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))).config_key == key
     int4_key = dataclasses.replace(key, kernel=f"wna16-int4-g{p.int4_group_size}")
+    own = MXFP4_TUNED_ON_H100.get(preset) if tag == "NVIDIA_H100_80GB_HBM3" else None
     for m in (1, 8, 32, 128, 512, 2048, 8192):
         hit, lender = configs.lookup_exact(key, m), configs.lookup_exact(int4_key, m)
-        assert (hit.source, hit.detail, hit.config) == ("borrowed", lender.detail, lender.config)
+        if own is None:
+            assert (hit.source, hit.detail, hit.config) == ("borrowed", lender.detail, lender.config)
+        else:
+            assert hit.source == "tuned" and hit.detail == f"{key.file_name()} at M={m}"
+            assert (hit.config == borrowed_as_served(lender.config)) == (m not in own), m
 
 
 def test_mxfp4_file_of_its_own_wins(tmp_path, monkeypatch):
@@ -209,9 +220,10 @@ def test_heuristic_treats_mxfp4_as_int4(K):
         assert pick_config(pairs, 4, mxfp4, DEV) == pick_config(pairs, 4, int4, DEV)
 
 
-def test_borrowed_launch_shapes_keep_three_stages_at_most(monkeypatch):
-    """MXFP4's ring also holds its scale rows: int4's four-stage 128 x 256 wgmma tiles (qwen3-235b-a22b
-    at 2048 tokens) ran out of shared memory on an H100 by 1 KB, so a borrowed shape keeps three."""
+def test_borrowed_wgmma_launch_shapes_keep_three_stages_at_most(monkeypatch):
+    """MXFP4's ring also holds its exponents: int4's four-stage 128 x 256 wgmma tiles (qwen3-235b-a22b
+    at 2048 tokens) ran out of shared memory on an H100 by 1 KB, so a borrowed wgmma shape keeps three;
+    a tl.dot one keeps its depth."""
     import moe_triton.quantized as quantized
 
     monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
@@ -223,3 +235,7 @@ def test_borrowed_launch_shapes_keep_three_stages_at_most(monkeypatch):
     assert hit.source == "borrowed" and hit.detail.endswith("stages capped at 3")
     assert hit.config == QuantKernelConfig(*(dataclasses.replace(g, num_stages=3)
                                              for g in (lent.config.gemm1, lent.config.gemm2)))
+    dot = QuantKernelConfig(GemmConfig(32, 256, 1, 4, 5, swap_ab=True), GemmConfig(32, 128, 1, 4, 4, swap_ab=True,
+                                                                                    wgmma=True))
+    assert quantized.borrowed_as_served(dot) == QuantKernelConfig(dot.gemm1, dataclasses.replace(dot.gemm2,
+                                                                                                  num_stages=3))

@@ -13,10 +13,10 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quantized import (
-    BORROWED_MAX_STAGES,
     LAST_ARRIVAL_MAX_TOKENS,
     TritonMxfp4Experts,
     TritonWna16Experts,
+    borrowed_as_served,
 )
 from moe_triton.tune import _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
 
@@ -148,8 +148,9 @@ def test_int4_tuner_per_gemm_finds_a_one_gemm_change():
 
 
 def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch):
-    """MXFP4 ships no files of its own: the int4 launch shape it borrows is timed as it runs, its
-    pipeline cut to BORROWED_MAX_STAGES, under the shipped name."""
+    """MXFP4 without a file of its own borrows the int4 launch shape of its shape: the tuner times it
+    as the layer serves it (`quantized.borrowed_as_served`: tl.dot GEMMs as lent, here six stages
+    deep) under the shipped name."""
     import moe_triton.tune as tune
 
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
@@ -157,19 +158,17 @@ def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch
     experts.load_weights(ExpertWeights.random(cfg, mxfp4_w4a16(), seed=9, device=DEV))
     base = experts.heuristic_config(3)
     # Six stages: no neighbour of the heuristic or of the winner has as many.
-    deep = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=BORROWED_MAX_STAGES + 3),
-                             dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n,
-                                                 num_stages=BORROWED_MAX_STAGES + 3))
-    served = QuantKernelConfig(dataclasses.replace(deep.gemm1, num_stages=BORROWED_MAX_STAGES),
-                               dataclasses.replace(deep.gemm2, num_stages=BORROWED_MAX_STAGES))
-    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(deep, "borrowed", "an int4 file"))
+    lent = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=6),
+                             dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n, num_stages=6))
+    assert borrowed_as_served(lent) == lent
+    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(lent, "borrowed", "an int4 file"))
     timed = []
 
     def timer(layer, rep_ms):
         out = layer()
         assert torch.isfinite(out).all()
         timed.append(experts.config_override)
-        return 1.0 if experts.config_override == served else 2.0
+        return 1.0 if experts.config_override == lent else 2.0
 
     table, measured = _tune_quant_layer(experts, [3], 5, lambda s: None, timer=timer)
-    assert deep not in timed and table[3] == served and measured["3"]["shipped"] == "shipped"
+    assert timed.count(lent) == 1 and table[3] == lent and measured["3"]["shipped"] == "shipped"

@@ -8,7 +8,7 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
 "wna16-int4-g128", and "mxfp4"). The quantized experts only take a file of their exact shape
-(`lookup_exact`; MXFP4, which ships none, the int4 file of its shape: `BORROWED_FAMILIES`);
+(`lookup_exact`; MXFP4 without a file of its shape for this device, the int4 one: `BORROWED_FAMILIES`);
 otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
 `TunedLaunch` is the experts classes' `config_for`.
 
@@ -340,29 +340,32 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
     return Lookup(default_config(key, M), "default", f"no tuned file for {key.file_name()}")
 
 
-# Quantized families without tuned files of their own, and the families whose launch shapes they
-# take instead (`lookup_exact`): MXFP4 runs the int4 quads kernels (the same words, a scale per 32
-# k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128.
+# Quantized families that take another family's launch shapes where no file of their own covers the
+# shape on this device (`lookup_exact`): MXFP4 runs the int4 quads kernels (the same words, a scale
+# per 32 k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128.
 BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)")}
 
 
 def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
-    """A file of exactly this shape: tuned on this device, else on another one; else, for a family of
-    BORROWED_FAMILIES, a lender's file of this shape ("borrowed": this device's first, then the
-    smallest group, scaled per weight as MXFP4 is); None if none."""
+    """A file of exactly this shape: tuned on this device; for a family of BORROWED_FAMILIES, else a
+    lender's file of this shape on this device ("borrowed", the smallest group first: scaled per
+    weight, as MXFP4 is), since launch shapes follow the device more than the scheme; else the
+    family's own file from another device ("other-device"); else a lender's from another device;
+    None if none."""
     db = _load()
     if key in db:
         return _hit(db, key, M, "tuned")
+    lender = BORROWED_FAMILIES.get(key.kernel)
+    lent = sorted((k for k in db if lender is not None and lender.fullmatch(k.kernel)
+                   and replace(k, kernel=key.kernel, device=key.device) == key),
+                  key=lambda k: (int(lender.fullmatch(k.kernel).group(1)), k.file_name()))
+    here = [k for k in lent if k.device == key.device]
+    if here:
+        return _hit(db, here[0], M, "borrowed")
     others = sorted((k for k in db if replace(k, device=key.device) == key), key=ConfigKey.file_name)
     if others:
         return _hit(db, others[0], M, "other-device")
-    lender = BORROWED_FAMILIES.get(key.kernel)
-    lent = [k for k in db if lender is not None and lender.fullmatch(k.kernel)
-            and replace(k, kernel=key.kernel, device=key.device) == key]
-    if not lent:
-        return None
-    best = min(lent, key=lambda k: (k.device != key.device, int(lender.fullmatch(k.kernel).group(1)), k.file_name()))
-    return _hit(db, best, M, "borrowed")
+    return _hit(db, lent[0], M, "borrowed") if lent else None
 
 
 def write_configs(key: ConfigKey, table: _Table, folder: Path, versions: dict[str, str] | None = None,

@@ -531,15 +531,17 @@ def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:
     return pairs * rows + pairs * -(-rows // block_n)
 
 
-# A borrowed int4 launch shape's pipeline depth for MXFP4: its ring also holds each K tile's e8m0
-# exponents (4 bytes per weight row), and int4's four-stage 128 x 256 wgmma tiles fill the H100's shared memory to within 1 KB
-# (233,540 bytes needed against 232,448 on qwen3-235b-a22b at 2048 tokens).
+# A borrowed int4 wgmma launch shape's pipeline depth for MXFP4: its ring also holds each K tile's
+# e8m0 exponents (4 bytes per weight row), and int4's four-stage 128 x 256 wgmma tiles fill the H100's
+# shared memory to within 1 KB (233,540 bytes needed against 232,448 on qwen3-235b-a22b at 2048
+# tokens). The tl.dot tiles keep their depth: the deepest int4 one lent (32 x 256, five stages) needs
+# 128 KB with MXFP4's exponents.
 BORROWED_MAX_STAGES = 3
 
 
 def borrowed_as_served(config: QuantKernelConfig) -> QuantKernelConfig:
-    """A borrowed int4 launch shape as MXFP4 runs it: at most BORROWED_MAX_STAGES stages."""
-    return QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
+    """A borrowed int4 launch shape as MXFP4 runs it: wgmma GEMMs at most BORROWED_MAX_STAGES stages deep."""
+    return QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES)) if g.wgmma else g
                                for g in (config.gemm1, config.gemm2)))
 
 
@@ -664,6 +666,6 @@ class TritonMxfp4Experts(_QuantTritonExperts):
     )
 
     def kernel_family(self) -> str | None:
-        """No MXFP4 files ship: where none of its shape exists, the lookup takes the int4 launch shapes
-        of that shape (`configs.BORROWED_FAMILIES`)."""
+        """MXFP4 files ship for three H100 shapes (tuned where that beat int4's shapes); elsewhere the
+        lookup takes the int4 launch shapes of the shape (`configs.BORROWED_FAMILIES`)."""
         return "mxfp4"
