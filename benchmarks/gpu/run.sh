@@ -38,6 +38,8 @@ for phase in "$@"; do
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" --durations=10 -m device \
         "$ROOT/packages/moe-triton/tests" "$ROOT/integration/test_transformers_parity.py"
       rc=$?
+      # The act-order tests carry no device mark: they run on whatever device is present.
+      python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" "$ROOT/packages/moe-triton/tests/test_act_order.py" || rc=1
       MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
         "$ROOT/packages/moe-triton/tests/test_triton_conformance.py" || rc=1 ;;
     parity)

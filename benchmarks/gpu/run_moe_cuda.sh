@@ -13,7 +13,7 @@
 #
 # Phases (default: tests bench), each a set of jobs:
 # tests:        moe-cuda's tests (device-marked ones and moe-core's conformance suite), one job.
-# triton-tests: moe-triton's device-marked tests, one job.
+# triton-tests: moe-triton's device-marked tests and its act-order tests, one job.
 # bench:        `moe bench --backends all`, one job per preset and scheme: every installed backend side
 #               by side on the same layers; each job writes $OUT/bench/P-S/bench-*.json and
 #               ranking-<device>.json after every measured cell (a job stopped by the deadline keeps
@@ -71,8 +71,9 @@ for phase in "${PHASES[@]}"; do
       printf 'moe-cuda-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 %s\n' \
         "$ROOT/packages/moe-cuda/tests" >> "$JOBS" ;;
     triton-tests)
-      printf 'moe-triton-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 -m device %s\n' \
-        "$ROOT/packages/moe-triton/tests" >> "$JOBS" ;;
+      # Then the act-order tests, which carry no device mark (they run on whatever device is present).
+      printf 'moe-triton-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 -m device %s; rc=$?; python3 -m pytest -q -p no:cacheprovider -n 8 %s && exit $rc\n' \
+        "$ROOT/packages/moe-triton/tests" "$ROOT/packages/moe-triton/tests/test_act_order.py" >> "$JOBS" ;;
     bench)
       for p in "${presets[@]}"; do
         for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do

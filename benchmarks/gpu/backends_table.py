@@ -1,0 +1,83 @@
+"""Tables of a side-by-side run (`run_moe_cuda.sh bench [peers]`): every cell's backends, the fastest,
+and for MXFP4 the int4 layer of the same run and the matmul_ogs peer.
+
+    python benchmarks/gpu/backends_table.py RESULTS_DIR OUT_DIR
+
+RESULTS_DIR is the unpacked results.tar.gz (bench/*/bench-*.json, peers/*/peer_matmul_ogs.json).
+Writes OUT_DIR/cells.json (one row per cell and backend, the fields the tables use) and prints the
+markdown tables: all cells; MXFP4 against int4 (issue 47's 1.1x target) and its peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+from pathlib import Path
+
+PRESETS = ("deepseek-v3", "gpt-oss-120b", "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b")
+FIELDS = ("preset", "scheme", "tokens", "backend", "time_ms", "floor_fraction", "rel_diff", "compared_with")
+
+
+def load(results: Path) -> tuple[list[dict], dict, dict]:
+    rows, machine = [], {}
+    for path in sorted(glob.glob(str(results / "bench" / "*" / "bench-*.json"))):
+        data = json.loads(Path(path).read_text())
+        machine = data["machine"]
+        rows += [{f: r.get(f) for f in FIELDS} for r in data["rows"] if r.get("time_ms")]
+    peer = {}
+    for path in sorted(glob.glob(str(results / "peers" / "*" / "peer_matmul_ogs.json"))):
+        data = json.loads(Path(path).read_text())
+        for r in data["rows"] if isinstance(data, dict) else data:
+            if r.get("us"):
+                peer[(r["preset"], r["M"])] = r
+    return rows, machine, peer
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    rows, machine, peer = load(args.results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cells.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=0) + "\n")
+    cells = collections.defaultdict(dict)
+    for r in rows:
+        cells[(r["preset"], r["scheme"], r["tokens"])][r["backend"]] = r
+    print("| preset | scheme | M | triton us (floor frac) | vendor backends us | fastest | fastest vendor / triton "
+          "| max rel. diff vs first |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (preset, scheme, m), backends in sorted(cells.items()):
+        tri = backends.get("triton")
+        vendors = {b: r for b, r in backends.items() if b != "triton"}
+        fastest = min(backends, key=lambda b: backends[b]["time_ms"])
+        best_vendor = min(vendors.values(), key=lambda r: r["time_ms"]) if vendors else None
+        ratio = f"{best_vendor['time_ms'] / tri['time_ms']:.2f}" if tri and best_vendor else "-"
+        diff = max((r["rel_diff"] or 0.0) for r in backends.values())
+        tri_text = f"{tri['time_ms'] * 1e3:.1f} ({tri['floor_fraction']:.2f})" if tri else "-"
+        vendor_text = ", ".join(f"{b} {r['time_ms'] * 1e3:.1f}" for b, r in sorted(vendors.items())) or "-"
+        print(f"| {preset} | {scheme} | {m} | {tri_text} | {vendor_text} | {fastest} | {ratio} | {diff:.1e} |")
+    if not peer:
+        return 0
+    print("\n| preset | M | int4 us | MXFP4 us (floor frac) | MXFP4 / int4 | Marlin MXFP4 us | matmul_ogs us "
+          "| fastest peer / MXFP4 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for preset in PRESETS:
+        for m in sorted({k[2] for k in cells if k[0] == preset and k[1] == "mxfp4"}):
+            mx, i4 = cells[(preset, "mxfp4", m)], cells.get((preset, "int4", m), {})
+            ogs = peer.get((preset, m))
+            peers = [t for t in (mx.get("marlin", {}).get("time_ms"), ogs and ogs["us"] / 1e3) if t]
+            t = mx["triton"]["time_ms"]
+            i4_text = f"{i4['triton']['time_ms'] * 1e3:.1f}" if "triton" in i4 else "-"
+            over = f"{t / i4['triton']['time_ms']:.2f}" if "triton" in i4 else "-"
+            marlin = f"{mx['marlin']['time_ms'] * 1e3:.1f}" if "marlin" in mx else "refused"
+            print(f"| {preset} | {m} | {i4_text} | {t * 1e3:.1f} ({mx['triton']['floor_fraction']:.2f}) | {over} "
+                  f"| {marlin} | {ogs['us']:.1f} | {min(peers) / t:.2f} |" if ogs else
+                  f"| {preset} | {m} | {i4_text} | {t * 1e3:.1f} | {over} | {marlin} | - | - |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
