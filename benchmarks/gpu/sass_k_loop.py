@@ -27,6 +27,7 @@ UNIT_STRIDES = dict(stride_ak=1, stride_bk=1, stride_sn=1)
 QUADS = dict(UNIT_STRIDES, QUADS=True, BLOCK_K=128, SWAP_AB=True)
 MXFP4 = dict(GROUP=32, WTYPE=3, CODE_OFFSET=0)
 MXFP4_PTRS = {"b_ptr": "*i16", "s_ptr": "*i32"}
+FP8_PTRS = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
 
 # name: (kernel, constexprs, pointer types, weights per thread per K tile)
 CASES = {
@@ -42,6 +43,18 @@ CASES = {
     "tl.dot BM32 x BN256, K tail, SwiGLU, MXFP4 folded (gpt-oss)": (
         "dot", dict(QUADS, **MXFP4, FOLDED_SCALE=True, BLOCK_M=32, BLOCK_N=256, K_TAIL=True, ACT=4,
                     GATE_UP_CHUNK=32, HAS_BIAS=True), MXFP4_PTRS, 256),
+    "tl.dot BM64 x BN128, int8 g128": (
+        "dot", dict(UNIT_STRIDES, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
+        {"b_ptr": "*u8"}, 128),
+    "tl.dot BM64 x BN128, fp8 per channel x per token": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
+        FP8_PTRS, 128),
+    "tl.dot BM64 x BN128, fp8 128x128 blocks": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
+        FP8_PTRS, 128),
+    "tl.dot BM16 x BN128, fp8 128x128 blocks": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
+        FP8_PTRS, 128),
     "wgmma BM128 x BN256 per consumer, int4 g128": ("wgmma", {}, {}, 128),
     "wgmma BM128 x BN256 per consumer, MXFP4 folded": (
         "wgmma", dict(MXFP4, FOLDED_SCALE=True), {"s_ptr": "*i32"}, 128),
@@ -49,7 +62,8 @@ CASES = {
 
 
 def k_loop(cubin: bytes) -> list[str]:
-    """The instructions of the innermost loop (backward branch) around an MMA in a cubin's SASS."""
+    """The instructions of the innermost loop (backward branch) around an MMA (wgmma: [HQI]GMMA; mma: HMMA) in a
+    cubin's SASS."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -60,7 +74,7 @@ def k_loop(cubin: bytes) -> list[str]:
     loops = [(int(t.group(1), 16), addr) for addr, text in code
              if (t := re.search(r"BRA\s.*?0x([0-9a-f]+)", text)) and int(t.group(1), 16) < addr]
     bodies = [[text for addr, text in code if start <= addr <= end] for start, end in loops]
-    return min((body for body in bodies if any("HGMMA" in text for text in body)), key=len)
+    return min((body for body in bodies if any(re.search(r"GMMA|HMMA", text) for text in body)), key=len)
 
 
 def main() -> None:

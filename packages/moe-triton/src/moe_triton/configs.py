@@ -246,7 +246,7 @@ class ConfigKey:
 @dataclass(frozen=True)
 class Lookup:
     config: KernelConfig | QuantKernelConfig  # by the key's kernel family
-    source: str  # "tuned", "nearest-shape", "other-device" or "default"
+    source: str  # "tuned", "nearest-shape", "other-device", "borrowed" or "default"
     detail: str  # the file and tuned M it came from, or why the default was used
 
     def __str__(self) -> str:
