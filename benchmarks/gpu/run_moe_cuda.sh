@@ -21,10 +21,11 @@
 #               into packages/moe-core/src/moe_core/rankings_data/).
 # peers:        OpenAI triton_kernels' matmul_ogs MXFP4 layer (benchmarks/gpu/peer_matmul_ogs.py), one job
 #               per preset -> $OUT/peers/P/peer_matmul_ogs.json.
-# retune:       RETUNE="preset:M,M ...": per preset, `moe tune --quant mxfp4 --wgmma` at those token counts
-#               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes MXFP4 borrows
-#               from int4 (retune/P/borrowed, int4 beside it) and with the tuned ones (retune/P/tuned), and
-#               the matmul_ogs peer (retune/P/peer), one after the other on one GPU.
+# retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or fp8-tensor/-channel/-block): per preset,
+#               `moe tune --quant $RETUNE_QUANT` (MXFP4: with --wgmma) at those token counts
+#               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
+#               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
+#               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU.
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
 # 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose names it matches from their
@@ -88,14 +89,22 @@ for phase in "${PHASES[@]}"; do
           "$OUT/peers/$p" >> "$JOBS"
       done ;;
     retune)
-      # RETUNE="preset:M,M ...": per preset one job: moe tune --quant mxfp4 at those M, then the layer
-      # timed with the launch shapes it borrows and with the tuned ones (and int4, and the matmul_ogs peer).
+      # RETUNE="preset:M,M ...": per preset one job: moe tune --quant $RETUNE_QUANT (mxfp4) at those M,
+      # then the layer timed with the launch shapes it has now and with the tuned ones; for MXFP4 also
+      # int4 beside the first and the matmul_ogs peer.
+      q=${RETUNE_QUANT:-mxfp4}
       for cell in ${RETUNE:?retune needs RETUNE=\"preset:M,M ...\"}; do
         p=${cell%%:*}; ms=${cell#*:}; ms=${ms//,/ }; d=$OUT/retune/$p
         bench="python3 -m moe_core bench --device cuda --backends triton --no-plot --preset $p --tokens $ms"
-        printf 'retune-%s\tpython3 -m moe_triton.tune --quant mxfp4 --wgmma --preset %s --m %s --out %s && %s --scheme mxfp4 --scheme int4 --out %s && MOE_TRITON_CONFIG_DIR=%s %s --scheme mxfp4 --out %s && python3 %s --triton-kernels %s --preset %s --m %s --out %s\n' \
-          "$p" "$p" "$ms" "$d/configs" "$bench" "$d/borrowed" "$d/configs" "$bench" "$d/tuned" \
-          "$HERE/peer_matmul_ogs.py" "$VENDOR" "$p" "$ms" "$d/peer" >> "$JOBS"
+        if [ "$q" = mxfp4 ]; then
+          tune="--quant mxfp4 --wgmma"; before="--scheme mxfp4 --scheme int4"
+          peer=" && python3 $HERE/peer_matmul_ogs.py --triton-kernels $VENDOR --preset $p --m $ms --out $d/peer"
+        else
+          tune="--quant $q"; before="--scheme $q"; peer=""
+        fi
+        printf 'retune-%s\tpython3 -m moe_triton.tune %s --preset %s --m %s --out %s && %s %s --out %s && MOE_TRITON_CONFIG_DIR=%s %s --scheme %s --out %s%s\n' \
+          "$p" "$tune" "$p" "$ms" "$d/configs" "$bench" "$before" "$d/before" "$d/configs" "$bench" "$q" "$d/tuned" \
+          "$peer" >> "$JOBS"
       done ;;
     *) echo "unknown phase $phase (tests, triton-tests, bench, peers, retune)"; exit 2 ;;
   esac

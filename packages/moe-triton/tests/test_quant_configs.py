@@ -115,7 +115,7 @@ def test_quant_config_records_and_exact_lookup(tmp_path, monkeypatch):
 
 def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
     """config_for: the heuristic without a file; a tuned file's entry once one exists (and the layer
-    still matches the reference with it); schemes without a tuned family always use the heuristic."""
+    still matches the reference with it)."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     q = int4_w4a16(64, zero_point=True)
     experts = TritonWna16Experts(cfg, q, RUN_ON)
@@ -137,8 +137,29 @@ def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
         tw, ids = route_torch(torch.randn(5, 4, generator=gen).to(DEV), cfg.routing, 2)
         ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, q, cfg.expert_map(DEV))
         assert rel_l2(fresh.apply(x, tw, ids), ref) < 1e-2
-        fp8 = TritonFp8Experts(cfg, fp8_w8a8("tensor", activation_scales="tensor"), RUN_ON)
-        assert fp8.config_key is None
+    finally:
+        monkeypatch.delenv(configs.ENV_DIR)
+        configs.reload()
+
+
+@pytest.mark.parametrize(("quant", "family"), [
+    (fp8_w8a8("tensor", activation_scales="tensor"), "fp8-tensor"), (fp8_w8a8("channel"), "fp8-channel"),
+    (fp8_w8a8("block"), "fp8-block")])
+def test_fp8_takes_a_tuned_file_of_its_family(tmp_path, monkeypatch, quant, family):
+    """fp8 layers have a tuned family per weight scale granularity (`moe tune --quant fp8-*` writes
+    it): the heuristic without a file (none ships), the file's entry once one exists."""
+    cfg = get_preset("qwen3-30b-a3b").config
+    device = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    experts = TritonFp8Experts(cfg, quant, device)
+    assert experts.config_key.kernel == family and experts.config_key.device == "NVIDIA_H100_80GB_HBM3"
+    assert configs.lookup_exact(experts.config_key, 8) is None  # so the heuristic serves it
+    tuned = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 3), GemmConfig(16, 128, 1, 4, 4))
+    configs.write_configs(experts.config_key, {8: tuned}, tmp_path)
+    monkeypatch.setenv(configs.ENV_DIR, str(tmp_path))
+    configs.reload()
+    try:
+        hit = TritonFp8Experts(cfg, quant, device)._find_config(8)
+        assert (hit.config, hit.source) == (tuned, "tuned")
     finally:
         monkeypatch.delenv(configs.ENV_DIR)
         configs.reload()

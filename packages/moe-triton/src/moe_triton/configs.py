@@ -7,7 +7,7 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
-"wna16-int4-g128", and "mxfp4"). The quantized experts only take a file of their exact shape
+"wna16-int4-g128", "fp8-" by weight scale granularity, e.g. "fp8-block", and "mxfp4"). The quantized experts only take a file of their exact shape
 (`lookup_exact`; MXFP4 without a file of its shape for this device, the int4 one: `BORROWED_FAMILIES`);
 otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
 `TunedLaunch` is the experts classes' `config_for`.
@@ -220,12 +220,13 @@ class QuantKernelConfig:
 
 
 def _entry_type(kernel: str) -> type[KernelConfig] | type[QuantKernelConfig]:
-    return QuantKernelConfig if kernel.startswith("wna16-") or kernel in BORROWED_FAMILIES else KernelConfig
+    quantized = kernel.startswith(("wna16-", "fp8-")) or kernel in BORROWED_FAMILIES
+    return QuantKernelConfig if quantized else KernelConfig
 
 
 @dataclass(frozen=True)
 class ConfigKey:
-    kernel: str  # which kernel family the tiles are for: "bf16", or "wna16-..." for the quantized GEMM
+    kernel: str  # which kernel family the tiles are for: "bf16"; "wna16-...", "mxfp4", "fp8-..." for the quantized GEMM
     num_experts: int  # local experts E
     intermediate: int  # N per partition
     hidden: int  # K

@@ -627,6 +627,11 @@ class TritonFp8Experts(_QuantTritonExperts):
         limitations=("e4m3fn only (ROCm's fnuz fp8 is not handled)",),
     )
 
+    def kernel_family(self) -> str | None:
+        """By weight scale granularity ("fp8-tensor", "fp8-channel", "fp8-block"): the activation scales
+        each pairs with run the same kernel code. No files ship yet: `pick_config` unless one is tuned."""
+        return f"fp8-{self.quant.weight.scale.granularity.value}"
+
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
         w, a = quant.weight, quant.activation

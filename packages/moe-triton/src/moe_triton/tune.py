@@ -1,6 +1,7 @@
 """Search launch configurations on the current GPU and write them as tuned-config JSON.
 
-    python -m moe_triton.tune [--quant none|int4|mxfp4] [--preset NAME ...] [--shape E,N,K,TOPK ...]
+    python -m moe_triton.tune [--quant none|int4|mxfp4|fp8-tensor|fp8-channel|fp8-block] [--preset NAME ...]
+                              [--shape E,N,K,TOPK ...]
                               [--m 1 8 ...] [--out DIR]
 
 bf16 (`--quant none`, `TritonExperts`): each GEMM is timed alone (`triton.testing.do_bench`: L2
@@ -11,8 +12,9 @@ kernels compete per GEMM, charged for what they save: the alignment when both GE
 the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles join the list at 64
 and 128 rows per block (`candidates(..., wgmma=True)`).
 
-int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size) and MXFP4 (`--quant
-mxfp4`, `TritonMxfp4Experts`): the whole layer (routing included) is captured in a CUDA graph and
+int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), MXFP4 (`--quant
+mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`, `TritonFp8Experts`
+with dynamic per-token or per-group activation scales): the whole layer (routing included) is captured in a CUDA graph and
 timed the same way for the measured heuristic (`quant_gemm_details._heuristics.pick_config`), the
 configuration shipped for that shape and M (if any; MXFP4 without a file of its own: the int4 one
 it borrows, as served), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's
@@ -55,6 +57,7 @@ __all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_g
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
+FP8_SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block")  # moe_core.quant.parse_scheme names
 # Direct (decode) kernels are timed while the choices are this few: beyond it every expert meets
 # several rows and the tensor-core tiles win.
 DIRECT_MAX_CHOICES = 64
@@ -369,11 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--out", type=Path, default=Path("moe-triton-configs"), help="folder for the JSON files")
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
-    p.add_argument("--quant", default="none", choices=["none", "int4", "mxfp4"],
+    p.add_argument("--quant", default="none", choices=["none", "int4", "mxfp4", *FP8_SCHEMES],
                    help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size; "
-                        "mxfp4: TritonMxfp4Experts")
+                        "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
+                        "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
-                   help="int4, mxfp4: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
+                   help="int4, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
                         "layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
@@ -385,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(m < 1 for m in args.m):
         p.error("--m values must be positive token counts")
     if (args.wgmma or args.per_gemm) and args.quant == "none":
-        p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4 or mxfp4)")
+        p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4, mxfp4 or fp8-*)")
+    if args.wgmma and args.quant in FP8_SCHEMES:
+        p.error("--wgmma: the quantized wgmma kernel is for 4-bit weights (int4, mxfp4)")
     if args.quant != "none":
         if args.shape:
             p.error(f"--shape is for the bf16 kernels; {args.quant} tunes model presets (--preset)")
@@ -421,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
 def _main_quant(args) -> int:
     from moe_core.backends import detect_device
     from moe_core.presets import get_preset
-    from moe_core.quant import int4_w4a16, mxfp4_w4a16
+    from moe_core.quant import int4_w4a16, mxfp4_w4a16, parse_scheme
     from moe_core.weights.canonical import ExpertWeights
-    from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
+    from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
     presets = args.preset if args.preset is not None else DEFAULT_PRESETS
     dev = torch.device("cuda")
@@ -434,10 +440,17 @@ def _main_quant(args) -> int:
         preset = get_preset(name)
         if args.quant == "int4":
             quant, cls = int4_w4a16(preset.int4_group_size), TritonWna16Experts
-        else:
+        elif args.quant == "mxfp4":
             quant, cls = mxfp4_w4a16(), TritonMxfp4Experts
+        else:
+            quant, cls = parse_scheme(args.quant), TritonFp8Experts
+        device = detect_device(dev)
+        support = cls.supports(preset.config, quant, device)
+        if not support:
+            print(f"{name}: skipped, {cls.__name__} does not serve it: {support.reason}", flush=True)
+            continue
         # Random weights of the preset's shape, packed by the experts class's own weight processor.
-        experts = cls(preset.config, quant, detect_device(dev))
+        experts = cls(preset.config, quant, device)
         experts.load_weights(ExpertWeights.random(preset.config, quant, device=dev))
         table, measured = _tune_quant_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
                                            per_gemm=args.per_gemm, wgmma=args.wgmma)
