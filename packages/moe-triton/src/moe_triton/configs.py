@@ -7,8 +7,9 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
-"wna16-int4-g128", "fp8-" by weight scale granularity, e.g. "fp8-block", and "mxfp4"). The quantized experts only take a file of their exact shape
-(`lookup_exact`; MXFP4 without a file of its shape for this device, the int4 one: `BORROWED_FAMILIES`);
+"wna16-int4-g128", "fp8-" by weight scale granularity, e.g. "fp8-block", and "mxfp4"). The
+quantized experts only take a file of their exact shape (`lookup_exact`; MXFP4 without a file of
+its shape for this device, the int4 one: `BORROWED_FAMILIES`);
 otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
 `TunedLaunch` is the experts classes' `config_for`.
 

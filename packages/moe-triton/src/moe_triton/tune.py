@@ -13,13 +13,13 @@ the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles jo
 and 128 rows per block (`candidates(..., wgmma=True)`).
 
 int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), MXFP4 (`--quant
-mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`, `TritonFp8Experts`
-with dynamic per-token or per-group activation scales): the whole layer (routing included) is captured in a CUDA graph and
-timed the same way for the measured heuristic (`quant_gemm_details._heuristics.pick_config`), the
-configuration shipped for that shape and M (if any; MXFP4 without a file of its own: the int4 one
-it borrows, as served), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's
-tiles for both GEMMs (`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs
-can run on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's grid of
+mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`,
+`TritonFp8Experts` with dynamic per-token or per-group activation scales): the whole layer (routing
+included) is captured in a CUDA graph and timed the same way for the measured heuristic
+(`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if
+any; MXFP4 without a file of its own: the int4 one it borrows, as served), the heuristic's
+neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both GEMMs
+(`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs can run on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's grid of
 split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
@@ -377,11 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                         "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
-                   help="int4, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid (up to 48 more "
-                        "layer timings per M)")
+                   help="int4, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
+                        "(up to 48 more layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
-                   help="int4, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel (tune.wgmma_grid, "
-                        f"10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
+                   help="int4, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
+                        f"(tune.wgmma_grid, 10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)

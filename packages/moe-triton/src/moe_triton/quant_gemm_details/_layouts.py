@@ -64,7 +64,8 @@ class WeightOperand:
 
     wtype: WType
     codes: torch.Tensor
-    scale: torch.Tensor  # [E, K / group, N] (N contiguous); MXFP4: int32 [E, K tiles, N]; fp8: [E], [E, N] or [E, N/128, K/128]
+    # [E, K / group, N] (N contiguous); MXFP4: int32 [E, K tiles, N]; fp8: [E], [E, N] or [E, N/128, K/128]
+    scale: torch.Tensor
     zero: torch.Tensor | None  # uint8, like scale (INT4/INT8 with integer zero points)
     n: int
     k: int
