@@ -72,7 +72,8 @@ for phase in "${PHASES[@]}"; do
       printf 'moe-cuda-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 %s\n' \
         "$ROOT/packages/moe-cuda/tests" >> "$JOBS" ;;
     triton-tests)
-      # Then the act-order tests, which carry no device mark (they run on whatever device is present).
+      # The device-marked tests, then the act-order tests, which carry no device mark (they run on the GPU
+      # when one is present).
       printf 'moe-triton-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 --durations=10 -m device %s; rc=$?; python3 -m pytest -q -p no:cacheprovider -n 8 %s && exit $rc\n' \
         "$ROOT/packages/moe-triton/tests" "$ROOT/packages/moe-triton/tests/test_act_order.py" >> "$JOBS" ;;
     bench)
