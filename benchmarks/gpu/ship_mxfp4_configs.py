@@ -15,6 +15,7 @@ RETUNE_DIR holds PRESET/configs/ (the tuner's files and provenance) per preset.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,9 +33,7 @@ def ship(retune: Path, preset: str, kept: list[int], device: str, out: Path, not
     cfg = p.config
     key = ConfigKey("mxfp4", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
-    lender = ConfigKey(f"wna16-int4-g{p.int4_group_size}", *(getattr(key, f) for f in
-                                                               ("num_experts", "intermediate", "hidden", "top_k",
-                                                                "dtype", "device")))
+    lender = dataclasses.replace(key, kernel=f"wna16-int4-g{p.int4_group_size}")
     lent = json.loads((out / lender.file_name()).read_text())
     table = {int(m): borrowed_as_served(QuantKernelConfig.from_dict(c)) for m, c in lent["configs"].items()}
     tuned_dir = retune / preset / "configs"

@@ -83,14 +83,14 @@ def test_int4_tuner_keeps_the_fastest_candidate():
 @pytest.mark.parametrize("shipped_as", ["split*2", "shipped"])
 def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
     """The shipped configuration is timed once: under its own name, or under the candidate it equals."""
-    import moe_triton.tune as tune
+    import moe_triton.quantized as quantized
 
     experts = _tuner_experts()
     base = experts.heuristic_config(3)
     split = quant_candidates(base)["split*2"]
     shipped = split if shipped_as == "split*2" else dataclasses.replace(
         base, gemm2=dataclasses.replace(base.gemm2, block_n=base.gemm2.block_n // 2))
-    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(shipped, "tuned", "a file"))
+    monkeypatch.setattr(quantized, "lookup_exact", lambda key, m: configs.Lookup(shipped, "tuned", "a file"))
     times = {}
 
     def timer(layer, rep_ms):
@@ -151,7 +151,7 @@ def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch
     """MXFP4 without a file of its own borrows the int4 launch shape of its shape: the tuner times it
     as the layer serves it (`quantized.borrowed_as_served`: tl.dot GEMMs as lent, here six stages
     deep) under the shipped name."""
-    import moe_triton.tune as tune
+    import moe_triton.quantized as quantized
 
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = TritonMxfp4Experts(cfg, mxfp4_w4a16(), RUN_ON)
@@ -161,7 +161,7 @@ def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch
     lent = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=6),
                              dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n, num_stages=6))
     assert borrowed_as_served(lent) == lent
-    monkeypatch.setattr(tune, "lookup_exact", lambda key, m: configs.Lookup(lent, "borrowed", "an int4 file"))
+    monkeypatch.setattr(quantized, "lookup_exact", lambda key, m: configs.Lookup(lent, "borrowed", "an int4 file"))
     timed = []
 
     def timer(layer, rep_ms):

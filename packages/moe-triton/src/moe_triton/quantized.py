@@ -296,22 +296,30 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         return None
 
     def _find_config(self, num_tokens: int) -> Lookup:
-        """Only a tuned file of this exact shape (`configs.lookup_exact`: this device's, else another
-        one's; MXFP4 the int4 file of its shape), else `pick_config`'s measured heuristic: unlike the
-        16-bit tiles, a quantized launch shape does not carry over to other shapes. Off sm_90, wgmma
-        GEMMs run as tl.dot ones."""
-        hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
+        """Only a tuned file of this exact shape (`file_config`), else `pick_config`'s measured
+        heuristic: unlike the 16-bit tiles, a quantized launch shape does not carry over to other shapes."""
+        hit = self.file_config(num_tokens)
         if hit is None:
             hit = Lookup(self.heuristic_config(num_tokens), "default",
                          "pick_config heuristic (no tuned file of this shape)")
-        elif (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
+        return hit
+
+    def file_config(self, num_tokens: int) -> Lookup | None:
+        """The launch shapes a file of this exact shape gives (`configs.lookup_exact`: this device's,
+        else another one's; MXFP4 the int4 file of its shape), as this layer runs them: off sm_90 wgmma
+        GEMMs as tl.dot ones, borrowed ones `borrowed_as_served`; None without a file."""
+        hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
+        if hit is None:
+            return None
+        if (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
                 self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)):
             # Another GPU's file ("other-device", or one borrowed): its Hopper-only GEMMs run as `tl.dot` ones.
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
-        if hit.source == "borrowed" and borrowed_as_served(hit.config) != hit.config:
-            hit = Lookup(borrowed_as_served(hit.config), hit.source,
-                         hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
+        if hit.source == "borrowed":
+            served = borrowed_as_served(hit.config)
+            if served != hit.config:
+                hit = Lookup(served, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
         return hit
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:

@@ -47,7 +47,6 @@ from moe_triton.configs import (
     QuantKernelConfig,
     TileConfig,
     device_tag,
-    lookup_exact,
     write_configs,
 )
 from moe_triton.topk_sum import topk_sum
@@ -214,7 +213,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
     one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
-    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS, borrowed_as_served
+    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -250,9 +249,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         if "heuristic" not in times:
             experts.config_override = None
             raise RuntimeError(f"M={M}: the heuristic configuration did not run")
-        shipped = lookup_exact(experts.config_key, M)
-        if shipped is not None and shipped.source == "borrowed":
-            shipped = dataclasses.replace(shipped, config=borrowed_as_served(shipped.config))
+        shipped = experts.file_config(M)  # as the layer runs it (MXFP4: the borrowed int4 shape as served)
         if shipped is not None:
             time_all({"shipped": shipped.config})
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's

@@ -26,7 +26,7 @@ from moe_triton.quant_gemm_details._layouts import (
 )
 
 __all__ = ["biased", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx", "e2m1_weights",
-           "e8m0_factors", "int4_group", "int4_zero", "unpack_e2m1_quads", "unpack_quads"]
+           "e8m0_factors", "int4_group", "int4_zero", "quarter_e8m0_factors", "unpack_e2m1_quads", "unpack_quads"]
 
 # One 32-bit register = two int16 words of the INT4 layout. Output j: nibble j of each word ORed
 # into the mantissa of the 16-bit float 128 (bf16) or 1024 (fp16), whose ulp is 1: the pair
@@ -139,6 +139,13 @@ def e8m0_factors(exps, FT: tl.constexpr, FOLDED: tl.constexpr):
         lo = _pow2(tl.minimum(s, 128) - 1, FT)
         hi = _pow2(tl.maximum(s, 128) - 128, FT)
     return lo, hi
+
+
+@triton.jit
+def quarter_e8m0_factors(exp_words, j: tl.constexpr, FT: tl.constexpr, FOLDED: tl.constexpr):
+    """`e8m0_factors` of quarter j from a K tile's exponent words (`_layouts.pack_e8m0_tiles`: byte j),
+    [ROWS] words -> [ROWS, 1] factors."""
+    return e8m0_factors(tl.expand_dims((exp_words >> (8 * j)) & 0xFF, 1), FT, FOLDED)
 
 
 @triton.jit

@@ -41,9 +41,9 @@ from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
     e2m1_weights,
-    e8m0_factors,
     int4_group,
     int4_zero,
+    quarter_e8m0_factors,
     unpack_e2m1_quads,
     unpack_quads,
 )
@@ -379,8 +379,7 @@ def _wgemm_rows(
                     exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
                 for j in tl.static_range(4):
                     if WTYPE == 3:
-                        exps = (exp_words >> (8 * j)) & 0xFF
-                        lo, hi = e8m0_factors(tl.expand_dims(exps, 1), FT, FOLDED_SCALE)
+                        lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
                         w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
                     else:
                         w = (values[j] - zeros[j]) * scales[j]

@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from moe_triton._common.activation import activate
 from moe_triton._common.wgmma import EPILOGUE_LAYOUT, tail_role
-from moe_triton.quant_gemm_details._dequant import e2m1_quarter_ptx, e2m1_weights, e8m0_factors
+from moe_triton.quant_gemm_details._dequant import e2m1_quarter_ptx, e2m1_weights, quarter_e8m0_factors
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -242,13 +242,6 @@ def _group_scales(s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS
 
 
 @gluon.jit
-def _quarter_e8m0(exp_words, j: gl.constexpr, FOLDED_SCALE: gl.constexpr, FT: gl.constexpr):
-    """MXFP4: the `e8m0_factors` (lo, hi) of quarter j's scale group (its own: groups of 32) from a
-    tile's exponent words (byte j), [ROWS, 1] in FT and the words' layout."""
-    return e8m0_factors(gl.expand_dims((exp_words >> (8 * j)) & 0xFF, 1), FT, FOLDED_SCALE)
-
-
-@gluon.jit
 def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr,
              bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid,
              alpha, limit, stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
@@ -367,7 +360,7 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                     s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET,
                                          CT, w_op)
             if WTYPE == 3:
-                lo, hi = _quarter_e8m0(exp_words, j, FOLDED_SCALE, FT)
+                lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
                 w = e2m1_weights(_e2m1_quarter(words, j), lo, hi, FOLDED_SCALE, CT)
             else:
                 w = (_nibble(words, j, CT) - z) * s
