@@ -25,12 +25,14 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_layer(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=4, topk=2, M=7, bias=False,
-         parallel=None, seed=0, routing=None, override=None):
+         parallel=None, seed=0, routing=None, override=None, edit_weights=None):
     cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=K, intermediate_size=N,
                     activation=activation or Activation.silu(), routing=routing or Routing.softmax_topk(True),
                     dtype=dtype, parallel=parallel or ParallelConfig(), has_bias=bias)
     assert cls.supports(cfg, quant, DEVICE), cls.supports(cfg, quant, DEVICE).reason
     weights = ExpertWeights.random(cfg, quant, seed=seed, device=DEV)
+    if edit_weights is not None:
+        edit_weights(weights)
     experts = cls(cfg, quant, RUN_ON)
     experts.config_override = override
     experts.load_weights(weights)

@@ -266,6 +266,21 @@ def test_fp8_matches_reference(gran, act_scales, activation):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("block_n", [64, 128, 256])
+def test_fp8_block_scale_of_each_output_block(block_n):
+    """Tiles inside one 128-row weight block take its scale as one number per K tile (block_n <= 128),
+    wider tiles one per column; every other block's scales are 4x larger, so a tile that read its
+    neighbour's scale would be far off."""
+    def spread(weights):
+        for scale in (weights.w13_scale, weights.w2_scale):
+            scale[:, 1::2] *= 4.0
+
+    tile = GemmConfig(16, block_n, 1, 4, 2, False)
+    out, ref = run_layer(TritonFp8Experts, fp8_w8a8("block"), Activation.silu(), torch.bfloat16, K=256, N=256, M=9,
+                         override=QuantKernelConfig(tile, tile), edit_weights=spread)
+    assert rel_l2(out, ref) < 2e-2  # 1.1e-2 here, as unspread; a neighbour's scale gives ~1
+
+
 @pytest.mark.parametrize(("K", "N", "dtype", "M"), [(128, 128, torch.bfloat16, 7), (192, 320, torch.bfloat16, 1),
                                                      (320, 192, torch.float16, 9)])
 def test_mxfp4_gpt_oss_style(K, N, dtype, M):

@@ -423,9 +423,15 @@ def _wgemm_rows(
                 # 128x128 weight blocks, 1x128 activation groups: BLOCK_K divides 128.
                 kb = k0 // 128
                 a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
-                w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
-                              mask=n_mask, other=0.0)
-                acc += tl.dot(a, codes) * a_s[:, None] * w_s[None, :]
+                if 128 % BLOCK_N == 0:
+                    # The tile's columns lie in one weight block: its scale is one number per K tile,
+                    # folded into the activation scales (one multiply per output instead of two).
+                    w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
+                    acc += tl.dot(a, codes) * (a_s * w_s)[:, None]
+                else:
+                    w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
+                                  mask=n_mask, other=0.0)
+                    acc += tl.dot(a, codes) * a_s[:, None] * w_s[None, :]
             else:
                 # Summed outside the dot: Hopper's fp8 MMA accumulates in reduced precision, so each
                 # K tile's partial result is promoted to the fp32 accumulator (as DeepSeek-V3 does).
