@@ -21,11 +21,20 @@
 #               into packages/moe-core/src/moe_core/rankings_data/).
 # peers:        OpenAI triton_kernels' matmul_ogs MXFP4 layer (benchmarks/gpu/peer_matmul_ogs.py), one job
 #               per preset -> $OUT/peers/P/peer_matmul_ogs.json.
+# flashinfer:   FlashInfer's sm_90 fused MoE, from FLASHINFER_BUNDLE (default .carry/flashinfer: the pruned
+#               flashinfer-python 0.7.2.post1 package as fi_pruned.tar.xz, and the apache-tvm-ffi cp312 wheel;
+#               benchmarks/results/flashinfer_sm90_jit_2026-11-27.md says what they hold): its module is built
+#               in the background while the other jobs run (benchmarks/gpu/flashinfer_sm90.py, kept in
+#               /tmp/fi for later calls on the same machine), then one job runs moe-cuda's FlashInfer tests
+#               and one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
+#               beside every other backend (bench/P-S-flashinfer). Only these jobs can import FlashInfer.
 # retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or fp8-tensor/-channel/-block): per preset,
 #               `moe tune --quant $RETUNE_QUANT` (MXFP4: with --wgmma) at those token counts
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
 #               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
-#               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU.
+#               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
+#               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base).
+# Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
 # 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose names it matches from their
@@ -63,8 +72,37 @@ python3 -m moe_core doctor --require cuda | grep -E "cuda|moe-cuda|NOT validated
 
 # shellcheck disable=SC2206
 presets=(${BENCH_PRESETS:-deepseek-v3 qwen3-235b-a22b gpt-oss-120b mixtral-8x7b qwen3-30b-a3b})
+if [ -n "${BASE_WHEELS:-}" ]; then
+  BASE_SITE=/tmp/moe-site-base
+  rm -rf "$BASE_SITE" && python3 -m pip install -q --no-deps --no-index --no-compile --target "$BASE_SITE" \
+    "$BASE_WHEELS"/*.whl || exit 3
+fi
+
+# FlashInfer: unpacked once per machine; its module builds in the background (all CPUs but a few for the
+# GPU jobs' Triton compiles) while the GPUs run the other jobs; its jobs wait for the outcome.
+FI=/tmp/fi
+start_flashinfer_build() {
+  local bundle=${FLASHINFER_BUNDLE:-.carry/flashinfer}
+  if [ ! -d $FI/pkg/flashinfer ]; then
+    mkdir -p $FI/pkg && tar -xJf "$bundle"/fi_pruned.tar.xz -C $FI/pkg && \
+      python3 -m pip install -q --no-deps --no-index --target $FI/site "$bundle"/apache_tvm_ffi-*.whl || exit 5
+  fi
+  CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
+  export CUDA_HOME TVM_FFI_DISABLE_TORCH_C_DLPACK=1 TRTLLM_DG_CACHE_DIR=$FI/deepgemm
+  echo "flashinfer: CUDA_HOME=$CUDA_HOME ($(nvcc --version | tail -n 1)), $(nproc) CPUs"
+  rm -f $FI/built $FI/failed
+  # Each nvcc takes up to ~8 GB; a dozen CPUs stay with the GPU jobs on the larger machines.
+  local cpus mem_jobs
+  cpus=$(( $(nproc) > 16 ? $(nproc) - 12 : $(nproc) - 2 )); mem_jobs=$(( $(free -g | awk '/Mem:/ {print $2}') / 9 ))
+  ( PYTHONPATH=$PYTHONPATH:$FI/pkg:$FI/site python3 "$HERE/flashinfer_sm90.py" --workspace $FI/ws \
+      --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > "$OUT/flashinfer_build.log" 2>&1 \
+      && touch $FI/built || touch $FI/failed ) &
+}
+FI_WAIT="until [ -e $FI/built ] || [ -e $FI/failed ]; do sleep 5; done; [ -e $FI/built ] && export PYTHONPATH=\$PYTHONPATH:$FI/pkg:$FI/site FLASHINFER_DISABLE_JIT=1 &&"
+
 JOBS=$OUT/jobs.txt
 : > "$JOBS"
+if [[ " ${PHASES[*]} " == *" retune "* ]]; then PHASES=(retune "${PHASES[@]/retune/}"); fi
 for phase in "${PHASES[@]}"; do
   case "$phase" in
     tests)
@@ -81,6 +119,16 @@ for phase in "${PHASES[@]}"; do
         for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do
           printf 'bench-%s-%s\tpython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
             "$p" "$s" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$p-$s" >> "$JOBS"
+        done
+      done ;;
+    flashinfer)
+      start_flashinfer_build
+      printf 'flashinfer-tests\t%s MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -k "flashinfer or FlashInfer" %s\n' \
+        "$FI_WAIT" "$ROOT/packages/moe-cuda/tests" >> "$JOBS"
+      for p in "${presets[@]}"; do
+        for s in bf16 fp8-block; do
+          printf 'bench-%s-%s-flashinfer\t%s python3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
+            "$p" "$s" "$FI_WAIT" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$p-$s-flashinfer" >> "$JOBS"
         done
       done ;;
     peers)
@@ -103,11 +151,14 @@ for phase in "${PHASES[@]}"; do
         else
           tune="--quant $q"; before="--scheme $q"; peer=""
         fi
-        printf 'retune-%s\tpython3 -m moe_triton.tune %s --preset %s --m %s --out %s && %s %s --out %s && MOE_TRITON_CONFIG_DIR=%s %s --scheme %s --out %s%s\n' \
-          "$p" "$tune" "$p" "$ms" "$d/configs" "$bench" "$before" "$d/before" "$d/configs" "$bench" "$q" "$d/tuned" \
-          "$peer" >> "$JOBS"
+        base=""
+        [ -n "${BASE_SITE:-}" ] && base="PYTHONPATH=$BASE_SITE $bench --scheme $q --out $d/base && "
+        printf 'retune-%s-%s\t%spython3 -m moe_triton.tune %s --preset %s --m %s --out %s && %s %s --out %s && MOE_TRITON_CONFIG_DIR=%s %s --scheme %s --out %s%s\n' \
+          "$p" "$q" "$base" "$tune" "$p" "$ms" "$d/configs" "$bench" "$before" "$d/before" "$d/configs" "$bench" "$q" \
+          "$d/tuned" "$peer" >> "$JOBS"
       done ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, peers, retune)"; exit 2 ;;
+    "") ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, peers, retune)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
@@ -115,6 +166,7 @@ start=$(date +%s)
 python3 "$HERE/gpu_jobs.py" "$JOBS" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
 failed=$?
 echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
+if [ -f "$OUT/flashinfer_build.log" ]; then echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:" "$OUT/flashinfer_build.log" | tail -n 20; fi
 for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
 if [ -d "$OUT/bench" ]; then
   python3 - "$OUT/bench" <<'EOF_MERGE' || failed=1

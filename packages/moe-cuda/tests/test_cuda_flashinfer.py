@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from _cuda_helpers import layer, run_against_reference
@@ -81,3 +83,31 @@ def test_capabilities_state_their_hardware():
         assert support or "flashinfer" in support.reason
         assert not cls.supports(layer(activation=Activation.gelu()), unquantized(), b200)
         assert not cls.supports(layer(parallel=ParallelConfig(ep_size=2, ep_rank=0)), unquantized(), b200)
+
+
+def test_first_sm90_build_is_announced_once(tmp_path, monkeypatch, capsys):
+    import sys
+    import types
+
+    from moe_cuda import flashinfer
+
+    env = types.SimpleNamespace(FLASHINFER_JIT_DIR=tmp_path, get_aot_artifacts=lambda name: ())
+    jit = types.SimpleNamespace(env=env)
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(jit=jit))
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", jit)
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.env", env)
+    monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "")  # recorded, so the test's own setting is undone
+    monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
+    flashinfer.announce_sm90_build.cache_clear()
+    flashinfer.announce_sm90_build()
+    flashinfer.announce_sm90_build()
+    said = capsys.readouterr().err
+    assert said.count("8.6 CPU-hours") == 1 and str(tmp_path) in said
+    assert os.environ["FLASHINFER_JIT_VERBOSE"] == "1"  # ninja's [n/N] lines
+    built = tmp_path / "fused_moe_90" / "fused_moe_90.so"
+    built.parent.mkdir()
+    built.touch()
+    flashinfer.announce_sm90_build.cache_clear()
+    flashinfer.announce_sm90_build()
+    assert capsys.readouterr().err == ""
+    flashinfer.announce_sm90_build.cache_clear()

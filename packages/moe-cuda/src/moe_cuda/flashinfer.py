@@ -14,6 +14,8 @@ definitions and, through torch twins that read the converted tensors, against mo
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +104,27 @@ def _fake_quantize_groups(a: torch.Tensor) -> torch.Tensor:
     return (codes.float().view(a.shape[0], -1, BLOCK) * scale[..., None]).view_as(a)
 
 
+# FlashInfer's sm_90 fused-MoE module, as measured on a CPU (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md).
+SM90_MODULE = "fused_moe_90"
+SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours (10-12 minutes on 64 cores, over 35 on 16; MAX_JOBS "
+                   "parallel compiles, each up to 8 GB)")
+
+
+@functools.cache
+def announce_sm90_build() -> None:
+    """Before a first call that compiles FlashInfer's sm_90 module, say once per process what that
+    costs and where it is kept, and turn on ninja's [n/N] progress lines (FLASHINFER_JIT_VERBOSE)."""
+    from flashinfer.jit import env as jit_env
+
+    jit_dir = jit_env.FLASHINFER_JIT_DIR
+    if jit_env.get_aot_artifacts(SM90_MODULE) or (jit_dir / SM90_MODULE / f"{SM90_MODULE}.so").exists():
+        return
+    os.environ.setdefault("FLASHINFER_JIT_VERBOSE", "1")
+    print(f"moe-cuda: FlashInfer compiles its sm_90 CUTLASS fused-MoE module on this first call: {SM90_BUILD_COST}; "
+          f"later processes load it from {jit_dir}. benchmarks/gpu/flashinfer_sm90.py builds only the kernels "
+          "moe-cuda calls (55 files).", file=sys.stderr, flush=True)
+
+
 class FlashInferCutlassExperts(Experts):
     """FlashInfer's CUTLASS fused MoE: bf16/fp16, or fp8 128x128 blocks (input quantized by the kernel)."""
 
@@ -123,8 +146,8 @@ class FlashInferCutlassExperts(Experts):
         requires=("flashinfer",),
         limitations=(
             _NOT_VALIDATED,
-            "FlashInfer has no prebuilt sm_90 MoE: the first call JIT-compiles its CUTLASS module (~245 CUDA "
-            "files, hours of CPU); install flashinfer-python==0.7.2.post1",
+            f"FlashInfer has no prebuilt sm_90 MoE: the first call JIT-compiles its CUTLASS module ({SM90_BUILD_COST}); "
+            "install flashinfer-python==0.7.2.post1",
             "SiLU gated only; no biases, no expert parallelism through this class (FlashInfer's own ep_size/ep_rank "
             "are not wired)",
         ),
@@ -137,6 +160,8 @@ class FlashInferCutlassExperts(Experts):
             return flashinfer_cutlass_twin(hidden_states, topk_weights, topk_ids, packed)
         from flashinfer.fused_moe import cutlass_fused_moe
 
+        if torch.cuda.get_device_capability(hidden_states.device) == (9, 0):
+            announce_sm90_build()
         fp8 = "w31_scale" in packed.tensors
         out = cutlass_fused_moe(
             input=hidden_states, token_selected_experts=topk_ids.to(torch.int32),
