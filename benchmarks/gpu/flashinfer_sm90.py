@@ -8,7 +8,8 @@ later processes load it instead of compiling.
 FlashInfer must be importable (PYTHONPATH) and CUDA_HOME set. The whole module is 248 translation units,
 about 8.6 CPU-hours (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md); nothing in FlashInfer filters
 its instantiations, so this script drops, before ninja runs, the generated CUTLASS files of every other
-input type (fp32, per-tensor fp8, the mixed int4/fp4 inputs, the fpA_intB GEMMs): 55 units. Their symbols
+input type (fp32, per-tensor fp8, the mixed int4/fp4 inputs, the fpA_intB GEMMs) and their GEMM runners:
+44 units. Their symbols
 stay undefined in the library; FlashInfer loads modules lazily (RTLD_LAZY), so only a call into a dropped
 type would fail, and the undefined-symbol count is printed. Prints the build time; exit 1 on failure.
 """
@@ -26,11 +27,16 @@ from pathlib import Path
 
 KEPT_TMA_TYPES = {"__nv_bfloat16", "half"}  # activation = weight type of the TMA grouped GEMMs kept
 _TMA_TYPES = re.compile(r"INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\(\s*Sm90,\s*(\w+),\s*(\w+)")
+# The GEMM runners of the binding's three FusedMoeRunner kinds moe-cuda makes (activation_weight).
+KEPT_RUNNERS = {"moe_gemm_kernels_bf16_bf16.cu", "moe_gemm_kernels_fp16_fp16.cu", "moe_gemm_kernels_bf16_fp8.cu"}
 
 
 def wanted(source: Path) -> bool:
-    """Hand-written sources all; generated ones: the sm80 fused SwiGLU kernels (bf16/fp16) and the
-    sm90 TMA grouped GEMMs whose activations and weights are both bf16 or both fp16."""
+    """Hand-written sources but the other types' GEMM runners; generated ones: the sm80 fused
+    SwiGLU kernels (bf16/fp16) and the sm90 TMA grouped GEMMs whose activations and weights are
+    both bf16 or both fp16."""
+    if source.name.startswith("moe_gemm_kernels_"):
+        return source.name in KEPT_RUNNERS
     if "generated" not in source.name:
         return True
     text = source.read_text()
@@ -47,7 +53,8 @@ def main() -> int:
                         help="parallel nvcc processes (each takes up to ~8 GB)")
     args = parser.parse_args()
     os.environ.update(FLASHINFER_WORKSPACE_BASE=str(args.workspace.resolve()), FLASHINFER_CUDA_ARCH_LIST="9.0a",
-                      MAX_JOBS=str(args.jobs), FLASHINFER_JIT_VERBOSE="1")
+                      MAX_JOBS=str(args.jobs), FLASHINFER_JIT_VERBOSE="1",
+                      FLASHINFER_JIT_DEBUG="0")  # unset, VERBOSE=1 also means -O0 --device-debug
     if "CUDA_HOME" not in os.environ:
         raise SystemExit("set CUDA_HOME (FlashInfer links $CUDA_HOME/lib64's cudart and nvrtc)")
 

@@ -94,9 +94,10 @@ start_flashinfer_build() {
   # Each nvcc takes up to ~8 GB; a dozen CPUs stay with the GPU jobs on the larger machines.
   local cpus mem_jobs
   cpus=$(( $(nproc) > 16 ? $(nproc) - 12 : $(nproc) - 2 )); mem_jobs=$(( $(free -g | awk '/Mem:/ {print $2}') / 9 ))
-  ( PYTHONPATH=$PYTHONPATH:$FI/pkg:$FI/site python3 "$HERE/flashinfer_sm90.py" --workspace $FI/ws \
-      --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > "$OUT/flashinfer_build.log" 2>&1 \
-      && touch $FI/built || touch $FI/failed ) &
+  setsid bash -c "PYTHONPATH=$PYTHONPATH:$FI/pkg:$FI/site python3 $HERE/flashinfer_sm90.py --workspace $FI/ws \
+      --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > $OUT/flashinfer_build.log 2>&1 && touch $FI/built \
+      || touch $FI/failed" &
+  FI_BUILD=$!
 }
 FI_WAIT="until [ -e $FI/built ] || [ -e $FI/failed ]; do sleep 5; done; [ -e $FI/built ] && export PYTHONPATH=\$PYTHONPATH:$FI/pkg:$FI/site FLASHINFER_DISABLE_JIT=1 &&"
 
@@ -166,7 +167,11 @@ start=$(date +%s)
 python3 "$HERE/gpu_jobs.py" "$JOBS" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
 failed=$?
 echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
-if [ -f "$OUT/flashinfer_build.log" ]; then echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:" "$OUT/flashinfer_build.log" | tail -n 20; fi
+if [ -n "${FI_BUILD:-}" ]; then
+  # A build the deadline cut short stops here; ninja resumes from its objects in a later call on this machine.
+  kill -- -"$FI_BUILD" 2>/dev/null && echo "== flashinfer build stopped at the deadline"
+  echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build.log" | cut -c1-160 | tail -n 20
+fi
 for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
 if [ -d "$OUT/bench" ]; then
   python3 - "$OUT/bench" <<'EOF_MERGE' || failed=1

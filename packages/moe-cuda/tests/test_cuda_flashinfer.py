@@ -66,6 +66,15 @@ def test_cutlass_layout_through_the_twin(config, quant):
     assert err < (2e-2 if quant.weight.quantized else 1e-2), err
 
 
+def test_cutlass_fp8_blocks_take_bf16_activations_only():
+    h100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    supports = FlashInferCutlassExperts.supports_extra  # supports() also asks for an installed flashinfer
+    assert supports(layer(), fp8_w8a8("block"), h100)
+    refused = supports(layer(dtype=torch.float16), fp8_w8a8("block"), h100)
+    assert not refused and "torch.float16 activations (supported: torch.bfloat16)" in refused.reason
+    assert supports(layer(dtype=torch.float16), unquantized(), h100)
+
+
 def test_trtllm_layout_through_the_twin():
     err, _ = run_against_reference(FlashInferTrtllmBf16Experts, layer(), unquantized())
     assert err < 1e-2, err
@@ -98,12 +107,15 @@ def test_first_sm90_build_is_announced_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "flashinfer.jit.env", env)
     monkeypatch.setenv("FLASHINFER_JIT_VERBOSE", "")  # recorded, so the test's own setting is undone
     monkeypatch.delenv("FLASHINFER_JIT_VERBOSE")
+    monkeypatch.setenv("FLASHINFER_JIT_DEBUG", "")
+    monkeypatch.delenv("FLASHINFER_JIT_DEBUG")
     flashinfer.announce_sm90_build.cache_clear()
     flashinfer.announce_sm90_build()
     flashinfer.announce_sm90_build()
     said = capsys.readouterr().err
     assert said.count("8.6 CPU-hours") == 1 and str(tmp_path) in said
     assert os.environ["FLASHINFER_JIT_VERBOSE"] == "1"  # ninja's [n/N] lines
+    assert os.environ["FLASHINFER_JIT_DEBUG"] == "0"  # not the -O0 debug build VERBOSE alone means
     built = tmp_path / "fused_moe_90" / "fused_moe_90.so"
     built.parent.mkdir()
     built.touch()

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.backends import Platform
+from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig
-from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport
-from moe_core.quant import Granularity, QuantDType
+from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support
+from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
 from moe_core.reference import apply_activation
 from moe_core.weights import ExpertWeights, PackedWeights
 from moe_cuda.grouped_mm import ROUTED_BY_CORE
@@ -119,7 +119,9 @@ def announce_sm90_build() -> None:
     jit_dir = jit_env.FLASHINFER_JIT_DIR
     if jit_env.get_aot_artifacts(SM90_MODULE) or (jit_dir / SM90_MODULE / f"{SM90_MODULE}.so").exists():
         return
-    os.environ.setdefault("FLASHINFER_JIT_VERBOSE", "1")
+    if "FLASHINFER_JIT_VERBOSE" not in os.environ:
+        # FlashInfer reads VERBOSE=1 as a debug build (-O0 --device-debug) unless DEBUG says otherwise.
+        os.environ.update(FLASHINFER_JIT_VERBOSE="1", FLASHINFER_JIT_DEBUG=os.environ.get("FLASHINFER_JIT_DEBUG", "0"))
     print(f"moe-cuda: FlashInfer compiles its sm_90 CUTLASS fused-MoE module on this first call: {SM90_BUILD_COST}; "
           f"later processes load it from {jit_dir}. benchmarks/gpu/flashinfer_sm90.py builds only the kernels "
           "moe-cuda calls (55 files).", file=sys.stderr, flush=True)
@@ -152,6 +154,13 @@ class FlashInferCutlassExperts(Experts):
             "are not wired)",
         ),
     )
+
+    @classmethod
+    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
+        if quant.weight.quantized and config.dtype != torch.bfloat16:
+            # The binding makes a runner for bf16 x fp8 only (CutlassMoeFCRunner<__nv_bfloat16, __nv_fp8_e4m3>).
+            return Support.no(f"fp8 128x128 blocks with {config.dtype} activations (supported: torch.bfloat16)")
+        return Support.yes()
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
