@@ -147,8 +147,8 @@ def test_wna16_takes_a_tuned_file_of_its_shape(tmp_path, monkeypatch):
     (fp8_w8a8("block"), "fp8-block")])
 def test_fp8_takes_a_tuned_file_of_its_family(tmp_path, monkeypatch, quant, family):
     """fp8 layers have a tuned family per weight scale granularity (`moe tune --quant fp8-*` writes
-    it): the heuristic without a file (none ships), the file's entry once one exists."""
-    cfg = get_preset("qwen3-30b-a3b").config
+    it): the heuristic without a file (none ships for this shape), the file's entry once one exists."""
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16)
     device = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
     experts = TritonFp8Experts(cfg, quant, device)
     assert experts.config_key.kernel == family and experts.config_key.device == "NVIDIA_H100_80GB_HBM3"
@@ -163,6 +163,18 @@ def test_fp8_takes_a_tuned_file_of_its_family(tmp_path, monkeypatch, quant, fami
     finally:
         monkeypatch.delenv(configs.ENV_DIR)
         configs.reload()
+
+
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"])
+def test_shipped_fp8_block_configs_cover_the_presets(preset):
+    """fp8 128x128-block layers of the presets that have them find H100 launch shapes at every
+    benchmarked token count; the H200 takes the same file (no fp8 file of its own)."""
+    cfg = get_preset(preset).config
+    for gpu, source in (("NVIDIA H100 80GB HBM3", "tuned"), ("NVIDIA H200", "other-device")):
+        experts = TritonFp8Experts(cfg, fp8_w8a8("block"), DeviceInfo(Platform.CUDA, 0, gpu, (9, 0)))
+        for m in (1, 8, 32, 128, 512, 2048, 8192):
+            hit = configs.lookup_exact(experts.config_key, m)
+            assert hit is not None and hit.source == source and f"at M={m}" in hit.detail, (gpu, m, hit)
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
