@@ -1,6 +1,6 @@
 """FlashInfer's fused-MoE kernels (flashinfer-python 0.7.2.post1): their weight layouts and capability
 records. NOT validated on real hardware: FlashInfer ships no prebuilt sm_90 MoE (its CUTLASS module
-compiles ~245 CUDA files on first use) and its TRT-LLM kernels run on sm100/sm103 only, so neither has
+compiles 248 CUDA files on first use) and its TRT-LLM kernels run on sm100/sm103 only, so neither has
 run here. The converters are written from FlashInfer's API and checked on the CPU against their
 definitions and, through torch twins that read the converted tensors, against moe-core's reference.
 
