@@ -8,10 +8,10 @@ later processes load it instead of compiling.
 FlashInfer must be importable (PYTHONPATH) and CUDA_HOME set. The whole module is 248 translation units,
 about 8.6 CPU-hours (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md); nothing in FlashInfer filters
 its instantiations, so this script drops, before ninja runs, the generated CUTLASS files of every other
-input type (fp32, per-tensor fp8, the mixed int4/fp4 inputs, the fpA_intB GEMMs) and their GEMM runners:
-44 units. Their symbols
-stay undefined in the library; FlashInfer loads modules lazily (RTLD_LAZY), so only a call into a dropped
-type would fail, and the undefined-symbol count is printed. Prints the build time; exit 1 on failure.
+input type (fp32, per-tensor fp8, the mixed int4/fp4 inputs, the fpA_intB GEMMs) and those types' GEMM
+runners, which leaves 44 units. Their symbols stay undefined in the library; FlashInfer loads modules
+lazily (RTLD_LAZY), so only a call into a dropped type would fail, and the undefined-symbol count is
+printed. Prints the build time; exits non-zero on failure.
 """
 
 from __future__ import annotations
