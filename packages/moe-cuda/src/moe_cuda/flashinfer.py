@@ -104,10 +104,10 @@ def _fake_quantize_groups(a: torch.Tensor) -> torch.Tensor:
     return (codes.float().view(a.shape[0], -1, BLOCK) * scale[..., None]).view_as(a)
 
 
-# FlashInfer's sm_90 fused-MoE module, as measured on a CPU (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md).
+# FlashInfer's sm_90 fused-MoE module, as measured (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md).
 SM90_MODULE = "fused_moe_90"
-SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours (10-12 minutes on 64 cores, over 35 on 16; MAX_JOBS "
-                   "parallel compiles, each up to 8 GB)")
+SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours (54 of them took 9 minutes on a 64-CPU host; MAX_JOBS "
+                   "sets the parallel compiles, each up to 8 GB)")
 
 
 @functools.cache
@@ -124,7 +124,7 @@ def announce_sm90_build() -> None:
         os.environ.update(FLASHINFER_JIT_VERBOSE="1", FLASHINFER_JIT_DEBUG=os.environ.get("FLASHINFER_JIT_DEBUG", "0"))
     print(f"moe-cuda: FlashInfer compiles its sm_90 CUTLASS fused-MoE module on this first call: {SM90_BUILD_COST}; "
           f"later processes load it from {jit_dir}. benchmarks/gpu/flashinfer_sm90.py builds only the kernels "
-          "moe-cuda calls (55 files).", file=sys.stderr, flush=True)
+          "moe-cuda calls (44 files).", file=sys.stderr, flush=True)
 
 
 class FlashInferCutlassExperts(Experts):
