@@ -170,6 +170,7 @@ echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
 if [ -n "${FI_BUILD:-}" ]; then
   # A build the deadline cut short stops here; ninja resumes from its objects in a later call on this machine.
   kill -- -"$FI_BUILD" 2>/dev/null && echo "== flashinfer build stopped at the deadline"
+  wait "$FI_BUILD" 2>/dev/null  # its log is complete before it is packed
   echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build.log" | cut -c1-160 | tail -n 20
 fi
 for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
