@@ -103,6 +103,12 @@ FI_WAIT="until [ -e $FI/built ] || [ -e $FI/failed ]; do sleep 5; done; [ -e $FI
 
 JOBS=$OUT/jobs.txt
 : > "$JOBS"
+# add_bench PRESET SCHEME [NAME_SUFFIX [PREFIX]]: one `moe bench --backends all` job -> $OUT/bench/PRESET-SCHEME[-SUFFIX]
+add_bench() {
+  local name=$1-$2${3:+-$3}
+  printf 'bench-%s\t%spython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
+    "$name" "${4:-}" "$1" "$2" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$name" >> "$JOBS"
+}
 if [[ " ${PHASES[*]} " == *" retune "* ]]; then PHASES=(retune "${PHASES[@]/retune/}"); fi
 for phase in "${PHASES[@]}"; do
   case "$phase" in
@@ -117,20 +123,14 @@ for phase in "${PHASES[@]}"; do
         "$ROOT/packages/moe-triton/tests" "$ROOT/packages/moe-triton/tests/test_act_order.py" >> "$JOBS" ;;
     bench)
       for p in "${presets[@]}"; do
-        for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do
-          printf 'bench-%s-%s\tpython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
-            "$p" "$s" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$p-$s" >> "$JOBS"
-        done
+        for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do add_bench "$p" "$s"; done
       done ;;
     flashinfer)
       start_flashinfer_build
       printf 'flashinfer-tests\t%s MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -k "flashinfer or FlashInfer" %s\n' \
         "$FI_WAIT" "$ROOT/packages/moe-cuda/tests" >> "$JOBS"
       for p in "${presets[@]}"; do
-        for s in bf16 fp8-block; do
-          printf 'bench-%s-%s-flashinfer\t%s python3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
-            "$p" "$s" "$FI_WAIT" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$p-$s-flashinfer" >> "$JOBS"
-        done
+        for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$FI_WAIT "; done
       done ;;
     peers)
       for p in "${presets[@]}"; do

@@ -25,11 +25,12 @@ from pathlib import Path
 import torch
 
 from moe_core.presets import get_preset
+from moe_core.quant import parse_scheme
 from moe_triton import configs
 from moe_triton.configs import ConfigKey, QuantKernelConfig, device_tag
-from moe_triton.quant_gemm_details import _heuristics
+from moe_triton.quant_gemm_details._heuristics import pick_config
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
-from moe_triton.quantized import borrowed_as_served
+from moe_triton.quantized import borrowed_as_served, fp8_block_k
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = ROOT / "benchmarks" / "results" / "tuned-configs" / "provenance.json"
@@ -44,23 +45,18 @@ def _borrowed_int4(key: ConfigKey, preset, out: Path) -> tuple[dict[int, QuantKe
     return table, f"{lender.file_name()}'s entries as MXFP4 serves them (wgmma stages capped at 3)"
 
 
-def _fp8_heuristic(key: ConfigKey, sms: int) -> tuple[dict[int, QuantKernelConfig], str]:
-    """`TritonFp8Experts.heuristic_config` at each benchmark token count, on a GPU of `sms` multiprocessors
-    (fp8 K tiles are 128 wide; pick_config reads only the operand's sizes)."""
+def _fp8_heuristic(key: ConfigKey, quant: str, sms: int) -> tuple[dict[int, QuantKernelConfig], str]:
+    """`TritonFp8Experts.heuristic_config` at each benchmark token count on a GPU of `sms`
+    multiprocessors (pick_config reads only the operands' sizes, so they hold no weights)."""
+    weight = parse_scheme(quant).weight
+
     def operand(n: int, k: int) -> WeightOperand:
         meta = torch.empty(key.num_experts, 0, device="meta")
-        return WeightOperand(WType.FP8, meta, meta, None, n, k, 0, 128, 0)
+        return WeightOperand(WType.FP8, meta, meta, None, n, k, 0, fp8_block_k(weight, k), 0)
 
     w13, w2 = operand(2 * key.intermediate, key.hidden), operand(key.hidden, key.intermediate)
-    gpu = torch.device("meta")
-    real_num_sms = _heuristics.num_sms
-    _heuristics.num_sms = lambda device: sms
-    try:
-        table = {m: QuantKernelConfig(_heuristics.pick_config(m * key.top_k, key.num_experts, w13, gpu),
-                                      _heuristics.pick_config(m * key.top_k, key.num_experts, w2, gpu))
-                 for m in TOKENS}
-    finally:
-        _heuristics.num_sms = real_num_sms
+    table = {m: QuantKernelConfig(pick_config(m * key.top_k, key.num_experts, w13, sms),
+                                  pick_config(m * key.top_k, key.num_experts, w2, sms)) for m in TOKENS}
     return table, f"pick_config's heuristic ({sms} multiprocessors)"
 
 
@@ -70,7 +66,7 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
     cfg = p.config
     key = ConfigKey(quant, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
-    table, served = _borrowed_int4(key, p, out) if quant == "mxfp4" else _fp8_heuristic(key, sms)
+    table, served = _borrowed_int4(key, p, out) if quant == "mxfp4" else _fp8_heuristic(key, quant, sms)
     tuned_dir = retune / preset / "configs"
     tuned = json.loads((tuned_dir / key.file_name()).read_text())
     record = json.loads((tuned_dir / "provenance" / key.file_name()).read_text())

@@ -16,7 +16,7 @@ from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
-from moe_triton._common.target import wgmma_capable
+from moe_triton._common.target import num_sms, wgmma_capable
 from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm_details._heuristics import pick_config
 from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts, borrowed_as_served
@@ -250,7 +250,7 @@ def test_heuristic_treats_mxfp4_as_int4(K):
     mxfp4, int4 = gemm1_operand(mxfp4_w4a16(), K, seed=1), gemm1_operand(int4_w4a16(64), K, seed=1)
     assert mxfp4.k_tiles == int4.k_tiles == 2
     for pairs in (2, 16, 64, 400, 4000):
-        assert pick_config(pairs, 4, mxfp4, DEV) == pick_config(pairs, 4, int4, DEV)
+        assert pick_config(pairs, 4, mxfp4, num_sms(DEV)) == pick_config(pairs, 4, int4, num_sms(DEV))
 
 
 def test_borrowed_wgmma_launch_shapes_keep_three_stages_at_most(monkeypatch):

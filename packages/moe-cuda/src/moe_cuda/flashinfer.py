@@ -169,7 +169,7 @@ class FlashInferCutlassExperts(Experts):
             return flashinfer_cutlass_twin(hidden_states, topk_weights, topk_ids, packed)
         from flashinfer.fused_moe import cutlass_fused_moe
 
-        if torch.cuda.get_device_capability(hidden_states.device) == (9, 0):
+        if self.device.capability == (9, 0):
             announce_sm90_build()
         fp8 = "w31_scale" in packed.tensors
         out = cutlass_fused_moe(

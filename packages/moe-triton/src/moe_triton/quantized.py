@@ -37,7 +37,7 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, Ze
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4, unpack_int4
 from moe_core.weights.processor import PackedWeights
-from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton._common.target import interpreting, num_sms, wgmma_capable
 from moe_triton.act_order import permute_pair_rows
 from moe_triton.act_quant import QMode, act_quant
 from moe_triton.align import align_block_size
@@ -123,6 +123,12 @@ def _block_k(wtype: WType, cols: int, group: int) -> int:
         if cols % bk == 0 and group % piece == 0 and piece >= 16:
             return bk
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
+
+
+def fp8_block_k(key: QuantKey, cols: int) -> int:
+    """K tile of an fp8 GEMM of input size cols: 128 with 128x128 scale blocks (one block per tile),
+    else the widest that divides cols."""
+    return 128 if key.scale.granularity is Granularity.BLOCK else _block_k(WType.FP8, cols, cols)
 
 
 def _group(key: QuantKey, cols: int) -> int:
@@ -328,17 +334,16 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         pairs = num_tokens * cfg.top_k
         w13 = self._operand("w13", cfg.w13_rows, cfg.hidden_size)
         w2 = self._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition)
-        dev = self.device.torch_device
-        return QuantKernelConfig(pick_config(pairs, w13.num_experts, w13, dev),
-                                 pick_config(pairs, w2.num_experts, w2, dev))
+        sms = num_sms(self.device.torch_device)
+        return QuantKernelConfig(pick_config(pairs, w13.num_experts, w13, sms),
+                                 pick_config(pairs, w2.num_experts, w2, sms))
 
     def _operand(self, name: str, n: int, k: int) -> WeightOperand:
         p = self._packed()
         key = self.quant.weight
         wt = _wtype(key)
         if wt is WType.FP8:
-            return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, k, 0,
-                                 128 if key.scale.granularity is Granularity.BLOCK else _block_k(wt, k, k), 0)
+            return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, k, 0, fp8_block_k(key, k), 0)
         group = _group(key, k)
         if name == "w13" and self._w13_halves_apart:
             n //= 2  # half-experts of N rows (`_half_experts`)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from moe_triton._common.target import num_sms
 from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
@@ -18,7 +15,7 @@ __all__ = ["FOLDED_REGS", "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE", "WS_REGS",
            "effective_split", "pick_config", "ws_regs"]
 
 
-def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torch.device) -> GemmConfig:
+def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, sms: int) -> GemmConfig:
     """Tile shape and split-K for one GEMM: memory-bound at small M (stream weights from many
     programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights.
 
@@ -39,8 +36,8 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, device: torc
     m_blocks = min(num_pairs, -(-num_pairs // bm) + min(num_experts, num_pairs))
     programs = m_blocks * -(-w.n // bn)
     k_tiles = w.k_tiles
-    # K-splits until about 8 programs per SM stream weights at once.
-    target = 8 * num_sms(device)
+    # K-splits until about 8 programs per SM (sms: the GPU's multiprocessors) stream weights at once.
+    target = 8 * sms
     split = 1
     while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
         split *= 2
