@@ -28,6 +28,8 @@
 #               /tmp/fi for later calls on the same machine), then one job runs moe-cuda's FlashInfer tests
 #               and one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
 #               beside every other backend (bench/P-S-flashinfer). Only these jobs can import FlashInfer.
+#               A module built here comes back as $OUT/fused_moe_90.so.xz.part-*; put those parts in the
+#               bundle and a later call loads them instead of building (7 minutes on 64 CPUs).
 # retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or fp8-tensor/-channel/-block): per preset,
 #               `moe tune --quant $RETUNE_QUANT` (MXFP4: with --wgmma) at those token counts
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
@@ -90,12 +92,22 @@ start_flashinfer_build() {
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
   export CUDA_HOME TVM_FFI_DISABLE_TORCH_C_DLPACK=1 TRTLLM_DG_CACHE_DIR=$FI/deepgemm
   echo "flashinfer: CUDA_HOME=$CUDA_HOME ($(nvcc --version | tail -n 1)), $(nproc) CPUs"
-  rm -f $FI/built $FI/failed
-  # Each nvcc takes up to ~8 GB; a dozen CPUs stay with the GPU jobs on the larger machines.
+  rm -f $FI/built $FI/failed $FI/exported $FI/fused_moe_90.so.xz.part-*
+  local aot=$FI/pkg/flashinfer/data/aot/fused_moe_90/fused_moe_90.so
+  if compgen -G "$bundle/fused_moe_90.so.xz.part-*" > /dev/null; then
+    # The module an earlier call built and sent back: no build.
+    mkdir -p "$(dirname $aot)" && cat "$bundle"/fused_moe_90.so.xz.part-* | xz -d > $aot && touch $FI/built \
+      && echo "flashinfer: the module built by an earlier call ($(du -h $aot | cut -f1))"
+    return
+  fi
+  # Each nvcc takes up to ~8 GB; a dozen CPUs stay with the GPU jobs on the larger machines. The built
+  # module is also sent back compressed ($OUT/fused_moe_90.so.xz.part-*, 15 MB each: the device tool's
+  # file limit) so that a later call can carry it in FLASHINFER_BUNDLE instead of building.
   local cpus mem_jobs
   cpus=$(( $(nproc) > 16 ? $(nproc) - 12 : $(nproc) - 2 )); mem_jobs=$(( $(free -g | awk '/Mem:/ {print $2}') / 9 ))
   setsid bash -c "PYTHONPATH=$PYTHONPATH:$FI/pkg:$FI/site python3 $HERE/flashinfer_sm90.py --workspace $FI/ws \
       --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > $OUT/flashinfer_build.log 2>&1 && touch $FI/built \
+      && xz -T0 --block-size=4MiB -6 -c $aot | split -b 15M - $FI/fused_moe_90.so.xz.part- && touch $FI/exported \
       || touch $FI/failed" &
   FI_BUILD=$!
 }
@@ -169,7 +181,8 @@ failed=$?
 echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
 if [ -n "${FI_BUILD:-}" ]; then
   # A build the deadline cut short stops here; ninja resumes from its objects in a later call on this machine.
-  kill -- -"$FI_BUILD" 2>/dev/null && echo "== flashinfer build stopped at the deadline"
+  # A finished one is left to compress its module.
+  [ -e $FI/built ] || { kill -- -"$FI_BUILD" 2>/dev/null && echo "== flashinfer build stopped at the deadline"; }
   wait "$FI_BUILD" 2>/dev/null  # its log is complete before it is packed
   echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build.log" | cut -c1-160 | tail -n 20
 fi
@@ -187,4 +200,7 @@ fi
 # The device tool brings back a few files only: everything but the logs above in one archive.
 tar -czf /tmp/moe-results.tar.gz -C "$OUT" --exclude=run_moe_cuda.log . && \
   find "$OUT" -mindepth 1 -maxdepth 1 ! -name run_moe_cuda.log -exec rm -rf {} + && mv /tmp/moe-results.tar.gz "$OUT/results.tar.gz"
+if [ -n "${FI_BUILD:-}" ] && [ -e $FI/exported ]; then
+  cp $FI/fused_moe_90.so.xz.part-* "$OUT"/ && ls -l "$OUT"/fused_moe_90.so.xz.part-*
+fi
 exit $failed
