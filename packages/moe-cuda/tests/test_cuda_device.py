@@ -113,10 +113,10 @@ def test_library_align_blocks_holds_the_same_blocks():
     assert torch.equal(ids.reshape(-1)[rows[is_real]], experts[is_real])
 
 
-def test_marlin_layer_is_captured_in_a_cuda_graph():
+def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's output from a first eager call and from a CUDA graph captured after it."""
     config = layer(E=32, K=512, N=256, top_k=4)
-    quant = int4_w4a16(128)
-    moe = FusedMoE(config, quant, "cuda", prefer="marlin")
+    moe = FusedMoE(config, quant, "cuda", prefer=prefer)
     moe.load_weights(ExpertWeights.random(config, quant, seed=3, device="cuda"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(5, 512, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -132,7 +132,12 @@ def test_marlin_layer_is_captured_in_a_cuda_graph():
         out = moe(x, logits)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, eager)
+    return eager, out
+
+
+def test_marlin_layer_is_captured_in_a_cuda_graph():
+    eager, replayed = _eager_and_graph_replay("marlin", int4_w4a16(128))
+    assert torch.equal(replayed, eager)
 
 
 def test_sglang_library_loads():
@@ -158,6 +163,14 @@ def test_flashinfer_cutlass_bf16_and_fp8_block():
     _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8), unquantized())
     _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8, dtype=torch.float16), unquantized())
     _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8), fp8_w8a8("block"), tol=2e-2)
+
+
+@pytest.mark.parametrize("quant", [unquantized(), fp8_w8a8("block")], ids=["bf16", "fp8-block"])
+def test_flashinfer_cutlass_tuned_then_captured_in_a_cuda_graph(quant):
+    # The first eager call tunes FlashInfer's tactics; the capture must replay them, not tune.
+    pytest.importorskip("flashinfer")
+    eager, replayed = _eager_and_graph_replay("flashinfer_cutlass", quant)
+    assert float((replayed - eager).float().norm() / eager.float().norm()) < 1e-3
 
 
 def test_flashinfer_trtllm_bf16():

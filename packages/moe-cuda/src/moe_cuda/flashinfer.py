@@ -1,8 +1,10 @@
 """FlashInfer's fused-MoE kernels (flashinfer-python 0.7.2.post1): their weight layouts and capability
-records. NOT validated on real hardware: FlashInfer ships no prebuilt sm_90 MoE (its CUTLASS module
-compiles 248 CUDA files on first use) and its TRT-LLM kernels run on sm100/sm103 only, so neither has
-run here. The converters are written from FlashInfer's API and checked on the CPU against their
-definitions and, through torch twins that read the converted tensors, against moe-core's reference.
+records. NOT validated on real hardware: their device tests have not passed on a GPU here. The CUTLASS
+class ran on an H100 in `moe bench` only (FlashInfer's sm_90 module built from source, narrowed to
+the kernels called here; its default tactics, before the tuning pass below was added), its outputs
+matching torch's grouped GEMM and moe-triton's; the TRT-LLM kernels run on sm100/sm103 only. The
+converters are written from FlashInfer's API and checked on the CPU against their definitions and,
+through torch twins that read the converted tensors, against moe-core's reference.
 
 - `flashinfer_cutlass` (`cutlass_fused_moe`, sm90+): GEMM1 weights with the up rows first, then the
   gate rows ("w31"), as TRT-LLM's SwiGLU reads them; fp8 128x128 block scales reordered alike.
@@ -41,8 +43,10 @@ __all__ = [
     "trtllm_gemm2_rows",
 ]
 
+# FlashInfer's default: the token buckets its tuner profiles run up to this many tokens.
+TUNE_MAX_TOKENS = 8192
 _NOT_VALIDATED = ("NOT validated on real hardware: written from FlashInfer 0.7.2.post1's API; its layouts are "
-                  "checked on the CPU only")
+                  "checked on the CPU; its device tests have not passed on a GPU here")
 
 
 def swap_gate_up(t: torch.Tensor) -> torch.Tensor:
@@ -106,8 +110,8 @@ def _fake_quantize_groups(a: torch.Tensor) -> torch.Tensor:
 
 # FlashInfer's sm_90 fused-MoE module, as measured (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md).
 SM90_MODULE = "fused_moe_90"
-SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours (54 of them took 9 minutes on a 64-CPU host; MAX_JOBS "
-                   "sets the parallel compiles, each up to 8 GB)")
+SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours; MAX_JOBS sets the parallel compiles, each up to 8 GB. "
+                   "The 44 that moe-cuda calls took 7-8 minutes on a 64-CPU host")
 
 
 @functools.cache
@@ -152,8 +156,15 @@ class FlashInferCutlassExperts(Experts):
             "install flashinfer-python==0.7.2.post1",
             "SiLU gated only; no biases, no expert parallelism through this class (FlashInfer's own ep_size/ep_rank "
             "are not wired)",
+            f"the first eager call on a GPU tunes FlashInfer's GEMM tactics for the layer's shape (token buckets up to "
+            f"{TUNE_MAX_TOKENS}); a CUDA graph captured before any eager call runs FlashInfer's default tactics, which "
+            "were 2.3-4.1x slower than torch's grouped GEMM in bf16 on an H100. The tuning pass has not run here",
         ),
     )
+
+    def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
+        super().__init__(config, quant, device)
+        self._tuned = False  # FlashInfer's tactics chosen for this layer's shape (first eager GPU call)
 
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
@@ -172,12 +183,24 @@ class FlashInferCutlassExperts(Experts):
         if self.device.capability == (9, 0):
             announce_sm90_build()
         fp8 = "w31_scale" in packed.tensors
-        out = cutlass_fused_moe(
-            input=hidden_states, token_selected_experts=topk_ids.to(torch.int32),
+        call = functools.partial(
+            cutlass_fused_moe, input=hidden_states, token_selected_experts=topk_ids.to(torch.int32),
             token_final_scales=topk_weights.float(), fc1_expert_weights=packed["w31"],
             fc2_expert_weights=packed["w2"], output_dtype=hidden_states.dtype,
             quant_scales=[packed["w31_scale"], packed["w2_scale"]] if fp8 else [],
-            use_deepseek_fp8_block_scale=fp8)
+            use_deepseek_fp8_block_scale=fp8, tune_max_num_tokens=TUNE_MAX_TOKENS)
+        if not self._tuned and not torch.cuda.is_current_stream_capturing():
+            # Untuned, FlashInfer runs its default GEMM tactics (in bf16 on an H100, 2.3-4.1x slower
+            # than torch's grouped GEMM). One tuning pass covers every token bucket up to
+            # TUNE_MAX_TOKENS for this layer shape; later calls, CUDA graph captures included, read
+            # FlashInfer's cache.
+            from flashinfer.autotuner import autotune
+
+            with autotune(True):
+                out = call()
+            self._tuned = True
+        else:
+            out = call()
         return out[0] if isinstance(out, list | tuple) else out
 
 
