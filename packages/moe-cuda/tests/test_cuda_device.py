@@ -167,7 +167,7 @@ def test_flashinfer_cutlass_bf16_and_fp8_block():
 
 @pytest.mark.parametrize("quant", [unquantized(), fp8_w8a8("block")], ids=["bf16", "fp8-block"])
 def test_flashinfer_cutlass_tuned_then_captured_in_a_cuda_graph(quant):
-    # The first eager call tunes FlashInfer's tactics; the capture must replay them, not tune.
+    # The first eager call tunes FlashInfer's tactics; the capture reads them (profiling would break it).
     pytest.importorskip("flashinfer")
     eager, replayed = _eager_and_graph_replay("flashinfer_cutlass", quant)
     assert float((replayed - eager).float().norm() / eager.float().norm()) < 1e-3
