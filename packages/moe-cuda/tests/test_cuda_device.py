@@ -14,6 +14,7 @@ from moe_core.quant import (
     FP8_BLOCK128_WEIGHT,
     FP8_CHANNEL_WEIGHT,
     MoEQuantConfig,
+    QuantDType,
     fp8_w8a8,
     int4_w4a16,
     int8_w8a16,
@@ -21,7 +22,13 @@ from moe_core.quant import (
     unquantized,
 )
 from moe_core.weights.canonical import ExpertWeights
-from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
+from moe_cuda.flashinfer import (
+    FlashInferCutlassExperts,
+    FlashInferCutlassMxfp4Experts,
+    FlashInferTrtllmBf16Experts,
+    fold_scales_for_sm90,
+    interleave_fp4_for_sm90,
+)
 from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
 from moe_cuda.marlin import MarlinExperts, align_blocks, block_size_m, library_align_blocks
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts
@@ -165,10 +172,13 @@ def test_flashinfer_cutlass_bf16_and_fp8_block():
     _check(FlashInferCutlassExperts, layer(E=32, K=1024, N=512, top_k=8), fp8_w8a8("block"), tol=2e-2)
 
 
-@pytest.mark.parametrize("quant", [unquantized(), fp8_w8a8("block")], ids=["bf16", "fp8-block"])
+@pytest.mark.parametrize("quant", [unquantized(), fp8_w8a8("block"), mxfp4_w4a16()],
+                         ids=["bf16", "fp8-block", "mxfp4"])
 def test_flashinfer_cutlass_tuned_then_captured_in_a_cuda_graph(quant):
     # The first eager call tunes FlashInfer's tactics; the capture reads them (profiling would break it).
     pytest.importorskip("flashinfer")
+    if quant.weight.dtype is QuantDType.FP4_E2M1:
+        _require_sm90_mixed_gemm()
     eager, replayed = _eager_and_graph_replay("flashinfer_cutlass", quant)
     assert float((replayed - eager).float().norm() / eager.float().norm()) < 1e-3
 
@@ -178,3 +188,32 @@ def test_flashinfer_trtllm_bf16():
     if not (10, 0) <= torch.cuda.get_device_capability() <= (10, 3):
         pytest.skip("FlashInfer's TRT-LLM MoE kernels run on sm100/sm103 only")
     _check(FlashInferTrtllmBf16Experts, layer(E=32, K=1024, N=512, top_k=8), unquantized())
+
+
+def _require_sm90_mixed_gemm() -> None:
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FlashInfer's MXFP4 x bf16 path is the sm90 mixed-input GEMM only")
+
+
+def test_flashinfer_mxfp4_layout_ports_equal_flashinfer():
+    pytest.importorskip("flashinfer")
+    _require_sm90_mixed_gemm()
+    from flashinfer.fused_moe import (
+        interleave_moe_scales_for_sm90_mixed_gemm,
+        interleave_moe_weights_for_sm90_mixed_gemm,
+    )
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for shape in ((3, 48, 96), (2, 1024, 256), (1, 512, 512)):
+        w = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen)
+        assert torch.equal(interleave_fp4_for_sm90(w), interleave_moe_weights_for_sm90_mixed_gemm(w, "fp4")), shape
+    s = torch.randint(0, 256, (4, 256, 32), dtype=torch.uint8, device="cuda", generator=gen)
+    assert torch.equal(fold_scales_for_sm90(s), interleave_moe_scales_for_sm90_mixed_gemm(s, group_size=32))
+
+
+def test_flashinfer_cutlass_mxfp4_swiglu_oai_bias_and_silu():
+    pytest.importorskip("flashinfer")
+    _require_sm90_mixed_gemm()
+    gpt_oss_like = layer(E=32, K=512, N=512, top_k=4, activation=Activation.swiglu_oai(), bias=True)
+    _check(FlashInferCutlassMxfp4Experts, gpt_oss_like, mxfp4_w4a16())
+    _check(FlashInferCutlassMxfp4Experts, layer(E=32, K=1024, N=512, top_k=8), mxfp4_w4a16())

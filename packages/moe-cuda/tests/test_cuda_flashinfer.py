@@ -1,7 +1,8 @@
-"""FlashInfer's layouts against their definitions, and both classes' paths through their torch twins."""
+"""FlashInfer's layouts against their definitions, and the classes' paths through their torch twins."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -9,16 +10,22 @@ import torch
 from _cuda_helpers import layer, run_against_reference
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import Activation, ParallelConfig
-from moe_core.quant import fp8_w8a8, unquantized
+from moe_core.config import Activation, ParallelConfig, Routing
+from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16, unquantized
+from moe_core.weights.canonical import ExpertWeights
 from moe_cuda.flashinfer import (
     FlashInferCutlassExperts,
+    FlashInferCutlassMxfp4Experts,
     FlashInferTrtllmBf16Experts,
     block_major_k,
+    deinterleave_fp4_for_sm90,
+    fold_scales_for_sm90,
     from_block_major_k,
+    interleave_fp4_for_sm90,
     swap_gate_up,
     trtllm_gemm1_rows,
     trtllm_gemm2_rows,
+    unfold_scales_for_sm90,
 )
 
 # TRT-LLM's srcToDstBlk32RowMap, as FlashInfer lists it: row i of a 32-row block moves to this position.
@@ -123,3 +130,172 @@ def test_first_sm90_build_is_announced_once(tmp_path, monkeypatch, capsys):
     flashinfer.announce_sm90_build()
     assert capsys.readouterr().err == ""
     flashinfer.announce_sm90_build.cache_clear()
+
+
+# ---- flashinfer_cutlass, MXFP4 x bf16 (sm90) ----------------------------------------------------
+
+
+def _kernel_interleave_loop(weight: torch.Tensor) -> torch.Tensor:
+    """interleave_fp4_weights_for_sm90_mixed_gemm_kernel line by line, one thread at a time (one expert)."""
+    rows, cols = weight.shape[0], weight.shape[1] * 2
+    src, dst = weight.reshape(-1).tolist(), [0] * weight.numel()
+    moves = [(0x80, 24), (0x70, 18), (0x08, 12), (0x07, 6), (0x8000, 13), (0x7000, 7), (0x0800, 1),
+             (0x0700, -5), (0x800000, 2), (0x700000, -4), (0x080000, -10), (0x070000, -16), (0x80000000, -1),
+             (0x10000000, 1), (0x60000000, -3), (0x08000000, -13), (0x01000000, -11), (0x06000000, -15)]
+    for block_id in range(rows // 2):
+        for partition_id in range(cols // 64):
+            for lane_id in range(16):
+                row_id = block_id // 8 * 16 + block_id % 8
+                mma_id = lane_id // 4
+                dst_row_id = row_id + (mma_id % 2) * 8
+                interleaved_lane_id = lane_id // 8 * 16 + (lane_id % 4) * 4
+                col_id = partition_id * 32 + mma_id * 8 + lane_id % 4
+                dst_col_id = partition_id * 32 + interleaved_lane_id
+                first = row_id * cols // 2 + col_id
+                second = (row_id + 8) * cols // 2 + col_id
+                raw = src[first] | src[second] << 8 | src[first + 4] << 16 | src[second + 4] << 24
+                word = 0
+                for mask, shift in moves:
+                    word |= (raw & mask) << shift if shift >= 0 else (raw & mask) >> -shift
+                dst_id = dst_row_id * cols // 2 + dst_col_id
+                for j in range(4):
+                    dst[dst_id + j] = (word >> (8 * j)) & 0xFF
+    return torch.tensor(dst, dtype=torch.uint8).view_as(weight)
+
+
+def _random_bytes(*shape, seed):
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_mxfp4_interleave_port_equals_the_kernel_loop():
+    w = _random_bytes(2, 32, 64, seed=1)  # 32 rows of 128 inputs: two row groups, two partitions
+    ported = interleave_fp4_for_sm90(w)
+    for e in range(2):
+        assert torch.equal(ported[e], _kernel_interleave_loop(w[e]))
+
+
+def test_mxfp4_interleave_moves_every_bit_exactly_once():
+    rows, half_k = 16, 64  # one row group, two partitions (the kernel-loop test covers more row groups)
+    bits = rows * half_k * 8
+    one_hot = torch.zeros(bits, rows * half_k, dtype=torch.uint8)  # "expert" i holds bit i only
+    i = torch.arange(bits)
+    one_hot[i, i // 8] = (1 << (i % 8)).to(torch.uint8)
+    out = interleave_fp4_for_sm90(one_hot.view(bits, rows, half_k)).view(bits, -1)
+    unpacked = (out.unsqueeze(-1).long() >> torch.arange(8)) & 1
+    assert torch.equal(unpacked.sum(dim=(1, 2)), torch.ones(bits, dtype=torch.long))
+    landed = unpacked.view(bits, -1).argmax(dim=1)
+    assert torch.equal(landed.sort().values, torch.arange(bits))
+
+
+def test_mxfp4_interleave_round_trips_through_the_twins_decode():
+    w = _random_bytes(3, 48, 96, seed=2)
+    interleaved = interleave_fp4_for_sm90(w)
+    assert interleaved.shape == w.shape and (interleaved != w).float().mean() > 0.9
+    assert torch.equal(deinterleave_fp4_for_sm90(interleaved), w)
+    with pytest.raises(ValueError, match="rows % 16 and inputs % 64"):
+        interleave_fp4_for_sm90(_random_bytes(1, 24, 32, seed=0))
+
+
+def test_mxfp4_scale_fold_port_equals_its_formula():
+    s = _random_bytes(2, 128, 12, seed=3)  # 128 rows, K = 384: two row blocks, three K128 blocks
+    folded = fold_scales_for_sm90(s)
+    assert folded.shape == (2, 2, 3, 16, 16) and folded.dtype == torch.uint8
+    for e in range(2):
+        for r in range(128):
+            for c in range(12):
+                # FlashInfer's reshape (rows/64, 4 slices, 16, K/128, 4 groups) permuted (0, 1, 4, 3, 2, 5)
+                assert folded[e, r // 64, c // 4, r % 16, (r % 64) // 16 * 4 + c % 4] == s[e, r, c]
+    assert torch.equal(unfold_scales_for_sm90(folded), s)
+    for bad in ((1, 96, 8), (1, 64, 6)):
+        with pytest.raises(ValueError, match="rows % 64 and inputs % 128"):
+            fold_scales_for_sm90(_random_bytes(*bad, seed=0))
+
+
+def test_mxfp4_processor_orders_rows_and_states_swiglu_oai():
+    config = layer(activation=Activation.swiglu_oai(), bias=True)
+    weights = ExpertWeights.random(config, mxfp4_w4a16(), seed=4)
+    packed = FlashInferCutlassMxfp4Experts.weight_processor(weights, config, torch.device("cpu"))
+    n = config.intermediate_size_per_partition
+    assert torch.equal(deinterleave_fp4_for_sm90(packed["w31"])[:, :n], weights.w13[:, n:])  # up rows first
+    assert torch.equal(unfold_scales_for_sm90(packed["w31_scale"])[:, n:], weights.w13_scale[:, :n])
+    assert torch.equal(packed["w31_bias"][:, :n], weights.w13_bias[:, n:].to(torch.bfloat16))
+    assert packed["w2_bias"].dtype == torch.bfloat16
+    E = config.num_experts
+    for name, value in (("swiglu_alpha", 1.702), ("swiglu_beta", 1.0), ("swiglu_limit", 7.0)):
+        assert packed[name].dtype == torch.float32 and torch.equal(packed[name], torch.full((E,), value))
+    silu = FlashInferCutlassMxfp4Experts.weight_processor(
+        ExpertWeights.random(layer(), mxfp4_w4a16(), seed=4), layer(), torch.device("cpu"))
+    assert "swiglu_alpha" not in silu.tensors and "w31_bias" not in silu.tensors
+
+
+@pytest.mark.parametrize("m", [1, 37, 130])
+@pytest.mark.parametrize("config", [layer(activation=Activation.swiglu_oai(), bias=True), layer(top_k=4)],
+                         ids=["swiglu_oai-bias", "silu"])
+def test_mxfp4_layout_through_the_twin(config, m):
+    err, _ = run_against_reference(FlashInferCutlassMxfp4Experts, config, mxfp4_w4a16(), m=m, seed=m)
+    assert err < 1e-2, err
+
+
+def test_mxfp4_swiglu_oai_clamps_through_the_twin():
+    config = layer(activation=Activation.swiglu_oai(), bias=True)
+    weights = ExpertWeights.random(config, mxfp4_w4a16(), seed=5)
+    weights = dataclasses.replace(weights, w13_scale=weights.w13_scale + 3)  # GEMM1 outputs x8: past the limit
+    x = torch.randn(64, config.hidden_size, generator=torch.Generator().manual_seed(5))
+    w13, _ = weights.narrow(0, 1).dequantize()
+    assert ((x @ w13[0].T).abs() > 7.0).float().mean() > 0.2
+    err, _ = run_against_reference(FlashInferCutlassMxfp4Experts, config, mxfp4_w4a16(), m=64, seed=5,
+                                   weights=weights)
+    assert err < 1e-2, err
+
+
+def _supports(config, device, monkeypatch):
+    # supports() first asks for an installed flashinfer; the record's own reasons are what is tested
+    cls = FlashInferCutlassMxfp4Experts
+    monkeypatch.setattr(cls, "capability", dataclasses.replace(cls.capability, requires=()))
+    return cls.supports(config, mxfp4_w4a16(), device)
+
+
+def test_mxfp4_refusals_say_why(monkeypatch):
+    h100 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    gpt_oss_like = layer(E=32, K=512, N=512, top_k=4, activation=Activation.swiglu_oai(), bias=True)
+    assert _supports(gpt_oss_like, h100, monkeypatch)
+    assert _supports(layer(), h100, monkeypatch)
+    refusals = {
+        "activation dtype torch.float16 (supported: {torch.bfloat16})": (layer(dtype=torch.float16), h100),
+        "hidden size 320 (must be a multiple of 128)": (layer(K=320), h100),
+        "hidden size 2880 (must be a multiple of 128)": (layer(K=2880, N=2880), h100),
+        "intermediate size 192 (must be a multiple of 128)": (layer(N=192), h100),
+        "needs compute capability <= (9, 0), device has (10, 0)":
+            (layer(), DeviceInfo(Platform.CUDA, 0, "NVIDIA B200", (10, 0))),
+        "needs compute capability >= (9, 0), device has (8, 0)":
+            (layer(), DeviceInfo(Platform.CUDA, 0, "NVIDIA A100", (8, 0))),
+        "activation gelu": (layer(activation=Activation.gelu()), h100),
+        "does not implement {clamped_silu}": (layer(activation=Activation.silu(clamp=7.0)), h100),
+        "routing that weights the input": (layer(top_k=1, routing=Routing.llama4()), h100),
+        "expert parallelism": (layer(parallel=ParallelConfig(ep_size=2, ep_rank=0)), h100),
+    }
+    for reason, (config, device) in refusals.items():
+        support = _supports(config, device, monkeypatch)
+        assert not support and reason in support.reason, (reason, support.reason)
+    int4 = FlashInferCutlassMxfp4Experts.supports(layer(), int4_w4a16(32), h100)
+    assert not int4 and ("int4" in int4.reason or "flashinfer" in int4.reason)
+
+
+@pytest.mark.parametrize("cls, quant", [(FlashInferCutlassExperts, unquantized()),
+                                        (FlashInferTrtllmBf16Experts, unquantized()),
+                                        (FlashInferCutlassMxfp4Experts, mxfp4_w4a16())])
+def test_routing_that_weights_the_input_is_refused(cls, quant, monkeypatch):
+    # The kernels weight each expert's output; Llama4's top-1 weighting of the input is not the same layer.
+    monkeypatch.setattr(cls, "capability", dataclasses.replace(cls.capability, requires=()))
+    device = DeviceInfo(Platform.CUDA, 0, "NVIDIA B200", (10, 0)) if cls is FlashInferTrtllmBf16Experts else \
+        DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
+    assert cls.supports(layer(), quant, device)
+    support = cls.supports(layer(top_k=1, routing=Routing.llama4()), quant, device)
+    assert not support and "routing that weights the input" in support.reason
+
+
+def test_mxfp4_capability_states_its_hardware():
+    cap = FlashInferCutlassMxfp4Experts.capability
+    assert cap.validated_on == () and cap.limitations[0].startswith("NOT validated on real hardware")
+    assert (cap.min_capability, cap.max_capability) == ((9, 0), (9, 0)) and cap.dtypes == {torch.bfloat16}
+    assert FlashInferCutlassMxfp4Experts.backend == FlashInferCutlassExperts.backend

@@ -20,6 +20,7 @@ _EXPERTS = (
 )
 _FLASHINFER_EXPERTS = (
     ExpertsRef(FLASHINFER_CUTLASS, "moe_cuda.flashinfer:FlashInferCutlassExperts"),
+    ExpertsRef(FLASHINFER_CUTLASS, "moe_cuda.flashinfer:FlashInferCutlassMxfp4Experts"),
     ExpertsRef(FLASHINFER_TRTLLM, "moe_cuda.flashinfer:FlashInferTrtllmBf16Experts"),
 )
 
