@@ -1,17 +1,21 @@
 """Build FlashInfer 0.7.2.post1's sm_90 CUTLASS fused-MoE module inside one device call, narrowed to the
-kernels moe-cuda's `FlashInferCutlassExperts` calls (bf16 and fp16 grouped GEMMs, and fp8 128x128 blocks,
-whose GEMMs DeepGEMM compiles at run time with NVRTC), then install it as FlashInfer's AOT module so
+kernels one of moe-cuda's FlashInfer classes calls, then install it as FlashInfer's AOT module so
 later processes load it instead of compiling.
 
-    python3 flashinfer_sm90.py --workspace DIR [--jobs N]
+    python3 flashinfer_sm90.py --workspace DIR [--variant bf16-fp8|mxfp4] [--jobs N]
+
+Variants (one module each; both do not fit one call's build together):
+- bf16-fp8 (`FlashInferCutlassExperts`): bf16 and fp16 grouped GEMMs, and fp8 128x128 blocks, whose
+  GEMMs DeepGEMM compiles at run time with NVRTC: 44 units.
+- mxfp4 (`FlashInferCutlassMxfp4Experts`): the sm90 mixed-input grouped GEMMs of bf16 activations and
+  MXFP4 weights (W4A16) and their runner: 38 units.
 
 FlashInfer must be importable (PYTHONPATH) and CUDA_HOME set. The whole module is 248 translation units,
 about 8.6 CPU-hours (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md); nothing in FlashInfer filters
-its instantiations, so this script drops, before ninja runs, the generated CUTLASS files of every other
-input type (fp32, per-tensor fp8, the mixed int4/fp4 inputs, the fpA_intB GEMMs) and those types' GEMM
-runners, which leaves 44 units. Their symbols stay undefined in the library; FlashInfer loads modules
-lazily (RTLD_LAZY), so only a call into a dropped type would fail, and the undefined-symbol count is
-printed. Prints the build time; exits non-zero on failure.
+its instantiations, so this script drops, before ninja runs, the generated CUTLASS files and the GEMM
+runners of every other input type. Their symbols stay undefined in the library; FlashInfer loads
+modules lazily (RTLD_LAZY), so only a call into a dropped type would fail, and the undefined-symbol
+count is printed. Prints the build time; exits non-zero on failure.
 """
 
 from __future__ import annotations
@@ -23,32 +27,55 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-KEPT_TMA_TYPES = {"__nv_bfloat16", "half"}  # activation = weight type of the TMA grouped GEMMs kept
 _TMA_TYPES = re.compile(r"INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\(\s*Sm90,\s*(\w+),\s*(\w+)")
-# The GEMM runners of the binding's three FusedMoeRunner kinds moe-cuda makes (activation_weight).
-KEPT_RUNNERS = {"moe_gemm_kernels_bf16_bf16.cu", "moe_gemm_kernels_fp16_fp16.cu", "moe_gemm_kernels_bf16_fp8.cu"}
+_MIXED_TYPES = re.compile(r"sm90_generic_mixed_moe_gemm_kernelLauncher<\s*(\w+),\s*(\w+)")
+_SM80_FUSED = "sm80_generic_fused_moe_gemm_kernelLauncher"
 
 
-def wanted(source: Path) -> bool:
-    """Hand-written sources but the other types' GEMM runners; generated ones: the sm80 fused
-    SwiGLU kernels (bf16/fp16) and the sm90 TMA grouped GEMMs whose activations and weights are
-    both bf16 or both fp16."""
+@dataclass(frozen=True)
+class Variant:
+    # The GEMM runners (activation_weight) of the binding's FusedMoeRunner kinds the class makes.
+    runners: frozenset[str]
+    # (activation, weight) type pairs of the generated sm90 grouped GEMMs kept: TMA ones, mixed-input ones.
+    tma_types: frozenset[tuple[str, str]]
+    mixed_types: frozenset[tuple[str, str]]
+    sm80_fused: bool  # the sm80 fused SwiGLU kernels the bf16/fp16 runners fall back to at small sizes
+
+
+VARIANTS = {
+    "bf16-fp8": Variant(
+        runners=frozenset({"moe_gemm_kernels_bf16_bf16.cu", "moe_gemm_kernels_fp16_fp16.cu",
+                           "moe_gemm_kernels_bf16_fp8.cu"}),
+        tma_types=frozenset({("__nv_bfloat16", "__nv_bfloat16"), ("half", "half")}),
+        mixed_types=frozenset(), sm80_fused=True),
+    "mxfp4": Variant(
+        runners=frozenset({"moe_gemm_kernels_bf16_fp4.cu"}),
+        tma_types=frozenset(), mixed_types=frozenset({("__nv_bfloat16", "SafeFP4")}), sm80_fused=False),
+}
+
+
+def wanted(source: Path, variant: Variant) -> bool:
+    """Hand-written sources but the other types' GEMM runners; generated ones whose every
+    instantiation is of a kept kind and type pair."""
     if source.name.startswith("moe_gemm_kernels_"):
-        return source.name in KEPT_RUNNERS
+        return source.name in variant.runners
     if "generated" not in source.name:
         return True
     text = source.read_text()
-    if "sm80_generic_fused_moe_gemm_kernelLauncher" in text:
-        return True
-    types = set(_TMA_TYPES.findall(text))
-    return bool(types) and all(a == w and a in KEPT_TMA_TYPES for a, w in types)
+    if _SM80_FUSED in text:
+        return variant.sm80_fused
+    tma, mixed = set(_TMA_TYPES.findall(text)), set(_MIXED_TYPES.findall(text))
+    return bool(tma or mixed) and tma <= variant.tma_types and mixed <= variant.mixed_types
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, required=True, help="FLASHINFER_WORKSPACE_BASE (objects, .so)")
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="bf16-fp8",
+                        help="which class's kernels the module holds (default: bf16-fp8)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) * 3 // 4),
                         help="parallel nvcc processes (each takes up to ~8 GB)")
     args = parser.parse_args()
@@ -65,7 +92,7 @@ def main() -> int:
 
     def narrowed(*a, **k):
         spec = full(*a, **k)
-        kept = [s for s in spec.sources if wanted(Path(s))]
+        kept = [s for s in spec.sources if wanted(Path(s), VARIANTS[args.variant])]
         print(f"flashinfer_sm90: {len(kept)} of {len(spec.sources)} sources kept", flush=True)
         spec.sources = kept
         return spec

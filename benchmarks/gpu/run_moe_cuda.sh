@@ -23,13 +23,16 @@
 #               per preset -> $OUT/peers/P/peer_matmul_ogs.json.
 # flashinfer:   FlashInfer's sm_90 fused MoE, from FLASHINFER_BUNDLE (default .carry/flashinfer: the pruned
 #               flashinfer-python 0.7.2.post1 package as fi_pruned.tar.xz, and the apache-tvm-ffi cp312 wheel;
-#               benchmarks/results/flashinfer_sm90_jit_2026-11-27.md says what they hold): its module is built
-#               in the background while the other jobs run (benchmarks/gpu/flashinfer_sm90.py, kept in
-#               /tmp/fi for later calls on the same machine), then one job runs moe-cuda's FlashInfer tests
-#               and one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
+#               benchmarks/results/flashinfer_sm90_jit_2026-11-27.md says what they hold), its module narrowed
+#               to FlashInferCutlassExperts' kernels (variant bf16-fp8 of benchmarks/gpu/flashinfer_sm90.py):
+#               built in the background while the other jobs run, then one job runs moe-cuda's FlashInfer
+#               tests and one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
 #               beside every other backend (bench/P-S-flashinfer). Only these jobs can import FlashInfer.
-#               A module built here comes back as $OUT/fused_moe_90.so.xz.part-*; put those parts in the
-#               bundle and a later call loads them instead of building (7 minutes on 64 CPUs).
+#               A module built here comes back as $OUT/fused_moe_90-VARIANT.so.xz.part-*; put those parts in
+#               the bundle and a later call loads them instead of building (7-8 minutes on 64 CPUs).
+# flashinfer-mxfp4: the same for FlashInferCutlassMxfp4Experts (variant mxfp4: its own module, so its jobs
+#               import another copy of FlashInfer): its tests and one mxfp4 bench job per preset
+#               (bench/P-mxfp4-flashinfer). Two modules do not build in one call: carry at least one built.
 # retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or fp8-tensor/-channel/-block): per preset,
 #               `moe tune --quant $RETUNE_QUANT` (MXFP4: with --wgmma) at those token counts
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
@@ -80,38 +83,50 @@ if [ -n "${BASE_WHEELS:-}" ]; then
     "$BASE_WHEELS"/*.whl || exit 3
 fi
 
-# FlashInfer: unpacked once per machine; its module builds in the background (all CPUs but a few for the
-# GPU jobs' Triton compiles) while the GPUs run the other jobs; its jobs wait for the outcome.
+# FlashInfer: unpacked once per machine and module variant (/tmp/fi/VARIANT); a module not in the bundle
+# builds in the background (all CPUs but a few for the GPU jobs' Triton compiles) while the GPUs run the
+# other jobs; that variant's jobs wait for the outcome (fi_wait).
 FI=/tmp/fi
-start_flashinfer_build() {
-  local bundle=${FLASHINFER_BUNDLE:-.carry/flashinfer}
-  if [ ! -d $FI/pkg/flashinfer ]; then
-    mkdir -p $FI/pkg && tar -xJf "$bundle"/fi_pruned.tar.xz -C $FI/pkg && \
-      python3 -m pip install -q --no-deps --no-index --target $FI/site "$bundle"/apache_tvm_ffi-*.whl || exit 5
+FI_BUILDS=()
+start_flashinfer() {
+  local variant=$1 bundle=${FLASHINFER_BUNDLE:-.carry/flashinfer} dir=$FI/$1
+  if [ ! -d $dir/pkg/flashinfer ]; then
+    mkdir -p $dir/pkg && tar -xJf "$bundle"/fi_pruned.tar.xz -C $dir/pkg || exit 5
+  fi
+  if [ ! -d $FI/site/tvm_ffi ]; then
+    python3 -m pip install -q --no-deps --no-index --target $FI/site "$bundle"/apache_tvm_ffi-*.whl || exit 5
   fi
   CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
   export CUDA_HOME TVM_FFI_DISABLE_TORCH_C_DLPACK=1 TRTLLM_DG_CACHE_DIR=$FI/deepgemm
-  echo "flashinfer: CUDA_HOME=$CUDA_HOME ($(nvcc --version | tail -n 1)), $(nproc) CPUs"
-  rm -f $FI/built $FI/failed $FI/exported $FI/fused_moe_90.so.xz.part-*
-  local aot=$FI/pkg/flashinfer/data/aot/fused_moe_90/fused_moe_90.so
-  if compgen -G "$bundle/fused_moe_90.so.xz.part-*" > /dev/null; then
+  echo "flashinfer $variant: CUDA_HOME=$CUDA_HOME ($(nvcc --version | tail -n 1)), $(nproc) CPUs"
+  rm -f $dir/built $dir/failed $dir/exported $dir/part-*
+  local aot=$dir/pkg/flashinfer/data/aot/fused_moe_90/fused_moe_90.so parts="$bundle/fused_moe_90-$variant.so.xz.part-"
+  if compgen -G "$parts*" > /dev/null; then
     # The module an earlier call built and sent back: no build.
-    mkdir -p "$(dirname $aot)" && cat "$bundle"/fused_moe_90.so.xz.part-* | xz -d > $aot && touch $FI/built \
-      && echo "flashinfer: the module built by an earlier call ($(du -h $aot | cut -f1))"
+    mkdir -p "$(dirname $aot)" && cat "$parts"* | xz -d > $aot && touch $dir/built \
+      && echo "flashinfer $variant: the module built by an earlier call ($(du -h $aot | cut -f1))"
     return
   fi
   # Each nvcc takes up to ~8 GB; a dozen CPUs stay with the GPU jobs on the larger machines. The built
-  # module is also sent back compressed ($OUT/fused_moe_90.so.xz.part-*, 15 MB each: the device tool's
-  # file limit) so that a later call can carry it in FLASHINFER_BUNDLE instead of building.
+  # module is also sent back compressed, 15 MiB a part (the device tool's file limit).
   local cpus mem_jobs
   cpus=$(( $(nproc) > 16 ? $(nproc) - 12 : $(nproc) - 2 )); mem_jobs=$(( $(free -g | awk '/Mem:/ {print $2}') / 9 ))
-  setsid bash -c "PYTHONPATH=$PYTHONPATH:$FI/pkg:$FI/site python3 $HERE/flashinfer_sm90.py --workspace $FI/ws \
-      --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > $OUT/flashinfer_build.log 2>&1 && touch $FI/built \
-      && xz -T0 --block-size=4MiB -6 -c $aot | split -b 15M - $FI/fused_moe_90.so.xz.part- && touch $FI/exported \
-      || touch $FI/failed" &
-  FI_BUILD=$!
+  setsid bash -c "PYTHONPATH=$PYTHONPATH:$dir/pkg:$FI/site python3 $HERE/flashinfer_sm90.py --variant $variant \
+      --workspace $dir/ws --jobs $(( cpus < mem_jobs ? cpus : mem_jobs )) > $OUT/flashinfer_build_$variant.log 2>&1 \
+      && touch $dir/built && xz -T0 --block-size=4MiB -6 -c $aot | split -b 15M - $dir/part- && touch $dir/exported \
+      || touch $dir/failed" &
+  FI_BUILDS+=("$variant:$!")
 }
-FI_WAIT="until [ -e $FI/built ] || [ -e $FI/failed ]; do sleep 5; done; [ -e $FI/built ] && export PYTHONPATH=\$PYTHONPATH:$FI/pkg:$FI/site FLASHINFER_DISABLE_JIT=1 &&"
+# fi_wait VARIANT: the shell prefix of a job that needs that module.
+fi_wait() {
+  local dir=$FI/$1
+  printf 'until [ -e %s/built ] || [ -e %s/failed ]; do sleep 5; done; [ -e %s/built ] && export PYTHONPATH=$PYTHONPATH:%s/pkg:%s/site FLASHINFER_DISABLE_JIT=1 && ' \
+    "$dir" "$dir" "$dir" "$dir" "$FI"
+}
+add_flashinfer_tests() {  # add_flashinfer_tests VARIANT PYTEST_K
+  printf 'flashinfer-%s-tests	%sMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -k "%s" %s\n' \
+    "$1" "$(fi_wait "$1")" "$2" "$ROOT/packages/moe-cuda/tests" >> "$JOBS"
+}
 
 JOBS=$OUT/jobs.txt
 : > "$JOBS"
@@ -138,12 +153,16 @@ for phase in "${PHASES[@]}"; do
         for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do add_bench "$p" "$s"; done
       done ;;
     flashinfer)
-      start_flashinfer_build
-      printf 'flashinfer-tests\t%s MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -k "flashinfer or FlashInfer" %s\n' \
-        "$FI_WAIT" "$ROOT/packages/moe-cuda/tests" >> "$JOBS"
+      # A call into the other variant's kernels would end the process: each job keeps to its module.
+      start_flashinfer bf16-fp8
+      add_flashinfer_tests bf16-fp8 "(flashinfer or FlashInfer) and not (mxfp4 or Mxfp4)"
       for p in "${presets[@]}"; do
-        for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$FI_WAIT "; done
+        for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$(fi_wait bf16-fp8)"; done
       done ;;
+    flashinfer-mxfp4)
+      start_flashinfer mxfp4
+      add_flashinfer_tests mxfp4 "(flashinfer or FlashInfer) and (mxfp4 or Mxfp4)"
+      for p in "${presets[@]}"; do add_bench "$p" mxfp4 flashinfer "$(fi_wait mxfp4)"; done ;;
     peers)
       for p in "${presets[@]}"; do
         printf 'peer-matmul-ogs-%s\tpython3 %s --triton-kernels %s --preset %s --m %s --check --out %s\n' \
@@ -171,7 +190,7 @@ for phase in "${PHASES[@]}"; do
           "$d/tuned" "$peer" >> "$JOBS"
       done ;;
     "") ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, peers, retune)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
@@ -179,13 +198,15 @@ start=$(date +%s)
 python3 "$HERE/gpu_jobs.py" "$JOBS" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
 failed=$?
 echo "== jobs: exit $failed after $(( $(date +%s) - start ))s"
-if [ -n "${FI_BUILD:-}" ]; then
+for build in "${FI_BUILDS[@]}"; do
+  variant=${build%%:*}; pid=${build#*:}
   # A build the deadline cut short stops here; ninja resumes from its objects in a later call on this machine.
   # A finished one is left to compress its module.
-  [ -e $FI/built ] || { kill -- -"$FI_BUILD" 2>/dev/null && echo "== flashinfer build stopped at the deadline"; }
-  wait "$FI_BUILD" 2>/dev/null  # its log is complete before it is packed
-  echo "== flashinfer build"; grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build.log" | cut -c1-160 | tail -n 20
-fi
+  [ -e $FI/$variant/built ] || { kill -- -"$pid" 2>/dev/null && echo "== flashinfer $variant build stopped at the deadline"; }
+  wait "$pid" 2>/dev/null  # its log is complete before it is packed
+  echo "== flashinfer $variant build"
+  grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build_$variant.log" | cut -c1-160 | tail -n 20
+done
 for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
 if [ -d "$OUT/bench" ]; then
   python3 - "$OUT/bench" <<'EOF_MERGE' || failed=1
@@ -200,7 +221,11 @@ fi
 # The device tool brings back a few files only: everything but the logs above in one archive.
 tar -czf /tmp/moe-results.tar.gz -C "$OUT" --exclude=run_moe_cuda.log . && \
   find "$OUT" -mindepth 1 -maxdepth 1 ! -name run_moe_cuda.log -exec rm -rf {} + && mv /tmp/moe-results.tar.gz "$OUT/results.tar.gz"
-if [ -n "${FI_BUILD:-}" ] && [ -e $FI/exported ]; then
-  cp $FI/fused_moe_90.so.xz.part-* "$OUT"/ && ls -l "$OUT"/fused_moe_90.so.xz.part-*
-fi
+for build in "${FI_BUILDS[@]}"; do
+  variant=${build%%:*}
+  if [ -e $FI/$variant/exported ]; then
+    for part in $FI/$variant/part-*; do cp "$part" "$OUT/fused_moe_90-$variant.so.xz.${part##*/}"; done
+    ls -l "$OUT"/fused_moe_90-"$variant".so.xz.part-*
+  fi
+done
 exit $failed
