@@ -1,7 +1,7 @@
 """FlashInfer's fused-MoE kernels (flashinfer-python 0.7.2.post1): their weight layouts and capability
 records. NOT validated on real hardware: their device tests have not passed on a GPU here. The bf16/fp8
 CUTLASS class ran on an H100 in `moe bench` only (FlashInfer's sm_90 module built from source, narrowed to
-the kernels called here; its default tactics, before the tuning pass below was added), its outputs
+the kernels called here; FlashInfer's default tactics: the tuning pass below has not run), its outputs
 matching torch's grouped GEMM and moe-triton's; the TRT-LLM kernels run on sm100/sm103 only. The
 converters are written from FlashInfer's API and checked on the CPU against their definitions and,
 through torch twins that read the converted tensors, against moe-core's reference.
