@@ -271,7 +271,6 @@ def test_mxfp4_refusals_say_why(monkeypatch):
             (layer(), DeviceInfo(Platform.CUDA, 0, "NVIDIA A100", (8, 0))),
         "activation gelu": (layer(activation=Activation.gelu()), h100),
         "does not implement {clamped_silu}": (layer(activation=Activation.silu(clamp=7.0)), h100),
-        "routing that weights the input": (layer(top_k=1, routing=Routing.llama4()), h100),
         "expert parallelism": (layer(parallel=ParallelConfig(ep_size=2, ep_rank=0)), h100),
     }
     for reason, (config, device) in refusals.items():
@@ -282,16 +281,14 @@ def test_mxfp4_refusals_say_why(monkeypatch):
 
 
 @pytest.mark.parametrize("cls, quant", [(FlashInferCutlassExperts, unquantized()),
+                                        (FlashInferCutlassExperts, fp8_w8a8("block")),
                                         (FlashInferTrtllmBf16Experts, unquantized()),
                                         (FlashInferCutlassMxfp4Experts, mxfp4_w4a16())])
-def test_routing_that_weights_the_input_is_refused(cls, quant, monkeypatch):
-    # The kernels weight each expert's output; Llama4's top-1 weighting of the input is not the same layer.
-    monkeypatch.setattr(cls, "capability", dataclasses.replace(cls.capability, requires=()))
-    device = DeviceInfo(Platform.CUDA, 0, "NVIDIA B200", (10, 0)) if cls is FlashInferTrtllmBf16Experts else \
-        DeviceInfo(Platform.CUDA, 0, "NVIDIA H100 80GB HBM3", (9, 0))
-    assert cls.supports(layer(), quant, device)
-    support = cls.supports(layer(top_k=1, routing=Routing.llama4()), quant, device)
-    assert not support and "routing that weights the input" in support.reason
+def test_llama4_weights_the_input(cls, quant):
+    # The kernels weight each expert's output; Llama4's top-1 weight must scale the input instead.
+    config = layer(top_k=1, routing=Routing.llama4())
+    err, _ = run_against_reference(cls, config, quant, m=37, seed=6)
+    assert err < (2e-2 if quant.weight.quantized else 1e-2), err
 
 
 def test_mxfp4_capability_states_its_hardware():

@@ -51,15 +51,22 @@ __all__ = [
     "trtllm_gemm1_rows",
     "trtllm_gemm2_rows",
     "unfold_scales_for_sm90",
+    "weight_on_input",
 ]
 
 # FlashInfer's default: the token buckets its tuner profiles run up to this many tokens.
 TUNE_MAX_TOKENS = 8192
-# FlashInfer's kernels multiply each expert's output by its router weight; Llama4 weights the input.
-_WEIGHT_ON_INPUT = Support.no("routing that weights the input (Llama4's top-1 before GEMM1): FlashInfer weights "
-                              "each expert's output")
 _NOT_VALIDATED = ("NOT validated on real hardware: written from FlashInfer 0.7.2.post1's API; its layouts are "
                   "checked on the CPU; its device tests have not passed on a GPU here")
+
+
+def weight_on_input(config: MoEConfig, hidden_states: torch.Tensor, topk_weights: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's kernels multiply each expert's output by its router weight. Llama4 (top-1) weights
+    the input instead: scale the input and give the kernel weights of one."""
+    if not config.routing.weight_on_input:
+        return hidden_states, topk_weights
+    return (hidden_states.float() * topk_weights).to(hidden_states.dtype), torch.ones_like(topk_weights)
 
 
 def swap_gate_up(t: torch.Tensor) -> torch.Tensor:
@@ -121,7 +128,7 @@ def _fake_quantize_groups(a: torch.Tensor) -> torch.Tensor:
     return (codes.float().view(a.shape[0], -1, BLOCK) * scale[..., None]).view_as(a)
 
 
-# FlashInfer's sm_90 fused-MoE module, as measured (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md).
+# FlashInfer's sm_90 fused-MoE module and what building it costs (measured: benchmarks/results/README.md lists the record).
 SM90_MODULE = "fused_moe_90"
 SM90_BUILD_COST = ("248 CUDA files, about 8.6 CPU-hours; MAX_JOBS sets the parallel compiles, each up to 8 GB. "
                    "The 44 that moe-cuda calls took 7-8 minutes on a 64-CPU host")
@@ -190,8 +197,8 @@ class FlashInferCutlassExperts(_TunedOnFirstEagerCall):
             _NOT_VALIDATED,
             f"FlashInfer has no prebuilt sm_90 MoE: the first call JIT-compiles its CUTLASS module ({SM90_BUILD_COST}); "
             "install flashinfer-python==0.7.2.post1",
-            "SiLU gated only; no biases, no routing that weights the input, no expert parallelism through this class "
-            "(FlashInfer's own ep_size/ep_rank are not wired)",
+            "SiLU gated only; no biases, no expert parallelism through this class (FlashInfer's own ep_size/ep_rank "
+            "are not wired)",
             f"the first eager call on a GPU tunes FlashInfer's GEMM tactics for the layer's shape (token buckets up to "
             f"{TUNE_MAX_TOKENS}); a CUDA graph captured before any eager call runs FlashInfer's default tactics, which "
             "were 2.3-4.1x slower than torch's grouped GEMM in bf16 on an H100. The tuning pass has not run here",
@@ -200,8 +207,6 @@ class FlashInferCutlassExperts(_TunedOnFirstEagerCall):
 
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
-        if config.routing.weight_on_input:
-            return _WEIGHT_ON_INPUT
         if quant.weight.quantized and config.dtype != torch.bfloat16:
             # The binding makes a runner for bf16 x fp8 only (CutlassMoeFCRunner<__nv_bfloat16, __nv_fp8_e4m3>).
             return Support.no(f"fp8 128x128 blocks with {config.dtype} activations (supported: torch.bfloat16)")
@@ -210,6 +215,7 @@ class FlashInferCutlassExperts(_TunedOnFirstEagerCall):
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
+        hidden_states, topk_weights = weight_on_input(self.config, hidden_states, topk_weights)
         if hidden_states.device.type == "cpu":  # no kernel on the CPU: the tests run the twin
             return flashinfer_cutlass_twin(hidden_states, topk_weights, topk_ids, packed)
         from flashinfer.fused_moe import cutlass_fused_moe
@@ -453,20 +459,16 @@ class FlashInferCutlassMxfp4Experts(_TunedOnFirstEagerCall):
             "hidden and intermediate sizes multiples of 128: the e8m0 scales fold in blocks of 64 rows x 128 inputs "
             "(the byte interleave alone needs rows % 16 and inputs % 64); no padding, so gpt-oss's 2880 is refused",
             "SiLU (unclamped) or swiglu_oai gated only (swiglu_oai through TRT-LLM's SwigluBias with alpha, "
-            "beta = 1 and limit per expert); no routing that weights the input, no expert parallelism through "
-            "this class",
+            "beta = 1 and limit per expert); no expert parallelism through this class",
             f"the first eager call on a GPU tunes FlashInfer's GEMM tactics for the layer's shape (token buckets up to "
             f"{TUNE_MAX_TOKENS}); a CUDA graph captured before any eager call runs FlashInfer's default tactics",
         ),
     )
 
-    @classmethod
-    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
-        return _WEIGHT_ON_INPUT if config.routing.weight_on_input else Support.yes()
-
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
+        hidden_states, topk_weights = weight_on_input(self.config, hidden_states, topk_weights)
         if hidden_states.device.type == "cpu":  # no kernel on the CPU: the tests run the twin
             return flashinfer_cutlass_mxfp4_twin(hidden_states, topk_weights, topk_ids, packed)
         from flashinfer.fused_moe import cutlass_fused_moe
@@ -588,18 +590,14 @@ class FlashInferTrtllmBf16Experts(Experts):
             _NOT_VALIDATED,
             "sm100/sm103 (Blackwell datacenter) only; needs flashinfer-python==0.7.2.post1 and its matching "
             "flashinfer-cubin",
-            "bf16 SiLU gated only; no biases, no routing that weights the input, no expert parallelism through "
-            "this class",
+            "bf16 SiLU gated only; no biases, no expert parallelism through this class",
         ),
     )
-
-    @classmethod
-    def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
-        return _WEIGHT_ON_INPUT if config.routing.weight_on_input else Support.yes()
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
+        hidden_states, topk_weights = weight_on_input(self.config, hidden_states, topk_weights)
         cfg = self.config
         if hidden_states.device.type == "cpu":  # no kernel on the CPU: the tests run the twin
             return flashinfer_trtllm_twin(hidden_states, topk_weights, topk_ids, packed, cfg)
