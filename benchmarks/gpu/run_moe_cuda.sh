@@ -26,8 +26,9 @@
 #               benchmarks/results/flashinfer_sm90_jit_2026-11-27.md says what they hold), its module narrowed
 #               to FlashInferCutlassExperts' kernels (variant bf16-fp8 of benchmarks/gpu/flashinfer_sm90.py):
 #               built in the background while the other jobs run, then one job runs moe-cuda's FlashInfer
-#               tests and one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
-#               beside every other backend (bench/P-S-flashinfer). Only these jobs can import FlashInfer.
+#               tests, one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
+#               beside every other backend (bench/P-S-flashinfer), and flashinfer-explain prints the oracle's
+#               choice with FlashInfer installed (jobs/flashinfer-explain.log). Only these jobs can import FlashInfer.
 #               A module built here comes back as $OUT/fused_moe_90-VARIANT.so.xz.part-*; put those parts in
 #               the bundle and a later call loads them instead of building (7-8 minutes on 64 CPUs).
 # flashinfer-mxfp4: the same for FlashInferCutlassMxfp4Experts (variant mxfp4: its own module, so its jobs
@@ -42,8 +43,8 @@
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
-# 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose names it matches from their
-# start run. DEADLINE: seconds after which no job starts and running ones stop (540).
+# 1 8 32 128 512 2048 8192). JOB_FILTER: an extended regex; only jobs whose whole names it matches
+# run. DEADLINE: seconds after which no job starts and running ones stop (540).
 # Everything printed also goes to $OUT/run_moe_cuda.log; everything else (job logs jobs/NAME.log, their
 # exit statuses jobs/jobs.json, bench/, peers/) is packed into $OUT/results.tar.gz at the end (the device
 # tool brings back a few files only); the script exits non-zero if a job failed or never started.
@@ -156,6 +157,9 @@ for phase in "${PHASES[@]}"; do
       # A call into the other variant's kernels would end the process: each job keeps to its module.
       start_flashinfer bf16-fp8
       add_flashinfer_tests bf16-fp8 "(flashinfer or FlashInfer) and not (mxfp4 or Mxfp4)"
+      # The oracle's choice with FlashInfer installed, in a cell the shipped ranking gives it and one it does not.
+      printf 'flashinfer-explain\t%spython3 -m moe_core explain --device cuda --preset mixtral-8x7b --quant fp8-block --tokens 512 && python3 -m moe_core explain --device cuda --preset qwen3-30b-a3b --quant fp8-block --tokens 512\n' \
+        "$(fi_wait bf16-fp8)" >> "$JOBS"
       for p in "${presets[@]}"; do
         for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$(fi_wait bf16-fp8)"; done
       done ;;
@@ -208,6 +212,7 @@ for build in "${FI_BUILDS[@]}"; do
   grep -E "^flashinfer_sm90|Error|error:|^\[[0-9]+/[0-9]+\]" "$OUT/flashinfer_build_$variant.log" | cut -c1-160 | tail -n 20
 done
 for log in "$OUT"/jobs/*tests.log; do [ -f "$log" ] && { echo "== $log"; tail -n 5 "$log"; }; done
+[ -f "$OUT/jobs/flashinfer-explain.log" ] && { echo "== flashinfer-explain"; cat "$OUT/jobs/flashinfer-explain.log"; }
 if [ -d "$OUT/bench" ]; then
   python3 - "$OUT/bench" <<'EOF_MERGE' || failed=1
 import json, sys
