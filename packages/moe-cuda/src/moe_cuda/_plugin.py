@@ -47,8 +47,8 @@ def backend_spec() -> BackendSpec:
 
 
 def flashinfer_spec() -> BackendSpec:
-    """FlashInfer's kernels, a plugin of their own: they have never run on this project's hardware (no
-    prebuilt sm_90 MoE; the TRT-LLM kernels are Blackwell-only), so they rank nowhere (`prefer=` only)
-    and their state in `moe doctor` says whether flashinfer-python is installed."""
+    """FlashInfer's kernels, a plugin of their own (no prebuilt sm_90 MoE; the TRT-LLM kernels are
+    Blackwell-only): no static rank, so the oracle serves them where a measured ranking has them fastest,
+    or through `prefer=`; their state in `moe doctor` says whether flashinfer-python is installed."""
     return BackendSpec(name="flashinfer", api_version=(1, 1), platforms=(Platform.CUDA,),
                        experts=_FLASHINFER_EXPERTS, probe="moe_cuda._probe:flashinfer_probe")
