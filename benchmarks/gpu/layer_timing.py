@@ -2,7 +2,8 @@
 
 A layer is `moe_core.FusedMoE` on the triton backend with random weights of a preset's real shape
 (`ExpertWeights.random`, seed 0, drawn on the GPU): bf16, int4 W4A16 (symmetric, a bf16 scale per
-the preset's int4 group, no zero points) or MXFP4 (e2m1 codes, an e8m0 scale per 32). Routings with
+the preset's int4 group, no zero points), int8 W8A16 (per channel), MXFP4 (e2m1 codes, an e8m0 scale per 32) or fp8 W8A8
+(`fp8-block`: 128x128 weight blocks x 1x128 activation groups; `fp8-channel`: per channel x per token). Routings with
 a correction bias (DeepSeek-V3) get a small one, so the routing stays close to the uniform one the
 floor's expected count of distinct experts assumes (a 0.1 bias concentrated DeepSeek's choices on
 fewer experts).
@@ -23,25 +24,29 @@ import torch
 from moe_core import FusedMoE
 from moe_core.bench import SmClockSampler, time_cuda_layer
 from moe_core.presets import Preset
-from moe_core.quant import MoEQuantConfig, int4_w4a16, mxfp4_w4a16, unquantized
+from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 
 PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
 TOKEN_COUNTS = (1, 8, 32, 128, 512, 2048, 8192)
-DTYPES = ("bf16", "int4", "mxfp4")
+DTYPES = ("bf16", "int4", "int8", "mxfp4", "fp8-block", "fp8-channel")
 
 Layer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def layer_quant(preset: Preset, dtype: str) -> MoEQuantConfig:
-    """The quantization a benchmark dtype names: bf16, int4 (the preset's int4 group size) or mxfp4."""
+    """The quantization a benchmark dtype names: bf16, int4 (the preset's int4 group size), int8, mxfp4 or fp8."""
     if dtype == "bf16":
         return unquantized()
     if dtype == "int4":
         return int4_w4a16(preset.int4_group_size)
+    if dtype == "int8":
+        return int8_w8a16()
     if dtype == "mxfp4":
         return mxfp4_w4a16()
+    if dtype.startswith("fp8-"):
+        return fp8_w8a8(dtype.removeprefix("fp8-"))
     raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
 
 

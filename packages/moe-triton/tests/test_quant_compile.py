@@ -53,6 +53,10 @@ _SPECIALIZATIONS = {
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
                               SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True, N_FIRST=True),
                          {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
+    # mixtral-sized GEMMs at 512+ tokens: an expert's blocks launched together (grouped M blocks)
+    "fp8-block-grouped": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
+                               BLOCK_M=64, N_FIRST=True, GROUP_M=8, PDL=True),
+                          {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
     "fp8-row-store": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False),
                       {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*bf16"}),
 }

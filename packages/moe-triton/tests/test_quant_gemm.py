@@ -19,7 +19,7 @@ from _quant_support import (
 )
 
 from moe_core.config import Activation, MoEConfig, ParallelConfig
-from moe_core.quant import int4_w4a16, mxfp4_w4a16
+from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
@@ -28,7 +28,7 @@ from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
-from moe_triton.quantized import GATE_UP_CHUNK, TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
 
 def test_zeroing_launch_clears_its_buffer(monkeypatch):
@@ -122,6 +122,44 @@ def test_narrow_blocks_match_reference(quant, block_m):
     narrowed, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(narrow, narrow), cls=cls)
     assert rel_l2(narrowed, ref) < 1e-2
     torch.testing.assert_close(narrowed, out, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(("cls", "quant", "swap_ab"), [(TritonFp8Experts, fp8_w8a8("block"), False),
+                                                   (TritonWna16Experts, int4_w4a16(128), True)])
+@pytest.mark.parametrize("group_m", [2, 3, 4])
+def test_grouped_m_blocks_match_the_plain_launch(cls, quant, swap_ab, group_m):
+    """GemmConfig.group_m renumbers the programs only. Every expert's count is one more than whole
+    blocks, so all ten launched blocks hold pairs and the last group (3: one block, 4: two) is short
+    and real: every (block, N tile) must run exactly once, as in the plain launch."""
+    counts = [17, 33, 1, 49]
+    plain = GemmConfig(16, 64, 1, 4, 2, swap_ab)
+    grouped = dataclasses.replace(plain, group_m=group_m)
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), dtype=torch.bfloat16, cls=cls)
+    out_grouped, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(grouped, grouped), dtype=torch.bfloat16,
+                                          cls=cls)
+    assert rel_l2(out_grouped, ref) < 2e-2
+    torch.testing.assert_close(out_grouped, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("cls", "quant", "swap_ab", "counts"), [
+    (TritonFp8Experts, fp8_w8a8("block"), False, [1, 0, 0, 0]),  # one token: a direct launch
+    (TritonWna16Experts, int4_w4a16(128), True, [2, 3, 0, 1]),  # 6 tokens: GEMM2 sums by last arrival
+])
+def test_grouped_m_blocks_in_m_first_launches(cls, quant, swap_ab, counts):
+    """Direct and last-arrival launches put M blocks first by construction and keep that order with
+    group_m (as they ignore narrow and tail): the layer runs, equal to the plain launch."""
+    plain = GemmConfig(16, 64, 1, 4, 2, swap_ab)
+    grouped = dataclasses.replace(plain, group_m=2)
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), dtype=torch.bfloat16, cls=cls)
+    out_grouped, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(grouped, grouped), dtype=torch.bfloat16,
+                                          cls=cls)
+    assert rel_l2(out_grouped, ref) < 2e-2
+    torch.testing.assert_close(out_grouped, out, rtol=0, atol=0)
+
+
+def test_wgmma_kernel_refuses_grouped_m_blocks():
+    with pytest.raises(ValueError, match=r"group_m is 0 or a positive group size of the tl\.dot kernel"):
+        dataclasses.replace(wgmma_launch(128, 256, 3), group_m=2)
 
 
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [

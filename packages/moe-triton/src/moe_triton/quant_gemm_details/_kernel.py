@@ -18,6 +18,9 @@ of quads uses that head start: before its wait it asks L2 for its first K tiles 
 Launch-order and block options:
 - N_FIRST: N tiles vary fastest, so the programs running together share one block of gathered
   activation rows (read from DRAM once, then from L2).
+- GROUP_M (with N_FIRST): M blocks in groups of GROUP_M, M fastest within a group, the group's N
+  tiles in turn: the programs running together share each weight tile across the group's blocks
+  (read from DRAM once where an expert has several blocks) and the group's activation rows.
 - NARROW: an aligned block whose second half is padding (an expert's last) runs over its first
   half only (`_wgemm_rows` is compiled for both row counts).
 - TAIL (quads): a full block takes in its expert's next block when that holds at most TAIL
@@ -170,14 +173,24 @@ def _moe_wgemm_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
-    PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, NARROW: tl.constexpr,
-    PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
+    PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
         # of gathered activation rows (read from DRAM once, then from L2) and a few experts' weights.
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
+        if GROUP_M > 0:
+            # The same programs renumbered: GROUP_M blocks (fewer in the last group) x every N tile,
+            # M fastest, so a weight tile is read by the group's blocks together.
+            n_tiles = tl.num_programs(0)
+            per_group = GROUP_M * n_tiles
+            pid = pid_m * n_tiles + pid_n
+            first_m = (pid // per_group) * GROUP_M
+            group_rows = tl.minimum(tl.num_programs(1) - first_m, GROUP_M)
+            pid_m = first_m + (pid % per_group) % group_rows
+            pid_n = (pid % per_group) // group_rows
     else:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
