@@ -18,7 +18,8 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._common.target import num_sms, wgmma_capable
 from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm_details._heuristics import pick_config
+from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS, pick_config
+from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts, borrowed_as_served
 from moe_triton.tune import quant_candidates
 
@@ -272,3 +273,18 @@ def test_borrowed_wgmma_launch_shapes_keep_three_stages_at_most(monkeypatch):
                                                                                     wgmma=True))
     assert quantized.borrowed_as_served(dot) == QuantKernelConfig(dot.gemm1, dataclasses.replace(dot.gemm2,
                                                                                                   num_stages=3))
+
+
+def test_heuristic_groups_m_blocks_of_fp8_experts_larger_than_l2():
+    """fp8 weights of 32 MiB or more per expert (mixtral-8x7b's GEMMs) launch M blocks in groups of 16
+    once blocks hold 32+ pairs; smaller experts (deepseek-v3's 29 MB), 16-pair blocks and int8 do not."""
+    def operand(wtype, n, k):
+        meta = torch.empty(8, 0, device="meta")
+        return WeightOperand(wtype, meta, meta, None, n, k, 0 if wtype is WType.FP8 else k, 128, 0)
+
+    mixtral_w13, mixtral_w2 = operand(WType.FP8, 2 * 14336, 4096), operand(WType.FP8, 4096, 14336)
+    for w in (mixtral_w13, mixtral_w2):
+        assert pick_config(16, 8, w, 132).group_m == 0  # 2 pairs per expert: 16-pair blocks
+        assert [pick_config(p, 8, w, 132).group_m for p in (256, 1024, 16384)] == [GROUP_M_BLOCKS] * 3
+    assert pick_config(1024, 8, operand(WType.FP8, 2 * 2048, 7168), 132).group_m == 0
+    assert pick_config(1024, 8, operand(WType.INT8, 2 * 14336, 4096), 132).group_m == 0

@@ -202,7 +202,7 @@ class FlashInferCutlassExperts(_TunedOnFirstEagerCall):
             f"the first eager call on a GPU tunes FlashInfer's GEMM tactics for the layer's shape (token buckets up to "
             f"{TUNE_MAX_TOKENS}); a CUDA graph captured before any eager call runs FlashInfer's default tactics",
             "on an H100, tuned: bf16 3.9-6.0x slower than moe-triton and 1.3-4.5x slower than torch's grouped GEMM; "
-            "fp8 blocks 1.23-1.69x faster than moe-triton in mixtral-8x7b at 128-8192 tokens, slower elsewhere",
+            "fp8 blocks 1.06-1.42x faster than moe-triton in mixtral-8x7b at 128-8192 tokens, slower elsewhere",
         ),
     )
 

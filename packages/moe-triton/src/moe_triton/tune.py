@@ -49,6 +49,7 @@ from moe_triton.configs import (
     device_tag,
     write_configs,
 )
+from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
 from moe_triton.topk_sum import topk_sum
 
 __all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_grid", "quant_candidates",
@@ -143,6 +144,8 @@ _QUANT_TWEAKS = {
     "tail8": lambda c: dataclasses.replace(c, tail=8),
     "tail16": lambda c: dataclasses.replace(c, tail=16),
     "tail32": lambda c: dataclasses.replace(c, tail=32),
+    # M blocks launched in groups (GemmConfig.group_m): on, or off where the heuristic set it.
+    "group_m": lambda c: dataclasses.replace(c, group_m=0 if c.group_m else GROUP_M_BLOCKS),
 }
 
 
