@@ -2,9 +2,9 @@
 
 A layer is `moe_core.FusedMoE` on the triton backend with random weights of a preset's real shape
 (`ExpertWeights.random`, seed 0, drawn on the GPU): bf16, int4 W4A16 (symmetric, a bf16 scale per
-the preset's int4 group, no zero points), int8 W8A16 (per channel), MXFP4 (e2m1 codes, an e8m0 scale per 32) or fp8 W8A8
-(`fp8-block`: 128x128 weight blocks x 1x128 activation groups; `fp8-channel`: per channel x per token). Routings with
-a correction bias (DeepSeek-V3) get a small one, so the routing stays close to the uniform one the
+the preset's int4 group, no zero points), int8 W8A16 (per channel), MXFP4 (e2m1 codes, an e8m0 scale
+per 32) or fp8 W8A8 (`fp8-block`: 128x128 weight blocks x 1x128 activation groups; `fp8-channel`: per
+channel x per token). Routings with a correction bias (DeepSeek-V3) get a small one, so the routing stays close to the uniform one the
 floor's expected count of distinct experts assumes (a 0.1 bias concentrated DeepSeek's choices on
 fewer experts).
 

@@ -147,7 +147,7 @@ def test_grouped_m_blocks_match_the_plain_launch(cls, quant, swap_ab, group_m):
 ])
 def test_grouped_m_blocks_in_m_first_launches(cls, quant, swap_ab, counts):
     """Direct and last-arrival launches put M blocks first by construction and keep that order with
-    group_m (as they ignore narrow and tail): the layer runs, equal to the plain launch."""
+    group_m: the layer runs, equal to the plain launch."""
     plain = GemmConfig(16, 64, 1, 4, 2, swap_ab)
     grouped = dataclasses.replace(plain, group_m=2)
     out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), dtype=torch.bfloat16, cls=cls)

@@ -24,5 +24,5 @@ def probe() -> Support:
 def flashinfer_probe() -> Support:
     if importlib.util.find_spec("flashinfer") is None:
         return Support.no("flashinfer-python is not installed (pip install flashinfer-python==0.7.2.post1); "
-                          "of its MoE kernels this project validated the CUTLASS bf16/fp8 ones, on an H100")
+                          "validated here: its CUTLASS bf16/fp8 MoE, on an H100")
     return probe()

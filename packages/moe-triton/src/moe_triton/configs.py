@@ -179,7 +179,7 @@ class GemmConfig:
     # the group's N tiles in turn: the programs running together read each weight tile once for the
     # group's blocks (an expert's several blocks at large M) from DRAM, and hold only the group's
     # activation rows in L2. Launches that put M blocks first by construction (one token: direct;
-    # up to 8: last-arrival sums) keep their order, as they ignore narrow and tail.
+    # up to 8: last-arrival sums) keep their order.
     group_m: int = 0
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@ __all__ = ["FOLDED_REGS", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS", "L2_PR
            "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config", "ws_regs"]
 
 # fp8 experts whose weights outgrow the L2 cache (mixtral-8x7b: 117 and 59 MB per expert) launch their
-# M blocks in groups of 16 (GemmConfig.group_m) once blocks hold 32+ pairs: an expert's blocks then read
+# M blocks in groups of 16 (GemmConfig.group_m) from 32-pair blocks up: an expert's blocks then read
 # each weight tile from DRAM together, not once per block. 1.10-1.42x on an H100 at 128-8192 tokens,
 # fp8 blocks and channels alike; nothing gained at deepseek-v3's 29 MB or qwen3-235b-a22b's 13 MB, nor for
 # int8 (its K loop is bound by the int -> float conversion).
