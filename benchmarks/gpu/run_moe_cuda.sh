@@ -133,6 +133,8 @@ JOBS=$OUT/jobs.txt
 : > "$JOBS"
 # add_bench PRESET SCHEME [NAME_SUFFIX [PREFIX]]: one `moe bench --backends all` job -> $OUT/bench/PRESET-SCHEME[-SUFFIX]
 add_bench() {
+  # gpt-oss-120b's K = N = 2880 is no multiple of 128: every backend refuses its 128x128 fp8 blocks.
+  [ "$1-$2" = gpt-oss-120b-fp8-block ] && return
   local name=$1-$2${3:+-$3}
   printf 'bench-%s\t%spython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
     "$name" "${4:-}" "$1" "$2" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$name" >> "$JOBS"

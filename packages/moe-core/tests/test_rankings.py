@@ -238,3 +238,19 @@ def test_shipped_rankings_load_and_name_known_backends():
         for entry in ranking.entries:
             assert set(entry.backends) <= known, entry
             assert entry.us == tuple(sorted(entry.us, key=lambda bt: bt[1]))
+
+
+def test_shipped_h100_ranking_orders_the_measured_fastest_first(rankings_env):
+    """The shipped H100 file's cells as measured side by side (benchmarks/results/gpu-h100/): FlashInfer's
+    fp8 blocks lead mixtral-8x7b at 512 tokens, moe-triton leads qwen3-30b-a3b there and mixtral at 32."""
+    from moe_core.presets import get_preset
+    from moe_core.quant import fp8_w8a8
+
+    def order(preset: str, tokens: int) -> tuple[str, ...]:
+        match = find_ranking("NVIDIA H100 80GB HBM3", get_preset(preset).config, fp8_w8a8("block"), tokens)
+        assert match is not None and match.basis.startswith("scheme and shape"), match
+        return match.order
+
+    assert order("mixtral-8x7b", 512) == ("flashinfer_cutlass", "triton", "sglang_fp8_block")
+    assert order("mixtral-8x7b", 32)[0] == "triton"
+    assert order("qwen3-30b-a3b", 512) == ("triton", "flashinfer_cutlass", "sglang_fp8_block")
