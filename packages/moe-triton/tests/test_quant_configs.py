@@ -284,7 +284,7 @@ def test_heuristic_groups_m_blocks_of_fp8_experts_larger_than_l2():
 
     mixtral_w13, mixtral_w2 = operand(WType.FP8, 2 * 14336, 4096), operand(WType.FP8, 4096, 14336)
     for w in (mixtral_w13, mixtral_w2):
-        assert pick_config(16, 8, w, 132).group_m == 0  # 2 pairs per expert: 16-pair blocks
+        assert pick_config(16, 8, w, 132).group_m == 1  # 2 pairs per expert: 16-pair blocks
         assert [pick_config(p, 8, w, 132).group_m for p in (256, 1024, 16384)] == [GROUP_M_BLOCKS] * 3
-    assert pick_config(1024, 8, operand(WType.FP8, 2 * 2048, 7168), 132).group_m == 0
-    assert pick_config(1024, 8, operand(WType.INT8, 2 * 14336, 4096), 132).group_m == 0
+    assert pick_config(1024, 8, operand(WType.FP8, 2 * 2048, 7168), 132).group_m == 1
+    assert pick_config(1024, 8, operand(WType.INT8, 2 * 14336, 4096), 132).group_m == 1

@@ -157,9 +157,12 @@ def test_grouped_m_blocks_in_m_first_launches(cls, quant, swap_ab, counts):
     torch.testing.assert_close(out_grouped, out, rtol=0, atol=0)
 
 
-def test_wgmma_kernel_refuses_grouped_m_blocks():
-    with pytest.raises(ValueError, match=r"group_m is 0 or a positive group size of the tl\.dot kernel"):
-        dataclasses.replace(wgmma_launch(128, 256, 3), group_m=2)
+def test_group_m_limits():
+    """1 is the plain order (the default, and the only one of the wgmma kernel); 0 means nothing."""
+    assert GemmConfig(16, 64, 1, 4, 2).group_m == wgmma_launch(128, 256, 3).group_m == 1
+    for bad in (dict(group_m=0), dict(group_m=2, wgmma=True)):
+        with pytest.raises(ValueError, match=r"group_m is >= 1, and above 1 an option of the tl\.dot kernel"):
+            dataclasses.replace(wgmma_launch(128, 256, 3), **{"wgmma": False, **bad})
 
 
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [

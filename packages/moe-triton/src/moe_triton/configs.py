@@ -175,18 +175,18 @@ class GemmConfig:
     # program exits (one dequantization of the expert less). wgmma kernel: 8 or 16 with 128-pair
     # blocks; tl.dot kernel (its dots are at least 16 wide): 16 or 32, below block_m, swapped.
     tail: int = 0
-    # 0, or the tl.dot kernel launches its M blocks in groups of group_m, M fastest within a group and
-    # the group's N tiles in turn: the programs running together read each weight tile once for the
-    # group's blocks (an expert's several blocks at large M) from DRAM, and hold only the group's
-    # activation rows in L2. Launches that put M blocks first by construction (one token: direct;
-    # up to 8: last-arrival sums) keep their order.
-    group_m: int = 0
+    # tl.dot kernel: M blocks launched in groups of group_m, M fastest within a group and the group's N
+    # tiles in turn (1: block by block, N tiles fastest, as TileConfig.group_m 1): the programs running
+    # together read each weight tile once for the group's blocks (an expert's several blocks at large
+    # M) from DRAM, and hold only the group's activation rows in L2. Launches that put M blocks first
+    # by construction (one token: direct; up to 8: last-arrival sums) keep their order. >= 1
+    group_m: int = 1
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
-        if self.group_m < 0 or (self.group_m and self.wgmma):
-            raise ValueError(f"GemmConfig: group_m is 0 or a positive group size of the tl.dot kernel, got {self}")
+        if self.group_m < 1 or (self.group_m > 1 and self.wgmma):
+            raise ValueError(f"GemmConfig: group_m is >= 1, and above 1 an option of the tl.dot kernel, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"GemmConfig: split_k, num_warps and num_stages must be >= 1, got {self}")
         if self.narrow and (self.wgmma or self.block_m < 32):
@@ -225,7 +225,7 @@ class QuantKernelConfig:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
-                    f"{f' group{c.group_m}' if c.group_m else ''}")
+                    f"{f' group{c.group_m}' if c.group_m > 1 else ''}")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 

@@ -145,7 +145,7 @@ _QUANT_TWEAKS = {
     "tail16": lambda c: dataclasses.replace(c, tail=16),
     "tail32": lambda c: dataclasses.replace(c, tail=32),
     # M blocks launched in groups (GemmConfig.group_m): on, or off where the heuristic set it.
-    "group_m": lambda c: dataclasses.replace(c, group_m=0 if c.group_m else GROUP_M_BLOCKS),
+    "group_m": lambda c: dataclasses.replace(c, group_m=1 if c.group_m > 1 else GROUP_M_BLOCKS),
 }
 
 

@@ -50,7 +50,7 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, sms: int) ->
     while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
         split *= 2
     grouped = w.wtype is WType.FP8 and bm >= 32 and w.n * w.k >= GROUP_M_MIN_EXPERT_WEIGHTS
-    return GemmConfig(bm, bn, split, warps, stages, swap, group_m=GROUP_M_BLOCKS if grouped else 0)
+    return GemmConfig(bm, bn, split, warps, stages, swap, group_m=GROUP_M_BLOCKS if grouped else 1)
 
 
 def effective_split(split_k: int, w: WeightOperand) -> int:

@@ -18,8 +18,8 @@ of quads uses that head start: before its wait it asks L2 for its first K tiles 
 Launch-order and block options:
 - N_FIRST: N tiles vary fastest, so the programs running together share one block of gathered
   activation rows (read from DRAM once, then from L2).
-- GROUP_M (with N_FIRST): M blocks in groups of GROUP_M, M fastest within a group, the group's N
-  tiles in turn: the programs running together share each weight tile across the group's blocks
+- GROUP_M (with N_FIRST; 1: none): M blocks in groups of GROUP_M, M fastest within a group, the
+  group's N tiles in turn: the programs running together share each weight tile across the group's blocks
   (read from DRAM once where an expert has several blocks) and the group's activation rows.
 - NARROW: an aligned block whose second half is padding (an expert's last) runs over its first
   half only (`_wgemm_rows` is compiled for both row counts).
@@ -181,7 +181,7 @@ def _moe_wgemm_kernel(
         # of gathered activation rows (read from DRAM once, then from L2) and a few experts' weights.
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
-        if GROUP_M > 0:
+        if GROUP_M > 1:
             # The same programs renumbered: GROUP_M blocks (fewer in the last group) x every N tile,
             # M fastest, so a weight tile is read by the group's blocks together.
             n_tiles = tl.num_programs(0)
