@@ -6,21 +6,25 @@ later processes load it instead of compiling.
 
 Variants (one module each; both do not fit one call's build together):
 - bf16-fp8 (`FlashInferCutlassExperts`): bf16 and fp16 grouped GEMMs, and fp8 128x128 blocks, whose
-  GEMMs DeepGEMM compiles at run time with NVRTC: 44 units.
+  GEMMs DeepGEMM compiles at run time with NVRTC: 44 files.
 - mxfp4 (`FlashInferCutlassMxfp4Experts`): the sm90 mixed-input grouped GEMMs of bf16 activations and
-  MXFP4 weights (W4A16) and their runner: 38 units.
+  MXFP4 weights (W4A16) and their runner: 38 files.
 
 FlashInfer must be importable (PYTHONPATH) and CUDA_HOME set. The whole module is 248 translation units,
 about 8.6 CPU-hours (benchmarks/results/flashinfer_sm90_jit_2026-11-27.md); nothing in FlashInfer filters
 its instantiations, so this script drops, before ninja runs, the generated CUTLASS files and the GEMM
 runners of every other input type. Their symbols stay undefined in the library; FlashInfer loads
 modules lazily (RTLD_LAZY), so only a call into a dropped type would fail, and the undefined-symbol
-count is printed. Prints the build time; exits non-zero on failure.
+count is printed. Each generated file kept holds several kernel instantiations (8 CUTLASS grouped GEMMs),
+and nvcc compiles a file on one core: the mixed-input ones took over 8 minutes each, so this script
+writes each instantiation to a file of its own (same preamble), which the build compiles in parallel.
+Prints the build time; exits non-zero on failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import shutil
@@ -33,6 +37,8 @@ from pathlib import Path
 _TMA_TYPES = re.compile(r"INSTANTIATE_TMA_WARP_SPECIALIZED_MOE_GEMM\(\s*Sm90,\s*(\w+),\s*(\w+)")
 _MIXED_TYPES = re.compile(r"sm90_generic_mixed_moe_gemm_kernelLauncher<\s*(\w+),\s*(\w+)")
 _SM80_FUSED = "sm80_generic_fused_moe_gemm_kernelLauncher"
+# One explicit instantiation of a generated file: a TMA macro call in its #if guard, or a template.
+_INSTANTIATION = re.compile(r"#if [^\n]*\n\s*INSTANTIATE_\w+\([^;]*\);\s*\n#endif|template void [^;]*;")
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,28 @@ def wanted(source: Path, variant: Variant) -> bool:
     return bool(tma or mixed) and tma <= variant.tma_types and mixed <= variant.mixed_types
 
 
+def split_instantiations(source: Path) -> list[Path]:
+    """`source` as one file per explicit instantiation (its text before the first and after the last
+    kept around each), written beside it; a file of one instantiation or none is kept as it is."""
+    text = source.read_text()
+    found = list(_INSTANTIATION.finditer(text))
+    if len(found) < 2:
+        return [source]
+    head, tail = text[:found[0].start()], text[found[-1].end():]
+    between = [text[a.end():b.start()] for a, b in itertools.pairwise(found)]
+    if any(gap.strip() for gap in between) or "INSTANTIATE_" in head + tail or "template void" in head + tail:
+        raise SystemExit(f"flashinfer_sm90: {source.name} is not a preamble, instantiations and a closing: not split")
+    stem = source.name.removesuffix(".generated.cu")
+    parts = []
+    for i, match in enumerate(found):
+        part = source.with_name(f"{stem}_part{i}.generated.cu")
+        content = head + match.group(0) + tail
+        if not part.exists() or part.read_text() != content:  # unchanged parts keep their objects
+            part.write_text(content)
+        parts.append(part)
+    return parts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workspace", type=Path, required=True, help="FLASHINFER_WORKSPACE_BASE (objects, .so)")
@@ -93,8 +121,10 @@ def main() -> int:
     def narrowed(*a, **k):
         spec = full(*a, **k)
         kept = [s for s in spec.sources if wanted(Path(s), VARIANTS[args.variant])]
-        print(f"flashinfer_sm90: {len(kept)} of {len(spec.sources)} sources kept", flush=True)
-        spec.sources = kept
+        split = [p for s in kept for p in (split_instantiations(Path(s)) if "generated" in Path(s).name else [s])]
+        print(f"flashinfer_sm90: {len(kept)} of {len(spec.sources)} sources kept, {len(split)} translation units "
+              "with one instantiation per generated file", flush=True)
+        spec.sources = split
         return spec
 
     jit_moe.gen_cutlass_fused_moe_module = narrowed
