@@ -64,6 +64,9 @@ def load_hf_config(path: str | os.PathLike) -> dict[str, Any]:
         cfg = _decode_special_floats(json.loads(text))
     except json.JSONDecodeError as exc:
         raise json.JSONDecodeError(f"{exc.msg} in {p}", exc.doc, exc.pos) from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise ConfigFileError(f"{p}: JSON nested too deeply to read (past Python's recursion limit); a "
+                              "config.json is a few levels deep") from None
     if not isinstance(cfg, dict):
         raise ConfigFileError(f"{p} holds a JSON {type(cfg).__name__}, not an object (a config.json is one)")
     if "text_config" in cfg:  # multimodal wrappers keep the language model under text_config
@@ -127,7 +130,9 @@ class _ConfigView:
         if config_cls is not None:
             try:
                 self.parsed = config_cls.from_dict(_decode_special_floats(dict(cfg))).get_text_config()
-            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # ValueError, TypeError, ... and, for a field of the wrong type, huggingface_hub's
+            # StrictDataclassError, which is no ValueError.
+            except Exception as exc:
                 raise UnsupportedModelError(f"{self.model_type}: transformers' {config_cls.__name__} rejects "
                                             f"this config: {exc}") from exc
         text = cfg.get("text_config")
@@ -224,7 +229,10 @@ def _routing(view: _ConfigView, desc: BlockDescriptor) -> Routing:
     r = desc.routing
     scoring = _block_value(view, desc, r.scoring, "routing.scoring")
     groups = int(_block_value(view, desc, r.num_expert_groups, "routing.num_expert_groups"))
-    renormalize = bool(_block_value(view, desc, r.renormalize, "routing.renormalize"))
+    renormalize = _block_value(view, desc, r.renormalize, "routing.renormalize")
+    if not isinstance(renormalize, bool):  # bool("false") would be True
+        raise UnsupportedModelError(f"{view.model_type}: routing.renormalize={renormalize!r} (from its config) is "
+                                    "invalid: expected true or false (a JSON boolean)")
     try:
         return Routing(
             scoring=Scoring(scoring) if isinstance(scoring, str) else scoring, renormalize=renormalize,

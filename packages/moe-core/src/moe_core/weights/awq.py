@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.quant import MoEQuantConfig, int4_w4a16
+from moe_core.weights._config import config_bool, config_int
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -55,12 +56,17 @@ class AWQFormat:
         if version != "gemm":
             raise ValueError(f"AWQ version={version!r} is not supported: only 'gemm' packing is read")
         if qc.get("bits", 4) != 4:
-            raise ValueError(f"AWQ bits={qc.get('bits')} is not supported: AWQ GEMM packing is 4-bit")
-        if not qc.get("zero_point", True):
+            raise ValueError(f"AWQ bits={qc.get('bits')!r} is not supported: AWQ GEMM packing is 4-bit")
+        if not config_bool(qc, "zero_point", True, "AWQ quantization_config"):
             raise ValueError("AWQ zero_point=false is not supported: the GEMM format stores zero points")
         if "group_size" not in qc:
             raise ValueError("quantization_config has no 'group_size'")
-        return AWQFormat(int(qc["group_size"]), tuple(qc.get("modules_to_not_convert") or ()))
+        group_size = config_int(qc, "group_size", "AWQ quantization_config", "a positive int (AutoAWQ writes 128)")
+        skip = qc.get("modules_to_not_convert") or ()
+        if not isinstance(skip, list | tuple) or not all(isinstance(m, str) for m in skip):
+            raise ValueError(f"AWQ quantization_config.modules_to_not_convert={skip!r} is invalid: expected a list "
+                             "of module-name substrings (or null)")
+        return AWQFormat(group_size, tuple(skip))
 
     def quant_config(self, scale_dtype: str = "fp16") -> MoEQuantConfig:
         """The scheme these weights load as (scale storage: AutoAWQ writes fp16)."""

@@ -67,6 +67,9 @@ def _read_json_object(path: Path) -> dict:
         value = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not readable JSON ({exc})") from exc
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise CheckpointError(f"{path}: JSON nested too deeply to read (past Python's recursion limit); a "
+                              "config.json or index is a few levels deep") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got a {type(value).__name__}")
     return value
@@ -263,7 +266,7 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
         return "awq", awq_experts(source, prefix, num_experts, fmt, ids)
     if method == "compressed-tensors":
         modules = sorted({k.rsplit(".", 1)[0] for k in source.names() if k.startswith(prefix + ".")})
-        scheme = compressed_tensors_scheme_for(qc, modules)
+        scheme = parsed(lambda qc: compressed_tensors_scheme_for(qc, modules))
         if scheme is None:
             return unquantized()
         return "compressed-tensors", compressed_tensors_experts(source, prefix, num_experts, scheme, ids)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.quant import MoEQuantConfig, int4_w4a16, int8_w8a16
+from moe_core.weights._config import config_bool, config_int
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -69,14 +70,18 @@ def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[st
     """
     if qc.get("quant_method") != "compressed-tensors":
         raise ValueError(f"quantization_config.quant_method={qc.get('quant_method')!r}: expected 'compressed-tensors'")
-    ignore = list(qc.get("ignore") or ())
+    ignore = _strings(qc.get("ignore"), "ignore")
     groups = qc.get("config_groups") or {}
+    if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
+        raise ValueError(f"compressed-tensors quantization_config.config_groups={groups!r} is invalid: expected an "
+                         'object of named groups, e.g. {"group_0": {"targets": ["Linear"], "weights": {...}}}')
+    targets = {name: _strings(group.get("targets"), f"config_groups.{name}.targets") for name, group in groups.items()}
     found: dict[str, tuple[str, Mapping] | None] = {}
     for module in modules:
         match = None
-        if not any(_matches(module, pattern) for pattern in ignore):
+        if not any(_matches(module, pattern, "ignore") for pattern in ignore):
             for name, group in groups.items():
-                if any(t == "Linear" or _matches(module, t) for t in group.get("targets", ())):
+                if any(t == "Linear" or _matches(module, t, f"config_groups.{name}.targets") for t in targets[name]):
                     match = (name, group)
                     break
         found[module] = match
@@ -97,21 +102,43 @@ def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[st
         raise ValueError(f"compressed-tensors group {group_name!r} quantizes activations; only weight-only "
                          "pack-quantized schemes are read")
     w = group.get("weights") or {}
+    where = f"compressed-tensors quantization_config.config_groups.{group_name}.weights"
+    if not isinstance(w, Mapping):
+        raise ValueError(f"{where}={w!r} is invalid: expected an object (num_bits, strategy, group_size, ...)")
     if w.get("type", "int") != "int":
         raise ValueError(f"compressed-tensors weights type={w.get('type')!r} is not supported: expected 'int'")
-    if w.get("dynamic", False):
+    if config_bool(w, "dynamic", False, where):
         raise ValueError("compressed-tensors dynamic weight quantization has no stored scales to read")
     strategy = w.get("strategy")
     if strategy == "group":
-        group_size = int(w["group_size"])
+        group_size = config_int(w, "group_size", where, "a positive int with strategy 'group' (e.g. 128)")
+        if group_size < 1:
+            raise ValueError(f"{where}.group_size={group_size} is invalid: expected a positive "
+                             "int with strategy 'group'")
     elif strategy == "channel":
         group_size = -1
     else:
         raise ValueError(f"compressed-tensors weight strategy={strategy!r} is not supported: expected "
                          "'group' or 'channel'")
+    # compressed-tensors' own validator reads actorder true as "group" and false as none.
     actorder = w.get("actorder")
-    return CompressedTensorsScheme(bits=int(w.get("num_bits", 8)), symmetric=bool(w.get("symmetric", True)),
+    actorder = {True: "group", False: None}.get(actorder, actorder) if isinstance(actorder, bool) else actorder
+    if actorder is not None and not isinstance(actorder, str):
+        raise ValueError(f"{where}.actorder={actorder!r} is invalid: expected null, a bool or "
+                         "one of 'group', 'weight', 'dynamic', 'static'")
+    return CompressedTensorsScheme(bits=config_int(w, "num_bits", where, "4 or 8", default=8),
+                                   symmetric=config_bool(w, "symmetric", True, where),
                                    group_size=group_size, act_order=actorder in _RUNTIME_ACTORDER)
+
+
+def _strings(value: object, field: str) -> list[str]:
+    """A list of strings (null: none), as `ignore` and `targets` are."""
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"compressed-tensors quantization_config.{field}={value!r} is invalid: expected a list of "
+                         "module names or 're:' patterns")
+    return list(value)
 
 
 def compressed_tensors_experts(source: TensorSource, prefix: str, num_experts: int, scheme: CompressedTensorsScheme,
@@ -125,10 +152,14 @@ def compressed_tensors_experts(source: TensorSource, prefix: str, num_experts: i
                                 where=f"{source.what}: {prefix}")
 
 
-def _matches(module: str, pattern: str) -> bool:
+def _matches(module: str, pattern: str, field: str) -> bool:
     # compressed-tensors' match_name: "re:" patterns use re.match, others compare exactly.
     if pattern.startswith("re:"):
-        return re.match(pattern.removeprefix("re:"), module) is not None
+        try:
+            return re.match(pattern.removeprefix("re:"), module) is not None
+        except re.error as exc:
+            raise ValueError(f"compressed-tensors quantization_config.{field} pattern {pattern!r} is not a valid "
+                             f"regular expression ({exc}); expected 're:' followed by a Python regex") from None
     return pattern == module
 
 

@@ -54,7 +54,11 @@ class BlockFP8Format:
         if block is None:
             raise ValueError("fp8 checkpoints without weight_block_size (per-tensor scales) are not supported: "
                              "only block-wise FP8 (DeepSeek-V3 style) is read")
-        return BlockFP8Format(tuple(int(b) for b in block))
+        if not (isinstance(block, list | tuple) and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise ValueError(f"fp8 quantization_config.weight_block_size={block!r} is invalid: expected two positive "
+                             "ints [rows, cols], e.g. [128, 128]")
+        return BlockFP8Format(tuple(block))
 
     def quant_config(self) -> MoEQuantConfig:
         return fp8_w8a8("block", block=self.block_shape)

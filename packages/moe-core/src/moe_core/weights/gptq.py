@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.quant import MoEQuantConfig, int4_w4a16, int8_w8a16
+from moe_core.weights._config import config_bool
 from moe_core.weights._intquant import (
     QuantizedProjection,
     assemble_int_experts,
@@ -72,8 +73,9 @@ class GPTQFormat:
         for field in ("bits", "group_size"):
             if isinstance(qc[field], bool) or not isinstance(qc[field], int):
                 raise ValueError(f"GPTQ quantization_config.{field}={qc[field]!r}: expected an integer")
-        return GPTQFormat(bits=qc["bits"], group_size=qc["group_size"], sym=bool(qc.get("sym", True)),
-                          desc_act=bool(qc.get("desc_act", False)), zeros_stored_minus_one=fmt == "gptq")
+        where = "GPTQ quantization_config"
+        return GPTQFormat(bits=qc["bits"], group_size=qc["group_size"], sym=config_bool(qc, "sym", True, where),
+                          desc_act=config_bool(qc, "desc_act", False, where), zeros_stored_minus_one=fmt == "gptq")
 
     @property
     def act_order(self) -> bool:
