@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from moe_core import bench
+from moe_core.bench import cli as bench_cli
+from moe_core.bench import report, timing
 from moe_core.cli import main
 from moe_core.presets import get_preset
 from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, unquantized
@@ -36,8 +38,8 @@ def _keep_torch_threads():
 @pytest.fixture
 def fast(monkeypatch):
     """Plenty of memory, and ceilings without the 256 MiB copy."""
-    monkeypatch.setattr(bench, "available_memory_bytes", lambda device: 1 << 40)
-    monkeypatch.setattr(bench, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
+    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
         1e10, 1e11, "bfloat16", 1, 1, None, "test"))
 
 
@@ -45,8 +47,8 @@ def fast(monkeypatch):
 def nothing_measured(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("measuring started before the arguments were checked")
-    monkeypatch.setattr(bench, "measure_ceilings", refuse)
-    monkeypatch.setattr(bench.ExpertWeights, "random", staticmethod(refuse))
+    monkeypatch.setattr(bench_cli, "measure_ceilings", refuse)
+    monkeypatch.setattr(bench_cli.ExpertWeights, "random", staticmethod(refuse))
 
 
 _TINY = ("--preset", "tiny", "--scheme", "bf16", "--no-plot")
@@ -100,7 +102,7 @@ def test_a_read_only_out_is_an_error_before_measuring(tmp_path, capsys, nothing_
 def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tmp_path, capsys, fast,
                                                                                monkeypatch):
     calls = []
-    real = bench._time_interleaved
+    real = bench_cli._time_interleaved
 
     def interrupt_on_the_third_point(*args):
         calls.append(1)
@@ -108,7 +110,7 @@ def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tm
             raise KeyboardInterrupt
         return real(*args)
 
-    monkeypatch.setattr(bench, "_time_interleaved", interrupt_on_the_third_point)
+    monkeypatch.setattr(bench_cli, "_time_interleaved", interrupt_on_the_third_point)
     code = bench.main(_args(*_TINY, "--tokens", "1", "2", "4", "--repeats", "1", "--warmup", "0",
                             "--out", str(tmp_path)))
     assert code == 130
@@ -120,7 +122,7 @@ def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tm
 
 
 def test_results_name_no_host_and_report_threads_min_median_and_spread(tmp_path, capsys, fast, monkeypatch):
-    monkeypatch.setattr(bench, "default_threads", lambda: 1)
+    monkeypatch.setattr(timing, "default_threads", lambda: 1)
     assert bench.main(_args(*_TINY, "--tokens", "1", "--repeats", "3", "--warmup", "0", "--out", str(tmp_path))) == 0
     (result,) = tmp_path.glob("bench-*.json")
     text = result.read_text()
@@ -160,7 +162,7 @@ def test_the_plot_title_fits_the_figure():
                       1, 1, 2.0) for m in (1, 8)]
     title = ("AMD EPYC 7B13 64-Core Processor (a long device name), 2 threads, torch 2.9.1+cu128, "
              "2000-01-01T00:00:00+00:00")
-    fig = bench._figure(rows, title)
+    fig = report._figure(rows, title)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     box, page = fig._suptitle.get_window_extent(renderer), fig.bbox

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from moe_core import bench
+from moe_core.bench import cli as bench_cli
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16, unquantized
 
@@ -21,7 +22,7 @@ def _args(*argv: str) -> argparse.Namespace:
 @pytest.fixture
 def plenty_of_memory(monkeypatch):
     """The memory check sees 1 TiB free, whatever the host has."""
-    monkeypatch.setattr(bench, "available_memory_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 1 << 40)
 
 
 def test_bench_writes_rows_with_floor_and_naive_baseline(tmp_path, plenty_of_memory):
@@ -50,7 +51,7 @@ def test_bench_writes_rows_with_floor_and_naive_baseline(tmp_path, plenty_of_mem
 def test_bench_refuses_a_preset_too_large_before_allocating(tmp_path, capsys, monkeypatch):
     deepseek = get_preset("deepseek-v3").config
     assert bench.planned_bytes(deepseek, [unquantized(), int4_w4a16(128)]) > 22 * 2**30
-    monkeypatch.setattr(bench, "available_memory_bytes", lambda device: 16 * 2**30)
+    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 16 * 2**30)
     code = bench.main(_args("--preset", "deepseek-v3", "--scheme", "bf16", "--out", str(tmp_path), "--no-plot",
                             "--repeats", "1"))
     out = capsys.readouterr().out
@@ -64,7 +65,7 @@ def test_bench_runs_a_preset_exactly_when_its_plan_fits_the_headroom(tmp_path, m
     tiny = get_preset("tiny")
     need = bench.planned_bytes(tiny.config, [unquantized(), int4_w4a16(tiny.int4_group_size)], 1)
     available = int(need / bench.MEMORY_HEADROOM) + spare_bytes
-    monkeypatch.setattr(bench, "available_memory_bytes", lambda device: available)
+    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: available)
     code = bench.main(_args("--preset", "tiny", "--tokens", "1", "--scheme", "bf16", "--scheme", "int4",
                             "--repeats", "1", "--warmup", "0", "--no-plot", "--out", str(tmp_path)))
     (result,) = tmp_path.glob("bench-*.json")
