@@ -26,7 +26,7 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights, WeightProcessor
 
-__all__ = ["UNQUANTIZED", "Capability", "Experts", "SchemeSupport", "Support"]
+__all__ = ["UNQUANTIZED", "Capability", "Experts", "SchemeSupport", "Support", "check_expert_ids"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class SchemeSupport:
         if not w.quantized and self.weight.is_float_unquantized:
             pass  # unquantized weights are in the layer dtype, which Capability.dtypes checks
         elif w.dtype is not self.weight:
-            return Support.no(f"weights {w.dtype.value} (this scheme: {self.weight.value})")
+            return Support.no(f"weights {w.dtype.value} (supports: {self.weight.value})")
         if w.quantized:
             g = w.scale.granularity
             if g not in self.granularities:
@@ -83,8 +83,17 @@ class SchemeSupport:
         a = quant.activation
         if (a.dtype if a is not None else None) is not self.activation:
             want = self.activation.value if self.activation else "16-bit"
-            return Support.no(f"activations {a.dtype.value if a else '16-bit'} (this scheme: {want})")
+            return Support.no(f"activations {a.dtype.value if a else '16-bit'} (supports: {want})")
         return Support.yes()
+
+
+def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Refuse routed ids outside [0, num_experts): a kernel would drop them, fail deep inside, or read
+    out of bounds. For kernels on the CPU, where the check costs no device sync."""
+    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+        bad = topk_ids[(topk_ids < 0) | (topk_ids >= num_experts)]
+        raise ValueError(f"topk_ids hold expert ids outside [0, {num_experts}) (the layer's experts): "
+                         f"{sorted(set(bad.tolist()))[:8]}")
 
 
 # Weights in the layer's dtype (which `Capability.dtypes` constrains).

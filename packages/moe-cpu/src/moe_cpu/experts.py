@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from moe_core.backends import Platform
 from moe_core.config import ActivationKind, Feature, MoEConfig
-from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support
+from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support, check_expert_ids
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.reference import apply_activation, fake_quantize_activation
 from moe_core.weights import ExpertWeights, PackedWeights
@@ -48,7 +48,8 @@ TINYGEMM_GROUP_SIZES = frozenset({32, 64, 128, 256})
 def _biases(weights: ExpertWeights, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     if not weights.has_bias:
         return {}
-    return {"w13_bias": weights.w13_bias.to(dtype), "w2_bias": weights.w2_bias.to(dtype)}
+    # Copies: the layer must not change when the caller later writes to its own tensors.
+    return {"w13_bias": weights.w13_bias.to(dtype, copy=True), "w2_bias": weights.w2_bias.to(dtype, copy=True)}
 
 
 class _CpuExperts(Experts):
@@ -59,6 +60,7 @@ class _CpuExperts(Experts):
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
+        check_expert_ids(topk_ids, self.config.num_experts)
         return run_experts(hidden_states, topk_weights, topk_ids, self.config.num_local_experts,
                            self.expert_map, self.config.routing.weight_on_input,
                            lambda name, expert, x: self._gemm(packed, name, expert, x), self._activate)
@@ -106,7 +108,9 @@ class UnquantizedProcessor:
 
     def __call__(self, weights: ExpertWeights, config: MoEConfig, device: torch.device) -> PackedWeights:
         _check_layer_dtype(weights, config)
-        return PackedWeights(self.layout, {"w13": weights.w13.contiguous(), "w2": weights.w2.contiguous(),
+        # Copies, not views of the caller's tensors (see _biases).
+        return PackedWeights(self.layout, {"w13": weights.w13.clone(memory_format=torch.contiguous_format),
+                                           "w2": weights.w2.clone(memory_format=torch.contiguous_format),
                                            **_biases(weights, config.dtype)})
 
 
@@ -168,6 +172,23 @@ class CpuOneDnnExperts(_CpuExperts):
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
         return _onednn_usable(config.dtype)
+
+    # Opaque oneDNN tensors have no storage to pickle or deep-copy (torch.save and copy.deepcopy raised
+    # NotImplementedError): the state holds them as plain tensors, prepacked again when restored, so a
+    # saved layer also loads on a CPU whose oneDNN blocks weights differently.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        if self.weights is not None:
+            state["weights"] = PackedWeights(self.weights.layout, {
+                name: t.to_dense() if t.is_mkldnn else t for name, t in self.weights.tensors.items()})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.weights is not None:
+            self.weights = PackedWeights(self.weights.layout, {
+                name: t if name.endswith("_bias") else torch.ops.mkldnn._reorder_linear_weight(t, ONEDNN_ROWS_HINT)
+                for name, t in self.weights.tensors.items()})
 
     def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[f"{name}.{expert}"],

@@ -89,8 +89,9 @@ class ExpertWeights:
         """Experts [start, start + length) as views (no copy)."""
         return dataclasses.replace(self, **{k: v.narrow(0, start, length) for k, v in self.tensors().items()})
 
-    def to(self, device: torch.device | str) -> ExpertWeights:
-        return dataclasses.replace(self, **{k: v.to(device) for k, v in self.tensors().items()})
+    def to(self, device: torch.device | str, copy: bool = False) -> ExpertWeights:
+        """On `device`; `copy=True` copies even tensors already there (no aliasing of the caller's)."""
+        return dataclasses.replace(self, **{k: v.to(device, copy=copy) for k, v in self.tensors().items()})
 
     # ---- validation -----------------------------------------------------------------------
 

@@ -76,8 +76,8 @@ def int8_per_channel(weights: ExpertWeights, name: str, dtype: torch.dtype
     if weights.key.zero_point is ZeroPoint.INTEGER:
         correction = ((INT8_OFFSET - getattr(weights, f"{name}_zero").float()) * scale).to(dtype)
     elif weights.key.zero_point is ZeroPoint.FLOAT:
-        correction = getattr(weights, f"{name}_zero").to(dtype)
-    return int8, scale.to(dtype), correction
+        correction = getattr(weights, f"{name}_zero").to(dtype, copy=True)
+    return int8, scale.to(dtype, copy=True), correction  # copies: never views of the caller's tensors
 
 
 def dequantized(weights: ExpertWeights, dtype: torch.dtype, chunk: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
