@@ -3,6 +3,9 @@ phrasing (issue 58)."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+
 import pytest
 import torch
 
@@ -45,3 +48,34 @@ def test_a_scheme_refusal_says_what_the_class_supports():
     fp8_weight_only = SchemeSupport(QuantDType.FP8_E4M3, frozenset({Granularity.BLOCK}))
     assert fp8_weight_only.check(fp8_w8a8("block")).reason == "activations fp8e4m3 (supports: 16-bit)"
     assert mxfp4_only.check(mxfp4_w4a16())
+
+
+@pytest.mark.parametrize(("dtype", "byte", "limit"), [(torch.bfloat16, 254, 252), (torch.bfloat16, 253, 252),
+                                                      (torch.float32, 254, 252), (torch.float16, 141, 140)])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=pytest.mark.skipif(
+    importlib.util.find_spec("moe_cpu") is None, reason="moe-cpu is not installed"))])
+def test_mxfp4_scales_that_overflow_the_layer_dtype_are_refused(dtype, byte, limit, backend):
+    """Before: e8m0 byte 254 (2**127) loaded and every output was NaN; only 0xFF was refused."""
+    cfg = MoEConfig(8, 2, 64, 32, dtype=dtype)
+    weights = ExpertWeights.random(cfg, mxfp4_w4a16(), seed=int(torch.randint(0, 2**31, ())))
+    expert = int(torch.randint(0, 8, ()))
+    scale = weights.w2_scale.clone()
+    scale[expert, 3, 0] = byte
+    layer = FusedMoE(cfg, mxfp4_w4a16(), "cpu", prefer=backend)
+    with pytest.raises(ValueError, match=rf"ExpertWeights.w2_scale: experts {expert} have scales \(expert {expert}: "
+                                         rf"up to byte {byte}\) .* Accepted for a {str(dtype)[6:]} layer: e8m0 bytes <= {limit}"):
+        layer.load_weights(dataclasses.replace(weights, w2_scale=scale))
+    scale[expert, 3, 0] = limit  # the largest byte that fits loads, and its outputs are finite
+    layer.load_weights(dataclasses.replace(weights, w2_scale=scale))
+    assert torch.isfinite(layer(torch.randn(4, 64).to(dtype) * 1e-30, torch.randn(4, 8))).all()
+
+
+def test_int4_scales_that_overflow_an_fp16_layer_are_refused():
+    cfg = MoEConfig(8, 2, 64, 32, dtype=torch.float16)
+    quant = int4_w4a16(32, scale_dtype="fp32")
+    weights = ExpertWeights.random(cfg, quant, seed=1)
+    scale = weights.w13_scale.clone()
+    scale[2, 0, 0] = 1e5
+    with pytest.raises(ValueError, match=r"w13_scale: experts 2 have scales \(expert 2: up to 1e\+05\) .* largest "
+                                         r"float16 value 6.55e\+04"):
+        FusedMoE(cfg, quant, "cpu", prefer="reference").load_weights(dataclasses.replace(weights, w13_scale=scale))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +40,8 @@ __all__ = ["ExpertWeights", "quantize_expert_tensor"]
 _log = logging.getLogger(__name__)
 
 _FP8_MAX = 448.0
+# Largest code magnitude of the float value types (integer types: from bits and zero point).
+_LARGEST_CODE = {QuantDType.FP4_E2M1: 6, QuantDType.FP8_E4M3: 448}
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +99,8 @@ class ExpertWeights:
     # ---- validation -----------------------------------------------------------------------
 
     def validate(self, config: MoEConfig, quant: MoEQuantConfig | None = None) -> None:
-        """Raise ValueError naming the first tensor whose shape or dtype does not fit `config`."""
+        """Raise ValueError naming the first tensor whose shape or dtype does not fit `config`, or whose
+        scales would overflow the layer dtype."""
         key = self.key
         if quant is not None and quant.weight != key:
             raise ValueError(f"ExpertWeights hold {key} weights but the layer was built for {quant.weight}")
@@ -112,7 +116,7 @@ class ExpertWeights:
                 raise ValueError(f"{name}: input dimension {cols} must be even for 4-bit packing")
             shape = (E, rows, cols // 2 if packed else cols)
             _expect(name, t, shape, want_dtype, "float" if want_dtype is None else None)
-            self._validate_scales(name, rows, cols, config.activation.gated)
+            self._validate_scales(name, rows, cols, config.activation.gated, config.dtype)
         if config.has_bias != self.has_bias or (self.w13_bias is None) != (self.w2_bias is None):
             raise ValueError(f"config.has_bias={config.has_bias} but w13_bias is "
                              f"{'set' if self.w13_bias is not None else 'None'} and w2_bias is "
@@ -121,7 +125,7 @@ class ExpertWeights:
             _expect("w13_bias", self.w13_bias, (E, R), None, "float")
             _expect("w2_bias", self.w2_bias, (E, K), None, "float")
 
-    def _validate_scales(self, name: str, rows: int, cols: int, gated: bool) -> None:
+    def _validate_scales(self, name: str, rows: int, cols: int, gated: bool, dtype: torch.dtype) -> None:
         key, E = self.key, self.w13.shape[0]
         scale, zero, g_idx = (getattr(self, f"{name}_{s}") for s in ("scale", "zero", "g_idx"))
         if not key.quantized:
@@ -146,6 +150,7 @@ class ExpertWeights:
             raise ValueError(f"{name}_scale: {g.value} granularity is for activations, not weights")
         _expect(f"{name}_scale", scale, sshape, torch.uint8 if spec.dtype == "e8m0" else None,
                 None if spec.dtype == "e8m0" else "float")
+        self._refuse_overflowing_scales(name, dtype)
         if key.zero_point is ZeroPoint.INTEGER:
             _expect(f"{name}_zero", zero, sshape, torch.uint8, None)
         elif key.zero_point is ZeroPoint.FLOAT:
@@ -160,6 +165,36 @@ class ExpertWeights:
                 raise ValueError(f"{name}_g_idx: values must lie in [0, {ngroups})")
         elif g_idx is not None:
             raise ValueError(f"{name}_g_idx: the key {key} has no act-order but g_idx was given")
+
+    def _refuse_overflowing_scales(self, name: str, dtype: torch.dtype) -> None:
+        """Scales whose largest weight (code times scale) exceeds what the layer dtype holds would make
+        every output those experts touch Inf or NaN with no error (e8m0 byte 254 is 2**127): refuse
+        them, naming the experts. One reduction per scale tensor, at load."""
+        key, scale = self.key, getattr(self, f"{name}_scale")
+        if key.zero_point is ZeroPoint.FLOAT or scale.is_meta or scale.numel() == 0:
+            return  # float zeros add to the product: no bound from the scale alone
+        largest = torch.finfo(dtype).max
+        code = _LARGEST_CODE.get(key.dtype) or (
+            (1 << key.bits) - 1 if key.zero_point is ZeroPoint.INTEGER else 1 << (key.bits - 1))
+        e8m0 = key.scale.dtype == "e8m0"
+        flat = scale.reshape(scale.shape[0], -1)  # TENSOR scales are [E]
+        per_expert = flat.amax(1) if e8m0 else flat.float().abs().amax(1)
+        if e8m0:
+            limit = 127 + math.floor(math.log2(largest / code))  # the largest byte whose product fits
+            bad = (per_expert > limit) & (per_expert != 0xFF)  # 0xFF (NaN) is refused as NaN at load
+            accepted = f"e8m0 bytes <= {limit} (scales <= 2**{limit - 127})"
+        else:
+            bad = (per_expert * code > largest) & per_expert.isfinite()  # NaN and Inf: refused as such at load
+            accepted = f"|scale| <= {largest / code:.4g}"
+        experts = bad.nonzero().flatten().tolist()
+        if experts:
+            shown = ", ".join(map(str, experts[:8])) + (f" and {len(experts) - 8} more" if len(experts) > 8 else "")
+            found = f"byte {int(per_expert[experts[0]])}" if e8m0 else f"{float(per_expert[experts[0]]):.4g}"
+            dtype_name = str(dtype).removeprefix("torch.")
+            raise ValueError(f"ExpertWeights.{name}_scale: experts {shown} have scales (expert {experts[0]}: up to "
+                             f"{found}) whose product with the largest {key.dtype.value} code ({code}) exceeds the "
+                             f"largest {dtype_name} value {largest:.4g}: their outputs would be Inf or NaN. Accepted "
+                             f"for a {dtype_name} layer: {accepted}")
 
     # ---- dequantization -------------------------------------------------------------------
 
