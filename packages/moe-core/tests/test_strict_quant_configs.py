@@ -137,3 +137,17 @@ def test_norm_topk_prob_as_a_string_is_refused(monkeypatch):
     monkeypatch.setattr(hf_config, "_config_class", lambda model_type: None)
     with pytest.raises(UnsupportedModelError, match=r"routing.renormalize='false'.* expected true or false"):
         hf_config.moe_config_from_hf(cfg)
+
+
+@pytest.mark.parametrize("name", ["gate.weight", "gate.e_score_correction_bias"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_an_integer_router_tensor_is_refused(tmp_path, name, dtype):
+    """Before: LoadedLayer.router_weight stayed int32."""
+    tensors = unquantized_tensors(ExpertWeights.random(CFG, unquantized(), seed=1), PREFIX, "proj")
+    shape = (4, 64) if name == "gate.weight" else (4,)
+    tensors[f"model.layers.0.mlp.{name}"] = torch.randint(0, 2, shape).to(dtype)
+    model = write_model_dir(tmp_path, tensors, {"model_type": "qwen3_moe", "num_experts": 4})
+    with pytest.raises(CheckpointError, match=rf"tensor 'model.layers.0.mlp.{name}' has dtype "
+                                              rf"{str(dtype)[6:]}, expected a floating-point dtype"):
+        load_layer(model, 0)
+

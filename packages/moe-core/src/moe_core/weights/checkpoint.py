@@ -301,10 +301,15 @@ def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: 
 
 
 def _optional(source: TensorSource, keys: Sequence[str], dtype: torch.dtype | None) -> torch.Tensor | None:
+    """The first of `keys` present (router and bias tensors), which must be floating point: an integer
+    router weight would route by truncated values, or fail at the first matmul with the inputs."""
     for key in keys:
         if key in source:
             t = source.get(key)
-            return t.to(dtype) if dtype is not None and t.dtype.is_floating_point else t
+            if not t.dtype.is_floating_point:
+                raise CheckpointError(f"{source.what}: tensor {key!r} has dtype {str(t.dtype).removeprefix('torch.')}"
+                                      ", expected a floating-point dtype (bfloat16, float16 or float32)")
+            return t.to(dtype) if dtype is not None else t
     return None
 
 
