@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import torch
 
+from moe_core import _op
+from moe_core._graphs import CallGraphs, graphs_enabled
 from moe_core._progress import logged_step
 from moe_core.backends import available_memory_bytes
 from moe_core.config import MoEConfig
@@ -27,6 +30,9 @@ _log = logging.getLogger(__name__)
 
 # Calls whose intermediates stay below this never query the device's free memory.
 _WORKING_MEMORY_CHECK_BYTES = 256 << 20
+# Most tokens an eager call is replayed from a CUDA graph for (`moe_core._graphs`): past this the
+# kernels outlast the host work, and each distinct prompt length would hold static buffers.
+GRAPH_MAX_TOKENS = 2048
 
 
 class FusedMoE(torch.nn.Module):
@@ -53,11 +59,17 @@ class FusedMoE(torch.nn.Module):
     Inference only: no backend computes gradients, so a call with grad mode enabled on inputs that
     require grad raises RuntimeError (instead of returning an output that silently has none); call
     it under `torch.no_grad()` or `torch.inference_mode()`.
+
+    Calls: eager calls on a CUDA device whose shapes repeat (decode steps) are replayed from a CUDA
+    graph of the same call (`moe_core._graphs`; `cuda_graphs=False` or MOE_CUDA_GRAPHS=0 turns that
+    off; single-device layers of at most GRAPH_MAX_TOKENS tokens). Under `torch.compile` the layer
+    is one custom op, `torch.ops.moe_core.fused_moe` (`moe_core._op`), so a model compiles with
+    `fullgraph=True`. Loading weights waits for calls in flight and is seen whole by the next call.
     """
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig | None = None, device: object = None,
                  prefer: str | None = None, ep_group: object = None, parallel: object = None,
-                 num_tokens: int | None = None) -> None:
+                 num_tokens: int | None = None, cuda_graphs: bool | None = None) -> None:
         super().__init__()
         if prefer is not None and not isinstance(prefer, str):
             raise TypeError(f"FusedMoE: prefer must be a backend name (str) or None, got {prefer!r}")
@@ -75,6 +87,29 @@ class FusedMoE(torch.nn.Module):
             self._finalize = ExpertParallelReduce(config, ep_group)
         elif isinstance(mode, AllToAll):
             self._dispatch = AllToAllDispatch(config, mode, ep_group)
+        self._device_type = self.device.type
+        # Collectives stay eager: every rank would have to capture together.
+        self._graphed = graphs_enabled(cuda_graphs) and mode is None and self._device_type == "cuda"
+        self._init_call_state()
+
+    def _init_call_state(self) -> None:
+        """What calls share and a copy of the layer must not: its op key, its lock, its graphs."""
+        self._op_key = _op.layer_key(self)
+        # Held by a call's host work and by load_weights: a reload never mixes with a call in flight.
+        self._state_lock = threading.Lock()
+        self._graphs = CallGraphs(self._run, f"FusedMoE({self.config.describe()})",
+                                  min(GRAPH_MAX_TOKENS, self.config.max_num_tokens),
+                                  lambda tensors: tensors[0].shape[0], self._graph_version) if self._graphed else None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in ("_op_key", "_state_lock", "_graphs"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._init_call_state()
 
     @property
     def device(self) -> torch.device:
@@ -110,10 +145,13 @@ class FusedMoE(torch.nn.Module):
                              "moe_core.parallel.local_weights(weights, config)")
         weights.validate(self.config, self.quant)
         _refuse_unusable_values(weights)
-        with logged_step(_log, f"converting {self.config.num_local_experts} experts' {self.quant.weight} weights "
-                               f"to {self.plan.weight_layout} for {self.plan.experts_cls.name()}"):
+        with self._state_lock, logged_step(
+                _log, f"converting {self.config.num_local_experts} experts' {self.quant.weight} weights "
+                      f"to {self.plan.weight_layout} for {self.plan.experts_cls.name()}"):
             self.experts.load_weights(weights)
-        self.correction_bias = bias
+            self.correction_bias = bias
+            if self._graphs is not None:
+                self._graphs.clear()  # their kernels read the old weights' addresses
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         E = self.config.num_experts
@@ -122,6 +160,23 @@ class FusedMoE(torch.nn.Module):
         return self.plan.router(router_logits, self.config.routing, self.config.top_k, self.correction_bias)
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        self._check_inputs(hidden_states, router_logits)  # while compiling: once, at trace time
+        if torch.compiler.is_compiling():
+            return torch.ops.moe_core.fused_moe(hidden_states, router_logits, self._op_key)
+        return self.call_eager(hidden_states, router_logits)
+
+    def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """One call without the input checks of `forward` (the custom op's implementation)."""
+        with self._state_lock:
+            if self._graphs is not None:
+                return self._graphs(hidden_states, router_logits)
+            return self._run(hidden_states, router_logits)
+
+    def _graph_version(self) -> object:
+        """What a graphed call depends on beyond its inputs: the loaded weights and a forced launch shape."""
+        return id(self.experts.weights), getattr(self.experts, "config_override", None)
+
+    def _check_inputs(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> None:
         cfg = self.config
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
             if not isinstance(t, torch.Tensor):
@@ -130,7 +185,7 @@ class FusedMoE(torch.nn.Module):
         if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size:
             raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(hidden_states.shape)}")
         M = hidden_states.shape[0]
-        if tuple(router_logits.shape) != (M, cfg.num_experts):
+        if router_logits.dim() != 2 or router_logits.shape[0] != M or router_logits.shape[1] != cfg.num_experts:
             raise ValueError(f"router_logits must be [{M}, {cfg.num_experts}] (tokens, global experts), "
                              f"got {list(router_logits.shape)}")
         if hidden_states.dtype != cfg.dtype:
@@ -138,11 +193,15 @@ class FusedMoE(torch.nn.Module):
         if not router_logits.dtype.is_floating_point:
             raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
-            if t.device.type != self.device.type:
+            if t.device.type != self._device_type:
                 raise ValueError(f"{name} is on {t.device}, the layer on {self.device}")
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
+
+    def _run(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        M = hidden_states.shape[0]
         self._check_working_memory(M)
         if self._dispatch is not None:  # every rank joins the exchange, even with no tokens of its own
             topk_weights, topk_ids = self.route(router_logits) if M else (
@@ -163,7 +222,7 @@ class FusedMoE(torch.nn.Module):
         # GEMM2's rows, and the output with its accumulator.
         need = 4 * (pairs * (cfg.w13_rows + cfg.intermediate_size_per_partition + cfg.hidden_size)
                     + 2 * num_tokens * cfg.hidden_size)
-        if need < _WORKING_MEMORY_CHECK_BYTES or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if need < _WORKING_MEMORY_CHECK_BYTES or (self._device_type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return  # small, or inside a CUDA graph capture (checked when the call ran eagerly first)
         have = available_memory_bytes(self.device)
         if need > have:

@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from moe_core._graphs import CallGraphs
 from moe_core.config import Activation, ActivationKind, MoEConfig, Routing, Scoring
 from moe_core.integrations._descriptors import (
     BlockDescriptor,
@@ -79,7 +80,7 @@ from moe_core.integrations._descriptors import (
     resolve,
 )
 from moe_core.integrations._models import MODELS
-from moe_core.layer import FusedMoE
+from moe_core.layer import GRAPH_MAX_TOKENS, FusedMoE, _refuse_unusable_values
 from moe_core.oracle import Plan
 from moe_core.quant import MoEQuantConfig, unquantized
 from moe_core.weights.canonical import ExpertWeights
@@ -365,6 +366,33 @@ class FusedMoEBlock(nn.Module):
         self.output_scale = output_scale
         self.flat_output = desc.flat_output
         self.jitter_noise = float(_attr(block, desc.jitter_noise) or 0.0) if desc.jitter_noise else 0.0
+        self._init_graphs()
+
+    def _init_graphs(self) -> None:
+        """The whole block (router projection, routed and shared experts) replayed as one CUDA graph
+        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs)."""
+        moe = self.moe
+        self._graphs = CallGraphs(self._block, f"FusedMoEBlock({moe.config.describe()})",
+                                  min(GRAPH_MAX_TOKENS, moe.config.max_num_tokens),
+                                  lambda tensors: tensors[0].numel() // tensors[0].shape[-1],
+                                  self._graph_version) if moe._graphs is not None else None
+        # Where the block's own parameters are registered: replaced rather than updated in place, they
+        # must not leave a graph reading the old ones.
+        self._graph_params = [(module, name) for prefix, module in self.named_modules()
+                              if prefix != "moe" and not prefix.startswith("moe.")
+                              for name, _ in module.named_parameters(recurse=False)]
+
+    def _graph_version(self) -> object:
+        return self.moe._graph_version(), tuple(getattr(m, n).data_ptr() for m, n in self._graph_params)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_graphs"], state["_graph_params"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._init_graphs()
 
     @property
     def plan(self) -> Plan:
@@ -380,6 +408,11 @@ class FusedMoEBlock(nn.Module):
         if self.training and self.jitter_noise > 0:
             raise RuntimeError(f"this block's model applies router_jitter_noise={self.jitter_noise} in training "
                                "mode, which the fused block does not reproduce; call model.eval() for inference")
+        if self._graphs is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return self._graphs(hidden_states)
+        return self._block(hidden_states)
+
+    def _block(self, hidden_states: torch.Tensor):
         shape = hidden_states.shape
         flat = hidden_states.reshape(-1, shape[-1])
         out = self._routed_experts(flat, self.router_logits(flat))
@@ -450,8 +483,21 @@ def _resolve_device(where: str, requested: object, weights: torch.Tensor) -> tor
     return actual
 
 
-def _build_block(model_type: str, name: str, block: nn.Module, desc: BlockDescriptor, quant: MoEQuantConfig,
-                 device: object, prefer: str | None) -> FusedMoEBlock:
+@dataclass
+class _PendingBlock:
+    """A block described, its layer built and its weights checked, not yet converted."""
+
+    name: str
+    block: nn.Module
+    moe: FusedMoE
+    weights: ExpertWeights | None  # dropped once converted
+    correction_bias: torch.Tensor | None
+    output_scale: float
+
+
+def _prepare_block(model_type: str, name: str, block: nn.Module, desc: BlockDescriptor, quant: MoEQuantConfig,
+                   device: object, prefer: str | None) -> _PendingBlock:
+    """Everything that can refuse a block, short of converting its weights."""
     where = f"{model_type} block {name!r}"
     spec = _resolve(model_type, name, block, desc)
     canonical = spec.weights
@@ -477,11 +523,20 @@ def _build_block(model_type: str, name: str, block: nn.Module, desc: BlockDescri
     if desc.post_module:
         _module(where, block, desc.post_module, "post module")
     moe = FusedMoE(config, quant, _resolve_device(where, device, canonical.w13), prefer)
+    # The checks load_weights makes, on the float weights (quantizing them must wait for conversion).
+    canonical.validate(config, unquantized())
+    _refuse_unusable_values(canonical)
+    return _PendingBlock(name, block, moe, canonical, spec.correction_bias, spec.output_scale)
+
+
+def _convert_block(pending: _PendingBlock, desc: BlockDescriptor) -> FusedMoEBlock:
+    moe, canonical = pending.moe, pending.weights
     # Identity for unquantized layers; round-to-nearest quantization when `quant` asks for it.
     weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
-                                       canonical.w2_bias, dtype=config.dtype)
-    moe.load_weights(weights, spec.correction_bias)
-    return FusedMoEBlock(moe, desc, block, spec.output_scale)
+                                       canonical.w2_bias, dtype=moe.config.dtype)
+    moe.load_weights(weights, pending.correction_bias)
+    pending.weights = None
+    return FusedMoEBlock(moe, desc, pending.block, pending.output_scale)
 
 
 def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: object = None,
@@ -494,8 +549,10 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     in `moe_core.select` (served or refused with its reason, never replaced).
 
     Raises UnsupportedModelError, naming the model type and what is unsupported, before any block
-    is replaced; the oracle's errors (no backend, forced backend unavailable) likewise leave the
-    model untouched.
+    is replaced; the oracle's errors (no backend, forced backend unavailable) and weights the layer
+    refuses (NaN or Inf) likewise leave the model untouched. Blocks are then converted and swapped one
+    at a time, so peak memory is the model plus about one block's converted experts; a failure there
+    (out of memory) raises RuntimeError naming the blocks already fused.
 
     The fused model is inference-only: call it under `torch.no_grad()` or `torch.inference_mode()`.
     Called with grad mode enabled (training), each fused block raises RuntimeError ("FusedMoE is
@@ -518,12 +575,23 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     if not blocks:
         raise UnsupportedModelError(f"fuse: {model_type} model {type(model).__name__} has no {block_cls.__name__} "
                                     "blocks (already fused, or the experts were replaced by another integration)")
-    # Describe and build everything before swapping anything, so a refusal leaves the model intact.
-    replacements = [(name, _build_block(model_type, name, block, desc, quant, device, prefer))
-                    for name, block in blocks]
-    for name, fused in replacements:
-        model.set_submodule(name, fused)
-    return FuseReport(model_type, tuple(FusedLayer(name, fused.plan) for name, fused in replacements))
+    # Describe, select and check every block before converting any, so a refusal leaves the model
+    # intact; then convert and swap one block at a time, so the original experts of a block are
+    # released (where the conversion copied them) before the next block is converted.
+    pending = [_prepare_block(model_type, name, block, desc, quant, device, prefer) for name, block in blocks]
+    del blocks
+    fused_layers = []
+    for item in pending:
+        try:
+            fused = _convert_block(item, desc)
+        except Exception as exc:
+            done = ", ".join(layer.name for layer in fused_layers) or "none"
+            raise RuntimeError(f"fuse: converting {item.name!r} failed after every block was checked ({exc}); "
+                               f"blocks already fused: {done}") from exc
+        model.set_submodule(item.name, fused)
+        item.block = None
+        fused_layers.append(FusedLayer(item.name, fused.plan))
+    return FuseReport(model_type, tuple(fused_layers))
 
 
 # ---- docs ------------------------------------------------------------------------------------------
