@@ -79,7 +79,9 @@ from moe_core.integrations._descriptors import (
     UnsupportedModelError,
     resolve,
 )
+from moe_core.integrations._loading import from_pretrained
 from moe_core.integrations._models import MODELS
+from moe_core.integrations._saving import refuse_save
 from moe_core.layer import GRAPH_MAX_TOKENS, FusedMoE, _refuse_unusable_values
 from moe_core.oracle import Plan
 from moe_core.quant import MoEQuantConfig, unquantized
@@ -91,6 +93,7 @@ __all__ = [
     "FusedLayer",
     "FusedMoEBlock",
     "UnsupportedModelError",
+    "from_pretrained",
     "fuse",
     "model_table",
     "moe_model_types",
@@ -591,6 +594,7 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
         model.set_submodule(item.name, fused)
         item.block = None
         fused_layers.append(FusedLayer(item.name, fused.plan))
+    refuse_save(model)  # its experts now exist only in kernel layouts: no checkpoint without them
     return FuseReport(model_type, tuple(fused_layers))
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +36,8 @@ from moe_core.weights.gptq import GPTQFormat, gptq_experts
 from moe_core.weights.hf import unquantized_experts_from_source
 from moe_core.weights.mxfp4 import gpt_oss_mxfp4_experts
 
-__all__ = ["INTERLEAVED_GATE_UP_MODEL_TYPES", "LoadedLayer", "SafetensorsDirectory", "load_layer"]
+__all__ = ["INTERLEAVED_GATE_UP_MODEL_TYPES", "LoadedLayer", "SafetensorsDirectory", "load_layer", "read_layer",
+           "read_model_config"]
 
 # model_type values whose fused gate_up_proj alternates gate and up rows: the transformers models
 # declared `use_experts_implementation(is_concatenated=False)` (5.23: gpt_oss only).
@@ -113,14 +116,20 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
             raise CheckpointError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
 
     def _shard_path(self, index: Path, key: str, name: object) -> Path:
-        """The index entry's file, which must be a plain file name or a path inside the model directory."""
+        """The index entry's file, which must be a plain file name or a path inside the model directory.
+
+        In the Hugging Face hub cache (`models--org--name/snapshots/<rev>/`) the files are symlinks into
+        the repository's `blobs/`: a file inside the directory may resolve there, and nowhere else."""
         if not isinstance(name, str) or not name:
             raise CheckpointError(f"{index}: weight_map[{key!r}] = {name!r} is not a file name")
         root = self.root.resolve()
         path = (self.root / name).resolve()
-        if Path(name).is_absolute() or root not in path.parents:
+        lexical = Path(os.path.normpath(root / name))
+        inside = not Path(name).is_absolute() and root in lexical.parents
+        if not inside or (root not in path.parents and path.parent != _hub_blobs(root)):
             raise CheckpointError(f"{index}: weight_map[{key!r}] = {name!r} points outside the model directory "
-                                  f"{self.root}; expected a shard file name inside it")
+                                  f"{self.root}; expected a shard file name inside it (or, in the Hugging Face "
+                                  "hub cache, a link into the repository's blobs/)")
         return path
 
     def _refuse_duplicates(self, shards: list[Path]) -> None:
@@ -134,14 +143,29 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
                                               f"and {shard.name}; a key must be in exactly one shard")
                     holder[key] = shard
 
-    def __getitem__(self, key: str) -> torch.Tensor:
+    def _handle(self, key: str):
         path = self._where[key]
         if path not in self._open:
             self._open[path] = self._open_file(path)
+        return path, self._open[path]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        path, handle = self._handle(key)
         try:
-            return self._open[path].get_tensor(key)
+            return handle.get_tensor(key)
         except Exception as exc:  # the index named a key its shard lacks
             raise CheckpointError(f"{path}: cannot read tensor {key!r} listed in the index: {exc}") from exc
+
+    def nbytes(self, key: str) -> int:
+        """The stored size of tensor `key`, from its file's header (the data is not read)."""
+        path, handle = self._handle(key)
+        try:
+            part = handle.get_slice(key)
+            shape, dtype = part.get_shape(), part.get_dtype()
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot read tensor {key!r} listed in the index: {exc}") from exc
+        bits = 8 if dtype == "BOOL" else int(re.match(r"[A-Z]+(\d+)", dtype).group(1))
+        return math.prod(shape) * bits // 8
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
@@ -151,6 +175,13 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
+
+
+def _hub_blobs(root: Path) -> Path | None:
+    """`<repo>/blobs` for a resolved hub-cache snapshot directory `<repo>/snapshots/<rev>`, else None."""
+    if root.parent.name != "snapshots" or not (root.parent.parent / "blobs").is_dir():
+        return None
+    return (root.parent.parent / "blobs").resolve()
 
 
 def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int] | None = None,
@@ -168,8 +199,23 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
 
 def _read_layer(model_dir: str | Path, layer_index: int, experts: Sequence[int] | None,
                 dtype: torch.dtype | None) -> LoadedLayer:
-    if not isinstance(layer_index, int) or isinstance(layer_index, bool) or layer_index < 0:
-        raise ValueError(f"layer_index={layer_index!r} is invalid: expected an int >= 0 (a decoder layer's index)")
+    _check_layer_index(layer_index)
+    root, config = read_model_config(model_dir)
+    counts = _expert_counts(root / "config.json", config)
+    return _read_layer_from(SafetensorsDirectory(root), config, counts, layer_index, experts, dtype)
+
+
+def read_layer(tensors: SafetensorsDirectory, config: Mapping[str, object], layer_index: int, *,
+               experts: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> LoadedLayer:
+    """`load_layer` over an open directory and its config.json (from `read_model_config`), so that a
+    caller reading every layer opens the shards and checks the index once."""
+    _check_layer_index(layer_index)
+    counts = _expert_counts(tensors.root / "config.json", config)
+    return _read_layer_from(tensors, config, counts, layer_index, experts, dtype)
+
+
+def read_model_config(model_dir: str | Path) -> tuple[Path, dict]:
+    """(the model directory, its config.json as a dict); CheckpointError where either is missing."""
     root = Path(model_dir)
     if root.exists() and not root.is_dir():
         raise CheckpointError(f"{root}: not a directory; give the model directory holding config.json and the "
@@ -177,7 +223,16 @@ def _read_layer(model_dir: str | Path, layer_index: int, experts: Sequence[int] 
     config_path = root / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{root}: no config.json")
-    config = _read_json_object(config_path)
+    return root, _read_json_object(config_path)
+
+
+def _check_layer_index(layer_index: object) -> None:
+    if not isinstance(layer_index, int) or isinstance(layer_index, bool) or layer_index < 0:
+        raise ValueError(f"layer_index={layer_index!r} is invalid: expected an int >= 0 (a decoder layer's index)")
+
+
+def _expert_counts(config_path: Path, config: Mapping) -> tuple[int, int | None]:
+    """(experts per layer, experts per token or None) from config.json, validated."""
     text = config.get("text_config") or {}
     if not isinstance(text, dict):
         raise CheckpointError(f"{config_path}: text_config must be a JSON object, got {text!r}")
@@ -191,7 +246,14 @@ def _read_layer(model_dir: str | Path, layer_index: int, experts: Sequence[int] 
     if top_k is not None and not 1 <= top_k <= num_experts:
         raise CheckpointError(f"{config_path}: experts per token = {top_k} is invalid: expected an int in "
                               f"[1, {num_experts}] (the expert count)")
-    tensors = SafetensorsDirectory(root)
+    return num_experts, top_k
+
+
+def _read_layer_from(tensors: SafetensorsDirectory, config: Mapping, counts: tuple[int, int | None],
+                     layer_index: int, experts: Sequence[int] | None, dtype: torch.dtype | None) -> LoadedLayer:
+    root = tensors.root
+    config_path = root / "config.json"
+    num_experts, top_k = counts
     source = TensorSource(tensors, str(root))
     prefix = find_experts_prefix(tensors, layer_index, str(root))
     qc = config.get("quantization_config")

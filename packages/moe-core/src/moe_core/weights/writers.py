@@ -5,6 +5,8 @@ library at hand. Each writer follows the format's documented packing with the pr
 loop structure (AutoGPTQ's `pack`, AutoAWQ's `from_linear` order map, gpt-oss block layout), written
 independently of the readers' vectorised unpacking, so a round trip checks one against the other.
 compressed-tensors has no writer here: its tests and the example use that library's own compressor.
+`quantized_linear_tensors` writes the non-expert linears (attention, shared experts) that quantized
+checkpoints carry too; `random_gptq_int4_tensors` draws a benchmark layer directly in GPTQ's packing.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from moe_core.quant import Granularity, QuantDType, ZeroPoint
+from moe_core.quant import Granularity, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights._source import join_key
 from moe_core.weights.awq import AWQ_PACK_ORDER
-from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.canonical import ExpertWeights, quantize_expert_tensor
 from moe_core.weights.packing import unpack_int4
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "block_fp8_tensors",
     "gpt_oss_mxfp4_tensors",
     "gptq_tensors",
+    "quantized_linear_tensors",
+    "random_gptq_int4_tensors",
     "unquantized_tensors",
     "write_model_dir",
 ]
@@ -79,34 +83,63 @@ def unquantized_tensors(weights: ExpertWeights, prefix: str, layout: str) -> dic
 
 def gptq_tensors(weights: ExpertWeights, prefix: str, v1_zeros: bool = True) -> dict[str, torch.Tensor]:
     """Per-expert gate/up/down_proj qweight, qzeros, scales, g_idx. Symmetric keys write zero 2**(bits-1)."""
-    key = weights.key
     bits = _int_bits(weights)
     out = {}
     for _, module, codes, scale, zero, g_idx in _int_projections(weights, prefix):
-        _, in_f = codes.shape
-        if zero is None:
-            zero = torch.full_like(scale, 1 << (bits - 1), dtype=torch.uint8)
-        stored_zero = (zero.long() - int(v1_zeros)) % (1 << bits)
-        if g_idx is None:
-            g = key.scale.group_size if key.scale.granularity is Granularity.GROUP else in_f
-            g_idx = torch.arange(in_f, dtype=torch.int32) // g
-        out[f"{module}.qweight"] = _pack_rows(codes.t().long(), bits)
-        out[f"{module}.qzeros"] = _pack_rows(stored_zero.long(), bits).t().contiguous()  # along N
-        out[f"{module}.scales"] = scale.t().contiguous()
-        out[f"{module}.g_idx"] = g_idx.to(torch.int32).clone()  # gate and up may share it: own copies
+        out.update(_gptq_module(module, codes, scale, zero, g_idx, weights.key, bits, v1_zeros))
     return out
 
 
 def awq_tensors(weights: ExpertWeights, prefix: str) -> dict[str, torch.Tensor]:
     """Per-expert qweight [K, N/8], qzeros [G, N/8] (AWQ field order), scales [G, N]."""
-    key = weights.key
-    if key.dtype is not QuantDType.INT4 or key.zero_point is not ZeroPoint.INTEGER or key.act_order:
-        raise ValueError(f"AWQ stores int4 codes with integer zero points and no act-order, not {key}")
+    _check_awq(weights.key)
     out = {}
     for _, module, codes, scale, zero, _ in _int_projections(weights, prefix):
-        out[f"{module}.qweight"] = _pack_awq(codes.t().long())
-        out[f"{module}.qzeros"] = _pack_awq(zero.t().long())
-        out[f"{module}.scales"] = scale.t().contiguous()
+        out.update(_awq_module(module, codes, scale, zero))
+    return out
+
+
+def quantized_linear_tensors(weight: torch.Tensor, module: str, fmt: str, key: QuantKey,
+                             g_idx: torch.Tensor | None = None, v1_zeros: bool = True) -> dict[str, torch.Tensor]:
+    """One nn.Linear weight [out, in], quantized round-to-nearest to `key`, as `fmt` ("gptq", "awq" or
+    "fp8": block FP8 with weight_scale_inv) stores it under `module`: the attention and shared-expert
+    linears that quantized checkpoints hold beside their experts. g_idx [in]: act-order grouping."""
+    codes, scale, zero = quantize_expert_tensor(weight[None], key, None if g_idx is None else g_idx[None])
+    if fmt == "fp8":
+        if key.dtype is not QuantDType.FP8_E4M3 or key.scale.granularity is not Granularity.BLOCK:
+            raise ValueError(f"block FP8 checkpoints hold block-scaled fp8 weights, not {key}")
+        return {f"{module}.weight": codes[0].contiguous(), f"{module}.weight_scale_inv": scale[0].float().contiguous()}
+    codes = unpack_int4(codes[0]) if key.dtype is QuantDType.INT4 else codes[0]
+    scale = scale[0] if scale.dim() == 3 else scale[0].unsqueeze(1)
+    zero = None if zero is None else (zero[0] if zero.dim() == 3 else zero[0].unsqueeze(1))
+    if fmt == "gptq":
+        if key.dtype not in (QuantDType.INT4, QuantDType.INT8):
+            raise ValueError(f"GPTQ checkpoints hold int4/int8 weights, not {key}")
+        return _gptq_module(module, codes, scale, zero, g_idx, key, key.bits, v1_zeros)
+    if fmt == "awq":
+        _check_awq(key)
+        return _awq_module(module, codes, scale, zero)
+    raise ValueError(f"fmt={fmt!r} is invalid: expected 'gptq', 'awq' or 'fp8'")
+
+
+def random_gptq_int4_tensors(prefix: str, num_experts: int, hidden_size: int, intermediate_size: int,
+                             group_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A layer of GPTQ int4 (sym, v1 zeros, no act-order) experts with random codes, drawn directly
+    in the stored packing: real-shape benchmark checkpoints in seconds per layer rather than the
+    minutes of quantizing float weights. Scales ~ 1/(8 sqrt(fan_in)), so outputs stay O(1)."""
+    out = {}
+    K, N = hidden_size, intermediate_size
+    for e in range(num_experts):
+        for name, fan_in, fan_out in (("gate_proj", K, N), ("up_proj", K, N), ("down_proj", N, K)):
+            module = join_key(prefix, f"{e}.{name}")
+            words = torch.randint(-(1 << 31), 1 << 31, (fan_in // 8, fan_out), generator=generator, dtype=torch.int64)
+            out[f"{module}.qweight"] = words.to(torch.int32)
+            groups = fan_in // group_size
+            # v1 stores zero - 1: the implicit symmetric zero 8 is written as 7 in every nibble
+            out[f"{module}.qzeros"] = torch.full((groups, fan_out // 8), 0x77777777, dtype=torch.int32)
+            scale = (torch.rand(groups, fan_out, generator=generator) + 0.5) / (8 * fan_in**0.5)
+            out[f"{module}.scales"] = scale.to(torch.float16)
+            out[f"{module}.g_idx"] = torch.arange(fan_in, dtype=torch.int32) // group_size
     return out
 
 
@@ -160,6 +193,33 @@ def _int_bits(weights: ExpertWeights) -> int:
     if weights.key.dtype not in (QuantDType.INT4, QuantDType.INT8):
         raise ValueError(f"integer checkpoints hold int4/int8 weights, not {weights.key}")
     return weights.key.bits
+
+
+def _check_awq(key: QuantKey) -> None:
+    if key.dtype is not QuantDType.INT4 or key.zero_point is not ZeroPoint.INTEGER or key.act_order:
+        raise ValueError(f"AWQ stores int4 codes with integer zero points and no act-order, not {key}")
+
+
+def _gptq_module(module: str, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                 g_idx: torch.Tensor | None, key: QuantKey, bits: int, v1_zeros: bool) -> dict[str, torch.Tensor]:
+    """One projection (codes [out, in], scale and zero [out, G]) as GPTQ's four tensors."""
+    _, in_f = codes.shape
+    if zero is None:
+        zero = torch.full_like(scale, 1 << (bits - 1), dtype=torch.uint8)
+    stored_zero = (zero.long() - int(v1_zeros)) % (1 << bits)
+    if g_idx is None:
+        g = key.scale.group_size if key.scale.granularity is Granularity.GROUP else in_f
+        g_idx = torch.arange(in_f, dtype=torch.int32) // g
+    return {f"{module}.qweight": _pack_rows(codes.t().long(), bits),
+            f"{module}.qzeros": _pack_rows(stored_zero.long(), bits).t().contiguous(),  # along N
+            f"{module}.scales": scale.t().contiguous(),
+            f"{module}.g_idx": g_idx.to(torch.int32).clone()}  # gate and up may share it: own copies
+
+
+def _awq_module(module: str, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {f"{module}.qweight": _pack_awq(codes.t().long()),
+            f"{module}.qzeros": _pack_awq(zero.t().long()),
+            f"{module}.scales": scale.t().contiguous()}
 
 
 def _int_projections(weights: ExpertWeights, prefix: str):

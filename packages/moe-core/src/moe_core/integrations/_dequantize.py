@@ -1,0 +1,69 @@
+"""One quantized nn.Linear of a checkpoint (outside the experts) -> its float weight.
+
+GPTQ, AWQ and compressed-tensors checkpoints usually quantize attention and shared-expert linears
+too; block FP8 ones quantize every linear. `from_pretrained` runs those as float linears of the model
+dtype, dequantized here through the experts' own readers (one projection each), so the values are
+exactly the ones the readers define: (code - zero) * scale per group, or fp8 times its block scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from moe_core.weights._intquant import QuantizedProjection
+from moe_core.weights._source import CheckpointError, TensorSource
+
+__all__ = ["dequantized_linear"]
+
+
+def dequantized_linear(source: TensorSource, module: str, method: str, qc: Mapping, parsed: object) -> torch.Tensor:
+    """The fp32 weight [out, in] of the quantized linear `module`; every tensor it reads is marked
+    consumed in `source`, and any other tensor of the module (except a float bias) is refused."""
+    if method == "gptq":
+        from moe_core.weights import gptq
+
+        weight = _integer(gptq._projection(source, module, parsed, parsed.act_order), parsed.bits, parsed.group_size)
+    elif method == "awq":
+        from moe_core.weights import awq
+
+        weight = _integer(awq._projection(source, module, parsed), 4, parsed.group_size)
+    elif method == "compressed-tensors":
+        from moe_core.weights import compressed_tensors as ct
+
+        scheme = ct.compressed_tensors_scheme_for(qc, [module])
+        if scheme is None:
+            raise CheckpointError(f"{source.what}: {module!r} holds pack-quantized tensors but quantization_config "
+                                  "ignores it")
+        weight = _integer(ct._projection(source, module, scheme), scheme.bits, scheme.group_size)
+    elif method == "fp8":
+        from moe_core.weights import fp8
+
+        codes, scale = fp8._projection(source, module, parsed)
+        br, bc = parsed.block_shape
+        rows, cols = codes.shape
+        full = scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
+        weight = codes.float() * full
+    else:
+        raise CheckpointError(f"{source.what}: {module!r} is quantized, but {method!r} checkpoints quantize experts only")
+    prefix = module + "."
+    left = [k for k in source.names() if k.startswith(prefix) and k not in source.consumed
+            and k.removeprefix(prefix) != "bias" and "." not in k.removeprefix(prefix)]
+    if left:
+        raise CheckpointError(f"{source.what}: tensor(s) {', '.join(sorted(left))} of the quantized linear "
+                              f"{module!r} are not part of the {method} format and would be ignored")
+    return weight
+
+
+def _integer(p: QuantizedProjection, bits: int, group_size: int) -> torch.Tensor:
+    """(code - zero) * scale, with the group of each input column from g_idx or its position."""
+    _, K = p.codes.shape
+    if p.g_idx is not None:
+        groups = p.g_idx.long()
+    elif group_size > 0:
+        groups = torch.arange(K) // group_size
+    else:
+        groups = torch.zeros(K, dtype=torch.long)
+    zero = p.zero[:, groups].float() if p.zero is not None else float(1 << (bits - 1))
+    return (p.codes.float() - zero) * p.scale[:, groups].float()

@@ -1,0 +1,484 @@
+"""`from_pretrained`: a transformers MoE model from a checkpoint, its experts straight into `FusedMoE`.
+
+    model = from_pretrained("Qwen/Qwen3-30B-A3B-GPTQ-Int4", device="cuda")
+    print(model.fuse_report)
+
+Steps, each refusing with the reason before the next:
+1. the model directory (a folder, a hub-cache snapshot, or a repo id fetched through huggingface_hub),
+   its config.json: the model type must be one `fuse` serves, the quantization format one
+   `moe_core.weights` reads;
+2. the transformers model built from the config with every parameter on the meta device (buffers
+   such as rotary frequencies are computed for real), so nothing of the experts is allocated;
+3. every MoE block described (as `fuse` does) and its experts found in the checkpoint;
+4. the non-expert weights read by name from the safetensors files (through transformers' renamings of
+   checkpoint keys where the model type has them) onto `device` in the model's dtype. Linears that the
+   checkpoint quantized outside the experts (attention, shared experts) are dequantized to the model
+   dtype by the same readers, with a logged note; none is dropped;
+5. layer by layer, the experts read into canonical form by `moe_core.weights.checkpoint.read_layer`
+   (quantized experts stay quantized: no 16-bit copy) and converted to the kernel's layout by the
+   `FusedMoE` the oracle chose; the block is swapped for a `FusedMoEBlock`.
+
+Peak host memory: the loaded model plus one layer's experts in canonical form (quantized codes, or
+16-bit for float checkpoints) and, while a layer is unpacked, its codes one byte each.
+
+The model's `save_pretrained` writes the checkpoint back in its own format (`_saving.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from moe_core._progress import LoggedProgress
+from moe_core.config import MoEConfig
+from moe_core.integrations._descriptors import BlockDescriptor, Refused, UnsupportedModelError
+from moe_core.integrations._models import MODELS
+from moe_core.layer import FusedMoE
+from moe_core.weights._source import CheckpointError, TensorSource
+from moe_core.weights.checkpoint import (
+    SUPPORTED_QUANT_METHODS,
+    SafetensorsDirectory,
+    find_experts_prefix,
+    read_layer,
+    read_model_config,
+)
+
+__all__ = ["CheckpointSource", "from_pretrained"]
+
+_log = logging.getLogger(__name__)
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass
+class CheckpointSource:
+    """Where a loaded model's tensors came from, for `save_pretrained` (see `_saving.py`).
+
+    params: checkpoint key -> the fused model's parameter (or buffer) name holding it, or the tensor
+    itself where the fused model keeps only a copy (a selection bias inside its FusedMoE).
+    raw: checkpoint keys written back as stored (experts, and the tensors of dequantized linears),
+    with what must be unchanged for that to be exact (`raw_guards`).
+    """
+
+    root: Path
+    config: dict
+    params: dict[str, str | torch.Tensor] = field(default_factory=dict)
+    raw: list[str] = field(default_factory=list)
+    raw_guards: list[tuple[str, Callable[[], bool]]] = field(default_factory=list)
+
+
+# ---- the entry point -------------------------------------------------------------------------------
+
+
+def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dtype | None = None,
+                    prefer: str | None = None, revision: str | None = None) -> nn.Module:
+    """A transformers causal LM from a checkpoint, every MoE block fused, its experts at the
+    checkpoint's own precision.
+
+    path: a model directory (config.json and safetensors: one file, or shards with
+    model.safetensors.index.json), a hub-cache snapshot directory, or a hub repo id ("org/name",
+    downloaded through huggingface_hub into its cache unless there already; `revision` picks one).
+    device: where the model runs (default cpu). dtype: the model dtype (default config.json's, else
+    bfloat16). prefer: force a backend for every MoE layer, as in `moe_core.select`.
+
+    Returns the model in eval mode, with `model.fuse_report` (each layer's backend; `.explain()`
+    gives every candidate's reason). Raises UnsupportedModelError (model type, block) or
+    CheckpointError / ValueError (format, files, tensors) before loading anything it cannot serve.
+    """
+    from transformers import AutoConfig
+
+    root, config_json = read_model_config(_model_dir(path, revision))
+    model_type = config_json.get("model_type")
+    desc = MODELS.get(model_type)
+    if isinstance(desc, Refused):
+        raise UnsupportedModelError(f"from_pretrained: model_type {model_type!r} is not supported: {desc.reason}")
+    if desc is None:
+        raise UnsupportedModelError(f"from_pretrained: model_type {model_type!r} ({root / 'config.json'}) is not a "
+                                    "MoE model type fuse() serves; see moe_core.integrations.transformers."
+                                    "supported_model_types()")
+    fmt = _format(root, config_json)
+    hf_config = AutoConfig.from_pretrained(root)
+    dtype = _model_dtype(dtype, hf_config)
+    device = torch.device("cpu" if device is None else device)
+    tensors = SafetensorsDirectory(root)
+
+    model = _meta_model(hf_config, dtype)
+    blocks = _blocks(model, model_type, desc)
+    layers = {name: _checkpoint_layer(tensors, name) for name, _ in blocks}
+    expert_params = {f"{name}.{desc.experts}" for name, _ in blocks}
+    source = CheckpointSource(root=root, config=config_json)
+    plan = _plan_dense(model, tensors, fmt, set(prefix for _, prefix in layers.values()), expert_params)
+    for name, block in blocks:  # refuse a block the descriptors cannot express before reading anything
+        _describe(model_type, name, block, desc)
+
+    loaded = _load_dense(model, plan, fmt, tensors, device, dtype, source)
+    progress = LoggedProgress(_log, f"loading the experts of {len(blocks)} MoE layers from {root}")
+    fused = []
+    for i, (name, block) in enumerate(blocks):
+        index, prefix = layers[name]
+        moe_block = _fused_block(model_type, name, block, desc, tensors, config_json, index, device, dtype, prefer)
+        model.set_submodule(name, moe_block)
+        source.raw += [k for k in tensors if k.startswith(prefix + ".")]
+        source.raw_guards.append((f"the experts of {name}", _unchanged_experts(moe_block.moe)))
+        fused.append((name, moe_block))
+        progress(i + 1, len(blocks))
+    _record_param_names(model, loaded, source)
+    _refuse_meta(model)
+
+    from moe_core.integrations._saving import install_save
+    from moe_core.integrations.transformers import FusedLayer, FuseReport
+
+    model.fuse_report = FuseReport(model_type, tuple(FusedLayer(name, b.plan) for name, b in fused))
+    install_save(model, source)
+    return model.eval()
+
+
+# ---- step 1: files and format -------------------------------------------------------------------------
+
+
+def _model_dir(path: str | Path, revision: str | None) -> Path:
+    """A local directory as it is; "org/name" that is not one is fetched into the hub cache."""
+    local = Path(path)
+    if local.is_dir():
+        if revision is not None:
+            raise ValueError(f"revision={revision!r} was given for the local directory {local}; a revision "
+                             "selects a hub snapshot: pass the repo id instead")
+        return local
+    text = str(path)
+    if local.exists() or text.count("/") != 1 or text.startswith((".", "/")):
+        raise CheckpointError(f"{path}: not a model directory (config.json and safetensors files) nor a hub repo id "
+                              "of the form 'org/name'")
+    from huggingface_hub import snapshot_download
+
+    _log.info("fetching %s (config, safetensors) through huggingface_hub", text)
+    return Path(snapshot_download(text, revision=revision, allow_patterns=["*.json", "*.safetensors"]))
+
+
+@dataclass(frozen=True)
+class _Format:
+    """The checkpoint's quantization: how a non-expert linear's tensors are recognised and read."""
+
+    method: str | None  # None: unquantized
+    qc: Mapping | None
+    markers: tuple[str, ...]  # a module holding any of these tensors was quantized by the checkpoint
+    parsed: object = None  # the reader's format record (GPTQFormat, AWQFormat, BlockFP8Format)
+
+
+def _format(root: Path, config: Mapping) -> _Format:
+    qc = config.get("quantization_config")
+    if qc is None:
+        return _Format(None, None, ())
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{root / 'config.json'}: quantization_config must be a JSON object, got {qc!r}")
+    method = qc.get("quant_method")
+    if method not in SUPPORTED_QUANT_METHODS:
+        raise CheckpointError(f"{root / 'config.json'}: quantization_config.quant_method={method!r} is not a format "
+                              f"moe_core reads; supported: none (float weights), {', '.join(SUPPORTED_QUANT_METHODS)}")
+    try:
+        if method == "gptq":
+            from moe_core.weights.gptq import GPTQFormat
+
+            return _Format(method, qc, ("qweight",), GPTQFormat.from_config(qc))
+        if method == "awq":
+            from moe_core.weights.awq import AWQFormat
+
+            return _Format(method, qc, ("qweight",), AWQFormat.from_config(qc))
+        if method == "fp8":
+            from moe_core.weights.fp8 import BlockFP8Format
+
+            return _Format(method, qc, ("weight_scale_inv",), BlockFP8Format.from_config(qc))
+        if method == "compressed-tensors":
+            return _Format(method, qc, ("weight_packed",))
+    except ValueError as exc:
+        raise CheckpointError(f"{root / 'config.json'}: {exc}") from exc
+    return _Format(method, qc, ())  # mxfp4: gpt-oss quantizes the experts only
+
+
+def _model_dtype(dtype: torch.dtype | None, hf_config) -> torch.dtype:
+    if dtype is None:
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or torch.bfloat16
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        return dtype if dtype in _FLOAT_DTYPES else torch.bfloat16
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype={dtype} is invalid: expected torch.bfloat16, torch.float16 or torch.float32")
+    return dtype
+
+
+# ---- step 2: the model without its weights ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Register every new parameter on the meta device (buffers stay where they are created: rotary
+    frequencies and the like are computed in __init__ and are not in checkpoints)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _meta_model(hf_config, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with _parameters_on_meta():
+            return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except ValueError as exc:  # no causal-LM class for this config
+        raise UnsupportedModelError(f"from_pretrained: no transformers causal LM class for model_type "
+                                    f"{hf_config.model_type!r}: {exc}") from exc
+
+
+def _blocks(model: nn.Module, model_type: str, desc: BlockDescriptor) -> list[tuple[str, nn.Module]]:
+    module, _, cls_name = desc.block.partition(":")
+    block_cls = getattr(importlib.import_module(module), cls_name)
+    blocks = [(name, m) for name, m in model.named_modules() if type(m) is block_cls]
+    if not blocks:
+        raise UnsupportedModelError(f"from_pretrained: the {model_type} model built from config.json has no "
+                                    f"{block_cls.__name__} blocks")
+    return blocks
+
+
+def _checkpoint_layer(tensors: SafetensorsDirectory, block_name: str) -> tuple[int, str]:
+    """(decoder layer index, the checkpoint's experts prefix) of a block such as 'model.layers.3.mlp'."""
+    match = _LAYER.search(block_name + ".")
+    if match is None:
+        raise UnsupportedModelError(f"from_pretrained: MoE block {block_name!r} is not inside a numbered decoder layer "
+                                    "('layers.N.'), so its experts cannot be found in the checkpoint")
+    index = int(match.group(1))
+    return index, find_experts_prefix(tensors, index, str(tensors.root))
+
+
+def _describe(model_type: str, name: str, block: nn.Module, desc: BlockDescriptor):
+    from moe_core.integrations.transformers import _resolve
+
+    return _resolve(model_type, name, block, desc)
+
+
+# ---- step 4: everything but the experts --------------------------------------------------------------
+
+
+@dataclass
+class _DensePlan:
+    float_keys: dict[str, str]  # model parameter name -> checkpoint key
+    quantized: dict[str, str]  # model module name (a Linear) -> checkpoint module name
+    tied: dict[str, str]  # model parameter absent from the checkpoint -> the one transformers ties it to
+
+
+def _renamer(model: nn.Module) -> Callable[[str], str]:
+    """Checkpoint key -> model key through transformers' renamings for this model type (e.g. Mixtral's
+    block_sparse_moe -> mlp). Converters (which merge tensors) are not applied: they act on experts,
+    which the readers take from the checkpoint's own names."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        renamings = [t for t in get_model_conversion_mapping(model) if type(t) is WeightRenaming]
+    except (ImportError, AttributeError, TypeError) as exc:  # a transformers without these mappings
+        _log.debug("no transformers key renamings (%s); checkpoint keys are used as they are", exc)
+        return lambda key: key
+
+    def rename(key: str) -> str:
+        for renaming in renamings:
+            key = renaming.rename_source_key(key)[0]
+        return key
+
+    return rename
+
+
+def _plan_dense(model: nn.Module, tensors: SafetensorsDirectory, fmt: _Format, expert_prefixes: set[str],
+                expert_modules: set[str]) -> _DensePlan:
+    """Match every model parameter outside the experts to checkpoint tensors; refuse any left unmatched."""
+    rename = _renamer(model)
+
+    def outside(name: str, prefixes: set[str]) -> bool:
+        return not any(name.startswith(p + ".") for p in prefixes)
+
+    wanted = {n for n, _ in model.named_parameters(remove_duplicate=False) if outside(n, expert_modules)}
+    wanted |= {n for n, _ in model.named_buffers(remove_duplicate=False)
+               if _persistent(model, n) and outside(n, expert_modules)}
+    keys = [k for k in tensors if outside(k, expert_prefixes)]
+    quantized: dict[str, str] = {}  # model Linear -> checkpoint module
+    for key in keys:
+        module, _, leaf = key.rpartition(".")
+        target = rename(f"{module}.weight").removesuffix(".weight")
+        if leaf in fmt.markers and f"{target}.weight" in wanted:
+            quantized[target] = module
+    float_keys, unused = {}, []
+    quantized_modules = set(quantized.values())
+    for key in keys:
+        target = rename(key)
+        if target in wanted:
+            float_keys[target] = key
+        elif key.rpartition(".")[0] not in quantized_modules:  # those are read by the dequantizer
+            unused.append(key)
+    covered = set(float_keys) | {f"{m}.weight" for m in quantized}
+    tied_to = _tied_weights(model)
+    tied = {m: tied_to[m] for m in wanted - covered if tied_to.get(m) in covered}
+    missing = sorted(wanted - covered - set(tied))
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise CheckpointError(f"{tensors.root}: the checkpoint has no tensor for {len(missing)} of the model's "
+                              f"parameters: {shown} (keys are matched by name, after transformers' renamings)")
+    if unused:
+        _log.warning("%s: %d checkpoint tensor(s) outside the experts match no model parameter and are not "
+                     "loaded (as transformers leaves them): %s", tensors.root, len(unused),
+                     ", ".join(sorted(unused)[:6]) + (" ..." if len(unused) > 6 else ""))
+    return _DensePlan(float_keys, quantized, tied)
+
+
+def _persistent(model: nn.Module, name: str) -> bool:
+    module, _, leaf = name.rpartition(".")
+    return leaf not in model.get_submodule(module)._non_persistent_buffers_set
+
+
+def _tied_weights(model: nn.Module) -> dict[str, str]:
+    """Parameter names transformers ties to another (lm_head.weight -> embed_tokens.weight)."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return {}
+    return dict(tied) if isinstance(tied, dict) else {}
+
+
+def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> torch.Tensor:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    if leaf in module._parameters:
+        if not isinstance(value, nn.Parameter):
+            value = nn.Parameter(value, requires_grad=False)
+        module._parameters[leaf] = value
+    else:
+        module._buffers[leaf] = value
+    return value
+
+
+def _load_dense(model: nn.Module, plan: _DensePlan, fmt: _Format, tensors: SafetensorsDirectory,
+                device: torch.device, dtype: torch.dtype, source: CheckpointSource) -> dict[str, torch.Tensor]:
+    """Load the non-expert tensors; returns checkpoint key -> the model tensor now holding it."""
+    from moe_core.integrations._dequantize import dequantized_linear
+
+    loaded = {}
+    for name, key in plan.float_keys.items():
+        current = _lookup(model, name)
+        value = tensors[key]
+        if tuple(value.shape) != tuple(current.shape):
+            raise CheckpointError(f"{tensors.root}: tensor {key!r} has shape {list(value.shape)}, but the model's "
+                                  f"{name} is {list(current.shape)}")
+        # the model's own dtype per tensor: transformers keeps some in fp32 (e.g. selection biases)
+        target_dtype = current.dtype if current.dtype.is_floating_point else value.dtype
+        loaded[key] = _set_tensor(model, name, value.to(device=device, dtype=target_dtype))
+    if plan.quantized:
+        _log.info("%s: %d linear layer(s) outside the experts are %s-quantized in the checkpoint (e.g. %s); they are "
+                  "dequantized to %s (moe_core runs quantized experts only)", tensors.root, len(plan.quantized),
+                  fmt.method, next(iter(plan.quantized.values())), str(dtype).removeprefix("torch."))
+    for target, module in plan.quantized.items():
+        linear = model.get_submodule(target)
+        read = TensorSource(tensors, str(tensors.root))
+        weight = dequantized_linear(read, module, fmt.method, fmt.qc, fmt.parsed)
+        if tuple(weight.shape) != tuple(linear.weight.shape):
+            raise CheckpointError(f"{tensors.root}: the quantized linear {module!r} dequantizes to "
+                                  f"{list(weight.shape)}, but the model's {target}.weight is {list(linear.weight.shape)}")
+        linear.weight = nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+        source.raw += sorted(read.consumed)
+        source.raw_guards.append((f"{target}.weight (dequantized from the checkpoint's {fmt.method} tensors)",
+                                  _unchanged(linear, "weight")))
+    for name, tied_to in plan.tied.items():
+        _set_tensor(model, name, _lookup(model, tied_to))
+    for name, buf in list(model.named_buffers()):
+        if buf.device != device:
+            _set_tensor(model, name, buf.to(device))
+    return loaded
+
+
+def _is_param(model: nn.Module, name: str) -> bool:
+    module, _, leaf = name.rpartition(".")
+    return leaf in model.get_submodule(module)._parameters
+
+
+def _unchanged(module: nn.Module, leaf: str) -> Callable[[], bool]:
+    """True while `module.leaf` is the tensor loaded, unmodified (same object, same version counter)."""
+    tensor = getattr(module, leaf)
+    version = tensor._version
+    return lambda: getattr(module, leaf, None) is tensor and tensor._version == version
+
+
+def _unchanged_experts(moe: FusedMoE) -> Callable[[], bool]:
+    """True while the layer holds the weights loaded from the checkpoint (load_weights replaces them)."""
+    packed = moe.experts.weights
+    return lambda: moe.experts.weights is packed
+
+
+def _record_param_names(model: nn.Module, loaded: dict[str, torch.Tensor], source: CheckpointSource) -> None:
+    """Where each float checkpoint tensor lives in the fused model (a router weight is now the fused
+    block's `router_weight`), found by identity; a tensor the fused model no longer holds (a selection
+    bias, copied into its FusedMoE) is kept as loaded."""
+    names = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()):
+        names.setdefault(id(t), name)
+    for key, t in loaded.items():
+        source.params[key] = names.get(id(t), t)
+
+
+def _lookup(model: nn.Module, name: str) -> torch.Tensor | None:
+    try:
+        return model.get_parameter(name) if _is_param(model, name) else model.get_buffer(name)
+    except AttributeError:
+        return None
+
+
+def _refuse_meta(model: nn.Module) -> None:
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"from_pretrained: {len(left)} model tensor(s) were not loaded: {', '.join(left[:6])}")
+
+
+# ---- step 5: the experts -----------------------------------------------------------------------------
+
+
+def _fused_block(model_type: str, name: str, block: nn.Module, desc: BlockDescriptor,
+                 tensors: SafetensorsDirectory, config_json: Mapping, index: int, device: torch.device,
+                 dtype: torch.dtype, prefer: str | None):
+    from moe_core.integrations.transformers import FusedMoEBlock, _module, _present, _tensor
+
+    where = f"{model_type} block {name!r}"
+    spec = _describe(model_type, name, block, desc)
+    expected = spec.weights  # meta tensors: the shapes the model declares
+    loaded = read_layer(tensors, config_json, index, dtype=dtype)
+    w = loaded.weights
+    if (w.num_experts, w.hidden_size, w.intermediate_size) != (expected.num_experts, expected.hidden_size,
+                                                               expected.intermediate_size):
+        raise CheckpointError(f"{tensors.root}: the experts under {loaded.experts_prefix!r} are {w.num_experts} x "
+                              f"(hidden {w.hidden_size}, intermediate {w.intermediate_size}), but the model built "
+                              f"from config.json has {expected.num_experts} x (hidden {expected.hidden_size}, "
+                              f"intermediate {expected.intermediate_size})")
+    try:
+        config = MoEConfig(num_experts=expected.num_experts, top_k=spec.top_k, hidden_size=expected.hidden_size,
+                           intermediate_size=expected.intermediate_size, activation=spec.activation,
+                           routing=spec.routing, dtype=dtype, has_bias=w.has_bias)
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{where}: not expressible as a MoEConfig: {exc}") from exc
+    router_weight = _tensor(where, block, desc.router.weight, "router weight")
+    if tuple(router_weight.shape) != (config.num_experts, config.hidden_size):
+        raise UnsupportedModelError(f"{where}: router weight '{desc.router.weight}' has shape "
+                                    f"{list(router_weight.shape)}, expected [{config.num_experts}, {config.hidden_size}]")
+    shared = desc.shared
+    if shared is not None and not (shared.optional and _present(block, shared.module) is None):
+        _module(where, block, shared.module, "shared experts module")
+    moe = FusedMoE(config, loaded.quant, device, prefer)
+    moe.load_weights(w, spec.correction_bias)
+    return FusedMoEBlock(moe, desc, block, spec.output_scale)
