@@ -1,0 +1,199 @@
+"""Load a real-shape Qwen3-30B-A3B GPTQ int4 checkpoint with `from_pretrained`, then generate.
+
+    python benchmarks/gpu/bench_load_checkpoint.py [--dir /tmp/qwen3-30b-a3b-gptq] [--layers 48] [--out DIR]
+
+1. write (skipped where --dir already holds it): config.json of Qwen3-30B-A3B (48 layers, 128 experts,
+   top-8, hidden 2048, expert width 768, vocab 151936) with GPTQ int4 (group 128, sym, v1 zeros), its
+   experts drawn directly in GPTQ's packing (`moe_core.weights.writers.random_gptq_int4_tensors`), its
+   attention linears quantized from random bf16 (`quantized_linear_tensors`), as the published
+   GPTQ checkpoint has them; one safetensors shard per layer plus an index;
+2. load, in a fresh process: `from_pretrained(dir, device="cuda", dtype=torch.bfloat16)`; wall time,
+   peak host memory (peak anonymous RSS sampled every 20 ms: the process's own allocations; file pages
+   the memory-mapped shards leave resident are reported apart, the kernel reclaims them), peak GPU
+   memory (torch.cuda.max_memory_allocated) against the model's own size after loading, and the bound:
+   the loaded model plus one layer's largest expert tensor in 16 bits (w13, 128 x 1536 x 2048 x 2 B);
+3. generate: greedy decoding from a random 16-token prompt, 1 and 33 new tokens; decode tokens/s from
+   the difference. Weights are random, so the tokens mean nothing: this measures the path, not quality.
+
+Prints a table and writes DIR/load_checkpoint_<device>.json where --out is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+E, TOP_K, K, N, HEADS, KV_HEADS, HEAD_DIM, VOCAB, GROUP = 128, 8, 2048, 768, 32, 4, 128, 151936, 128
+
+
+def config(layers: int) -> dict:
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": K,
+        "intermediate_size": 6144, "moe_intermediate_size": N, "num_experts": E, "num_experts_per_tok": TOP_K,
+        "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM, "vocab_size": VOCAB, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "tie_word_embeddings": False, "dtype": "bfloat16",
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "sym": True,
+                                "desc_act": False, "checkpoint_format": "gptq"},
+    }
+
+
+def write(directory: Path, layers: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from moe_core.quant import int4_w4a16
+    from moe_core.weights.writers import quantized_linear_tensors, random_gptq_int4_tensors
+
+    directory.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    key = int4_w4a16(GROUP, scale_dtype="fp16").weight
+    weight_map = {}
+
+    def shard(name: str, tensors: dict) -> None:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, directory / name)
+        weight_map.update(dict.fromkeys(tensors, name))
+
+    start = time.perf_counter()
+    shard("model-dense.safetensors", {
+        "model.embed_tokens.weight": (torch.randn(VOCAB, K, generator=gen) * 0.02).bfloat16(),
+        "lm_head.weight": (torch.randn(VOCAB, K, generator=gen) * K**-0.5).bfloat16(),
+        "model.norm.weight": torch.ones(K, dtype=torch.bfloat16)})
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        tensors = {f"{p}.input_layernorm.weight": torch.ones(K, dtype=torch.bfloat16),
+                   f"{p}.post_attention_layernorm.weight": torch.ones(K, dtype=torch.bfloat16),
+                   f"{p}.self_attn.q_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+                   f"{p}.self_attn.k_norm.weight": torch.ones(HEAD_DIM, dtype=torch.bfloat16),
+                   f"{p}.mlp.gate.weight": (torch.randn(E, K, generator=gen) * K**-0.5).bfloat16()}
+        for proj, out, inp in (("q_proj", HEADS * HEAD_DIM, K), ("k_proj", KV_HEADS * HEAD_DIM, K),
+                               ("v_proj", KV_HEADS * HEAD_DIM, K), ("o_proj", K, HEADS * HEAD_DIM)):
+            w = torch.randn(out, inp, generator=gen) * inp**-0.5
+            tensors.update(quantized_linear_tensors(w, f"{p}.self_attn.{proj}", "gptq", key))
+        tensors.update(random_gptq_int4_tensors(f"{p}.mlp.experts", E, K, N, GROUP, gen))
+        shard(f"model-layer{i:03d}.safetensors", tensors)
+        print(f"wrote layer {i + 1}/{layers} ({time.perf_counter() - start:.0f}s)", flush=True)
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (directory / "config.json").write_text(json.dumps(config(layers), indent=2))  # last: marks it complete
+
+
+class HostMemory:
+    """Peak RssAnon and RssFile of this process (/proc/self/status), sampled on a thread."""
+
+    def __init__(self) -> None:
+        self.peak = {"RssAnon": 0, "RssFile": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> dict[str, int]:
+        values = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in self.peak:
+                    values[name] = int(rest.split()[0]) * 1024
+        return values
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            for name, v in self.sample().items():
+                self.peak[name] = max(self.peak[name], v)
+
+    def __enter__(self) -> HostMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def load(directory: Path) -> dict:
+    import torch
+
+    from moe_core.integrations.transformers import from_pretrained
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # CUDA context outside the measured window
+    memory = HostMemory()
+    before = memory.sample()
+    torch.cuda.reset_peak_memory_stats()
+    with memory:
+        start = time.perf_counter()
+        model = from_pretrained(directory, device="cuda", dtype=torch.bfloat16)
+        torch.cuda.synchronize()
+        load_s = time.perf_counter() - start
+    gpu_peak, gpu_model = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+    backends = sorted({layer.backend + "/" + layer.plan.experts_cls.name() for layer in model.fuse_report.layers})
+    ids = torch.randint(0, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    times = {}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up: kernels compiled, graphs captured
+        for new in (1, 33):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            torch.cuda.synchronize()
+            times[new] = time.perf_counter() - start
+    bound = E * 2 * N * K * 2
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__, "layers": model.config.num_hidden_layers,
+            "backends": backends, "load_s": load_s, "host_anon_before": before["RssAnon"],
+            "host_anon_peak": memory.peak["RssAnon"], "host_file_peak": memory.peak["RssFile"],
+            "gpu_peak": gpu_peak, "gpu_model": gpu_model, "bound_16bit_expert_tensor": bound,
+            "prefill_1_token_s": times[1], "decode_tokens_per_s": 32 / (times[33] - times[1]),
+            "tokens": out[0, 16:].tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/qwen3-30b-a3b-gptq"))
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--phase", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase == "load":
+        print("RESULT " + json.dumps(load(args.dir)), flush=True)
+        return
+    if not (args.dir / "config.json").exists():
+        write(args.dir, args.layers)
+    # a fresh process: the writer's memory must not count in the loader's peak
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, __file__, "--dir", str(args.dir), "--phase", "load"], env=env,
+                          capture_output=True, text=True)
+    sys.stderr.write(proc.stderr[-4000:])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        sys.exit(f"the load process failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    r = json.loads(lines[-1].removeprefix("RESULT "))
+    gib = 2**30
+    rows = [
+        ("device", r["device"]), ("torch / transformers", f"{r['torch']} / {r['transformers']}"),
+        ("layers, backend", f"{r['layers']}, {', '.join(r['backends'])}"),
+        ("load time", f"{r['load_s']:.1f} s"),
+        ("GPU: model after load", f"{r['gpu_model'] / gib:.2f} GiB"),
+        ("GPU: peak during load", f"{r['gpu_peak'] / gib:.2f} GiB (bound {(r['gpu_model'] + r['bound_16bit_expert_tensor']) / gib:.2f})"),
+        ("host: anonymous RSS before / peak", f"{r['host_anon_before'] / gib:.2f} / {r['host_anon_peak'] / gib:.2f} GiB "
+                                              f"(peak - before {(r['host_anon_peak'] - r['host_anon_before']) / gib:.2f}; "
+                                              f"one 16-bit w13 {r['bound_16bit_expert_tensor'] / gib:.2f})"),
+        ("host: file-backed RSS peak (mmapped shards)", f"{r['host_file_peak'] / gib:.2f} GiB"),
+        ("generate: 16-token prompt, 1 new token", f"{r['prefill_1_token_s'] * 1e3:.0f} ms"),
+        ("generate: decode", f"{r['decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        name = r["device"].replace(" ", "_")
+        (args.out / f"load_checkpoint_{name}.json").write_text(json.dumps(r, indent=2))
+
+
+if __name__ == "__main__":
+    main()
