@@ -222,7 +222,8 @@ def write(tmp_path, fmt: str, seed: int = 0):
     config.pop("experts_implementation", None)
     if qc is not None:
         config["quantization_config"] = qc
-    flat = write_model_dir(tmp_path / "flat", tensors, config, shards=3 if layout == "sharded" else 1)
+    # the hub layouts are sharded too: the index's entries are links into blobs/
+    flat = write_model_dir(tmp_path / "flat", tensors, config, shards={"sharded": 3, "hub": 2}.get(layout, 1))
     model.load_state_dict(reference)
     path = hub_cache_layout(tmp_path, flat) if layout == "hub" else flat
     return path, model
@@ -357,16 +358,12 @@ def test_refuses_a_checkpoint_missing_a_dense_weight(tmp_path, checkpoint):
 
 
 def test_hub_cache_links_must_stay_in_the_repository_blobs(tmp_path):
-    path, _ = write(tmp_path, "awq")  # one file: make it a sharded snapshot whose link escapes
-    shard = next(path.glob("model.safetensors"))
+    path, _ = write(tmp_path, "awq")
+    shard = next(path.glob("model-00001-*.safetensors"))
     outside = tmp_path / "elsewhere.safetensors"
     shutil.copy(shard.resolve(), outside)
     shard.unlink()
-    (path / "model-00001-of-00001.safetensors").symlink_to(outside)
-    from moe_core.weights.checkpoint import SafetensorsDirectory
-
-    index = {"weight_map": dict.fromkeys(SafetensorsDirectory(tmp_path / "flat"), "model-00001-of-00001.safetensors")}
-    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shard.symlink_to(outside)  # a link out of the repository's blobs/
     with pytest.raises(CheckpointError, match=r"points outside the model directory .* a link into the repository's "
                                               r"blobs/"):
         from_pretrained(path)
