@@ -79,3 +79,30 @@ def test_int4_scales_that_overflow_an_fp16_layer_are_refused():
     with pytest.raises(ValueError, match=r"w13_scale: experts 2 have scales \(expert 2: up to 1e\+05\) .* largest "
                                          r"float16 value 6.55e\+04"):
         FusedMoE(cfg, quant, "cpu", prefer="reference").load_weights(dataclasses.replace(weights, w13_scale=scale))
+
+
+@pytest.mark.parametrize(("call", "fragment"), [
+    (lambda: fp8_w8a8("block", block=128), r"fp8_w8a8: block=128 is invalid: expected \(rows, cols\)"),
+    (lambda: fp8_w8a8("block", block=(64,)), r"block=\(64,\) is invalid"),
+    (lambda: fp8_w8a8("tensor", block=(64, 64)), r"block=\(64, 64\) is read with granularity='block' only"),
+    (lambda: fp8_w8a8("block", activation_scales="tensor"), "activation_scales='tensor' is not read with "
+     "granularity='block'"),
+], ids=["block-int", "block-one", "block-with-tensor", "block-tensor-activations"])
+def test_fp8_factory_arguments_are_checked(call, fragment):
+    """Before: TypeError: 'int' object is not iterable; block= and activation_scales= silently ignored."""
+    with pytest.raises(ValueError, match=fragment):
+        call()
+    assert fp8_w8a8("block", block=[64, 32]).weight.scale.block_shape == (64, 32)
+
+
+@pytest.mark.parametrize(("w13", "w2", "fragment"), [
+    (torch.randn(64, 32), torch.randn(32, 32), r"w13 must be a float tensor \[experts, out, in\].*got "
+     r"torch.float32 \[64, 32\]; one expert's matrix needs a leading expert dimension"),
+    (torch.randn(2, 64, 32), [[1.0]], "w2 must be a float tensor .* got list"),
+    (torch.randint(0, 9, (2, 64, 32)), torch.randn(2, 32, 32), r"w13 must be a float tensor .* got torch.int64"),
+    (torch.randn(2, 64, 32), torch.randn(3, 32, 32), r"w13 \[2, 64, 32\] and w2 \[3, 32, 32\] disagree"),
+], ids=["2d", "list", "int", "expert-count"])
+def test_from_float_refuses_tensors_of_the_wrong_rank(w13, w2, fragment):
+    """Before: "not enough values to unpack (expected 3, got 2)" from inside quantization."""
+    with pytest.raises(ValueError, match=f"from_float: {fragment}"):
+        ExpertWeights.from_float(w13, w2, int4_w4a16(32))

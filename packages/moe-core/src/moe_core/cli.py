@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 
@@ -17,16 +18,22 @@ import torch
 
 from moe_core import bench
 from moe_core.__about__ import PLUGIN_API, __version__
+from moe_core._progress import Heartbeat
 from moe_core.backends import REFERENCE_BACKEND, Platform, available_memory_bytes, detect_device, synchronize
 from moe_core.config import MoEConfig, ParallelConfig
 from moe_core.hf_config import load_hf_config, moe_config_from_hf, quant_from_hf
-from moe_core.oracle import BackendUnavailableError, NoBackendError, select
+from moe_core.oracle import TEXT_WIDTH, BackendUnavailableError, NoBackendError, select
 from moe_core.plugins import PluginState, registry
 from moe_core.presets import PRESETS, get_preset
 from moe_core.quant import SCHEME_SPELLINGS, MoEQuantConfig, parse_scheme
 from moe_core.rankings import list_rankings
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_PRESET = "qwen3-30b-a3b"
+
+# torch.Generator seeds are 64-bit (a larger one failed deep inside torch: "Overflow when unpacking long
+# long"); `moe run` also seeds with seed + 1.
+_MAX_SEED = 2**63 - 2
 
 
 # ---- doctor ---------------------------------------------------------------------------------
@@ -90,10 +97,18 @@ def doctor_report(require: Sequence[str] = ()) -> dict:
     return report
 
 
-def _print_table(rows: list[list[str]]) -> None:
+def _print_table(rows: list[list[str]], max_lines: int | None = None) -> None:
+    """Columns padded to their widest cell; the last wraps so lines stay near TEXT_WIDTH, and is cut
+    after `max_lines` lines (`--json` keeps every word)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    indent = 2 + sum(w + 2 for w in widths)
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        lines = textwrap.wrap(r[-1], max(TEXT_WIDTH - indent, 40), break_on_hyphens=False) or [""]
+        if max_lines is not None and len(lines) > max_lines:
+            lines = [*lines[:max_lines - 1], textwrap.shorten(" ".join(lines[max_lines - 1:]),
+                                                              max(TEXT_WIDTH - indent, 40), placeholder=" ...")]
+        head = "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  "
+        print((head + ("\n" + " " * indent).join(lines)).rstrip())
 
 
 def cmd_doctor(args) -> int:
@@ -117,14 +132,18 @@ def cmd_doctor(args) -> int:
                 for p in report["plugins"]])
         else:
             print("  none installed (pip install moe-cpu, moe-triton, ...)")
-        print("\nexperts (validated = run for real on that hardware by this project's tests):")
-        rows = [["backend", "experts", "validated on", "notes"]]
+        print("\nexperts (validated = run for real on that hardware by this project's tests; notes cut short "
+              "here, whole in --json):")
+        rows = [["backend", "experts", "validated on -- notes"]]
         for e in report["experts"]:
             val = ", ".join(e["validated_on"]) or "NOT validated on real hardware"
             if e["validated_on"] and e.get("not_validated_on"):
                 val += f"; NOT validated on {', '.join(e['not_validated_on'])}"
-            rows.append([e["backend"], e["experts"], val, e.get("error", "; ".join(e["limitations"]))])
-        _print_table(rows)
+            notes = e.get("error", "; ".join(e["limitations"]))
+            # an unvalidated class's notes begin by saying so: say it once
+            rows.append([e["backend"], e["experts"], notes if notes.startswith(val) else
+                         f"{val} -- {notes}" if notes else val])
+        _print_table(rows, max_lines=3)
         print("\nmeasured rankings (select() orders backends by the first that covers a layer's device):")
         names = {d["name"] for d in report["devices"]}
         for r in report["rankings"] or [{"path": "none found (moe bench --backends all --save-ranking writes one)"}]:
@@ -145,7 +164,8 @@ def _add_layer_args(p: argparse.ArgumentParser, default_preset: str | None) -> N
     src.add_argument("--preset", default=default_preset, choices=sorted(PRESETS),
                      help=f"built-in model shape (default: {default_preset})")
     src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its model directory)")
-    p.add_argument("--quant", metavar="SCHEME", help=f"{SCHEME_SPELLINGS.replace(', ', ' | ')} (default: "
+    p.add_argument("--quant", "--scheme", dest="quant", metavar="SCHEME",
+                   help=f"{SCHEME_SPELLINGS.replace(', ', ' | ')} (default: "
                    "unquantized for presets, the config's quantization_config for --config). As in Python: int8 "
                    "is per channel (int8_w8a16()), int8:G groups of G; fp8 activations are scaled per token "
                    "unless :tensor; int4 without G takes the preset's group size")
@@ -164,8 +184,6 @@ def _layer_from_args(args) -> tuple[MoEConfig, MoEQuantConfig, str]:
         config = moe_config_from_hf(hf, dtype=dtype, parallel=parallel)
         quant = parse_scheme(args.quant) if args.quant else quant_from_hf(hf)
         return config, quant, f"{hf.get('model_type')} ({args.config})"
-    if not args.preset:
-        raise ValueError("give --preset NAME or --config PATH")
     preset = get_preset(args.preset)
     cfg = preset.config
     config = MoEConfig(cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size, cfg.activation,
@@ -235,8 +253,9 @@ def cmd_explain(args) -> int:
 
     config, quant, name = _layer_from_args(args)
     config, mode = _parallel_from_args(args, config)
-    if args.tokens is not None and args.tokens < 1:
-        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
+    if args.tokens is not None and not 1 <= args.tokens <= config.max_num_tokens:
+        raise ValueError(f"--tokens must be in [1, {config.max_num_tokens}] (the layer's max_num_tokens), got "
+                         f"{args.tokens}")
     plan = select(config, quant, args.device, args.backend, num_tokens=args.tokens)
     parallel = resolve_parallel(config, mode, plan.experts_cls.monolithic, plan.experts_cls.name())
     if args.json:
@@ -257,8 +276,8 @@ def _validate_run_args(args) -> list[int]:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1 (the median of no timings is undefined), got {args.repeats}")
     bench.validate_threads(args.threads)
-    if args.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed <= _MAX_SEED:
+        raise ValueError(f"--seed must be >= 0 and <= {_MAX_SEED} (torch seeds are 64-bit), got {args.seed}")
     return list(dict.fromkeys(args.tokens))
 
 
@@ -287,31 +306,33 @@ def cmd_run(args) -> int:
     print(f"model:   {name}\n{layer.plan.explain()}\n")
     print(f"threads: {threads} ({'--threads' if args.threads else 'default: physical cores available to this process'}"
           f"); estimated peak memory {need / 2**30:.2f} GiB", flush=True)
-    weights = ExpertWeights.random(config, quant, seed=args.seed, progress=bench.Progress("preparing weights"))
+    # Heartbeats: a real-shape layer takes tens of seconds to draw, convert and check on a small CPU.
+    with Heartbeat("preparing weights") as progress:
+        weights = ExpertWeights.random(config, quant, seed=args.seed, progress=progress)
     gen = torch.Generator().manual_seed(args.seed + 1)
     bias = torch.randn(config.num_experts, generator=gen) * 0.1 if config.routing.has_correction_bias else None
-    with bench.step(f"converting the weights for {layer.plan.experts_cls.name()}"):
+    with Heartbeat(f"converting the weights for {layer.plan.experts_cls.name()}"):
         layer.load_weights(weights, correction_bias=bias)
     tol = 1e-4 if config.dtype == torch.float32 else 2e-2 if quant.activation is not None else 1e-2
     print(f"\n{'tokens':>7} {'median':>12} {'min':>12} {'tokens/s':>10} {'rel. error':>11}  verdict (tolerance {tol:g})",
           flush=True)
     failed = False
     for m in tokens:
-        bench._note(f"{m} tokens: running, checking against the fp32 reference, timing {args.repeats} repeats")
         x = torch.randn(m, config.hidden_size, generator=gen).to(layer.device, config.dtype)
         logits = torch.randn(m, config.num_experts, generator=gen).to(layer.device)
-        out = layer(x, logits)
-        ids_w, ids = route_torch(logits, config.routing, config.top_k, layer.correction_bias)
-        ref = reference_moe(x, weights, config, ids_w, ids, quant, config.expert_map(layer.device))
-        finite = bool(torch.isfinite(out).all())
-        err = float((out.float() - ref).norm() / ref.norm().clamp(min=1e-30)) if finite else float("nan")
-        times = []
-        for _ in range(args.repeats):
-            synchronize(layer.device)
-            t0 = time.perf_counter()
-            layer(x, logits)
-            synchronize(layer.device)
-            times.append(time.perf_counter() - t0)
+        with Heartbeat(f"{m} tokens: running, checking against the fp32 reference, timing {args.repeats} repeats"):
+            out = layer(x, logits)
+            ids_w, ids = route_torch(logits, config.routing, config.top_k, layer.correction_bias)
+            ref = reference_moe(x, weights, config, ids_w, ids, quant, config.expert_map(layer.device))
+            finite = bool(torch.isfinite(out).all())
+            err = float((out.float() - ref).norm() / ref.norm().clamp(min=1e-30)) if finite else float("nan")
+            times = []
+            for _ in range(args.repeats):
+                synchronize(layer.device)
+                t0 = time.perf_counter()
+                layer(x, logits)
+                synchronize(layer.device)
+                times.append(time.perf_counter() - t0)
         timing = bench.summarize_timings(times)
         bench.warn_if_unsteady(f"{m} tokens", timing)
         ok = finite and err < tol
@@ -353,7 +374,7 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="the backend candidate table for a model shape, scheme and device, and "
                        "the expert-parallel mode and placement")
-    _add_layer_args(e, default_preset=None)
+    _add_layer_args(e, default_preset=DEFAULT_PRESET)
     e.add_argument("--parallel", choices=["replicate", "all_to_all"], default=None,
                    help="expert-parallel mode with --ep-size > 1 (default: replicate)")
     e.add_argument("--payload", choices=["bf16", "fp8"], default=None,
@@ -371,7 +392,7 @@ def build_parser(commands: dict | None = None) -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="select, build a layer with random weights of the preset's real shape, run, "
                        "verify against the fp32 reference and time it")
-    _add_layer_args(r, default_preset="qwen3-30b-a3b")
+    _add_layer_args(r, default_preset=DEFAULT_PRESET)
     r.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128],
                    help="token counts, each >= 1 (default 1 16 128)")
     r.add_argument("--repeats", type=int, default=5, help="timed repeats per token count, >= 1 (median and min "

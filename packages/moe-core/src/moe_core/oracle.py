@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -132,12 +134,40 @@ def apply_layer(experts: Experts, hidden_states: torch.Tensor, router_logits: to
     return experts.apply(hidden_states, topk_weights, topk_ids)
 
 
+# Text tables keep lines to about this width: long reasons wrap under their column (to_dict() and the
+# CLI's --json keep every reason whole, on one line).
+TEXT_WIDTH = 120
+_ABSENT = re.compile(r"plugin (\S+) is device_absent: (.*)", re.DOTALL)
+
+
 def format_candidates(candidates: tuple[Candidate, ...] | list[Candidate]) -> str:
+    """The candidate table as text: a row per class of the plugins that can run here; each plugin whose
+    device this machine lacks gets one line after them (on a CPU-only machine most rows are those)."""
     rows = [("", "backend", "experts", "from", "verdict")]
+    absent: dict[tuple[str, str, str], list[Candidate]] = {}
     for c in candidates:
-        rows.append(("*" if c.chosen else "", c.backend, c.experts, c.source, c.reason or "ok"))
+        match = _ABSENT.fullmatch(c.reason) if not c.ok else None
+        if match:
+            absent.setdefault((match[1], c.source, match[2]), []).append(c)
+        else:
+            rows.append(("*" if c.chosen else "", c.backend, c.experts, c.source, c.reason or "ok"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows).rstrip()
+    indent = sum(widths) + 2 * 4
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  "
+             + _wrap(r[4], TEXT_WIDTH - indent, indent) for r in rows]
+    if absent:
+        lines.append("   no device here for these plugins' classes (--json lists each class):")
+        for (plugin, source, why), group in absent.items():
+            backends = ", ".join(dict.fromkeys(c.backend for c in group))
+            n = len(group)
+            lines.append("     " + _wrap(f"{backends} ({source}, plugin {plugin}, {n} class{'es' if n > 1 else ''}): "
+                                         f"{why}", TEXT_WIDTH - 5, 7))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _wrap(text: str, width: int, indent: int) -> str:
+    """`text` wrapped to `width` columns (at least 40), continuation lines indented by `indent` spaces."""
+    return ("\n" + " " * indent).join(textwrap.wrap(text, max(width, 40), break_on_hyphens=False) or [""])
 
 
 def _backend_order(device: DeviceInfo, quant: MoEQuantConfig, reg: Registry,

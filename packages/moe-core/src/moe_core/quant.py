@@ -285,12 +285,13 @@ def int8_w8a16(group_size: int = -1, zero_point: bool = False, act_order: bool =
     return MoEQuantConfig(_int_weight_key(QuantDType.INT8, group_size, zero_point, act_order, scale_dtype))
 
 
-def fp8_w8a8(granularity: str = "tensor", block: tuple[int, int] = (128, 128),
+def fp8_w8a8(granularity: str = "tensor", block: tuple[int, int] | None = None,
              dynamic_activations: bool = True, activation_scales: str = "token") -> MoEQuantConfig:
     """fp8 e4m3 weights with fp8 activations quantized on the fly.
 
     granularity: "tensor" (one scale per expert weight), "channel" (one per output row) or "block"
-    (block[0] x block[1] weight blocks with 1 x block[1] activation groups, DeepSeek-V3).
+    (block[0] x block[1] weight blocks with 1 x block[1] activation groups, DeepSeek-V3; block
+    defaults to (128, 128) and is read with "block" only).
 
     activation_scales ("tensor" and "channel" weights): "token" (default), one dynamic scale per
     token, so each token's output depends on that token alone; or "tensor", one scale for the whole
@@ -300,6 +301,9 @@ def fp8_w8a8(granularity: str = "tensor", block: tuple[int, int] = (128, 128),
     """
     if not dynamic_activations:
         raise ValueError("fp8_w8a8: static activation scales are not supported; pass dynamic_activations=True")
+    if block is not None and granularity != "block":
+        raise ValueError(f"fp8_w8a8: block={block!r} is read with granularity='block' only, not "
+                         f"granularity={granularity!r}")
     if activation_scales not in ("token", "tensor"):
         raise ValueError(f"fp8_w8a8: activation_scales={activation_scales!r} is invalid: expected 'token' "
                          "(one scale per token) or 'tensor' (one per batch)")
@@ -309,6 +313,13 @@ def fp8_w8a8(granularity: str = "tensor", block: tuple[int, int] = (128, 128),
     if granularity == "channel":
         return MoEQuantConfig(FP8_CHANNEL_WEIGHT, activation)
     if granularity == "block":
+        if activation_scales != "token":  # the activation groups follow the weight blocks
+            raise ValueError(f"fp8_w8a8: activation_scales={activation_scales!r} is not read with "
+                             "granularity='block': its activations are scaled per 1 x block[1] group")
+        block = (128, 128) if block is None else block
+        if not isinstance(block, tuple | list) or len(block) != 2:
+            raise ValueError(f"fp8_w8a8: block={block!r} is invalid: expected (rows, cols) of the weight per scale, "
+                             "e.g. (128, 128)")
         w = QuantKey(QuantDType.FP8_E4M3, ScaleSpec(Granularity.BLOCK, block_shape=tuple(block)))
         a = QuantKey(QuantDType.FP8_E4M3, ScaleSpec(Granularity.GROUP, group_size=block[1], dynamic=True))
         return MoEQuantConfig(w, a)
@@ -330,7 +341,9 @@ SCHEMES = {
     "mxfp4": mxfp4_w4a16,
 }
 
-SCHEME_SPELLINGS = ("unquantized, int4[:G[:zp]], int8[:G[:zp]], fp8-tensor[:token|:tensor], "
+# Names of the unquantized scheme across the CLI (bench's bf16, tune's none): the layer dtype is --dtype's.
+UNQUANTIZED_NAMES = ("unquantized", "bf16", "fp16", "none")
+SCHEME_SPELLINGS = ("unquantized (or bf16, fp16, none), int4[:G[:zp]], int8[:G[:zp]], fp8-tensor[:token|:tensor], "
                     "fp8-channel[:token|:tensor], fp8-block, mxfp4")
 
 
@@ -342,8 +355,11 @@ def parse_scheme(text: str) -> MoEQuantConfig:
       integer zero points. (`moe run`/`moe bench` read a bare `int4` as the preset's group size.)
     - `fp8-tensor[:A]`, `fp8-channel[:A]`: `fp8_w8a8` with per-tensor or per-channel weight scales and
       activation scales A: `token` (default, one per token) or `tensor` (one per batch).
-    - `fp8-block`: 128x128 weight blocks, activation groups of 128; `mxfp4`; `unquantized`.
+    - `fp8-block`: 128x128 weight blocks, activation groups of 128; `mxfp4`; `unquantized`, also
+      spelled `bf16`, `fp16` or `none` (the weights are in the layer dtype, whichever it is).
     """
+    if text in UNQUANTIZED_NAMES:
+        return unquantized()
     head, *rest = text.split(":")
     if head in ("int4", "int8"):
         factory = int4_w4a16 if head == "int4" else int8_w8a16

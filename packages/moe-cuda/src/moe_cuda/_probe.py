@@ -23,6 +23,7 @@ def probe() -> Support:
 
 def flashinfer_probe() -> Support:
     if importlib.util.find_spec("flashinfer") is None:
-        return Support.no("flashinfer-python is not installed (pip install flashinfer-python==0.7.2.post1); "
-                          "validated here: its CUTLASS bf16/fp8 MoE, on an H100")
+        # Which FlashInfer classes were validated is each class's `validated_on` (`moe doctor`), not the
+        # plugin's: one sentence here would be appended to every class's row, the unvalidated ones too.
+        return Support.no("flashinfer-python is not installed (pip install flashinfer-python==0.7.2.post1)")
     return probe()

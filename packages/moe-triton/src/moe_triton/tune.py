@@ -58,6 +58,7 @@ __all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_g
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
 FP8_SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block")  # moe_core.quant.parse_scheme names
+_UNQUANTIZED_NAMES = ("unquantized", "bf16", "fp16")  # what `moe run --quant` also accepts for "none"
 # Direct (decode) kernels are timed while the choices are this few: beyond it every expert meets
 # several rows and the tensor-core tiles win.
 DIRECT_MAX_CHOICES = 64
@@ -369,11 +370,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", nargs="*", default=None, help=f"model presets (default: {', '.join(DEFAULT_PRESETS)})")
     p.add_argument("--shape", nargs="*", default=[], help="extra shapes E,N,K,TOPK (SiLU-gated, no bias)")
     p.add_argument("--m", nargs="*", type=int, default=list(DEFAULT_M), help="token counts to tune")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    # The spellings `moe run` and `moe bench` use are accepted too: one vocabulary across the CLI.
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
+                   type=lambda text: {"bf16": "bfloat16", "fp16": "float16"}.get(text, text),
+                   help="bfloat16 (or bf16), float16 (or fp16)")
     p.add_argument("--out", type=Path, default=Path("moe-triton-configs"), help="folder for the JSON files")
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
-    p.add_argument("--quant", default="none", choices=["none", "int4", "mxfp4", *FP8_SCHEMES],
-                   help="none: the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size; "
+    p.add_argument("--quant", "--scheme", dest="quant", default="none", choices=["none", "int4", "mxfp4", *FP8_SCHEMES],
+                   type=lambda text: "none" if text in _UNQUANTIZED_NAMES else text,
+                   help="none (or unquantized, bf16, fp16): the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size; "
                         "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",

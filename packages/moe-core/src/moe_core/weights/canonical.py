@@ -236,6 +236,15 @@ class ExpertWeights:
         Unquantized keys cast to `dtype`. For act-order keys `g_idx` gives (w13 [E, K] or per half
         [E, 2, K], w2 [E, N]).
         """
+        for name, w in (("w13", w13), ("w2", w2)):
+            if not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
+                got = f"{w.dtype} {list(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ValueError(f"from_float: {name} must be a float tensor [experts, out, in] (w13 [E, R, K], "
+                                 f"w2 [E, K, N]), got {got}; one expert's matrix needs a leading expert dimension "
+                                 "(unsqueeze(0))")
+        if w13.shape[0] != w2.shape[0] or w13.shape[2] != w2.shape[1]:
+            raise ValueError(f"from_float: w13 {list(w13.shape)} and w2 {list(w2.shape)} disagree: expected w13 "
+                             "[E, R, K] and w2 [E, K, N] with the same E and K")
         key = quant.weight
         fields: dict[str, torch.Tensor | None] = {"w13_bias": w13_bias, "w2_bias": w2_bias}
         for i, (name, w) in enumerate((("w13", w13), ("w2", w2))):
