@@ -345,6 +345,18 @@ def test_refuses_an_unsupported_quantization_format(tmp_path):
         from_pretrained(tmp_path / "m")
 
 
+def test_refuses_a_compressed_tensors_fp8_checkpoint_before_loading(tmp_path):
+    config = qwen3_config().to_dict()
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
+                                      "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+    write_model_dir(tmp_path / "m", {"x": torch.randn(2)}, config)
+    with pytest.raises(CheckpointError, match=r"config group 'group_0' \(format 'float-quantized', weights type "
+                                              r"'float', input activations quantized\) is not served"):
+        from_pretrained(tmp_path / "m")
+
+
 def test_refuses_a_checkpoint_missing_a_dense_weight(tmp_path, checkpoint):
     path, _ = checkpoint("gptq")
     from moe_core.weights.checkpoint import SafetensorsDirectory

@@ -196,10 +196,25 @@ def _format(root: Path, config: Mapping) -> _Format:
 
             return _Format(method, qc, ("weight_scale_inv",), BlockFP8Format.from_config(qc))
         if method == "compressed-tensors":
+            _refuse_compressed_tensors_groups(qc)
             return _Format(method, qc, ("weight_packed",))
     except ValueError as exc:
         raise CheckpointError(f"{root / 'config.json'}: {exc}") from exc
     return _Format(method, qc, ())  # mxfp4: gpt-oss quantizes the experts only
+
+
+def _refuse_compressed_tensors_groups(qc: Mapping) -> None:
+    """Every config group must be one the pack-quantized reader serves (int weights, no activation
+    quantization): checked here so that, e.g., an FP8 (float-quantized) checkpoint is refused before loading."""
+    groups = qc.get("config_groups") or {}
+    for name, group in groups.items():
+        fmt = (group or {}).get("format") or qc.get("format")
+        weights = (group or {}).get("weights") or {}
+        if fmt != "pack-quantized" or weights.get("type", "int") != "int" or (group or {}).get("input_activations"):
+            raise ValueError(f"compressed-tensors config group {name!r} (format {fmt!r}, weights type "
+                             f"{weights.get('type', 'int')!r}, input activations "
+                             f"{'quantized' if (group or {}).get('input_activations') else 'not quantized'}) is not "
+                             "served: only pack-quantized int4/int8 weight-only groups are read")
 
 
 def _model_dtype(dtype: torch.dtype | None, hf_config) -> torch.dtype:
