@@ -49,6 +49,9 @@ VENDOR_INSTALLS = {
 # Device runs spend most of their time compiling Triton kernels, one CPU process per compile (93% of
 # a serial H100 run): they spread the tests over up to 8 pytest-xdist workers.
 DEVICE_WORKERS = ("-n", str(min(8, os.cpu_count() or 1)))
+# The CPU suite takes 10-14 minutes serially on 2 cores; where there are more, pytest-xdist spreads it
+# (on 2 cores the workers would only contend with the tests' own torch threads).
+CPU_WORKERS = ("-n", "auto") if (os.cpu_count() or 1) > 2 else ()
 
 
 def _sync(session: nox.Session) -> None:
@@ -69,7 +72,8 @@ def tests(session: nox.Session) -> None:
     """Run every distribution's tests and the cross-distribution integration tests on CPU."""
     _sync(session)
     # Triton kernels run under its CPU interpreter here; the flag must be set before triton is imported.
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *TEST_DIRS, *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *CPU_WORKERS, *TEST_DIRS, *session.posargs,
+                env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session
