@@ -181,12 +181,19 @@ def test_eager_calls_replayed_from_graphs_equal_plain_calls(name):
     graphed = _gpu_layer(name)
     plain = copy.deepcopy(graphed)
     plain._graphs = None  # the same weights, every call eager
+    tol = _tolerance(graphed)
     for tokens in (1, 8, 64):
-        calls = [_inputs(graphed.config, tokens, "cuda", seed=s) for s in range(3)]
-        for x, logits in calls:
-            got = graphed(x, logits)
-            torch.testing.assert_close(got, plain(x, logits), **_tolerance(graphed))
+        for seed in range(3):  # eager, captured, replayed: each output dropped before the next call
+            x, logits = _inputs(graphed.config, tokens, "cuda", seed=seed)
+            torch.testing.assert_close(graphed(x, logits), plain(x, logits), **tol)
     assert len(graphed._graphs) == 3  # one graph per token count, captured on its second call
+    # Outputs a caller keeps are never overwritten: more graphs of the signature, then eager calls.
+    calls = [_inputs(graphed.config, 8, "cuda", seed=20 + i) for i in range(7)]
+    kept = [graphed(x, logits) for x, logits in calls]
+    for out, (x, logits) in zip(kept, calls):
+        torch.testing.assert_close(out, plain(x, logits), **tol)
+    assert len(graphed._graphs) == 3 + 3  # the signature's ring filled up (4 graphs)
+    first_kept = kept[0].clone()
     graphed.load_weights(ExpertWeights.random(graphed.config, graphed.quant, seed=7, device="cuda"),
                          graphed.correction_bias)
     assert len(graphed._graphs) == 0
@@ -194,7 +201,8 @@ def test_eager_calls_replayed_from_graphs_equal_plain_calls(name):
                        graphed.correction_bias)
     for _ in range(3):
         x, logits = _inputs(graphed.config, 8, "cuda", seed=11)
-        torch.testing.assert_close(graphed(x, logits), plain(x, logits), **_tolerance(graphed))
+        torch.testing.assert_close(graphed(x, logits), plain(x, logits), **tol)
+    torch.testing.assert_close(kept[0], first_kept, rtol=0, atol=0)  # dropped graphs leave kept outputs alone
 
 
 def _tolerance(layer: FusedMoE) -> dict:

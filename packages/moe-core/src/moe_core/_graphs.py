@@ -3,10 +3,18 @@
 A layer called eagerly (as `generate` calls it) pays Python, argument binding and one driver launch
 per kernel on every call; on an H200 host that is 200-1000 us where its kernels need 25-450 us, so
 the GPU waits. `CallGraphs` wraps such a call: the second time the same input signature (shapes,
-dtypes, strides, device, stream) arrives it captures the call in a CUDA graph, and from then on a
-call is: copy the inputs into the graph's static buffers, replay, copy the outputs out. The
-replayed kernels and their launch shapes are exactly those of the eager call (the same Python ran
-during capture), so outputs are identical.
+dtypes, strides, device, stream, and the state the call depends on) arrives it captures the call in
+a CUDA graph, and from then on a call is one copy of the inputs into the graph's static buffers (one
+launch for all of them) and one replay; the output is returned without a copy. The replayed kernels
+and their launch shapes are exactly those of the eager call (the same Python ran during capture),
+so outputs are identical.
+
+Outputs: the graph ends by copying the call's result into output buffers of its own, allocated
+outside the graph memory pool, and the caller gets a view of them. A graph is replayed only while
+nothing references its outputs any more (the storage's use count is back to the graph's own); a
+caller that keeps outputs gets another graph of the same signature (up to `_RING` per signature,
+sharing the static inputs), and past that an eager call. So no output a caller holds is ever
+overwritten.
 
 Where it stays out of the way: not on CUDA, while compiling (`torch.compile` traces the layer's
 custom op instead), while any stream is capturing (the caller's own graph, or `mode="reduce-overhead"`),
@@ -14,14 +22,11 @@ with grad mode on inputs that require grad, above `max_tokens` rows (a prompt le
 would cost a capture for nothing; large calls are GPU-bound), and for a signature whose capture
 failed (logged once, then served eagerly).
 
-Memory: each captured signature keeps static copies of its inputs and outputs; intermediates come
+Memory: each captured signature keeps static copies of its inputs and its outputs; intermediates come
 from one graph memory pool per device and stream, shared by every graph on it, so they cost the
-largest call's, not the sum. Sharing is safe because replays on one stream run one after another
-and each graph's outputs are copied out before the next replay (under one lock per pool: threads
-sharing a stream cannot interleave a replay and its copy-out).
+largest call's, not the sum. Sharing is safe because graphs on one stream replay one after another
+and keep nothing in the pool past their end (their outputs live outside it).
 """
-
-from __future__ import annotations
 
 import logging
 import os
@@ -39,6 +44,8 @@ ENV_GRAPHS = "MOE_CUDA_GRAPHS"
 # Signatures seen once are remembered, not captured; this many distinct ones at most (prompt lengths
 # vary without bound), then the oldest is forgotten.
 _MAX_SEEN = 64
+# Graphs per signature at most: a caller holding this many outputs of one signature at once gets eager calls.
+_RING = 4
 
 
 def graphs_enabled(requested: bool | None) -> bool:
@@ -52,34 +59,44 @@ def graphs_enabled(requested: bool | None) -> bool:
     return flag == "1"
 
 
-@dataclass
-class _Pool:
-    """One graph memory pool (per device and stream) and the lock its replays take."""
-
-    handle: object
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-_pools: dict[tuple[int, int], _Pool] = {}
+_pools: dict[tuple[int, int], object] = {}
 _pools_lock = threading.Lock()
 
 
-def _pool(device: torch.device, stream: torch.cuda.Stream) -> _Pool:
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream.cuda_stream)
-    pool = _pools.get(key)
+def _pool(device_index: int, stream: int) -> object:
+    """The graph memory pool of a device and stream."""
+    pool = _pools.get((device_index, stream))
     if pool is None:
         with _pools_lock:
-            pool = _pools.setdefault(key, _Pool(torch.cuda.graph_pool_handle()))
+            pool = _pools.setdefault((device_index, stream), torch.cuda.graph_pool_handle())
     return pool
+
+
+def _use_count(storage: int) -> int:
+    return torch._C._storage_Use_Count(storage)
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, ...]  # static copies the graph reads
-    outputs: tuple[torch.Tensor, ...]  # what the graph writes (in its pool)
+    outputs: tuple[torch.Tensor, ...]  # written by the graph's last kernels, outside the pool
+    storages: tuple[int, ...]  # the outputs' storages, and their use count while only this graph holds them
+    idle_counts: tuple[int, ...]
     single: bool  # the call returned one tensor, not a tuple
-    pool: _Pool
+
+    def idle(self) -> bool:
+        return all(_use_count(s) == n for s, n in zip(self.storages, self.idle_counts))
+
+    def result(self):
+        views = tuple(o.view(o.shape) for o in self.outputs)  # a view: the caller's reference is counted
+        return views[0] if self.single else views
+
+
+@dataclass
+class _Signature:
+    inputs: tuple[torch.Tensor, ...]  # static copies every graph of the signature reads
+    graphs: list[_Graph] = field(default_factory=list)
+    failed: bool = False
 
 
 class CallGraphs:
@@ -99,61 +116,70 @@ class CallGraphs:
         self._name = name
         self._max_tokens = max_tokens
         self._rows_of = rows_of
-        self._graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, serve eagerly
+        self._signatures: dict[tuple, _Signature] = {}
         self._seen: dict[tuple, None] = {}
+        # Taken for a whole graphed call: the static inputs are shared by the signature's graphs.
         self._lock = threading.Lock()
 
     def clear(self) -> None:
         with self._lock:
-            self._graphs.clear()
+            self._signatures.clear()
             self._seen.clear()
 
     def __len__(self) -> int:
-        return sum(g is not None for g in self._graphs.values())
+        """Graphs captured."""
+        return sum(len(sig.graphs) for sig in self._signatures.values())
 
     def __call__(self, *tensors: torch.Tensor):
         first = tensors[0]
         if (first.device.type != "cuda" or torch.compiler.is_compiling()
-                or not 0 < self._rows_of(tensors) <= self._max_tokens or torch.cuda.is_current_stream_capturing()
+                or not 0 < self._rows_of(tensors) <= self._max_tokens or torch._C._cuda_isCurrentStreamCapturing()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return self._fn(*tensors)
-        stream = torch.cuda.current_stream(first.device)
-        key = (stream.cuda_stream, self._version(), *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
-        graph = self._graphs.get(key, False)
-        if graph is None:
-            return self._fn(*tensors)
-        if graph is False:
-            with self._lock:
+        device = first.device.index if first.device.index is not None else torch.cuda.current_device()
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        key = (stream, self._version(), *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+        with self._lock:
+            sig = self._signatures.get(key)
+            if sig is None:
                 if key not in self._seen:  # first sighting: run it eagerly, remember it
                     self._seen[key] = None
                     if len(self._seen) > _MAX_SEEN:
                         del self._seen[next(iter(self._seen))]
                     return self._fn(*tensors)
-                graph = self._graphs[key] = self._capture(tensors, stream)
-            if graph is None:
+                sig = self._signatures[key] = _Signature(tuple(t.clone() for t in tensors))
+            if sig.failed:
                 return self._fn(*tensors)
-        with graph.pool.lock:
-            for static, t in zip(graph.inputs, tensors):
-                static.copy_(t)
+            graph = next((g for g in sig.graphs if g.idle()), None)
+            if graph is None:
+                if len(sig.graphs) >= _RING:  # the caller holds every graph's outputs
+                    return self._fn(*tensors)
+                graph = self._capture(sig, tensors, _pool(device, stream))
+                if graph is None:
+                    return self._fn(*tensors)
+            torch._foreach_copy_(list(sig.inputs), list(tensors))
             graph.graph.replay()
-            outs = tuple(o.clone() for o in graph.outputs)
-        return outs[0] if graph.single else outs
+            return graph.result()
 
-    def _capture(self, tensors: tuple[torch.Tensor, ...], stream: torch.cuda.Stream) -> _Graph | None:
-        pool = _pool(tensors[0].device, stream)
-        statics = tuple(t.clone() for t in tensors)
+    def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], pool: object) -> _Graph | None:
+        graph = torch.cuda.CUDAGraph()
         try:
-            with pool.lock:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool.handle):
-                    out = self._fn(*statics)
+            out = self._fn(*sig.inputs)  # its shapes, to allocate the output buffers outside the pool
+            single = isinstance(out, torch.Tensor)
+            outs = (out,) if single else tuple(out)
+            if not all(isinstance(o, torch.Tensor) for o in outs):
+                raise TypeError(f"a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
+            buffers = tuple(torch.empty_like(o) for o in outs)
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._fn(*sig.inputs)
+                for buffer, o in zip(buffers, (out,) if single else out):
+                    buffer.copy_(o)
         except Exception as exc:  # a backend that cannot be captured (host sync, allocation): serve eagerly
+            sig.failed = True
             _log.warning("%s: calls of shapes %s run eagerly: capturing them in a CUDA graph failed (%s: %s)",
                          self._name, [list(t.shape) for t in tensors], type(exc).__name__, exc)
             return None
-        single = isinstance(out, torch.Tensor)
-        outs = (out,) if single else tuple(out)
-        if not all(isinstance(o, torch.Tensor) for o in outs):
-            raise TypeError(f"{self._name}: a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
-        return _Graph(graph, statics, outs, single, pool)
-
+        storages = tuple(b.untyped_storage()._cdata for b in buffers)
+        captured = _Graph(graph, buffers, storages, tuple(_use_count(s) for s in storages), single)
+        sig.graphs.append(captured)
+        return captured

@@ -1,0 +1,133 @@
+"""End to end, as users see it: a transformers model of a real MoE shape, random weights on the GPU.
+
+One process per (model, experts, mode), so each starts from a fresh GPU and a crash of one cannot hide
+another's numbers. experts: `transformers` (its default experts implementation) or a scheme that
+`fuse()` runs on the triton backend (bf16, int4, int8, fp8-block, fp8-channel, mxfp4). mode: `eager`
+(`generate` as it is), or `compiled` (static cache + `torch.compile(model.forward, mode="reduce-overhead")`).
+
+Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
+NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
+different lengths, so the prompt's prefill cancels); peak GPU memory of the whole run and of `fuse()`;
+the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
+same model (same seed, same weights), when that run saved them under --out.
+
+    python3 bench_e2e.py --model qwen3-30b-a3b --experts bf16 --mode eager --out DIR [--layers N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from hf_models import build_model
+
+PREFILL = 2048
+PROMPT = 16
+BATCHES = (1, 16, 64)
+LOGIT_POSITIONS = 16
+
+
+def _seconds(fn, repeats: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _generate(model, ids: torch.Tensor, new: int) -> torch.Tensor:
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--experts", required=True)
+    parser.add_argument("--mode", choices=["eager", "compiled"], default="eager")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the real model's)")
+    parser.add_argument("--new", type=int, default=16, help="decode steps timed")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="decode batch sizes")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    row: dict = {"model": args.model, "experts": args.experts, "mode": args.mode, "device": torch.cuda.get_device_name(),
+                 "torch": torch.__version__}
+    import transformers
+
+    row["transformers"] = transformers.__version__
+    path = args.out / f"e2e-{args.model}-{args.experts}-{args.mode}.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(row, indent=1))
+
+    t0 = time.perf_counter()
+    model = build_model(args.model, args.layers, dev)
+    row["layers"] = model.config.num_hidden_layers
+    row["build_s"] = round(time.perf_counter() - t0, 1)
+    row["model_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+    if args.experts != "transformers":
+        from layer_timing import layer_quant
+
+        from moe_core.integrations.transformers import fuse
+        from moe_core.presets import get_preset
+
+        preset = get_preset(args.model if args.model != "gpt-oss-20b" else "gpt-oss-120b")
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        report = fuse(model, quant=layer_quant(preset, args.experts), prefer="triton")
+        torch.cuda.synchronize()
+        row["fuse_s"] = round(time.perf_counter() - t0, 1)
+        row["fuse_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        row["fused_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+        row["backend"] = report.layers[0].plan.backend
+    if args.mode == "compiled":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    save()
+    torch.cuda.reset_peak_memory_stats()
+    gen = torch.Generator(device=dev).manual_seed(0)
+    vocab = model.config.vocab_size
+    with torch.inference_mode():
+        ids = torch.randint(0, vocab, (1, PREFILL), device=dev, generator=gen)
+        if args.mode == "eager":
+            seconds = _seconds(lambda: model(input_ids=ids, use_cache=False))
+            row["prefill_tokens_per_s"] = round(PREFILL / seconds, 1)
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
+            ref_path = args.out / f"logits-{args.model}.pt"
+            if args.experts == "transformers":
+                torch.save(logits.cpu(), ref_path)
+            elif ref_path.exists():
+                ref = torch.load(ref_path).to(dev)
+                row["logits_rel_err"] = float((logits - ref).norm() / ref.norm())
+            save()
+        for batch in args.batches:
+            prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
+            try:
+                short = _seconds(lambda: _generate(model, prompt, 2), repeats=2)
+                long = _seconds(lambda: _generate(model, prompt, 2 + args.new), repeats=2)
+            except Exception as exc:  # say how it failed, measure the rest
+                row[f"decode_b{batch}_error"] = f"{type(exc).__name__}: {exc}"[:400]
+                save()
+                continue
+            step = (long - short) / args.new
+            row[f"decode_b{batch}_ms_per_step"] = round(step * 1e3, 2)
+            row[f"decode_b{batch}_tokens_per_s"] = round(batch / step, 1)
+            save()
+    row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    save()
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""What one eager call costs on the host, against what its kernels need on the GPU.
+
+For each preset, scheme and token count: a `FusedMoE` on the triton backend (layer_timing.build_layer)
+or, with --block, the transformers MoE block of that preset after `fuse()` (router projection and
+shared experts included), called as `generate` calls it. Per cell:
+
+- host_us: median host time of one call (perf_counter around the call; the stream is drained every
+  few calls, outside the timed calls, so a full launch queue never blocks the host);
+- eager_us: GPU time per call of back-to-back eager calls (CUDA events around a loop over rotating
+  input sets; no L2 flush);
+- graph_us: the same loop replaying one CUDA graph per input set (same protocol, so eager_us / graph_us
+  is what the host path costs the GPU);
+- ok: eager_us <= 1.1 * graph_us + 10 and host_us <= the target (30 us a layer, 45 a block).
+
+--profile writes cProfile statistics of 200 eager calls of each cell (DIR/profile-CELL.txt).
+
+    python3 bench_host_path.py --out DIR [--presets ...] [--schemes ...] [--tokens ...] [--block] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from layer_timing import DTYPES, build_layer, input_sets, layer_quant
+
+from moe_core.presets import get_preset
+
+HOST_TARGET_US = {"layer": 30.0, "block": 45.0}
+CALLS = 200
+DRAIN_EVERY = 8
+
+
+def host_times(call, inputs) -> list[float]:
+    samples = []
+    for i in range(CALLS):
+        if i % DRAIN_EVERY == 0:
+            torch.cuda.synchronize()
+        x, logits = inputs[i % len(inputs)]
+        t0 = time.perf_counter()
+        call(x, logits)
+        samples.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return samples
+
+
+def gpu_us_per_call(fns, loops: int = 50) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    start.record()
+    for i in range(loops):
+        fns[i % len(fns)]()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / loops
+
+
+def graphs(call, inputs):
+    replays = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for x, logits in inputs:
+            call(x, logits)
+    torch.cuda.current_stream().wait_stream(stream)
+    for x, logits in inputs:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call(x, logits)
+        replays.append(g.replay)
+    return replays
+
+
+class BlockCall:
+    """A fused transformers block called on [1, M, K] hidden states, as the decoder layer calls it."""
+
+    def __init__(self, preset_name: str, scheme: str, device: torch.device) -> None:
+        from hf_models import fused_block
+
+        self.block, self.dtype = fused_block(preset_name, layer_quant(get_preset(preset_name), scheme), device)
+
+    def __call__(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        out = self.block(x.unsqueeze(0))
+        return out[0] if isinstance(out, tuple) else out
+
+
+def measure(call, inputs, what: str) -> dict:
+    with torch.no_grad():
+        for x, logits in inputs:  # compile every kernel this size needs
+            call(x, logits)
+        torch.cuda.synchronize()
+        host = statistics.median(host_times(call, inputs)) * 1e6
+        eager = gpu_us_per_call([lambda x=x, g=g: call(x, g) for x, g in inputs])
+        graph = gpu_us_per_call(graphs(call, inputs))
+    return {"host_us": round(host, 1), "eager_us": round(eager, 1), "graph_us": round(graph, 1),
+            "eager_over_graph": round(eager / graph, 3),
+            "ok": bool(eager <= 1.1 * graph + 10 and host <= HOST_TARGET_US[what])}
+
+
+def profile(call, inputs, path: Path) -> None:
+    with torch.no_grad():
+        prof = cProfile.Profile()
+        prof.enable()
+        host_times(call, inputs)
+        prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    path.write_text(text.getvalue())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3",
+                                                          "gpt-oss-120b"])
+    parser.add_argument("--schemes", nargs="+", default=["bf16", "int4", "int8", "fp8-channel", "fp8-block",
+                                                          "mxfp4"], choices=DTYPES)
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 64, 512, 2048])
+    parser.add_argument("--block", action="store_true", help="time the fused transformers block instead")
+    parser.add_argument("--profile", action="store_true", help="also write cProfile statistics per cell")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    what = "block" if args.block else "layer"
+    rows = []
+    path = args.out / f"host-path-{what}-{'-'.join(args.presets)}.json"
+    print(f"{'preset':<16} {'scheme':<12} {'M':>5} {'host us':>8} {'eager us':>9} {'graph us':>9} {'e/g':>6} ok",
+          flush=True)
+    for name in args.presets:
+        preset = get_preset(name)
+        for scheme in args.schemes:
+            try:
+                call = BlockCall(name, scheme, dev) if args.block else build_layer(preset, scheme, dev)
+            except Exception as exc:  # a scheme the backend refuses for this shape: say so, go on
+                rows.append({"preset": name, "scheme": scheme, "refused": f"{type(exc).__name__}: {exc}"[:300]})
+                print(f"{name:<16} {scheme:<12} refused: {rows[-1]['refused'][:120]}", flush=True)
+                continue
+            for M in args.tokens:
+                inputs = input_sets(preset, M, dev, sets=4 if M <= 512 else 2)
+                row = {"preset": name, "scheme": scheme, "tokens": M, **measure(call, inputs, what)}
+                rows.append(row)
+                print(f"{name:<16} {scheme:<12} {M:>5} {row['host_us']:>8.1f} {row['eager_us']:>9.1f} "
+                      f"{row['graph_us']:>9.1f} {row['eager_over_graph']:>6.2f} {'yes' if row['ok'] else 'NO'}",
+                      flush=True)
+                if args.profile:
+                    profile(call, inputs, args.out / f"profile-{what}-{name}-{scheme}-{M}.txt")
+                path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                            "what": what, "rows": rows}, indent=1))
+            del call
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

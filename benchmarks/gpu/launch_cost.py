@@ -1,0 +1,53 @@
+"""Host cost of one Triton launch on this machine: the JIT entry (`kernel[grid](...)`) against a launch
+through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
+torch launch for scale. Prints microseconds per launch (median of 20 rounds of 200 launches)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(src, dst, n, a, b, c, d, e, f, g, h, BLOCK: tl.constexpr, FLAG: tl.constexpr, OTHER: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+def per_launch_us(fn, rounds: int = 20, n: int = 200) -> float:
+    samples = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        samples.append((time.perf_counter() - t0) / n)
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
+def main() -> None:
+    x = torch.randn(4096, device="cuda")
+    y = torch.empty_like(x)
+    args = (x, y, 4096, 1, 2, 3, 4, 5, 6, 7, 8)
+    kernel = _copy[(4,)](*args, BLOCK=1024, FLAG=True, OTHER=3)
+    stream = torch.cuda.current_stream().cuda_stream
+    full = (*args, 1024, True, 3)
+    jit = per_launch_us(lambda: _copy[(4,)](*args, BLOCK=1024, FLAG=True, OTHER=3))
+    handle = per_launch_us(lambda: kernel.run(4, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None,
+                                              None, *full))
+    raw_stream = per_launch_us(lambda: kernel.run(4, 1, 1, torch._C._cuda_getCurrentRawStream(0), kernel.function,
+                                                  kernel.packed_metadata, None, None, None, *full))
+    torch_op = per_launch_us(lambda: y.copy_(x))
+    empty = per_launch_us(lambda: torch.empty(64, 2048, device="cuda", dtype=torch.bfloat16))
+    torch.testing.assert_close(y, x)
+    print(f"launch us: jit {jit:.2f}  handle {handle:.2f}  handle+stream query {raw_stream:.2f}  "
+          f"torch copy_ {torch_op:.2f}  torch.empty {empty:.2f}")
+
+
+if __name__ == "__main__":
+    main()

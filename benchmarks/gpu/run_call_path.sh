@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the layer where users call it (issue: host path, torch.compile, end to end):
+# install the project from wheels, then run jobs over every visible GPU (gpu_jobs.py):
+#   tests         integration/test_call_path.py and the transformers parity tests on the GPU
+#   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block
+#   e2e-*         bench_e2e.py: one process per model, experts and mode
+#   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
+#
+#   here:       uv build --all-packages --wheel -o .carry/wheels
+#   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
+# Results: $OUT/host/*.json, $OUT/e2e/*.json, job logs in $OUT/results.tar.gz.
+set -uo pipefail
+WHEELS=${1:?usage: run_call_path.sh WHEEL_DIR [JOB_REGEX]}
+FILTER=${2:-.*}
+# shellcheck source=benchmarks/gpu/_setup.sh
+source "$(dirname "$0")/_setup.sh" run_call_path.log
+cd "$HERE"
+mkdir -p "$OUT/host" "$OUT/e2e" "$OUT/jobs"
+jobs=$OUT/jobs.txt
+: > "$jobs"
+add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs"; fi; }
+e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
+# Longest first.
+e2e qwen3-30b-a3b bf16 compiled "--batches 1 64"
+e2e qwen3-30b-a3b transformers compiled "--batches 1 64"
+e2e mixtral-8x7b transformers eager
+e2e mixtral-8x7b bf16 eager
+e2e mixtral-8x7b int4 eager
+add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
+add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
+add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
+e2e qwen3-30b-a3b transformers eager
+for s in bf16 int4 fp8-block mxfp4; do e2e qwen3-30b-a3b $s eager; done
+e2e gpt-oss-20b transformers eager
+e2e gpt-oss-20b bf16 eager
+e2e gpt-oss-20b mxfp4 eager
+add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
+add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
+add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
+cat "$jobs"
+python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
+status=$?
+python3 - "$OUT" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+for f in sorted((out / "e2e").glob("*.json")):
+    r = json.loads(f.read_text())
+    keys = [k for k in r if k.startswith(("prefill", "decode", "logits", "peak", "fuse_peak", "model_gib"))]
+    print(f.stem, {k: r[k] for k in keys})
+PY
+tar czf "$OUT/results.tar.gz" -C "$OUT" jobs host e2e
+exit $status
