@@ -6,9 +6,10 @@ it, `moe_core.FusedMoE` on the triton backend (its experts class's router, align
 activation, GEMM2, top-k reduce), captured in CUDA graphs (8 rotating input sets, 2 above 512
 tokens), timed by moe_core.bench.time_cuda_layer (L2 flushed before every replay; median). Ceilings are
 measured in the same run (`moe_core.bench.measure_ceilings`): device-to-device copy bandwidth
-(bytes read + written) and the 8192^3 bf16 matmul rate. floor = max(expected distinct experts'
-weight bytes / bandwidth, 2*M*topk*3*N*K / matmul rate), expected distinct experts =
-E*(1-(1-topk/E)^M), weight bytes with their scales (`moe_core.bench.roofline_floor`). The SM clock is
+(bytes read + written) and the 8192^3 bf16 and fp8 matmul rates. floor = `moe_core.bench.roofline_floor`,
+the one `moe bench` uses: max(distinct experts the timed inputs' routing selects x weight bytes per
+expert with their scales / bandwidth, 2*M*topk*3*N*K / the matmul rate of the scheme's compute type:
+fp8 for fp8 W8A8, bf16 otherwise). The SM clock is
 sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell are timed: the
 heaviest layers reach the board's power limit within their timing window and run below the
 clock of the ceiling's short synchronized matmuls.
@@ -36,7 +37,6 @@ from layer_timing import (
     TOKEN_COUNTS,
     build_layer,
     correction_bias,
-    distinct_experts,
     input_sets,
     mhz,
     random_weights,
@@ -44,19 +44,22 @@ from layer_timing import (
     time_layer,
 )
 
-from moe_core.bench import measure_ceilings, roofline_floor
+from moe_core.bench import IMPOSSIBLE_FRACTION, measure_ceilings, roofline_floor, routed_work
 
 HERE = Path(__file__).parent
 
 
-def bench_cell(layer, preset, dtype: str, weights, M: int, dev: torch.device) -> dict:
-    """The layer timed over M tokens, with the reference error (bf16, up to 512 tokens)."""
+def bench_cell(layer, preset, dtype: str, weights, M: int, dev: torch.device, ceilings) -> dict:
+    """The layer timed over M tokens against the floor of the experts those tokens select, with the
+    reference error (bf16, up to 512 tokens)."""
     bias = correction_bias(preset, dev)
     inputs = input_sets(preset, M, dev)
-    distinct = distinct_experts(preset, inputs, bias)
+    floor = roofline_floor(preset.config, layer.quant, routed_work(preset.config, [lg for _, lg in inputs], bias),
+                           ceilings)
     check = dtype == "bf16" and M <= 512
     err = reference_error(layer, preset, weights, *inputs[0], bias) if check else None
-    return {"err": err, "distinct_experts": distinct, **time_layer(layer, inputs)}
+    return {"floor_us": floor.seconds * 1e6, "bound": floor.bound[0], "distinct_experts": floor.distinct_experts,
+            "floor_matmul_dtype": floor.matmul_dtype, "err": err, **time_layer(layer, inputs)}
 
 
 def run(args) -> dict:
@@ -72,13 +75,12 @@ def run(args) -> dict:
     anchor_file = HERE / ("anchors_h200.json" if "H200" in info.name else "anchors_h100.json")
     anchors = json.loads(anchor_file.read_text())["tables"] if "H100" in info.name or "H200" in info.name else {}
     ceilings = measure_ceilings(dev, torch.bfloat16)
+    rates = ", ".join(f"{t} {r / 1e12:.0f}" for t, r in ceilings.matmul_flop_per_s.items())
     print(f"device {info.name}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, "
-          f"matmul {ceilings.matmul_flop_per_s / 1e12:.0f} TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}",
-          flush=True)
+          f"matmul {rates} TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}", flush=True)
     cells = []
     for name in args.preset:
         preset = get_preset(name)
-        cfg = preset.config
         for dtype in args.dtypes:
             weights = random_weights(preset, dtype, dev)
             try:
@@ -89,12 +91,9 @@ def run(args) -> dict:
             experts = layer.experts
             router = f"{layer.plan.router.__module__}.{layer.plan.router.__name__}"
             for M in args.m:
-                floor = roofline_floor(cfg, layer.quant, M, ceilings)
-                floor_us, bound = floor.seconds * 1e6, floor.bound[0]
-                cell = {"model": name, "dtype": dtype, "M": M, "floor_us": floor_us, "bound": bound,
-                        "experts": experts.name(), "router": router}
+                cell = {"model": name, "dtype": dtype, "M": M, "experts": experts.name(), "router": router}
                 try:
-                    cell.update(bench_cell(layer, preset, dtype, weights, M, dev))
+                    cell.update(bench_cell(layer, preset, dtype, weights, M, dev, ceilings))
                 except Exception as exc:  # recorded in the results, never hidden
                     cell["error"] = f"{type(exc).__name__}: {exc}"[:300]
                     print(f"{name} {dtype} M={M}: {cell['error']}", flush=True)
@@ -102,6 +101,7 @@ def run(args) -> dict:
                     continue
                 if hasattr(experts, "config_for"):
                     cell["config"] = str(experts.config_for(M))
+                floor_us, bound = cell["floor_us"], cell["bound"]
                 cell["floor_fraction"] = floor_us / cell["us"]
                 anchor = anchors.get(dtype, {}).get(name, {}).get(str(M))
                 if anchor:
@@ -110,7 +110,8 @@ def run(args) -> dict:
                     cell["speedup_vs_anchor"] = anchor["us"] / cell["us"]
                 cells.append(cell)
                 print(f"{name:16s} {dtype:5s} M={M:5d} {cell['us']:9.1f} us  floor {floor_us:8.1f} ({bound}) "
-                      f"frac {cell['floor_fraction']:.2f}  vs anchor {cell.get('speedup_vs_anchor', 0):.2f}x "
+                      f"frac {cell['floor_fraction']:.2f}{'!' if cell['floor_fraction'] > IMPOSSIBLE_FRACTION else ''}"
+                      f"  vs anchor {cell.get('speedup_vs_anchor', 0):.2f}x "
                       f"err {cell['err'] if cell['err'] is not None else '-'}  SM {mhz(cell['sm_clock_mhz'])}",
                       flush=True)
             del layer, experts, weights
@@ -145,12 +146,13 @@ def write_markdown(result: dict, path: Path) -> None:
     lines = [f"# moe-triton whole-layer benchmark on {result['device']}", "",
              f"torch {result['torch']}, triton {result['triton']}, started {result['started']}.", "",
              f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
-             f"8192^3 bf16 matmul {c['matmul_flop_per_s'] / 1e12:.0f} TFLOP/s (median SM clock while it ran: "
-             f"{mhz(c.get('matmul_sm_clock_mhz'))}).", "",
+             "8192^3 matmuls " + ", ".join(f"{t} {r / 1e12:.0f}" for t, r in c["matmul_flop_per_s"].items())
+             + f" TFLOP/s (median SM clock while they ran: {mhz(c.get('matmul_sm_clock_mhz'))}).", "",
              result["protocol"], "",
-             f"Cells: time us (floor/time); `vs anchor` = anchor best time / our time (>1: faster than the "
+             f"Cells: time us (floor/time; `!`: above {IMPOSSIBLE_FRACTION}, which no layer can reach: the floor "
+             "or the timing is wrong there); `vs anchor` = anchor best time / our time (>1: faster than the "
              f"fastest anchor; anchors from {result['anchors']}, measured on the same kind of device).", ""]
-    for dtype in ("bf16", "int4", "mxfp4"):
+    for dtype in DTYPES:
         rows = [x for x in result["cells"] if x["dtype"] == dtype]
         if not rows:
             continue
@@ -167,11 +169,13 @@ def write_markdown(result: dict, path: Path) -> None:
                       "| config |", "|---|---|---|---|---|---|---|---|---|"]
             for x in rows:
                 if "error" in x:
-                    lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} | error: {x['error']} | | | | | |")
+                    lines.append(f"| {x['model']} | {x['M']} | | error: {x['error']} | | | | | |")
                     continue
                 err = f"{x['err']:.1e}" if x.get("err") is not None else ""
-                lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} | {x['us']:.1f} "
-                             f"({x['floor_fraction']:.2f}) | {x.get('anchor_us', '')} {x.get('anchor', '')} | "
+                lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} ({x['distinct_experts']} "
+                             f"experts) | {x['us']:.1f} "
+                             f"({x['floor_fraction']:.2f}{'!' if x['floor_fraction'] > IMPOSSIBLE_FRACTION else ''}) | "
+                             f"{x.get('anchor_us', '')} {x.get('anchor', '')} | "
                              f"{x.get('speedup_vs_anchor', 0):.2f} | {err} | {mhz(x.get('sm_clock_mhz'))} | "
                              f"{x.get('config', '')} |")
         lines.append("")

@@ -4,9 +4,9 @@ A layer is `moe_core.FusedMoE` on the triton backend with random weights of a pr
 (`ExpertWeights.random`, seed 0, drawn on the GPU): bf16, int4 W4A16 (symmetric, a bf16 scale per
 the preset's int4 group, no zero points), int8 W8A16 (per channel), MXFP4 (e2m1 codes, an e8m0 scale
 per 32) or fp8 W8A8 (`fp8-block`: 128x128 weight blocks x 1x128 activation groups; `fp8-channel`: per
-channel x per token). Routings with a correction bias (DeepSeek-V3) get a small one, so the routing stays close to the uniform one the
-floor's expected count of distinct experts assumes (a 0.1 bias concentrated DeepSeek's choices on
-fewer experts).
+channel x per token). Routings with a correction bias (DeepSeek-V3) get a small one (a 0.1 bias, what
+`moe bench` draws, concentrates DeepSeek's choices on fewer experts; the floor counts the experts the
+routing selects either way: `moe_core.bench.routed_work`).
 
 `time_layer` is the benchmark's protocol: the layer captured in CUDA graphs over rotating input sets
 (8 sets, 2 above 512 tokens, so consecutive replays read other activations), the L2 flushed before
@@ -78,14 +78,6 @@ def input_sets(preset: Preset, tokens: int, device: torch.device, sets: int | No
     gen = torch.Generator(device=device).manual_seed(tokens)
     return [(torch.randn(tokens, cfg.hidden_size, device=device, generator=gen, dtype=torch.bfloat16),
              torch.randn(tokens, cfg.num_experts, device=device, generator=gen)) for _ in range(sets)]
-
-
-def distinct_experts(preset: Preset, inputs: list[tuple[torch.Tensor, torch.Tensor]],
-                     bias: torch.Tensor | None) -> float:
-    """Mean count of distinct experts the input sets route to (the floor assumes the uniform routing's)."""
-    cfg = preset.config
-    return statistics.mean(route_torch(logits, cfg.routing, cfg.top_k, bias)[1].unique().numel()
-                           for _, logits in inputs)
 
 
 def time_layer(layer: Layer, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:

@@ -18,7 +18,8 @@ layer (routing + both matmul_ogs) is timed by bench_layer.py's protocol,
 `moe_core.bench.time_cuda_layer`: CUDA graphs over 8 rotating input sets (2 above 512 tokens, the same
 inputs as bench_layer.py), the L2 flushed before every replay, CUDA events, median; a layer that
 cannot be captured is timed eagerly the same way and the row says so. floor = bench_layer.py's
-roofline floor (`moe_core.bench.roofline_floor`, MXFP4 bytes, ceilings measured in this run).
+roofline floor (`moe_core.bench.roofline_floor`: the experts the timed inputs' routing selects, MXFP4
+bytes, ceilings measured in this run).
 
     python peer_matmul_ogs.py --triton-kernels DIR --out OUT [--preset ...] [--m ...] [--check]
                               [--layout vllm|strided] [--compile-only]
@@ -406,13 +407,14 @@ def check(layer: MatmulOgsMoE, weights: ExpertWeights, x: torch.Tensor, logits: 
 
 
 def run(args) -> int:
-    from layer_timing import correction_bias, distinct_experts, input_sets, layer_quant, mhz, random_weights
+    from layer_timing import correction_bias, input_sets, layer_quant, mhz, random_weights
 
     from moe_core.backends import detect_device
     from moe_core.bench import (
         SmClockSampler,
         measure_ceilings,
         roofline_floor,
+        routed_work,
         time_cuda_layer,
         write_json_atomic,
     )
@@ -431,7 +433,8 @@ def run(args) -> int:
     ceilings = measure_ceilings(dev, torch.bfloat16)
     print(
         f"device {info.name}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, matmul "
-        f"{ceilings.matmul_flop_per_s / 1e12:.0f} TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}; "
+        + ", ".join(f"{t} {r / 1e12:.0f}" for t, r in ceilings.matmul_flop_per_s.items())
+        + f" TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}; "
         f"triton_kernels: {origin}; layouts: {layouts.name}",
         flush=True,
     )
@@ -479,11 +482,12 @@ def run(args) -> int:
             continue
         notes = layer.describe()
         for M in args.m:
-            floor = roofline_floor(cfg, layer_quant(preset, "mxfp4"), M, ceilings)
-            row = {"preset": name, "M": M, "floor_us": floor.seconds * 1e6, "bound": floor.bound[0], **notes}
+            row = {"preset": name, "M": M, **notes}
             try:
                 inputs = input_sets(preset, M, dev)
-                row["distinct_experts"] = distinct_experts(preset, inputs, bias)
+                work = routed_work(cfg, [logits for _, logits in inputs], bias)
+                floor = roofline_floor(cfg, layer_quant(preset, "mxfp4"), work, ceilings)
+                row.update(floor_us=floor.seconds * 1e6, bound=floor.bound[0], distinct_experts=floor.distinct_experts)
                 if args.check:
                     row.update(check(layer, weights, *inputs[0]))
                 with SmClockSampler(dev) as clock:

@@ -265,7 +265,7 @@ def _dry_run(peer) -> dict:
 
     import moe_core.bench as bench
 
-    bench.measure_ceilings = lambda device, dtype: bench.Ceilings(1e12, 1e14, "bf16", 1, 1, None, "stub")
+    bench.measure_ceilings = lambda device, dtype: bench.Ceilings(1e12, {"bfloat16": 1e14}, "bfloat16", 1, 1, None, "stub")
     bench.time_cuda_layer = lambda layer, inputs: ([layer(*inputs[0]) is not None and 1e-4], "stub")
     with tempfile.TemporaryDirectory() as out:
         rc = peer.main(

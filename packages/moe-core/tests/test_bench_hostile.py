@@ -40,7 +40,8 @@ def fast(monkeypatch):
     """Plenty of memory, and ceilings without the 256 MiB copy."""
     monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 1 << 40)
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
-        1e10, 1e11, "bfloat16", 1, 1, None, "test"))
+        1e10, {"bfloat16": 1e11}, "bfloat16", 1, 1, None, "test"))
+    monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: bench.QuickCeilings(1e10, 1e11))
 
 
 @pytest.fixture
@@ -48,6 +49,7 @@ def nothing_measured(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("measuring started before the arguments were checked")
     monkeypatch.setattr(bench_cli, "measure_ceilings", refuse)
+    monkeypatch.setattr(bench_cli, "quick_ceilings", refuse)
     monkeypatch.setattr(bench_cli.ExpertWeights, "random", staticmethod(refuse))
 
 
@@ -133,7 +135,7 @@ def test_results_name_no_host_and_report_threads_min_median_and_spread(tmp_path,
     assert row["min_ms"] <= row["time_ms"] <= row["p90_ms"] and row["spread"] >= 0
     captured = capsys.readouterr()
     # progress on stderr; stdout is the table only
-    assert "tiny: bfloat16 weights" in captured.err and "timing 1 tokens" in captured.err
+    assert "tiny: bfloat16 weights" in captured.err and "1 tokens: timing" in captured.err
     assert "weights" not in captured.out and "timing" not in captured.out
 
 
@@ -159,7 +161,7 @@ def test_an_unsteady_cell_is_flagged(capsys):
 def test_the_plot_title_fits_the_figure():
     pytest.importorskip("matplotlib")
     rows = [bench.Row("tiny", "bf16", m, "cpu", "CpuOneDnnExperts", "unquantized", "unquantized", "S", "wall-clock", m, m, m, 0.0, 1.0, m / 2, "memory", 0.5, 2.0 * m, 2.0,
-                      1, 1, 2.0) for m in (1, 8)]
+                      1, 1, 2, "bfloat16", 1.0, 1.0) for m in (1, 8)]
     title = ("AMD EPYC 7B13 64-Core Processor (a long device name), 2 threads, torch 2.9.1+cu128, "
              "2000-01-01T00:00:00+00:00")
     fig = report._figure(rows, title)

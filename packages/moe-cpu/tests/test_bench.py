@@ -32,13 +32,18 @@ def test_bench_writes_rows_with_floor_and_naive_baseline(tmp_path, plenty_of_mem
     (result,) = tmp_path.glob("bench-*.json")
     payload = json.loads(result.read_text())
     assert payload["machine"]["torch_threads"] == 1 and payload["machine"]["cpu_count"] >= 1
-    assert payload["ceilings"]["copy_bytes_per_s"] > 0 and payload["ceilings"]["matmul_flop_per_s"] > 0
+    assert payload["ceilings"]["copy_bytes_per_s"] > 0 and payload["ceilings"]["matmul_flop_per_s"]["bfloat16"] > 0
+    assert payload["quick_ceilings"]["copy_bytes_per_s"] > 0 and payload["quick_ceilings"]["matmul_flop_per_s"] > 0
     rows = payload["rows"]
     assert [(r["scheme"], r["tokens"]) for r in rows] == [("bf16", 1), ("bf16", 4), ("int4", 1), ("int4", 4)]
     assert {r["experts"] for r in rows} == {"CpuOneDnnExperts", "CpuInt4Experts"}
     for r in rows:
         assert r["time_ms"] > 0 and r["naive_ms"] > 0 and r["floor_ms"] > 0
         assert abs(r["floor_fraction"] - r["floor_ms"] / r["time_ms"]) < 1e-9
+        assert r["floor_matmul_dtype"] == "bfloat16" and r["copy_recheck"] > 0 and r["matmul_recheck"] > 0
+    # the experts the timed tokens' routing selects: top-2 of 8 over 1 and 4 tokens
+    distinct = {r["tokens"]: r["distinct_experts"] for r in rows}
+    assert distinct[1] == 2 and 2 <= distinct[4] <= 8
     # tiny: 8 experts of 3 * 128 * 256 params; bf16 stores 2 bytes each, int4 (g64) half a byte plus a
     # bf16 scale per 64: the floor reads the scheme's bytes whatever the CPU kernel unpacks them to
     bytes_by_scheme = {r["scheme"]: r["bytes_per_expert"] for r in rows}

@@ -17,12 +17,18 @@ from moe_core.bench.cli import DEFAULT_OUT, MEMORY_HEADROOM, add_arguments, main
 from moe_core.bench.memory import estimate_peak_bytes, planned_bytes
 from moe_core.bench.results import Row, prepare_out_dir, save_ranking, triton_version, write_json_atomic
 from moe_core.bench.roofline import (
+    IMPOSSIBLE_FRACTION,
+    RECHECK_TOLERANCE,
     Ceilings,
     Floor,
-    expected_distinct_experts,
+    QuickCeilings,
+    RoutedWork,
+    compute_dtype,
     expert_weight_bytes,
     measure_ceilings,
+    quick_ceilings,
     roofline_floor,
+    routed_work,
     weight_bytes_per_param,
 )
 from moe_core.bench.timing import (
@@ -30,7 +36,6 @@ from moe_core.bench.timing import (
     Progress,
     SmClockSampler,
     TimingSummary,
-    _note,  # noqa: F401 (`moe run` prints its progress through it)
     add_threads_argument,
     default_threads,
     pin_threads,
@@ -41,9 +46,10 @@ from moe_core.bench.timing import (
     warn_if_unsteady,
 )
 
-__all__ = ["DEFAULT_OUT", "MEMORY_HEADROOM", "SPREAD_WARNING", "Ceilings", "Floor", "Progress", "Row",
-           "SmClockSampler", "TimingSummary", "add_arguments", "add_threads_argument", "default_threads",
-           "estimate_peak_bytes", "expected_distinct_experts", "expert_weight_bytes", "main", "measure_ceilings",
-           "pin_threads", "planned_bytes", "prepare_out_dir", "roofline_floor", "save_ranking", "step",
-           "summarize_timings", "time_cuda_layer", "triton_version", "validate_threads", "warn_if_unsteady",
-           "weight_bytes_per_param", "write_json_atomic"]
+__all__ = ["DEFAULT_OUT", "IMPOSSIBLE_FRACTION", "MEMORY_HEADROOM", "RECHECK_TOLERANCE", "SPREAD_WARNING",
+           "Ceilings", "Floor", "Progress", "QuickCeilings", "RoutedWork", "Row", "SmClockSampler", "TimingSummary",
+           "add_arguments", "add_threads_argument", "compute_dtype", "default_threads", "estimate_peak_bytes",
+           "expert_weight_bytes", "main", "measure_ceilings", "pin_threads", "planned_bytes", "prepare_out_dir",
+           "quick_ceilings", "roofline_floor", "routed_work", "save_ranking", "step", "summarize_timings",
+           "time_cuda_layer", "triton_version", "validate_threads", "warn_if_unsteady", "weight_bytes_per_param",
+           "write_json_atomic"]

@@ -19,16 +19,33 @@ import datetime
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
 from moe_core.backends import REFERENCE_BACKEND, available_memory_bytes, detect_device
 from moe_core.bench.memory import planned_bytes
-from moe_core.bench.report import _HEADER, _format_row, _plot
-from moe_core.bench.results import Row, _machine, _Results, _slug, prepare_out_dir, save_ranking
-from moe_core.bench.roofline import Ceilings, measure_ceilings, roofline_floor
+from moe_core.bench.report import _plot, format_report, moved
+from moe_core.bench.results import (
+    Row,
+    _machine,
+    _Results,
+    _slug,
+    claim_results_path,
+    prepare_out_dir,
+    save_ranking,
+)
+from moe_core.bench.roofline import (
+    IMPOSSIBLE_FRACTION,
+    Ceilings,
+    QuickCeilings,
+    RoutedWork,
+    measure_ceilings,
+    quick_ceilings,
+    roofline_floor,
+    routed_work,
+)
 from moe_core.bench.timing import (
     Progress,
     _note,
@@ -69,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"available: {', '.join(PRESETS)})")
     parser.add_argument("--tokens", type=int, nargs="+", metavar="M",
                         help=f"token counts per forward (default: {' '.join(map(str, DEFAULT_TOKENS))})")
-    parser.add_argument("--scheme", action="append", metavar="SCHEME",
-                        help="bf16 (the preset's dtype, unquantized), int4 (the preset's group size) or any "
+    parser.add_argument("--scheme", "--quant", action="append", dest="scheme", metavar="SCHEME",
+                        help="bf16 (or unquantized, fp16, none: the preset's dtype, unquantized), int4 (the preset's "
+                             "group size) or any "
                              "`moe run` scheme: int4:G[:zp], int8 (per channel, as int8_w8a16()), int8:G[:zp], "
                              "fp8-tensor[:token|:tensor], fp8-channel[:token|:tensor], fp8-block, mxfp4; "
                              f"repeatable (default: {', '.join(DEFAULT_SCHEMES)})")
@@ -78,15 +96,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="chosen", metavar="chosen|all|B1,B2",
                         help="which backends to time: the one the oracle chooses (default), every installed "
                              "backend but the reference (all), or a comma-separated list; each forced backend is "
-                             "timed where it serves the layer and its refusal is recorded otherwise. The run "
-                             "writes the measured ranking (ranking-<device>.json) next to its results")
+                             "timed where it serves the layer and its refusal is recorded otherwise. With all or "
+                             "a list, the measured ranking is merged into ranking-<device>.json in --out")
     parser.add_argument("--save-ranking", action="store_true",
                         help="also merge the measured ranking into the user's rankings folder "
-                             "(~/.cache/moe/rankings), where select() and `moe explain` find it")
+                             "(~/.cache/moe/rankings), where select() and `moe explain` find it (needs --backends "
+                             "all or a list)")
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help=f"output folder for JSON and PNG (default: ./{DEFAULT_OUT}; created if missing, "
-                             "checked for writing before anything is measured; the JSON is rewritten after "
-                             "every measured point)")
+                             "checked for writing before anything is measured; each run writes files of its own, "
+                             "the JSON rewritten after every measured point)")
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats per point (median and min reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls before timing")
     add_threads_argument(parser)
@@ -94,8 +113,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _scheme(text: str, preset: Preset) -> MoEQuantConfig:
-    if text == "bf16":
-        return unquantized()
     if text == "int4":
         return int4_w4a16(preset.int4_group_size)
     return parse_scheme(text)
@@ -120,18 +137,31 @@ def naive_moe(config: MoEConfig, w13: torch.Tensor, w2: torch.Tensor, b13: torch
     return forward
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every cell of a run shares."""
+
+    device: torch.device
+    ceilings: Ceilings
+    quick: QuickCeilings  # at the run's start, in `dtype`: what each cell's re-check compares with
+    dtype: torch.dtype
+    args: argparse.Namespace
+    results: _Results
+
+
 def _input_sets(config: MoEConfig, tokens: int, device: torch.device, gen: torch.Generator
                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(hidden states, router logits) sets of `tokens` tokens: one, or on CUDA the rotating sets the
-    graph protocol replays in turn (8, 2 above 512 tokens), so consecutive calls read other activations."""
+    graph protocol replays in turn (8, 2 above 512 tokens), so consecutive calls read other activations.
+    Every set is timed: the floor counts the experts their routing selects."""
     sets = 1 if device.type != "cuda" else (8 if tokens <= 512 else 2)
     return [(torch.randn(tokens, config.hidden_size, generator=gen).to(device, config.dtype),
              torch.randn(tokens, config.num_experts, generator=gen).to(device)) for _ in range(sets)]
 
 
 def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backends: list[str | None],
-                  device: torch.device, ceilings: Ceilings, args: argparse.Namespace, results: _Results) -> None:
-    config = preset.config
+                  run: _Run) -> None:
+    config, device, results = preset.config, run.device, run.results
     gen = torch.Generator().manual_seed(0)
     correction_bias = (torch.randn(config.num_experts, generator=gen).to(device) * 0.1
                        if config.routing.has_correction_bias else None)
@@ -141,6 +171,7 @@ def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backend
                                  device=device)
     naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
     inputs = {m: _input_sets(config, m, device, gen) for m in tokens}
+    work = {m: routed_work(config, [logits for _, logits in sets], correction_bias) for m, sets in inputs.items()}
     naive_ms: dict[int, float] = {}  # per token count, timed once per preset on the dense weights
     for scheme in schemes:
         first_outputs: dict[int, tuple[str, torch.Tensor]] = {}  # per token count: (backend, output)
@@ -158,8 +189,8 @@ def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backend
                 results.refuse(preset.name, reason, scheme, backend)
                 continue
             try:
-                _bench_layer(preset, scheme, quant, layer, weights, correction_bias, inputs, naive, naive_ms,
-                             first_outputs, device, ceilings, args, results)
+                _bench_layer(preset, scheme, quant, layer, weights, correction_bias, inputs, work, naive, naive_ms,
+                             first_outputs, run)
             except (RuntimeError, ValueError, MemoryError) as exc:
                 if backend is None:  # the oracle's own choice failing is the user's error to see
                     raise
@@ -184,10 +215,9 @@ def _stored_bytes(value: object) -> int:
 
 def _bench_layer(preset: Preset, scheme: str, quant: MoEQuantConfig, layer: FusedMoE, weights: ExpertWeights,
                  correction_bias: torch.Tensor | None, inputs: dict[int, list[tuple[torch.Tensor, torch.Tensor]]],
-                 naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], naive_ms: dict[int, float],
-                 first_outputs: dict[int, tuple[str, torch.Tensor]], device: torch.device, ceilings: Ceilings,
-                 args: argparse.Namespace, results: _Results) -> None:
-    config, name = preset.config, layer.plan.experts_cls.name()
+                 work: dict[int, RoutedWork], naive: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 naive_ms: dict[int, float], first_outputs: dict[int, tuple[str, torch.Tensor]], run: _Run) -> None:
+    config, name, device, args = preset.config, layer.plan.experts_cls.name(), run.device, run.args
     with step(f"{preset.name}: {scheme}: converting the weights for {layer.plan.backend} / {name}"):
         layer.load_weights(weights, correction_bias)
     packed = layer.experts.weights
@@ -203,32 +233,49 @@ def _bench_layer(preset: Preset, scheme: str, quant: MoEQuantConfig, layer: Fuse
             else:
                 compared_with = None
             del output
-            what = f"{preset.name}: {scheme}: {layer.plan.backend}: timing {m} tokens"
+            cell = f"{preset.name}: {scheme}: {layer.plan.backend}: {m} tokens"
             if device.type == "cuda":
-                _note(f"{what} (CUDA graphs, L2 flushed before every replay)")
+                _note(f"{cell}: timing (CUDA graphs, L2 flushed before every replay)")
                 samples, method = time_cuda_layer(layer, sets)
+                recheck = quick_ceilings(device, run.dtype)
                 if m not in naive_ms:
                     naive_ms[m] = statistics.median(_time(lambda m=m: naive(*inputs[m][0]), device, args.warmup,
                                                           args.repeats)) * 1e3
             else:
-                _note(f"{what} ({args.warmup} warmup + {args.repeats} repeats, layer and naive loop in turn)")
+                _note(f"{cell}: timing ({args.warmup} warmup + {args.repeats} repeats, layer and naive loop in turn)")
                 x, logits = sets[0]
                 samples, naive_samples = _time_interleaved(
                     [lambda x=x, lg=logits: layer(x, lg), lambda x=x, lg=logits: naive(x, lg)], device, args.warmup,
                     args.repeats)
+                recheck = quick_ceilings(device, run.dtype)
                 naive_ms.setdefault(m, statistics.median(naive_samples) * 1e3)
                 method = "wall-clock"
             timing = summarize_timings(samples)
-            warn_if_unsteady(f"{preset.name} {scheme} {layer.plan.backend} {m} tokens", timing)
+            warn_if_unsteady(cell, timing)
             median = timing.median
-            floor = roofline_floor(config, quant, m, ceilings)
+            floor = roofline_floor(config, quant, work[m], run.ceilings)
             row = Row(preset.name, scheme, m, layer.plan.backend, name, quant.name, quant.family.value,
                       shape_key(config), method, median * 1e3, timing.min * 1e3, timing.p90 * 1e3, timing.spread,
                       m / median, floor.seconds * 1e3, floor.bound, floor.seconds / median, naive_ms[m],
                       naive_ms[m] / (median * 1e3), round(floor.bytes_per_expert), kernel_bytes_per_expert,
-                      floor.expected_distinct_experts, compared_with, rel_diff)
-            results.add_row(row)
-            print(_format_row(row), flush=True)
+                      floor.distinct_experts, floor.matmul_dtype,
+                      recheck.copy_bytes_per_s / run.quick.copy_bytes_per_s,
+                      recheck.matmul_flop_per_s / run.quick.matmul_flop_per_s, compared_with, rel_diff)
+            run.results.add_row(row)
+            _note(f"{cell}: {row.time_ms:.3f} ms (min {row.min_ms:.3f}), {row.floor_fraction:.2f} of the "
+                  f"{row.floor_bound} floor ({row.distinct_experts} experts)")
+            _warn_if_suspect(cell, row)
+
+
+def _warn_if_suspect(cell: str, row: Row) -> None:
+    """Say at once (the table comes at the end) when a cell's result cannot be trusted."""
+    if row.floor_fraction > IMPOSSIBLE_FRACTION:
+        _note(f"warning: {cell}: {row.floor_fraction:.2f} of the floor is impossible (no layer runs faster than "
+              "its floor): the floor or the timing is wrong")
+    if moved(row):
+        _note(f"warning: {cell}: the quick copy and matmul re-measured after it ran at {row.copy_recheck:.2f}x and "
+              f"{row.matmul_recheck:.2f}x their speed at the run's start: the machine's speed moved while it was "
+              "timed (other processes?); its time and floor fraction are suspect")
 
 
 def _unique(values: list) -> list:
@@ -274,6 +321,9 @@ def _validated(args: argparse.Namespace
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     validate_threads(args.threads)
+    if args.save_ranking and backends == [None]:
+        raise ValueError("--save-ranking needs --backends all or a list of backends: the oracle's choice alone "
+                         "ranks nothing")
     for preset in presets:
         too_many = [m for m in tokens if m > preset.config.max_num_tokens]
         if too_many:
@@ -294,7 +344,8 @@ def _validated(args: argparse.Namespace
 
 def main(args: argparse.Namespace) -> int:
     """`moe bench`: 0 when every preset ran, 1 when one was refused for memory, 2 on bad arguments
-    (the message on stderr), 130 when interrupted (the points measured so far are in the JSON)."""
+    (the message on stderr), 130 when interrupted (the points measured so far are in the JSON).
+    Progress goes to stderr as the run goes; the results table to stdout once it has ended."""
     try:
         presets, device, tokens, schemes, backends = _validated(args)
         out = prepare_out_dir(args.out)
@@ -305,27 +356,30 @@ def main(args: argparse.Namespace) -> int:
     machine = _machine(device, threads)
     stem = (f"bench-{_slug(machine['device'])}-{machine['cpu_count']}cpu-{threads}t-torch{_slug(torch.__version__)}-"
             f"{datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')}")
-    json_path, png_path = out / f"{stem}.json", out / f"{stem}.png"
-    ranking_path = out / f"ranking-{_slug(machine['device_name'] or machine['device'])}.json"
-    _note(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads "
-          f"({'--threads' if args.threads else 'default: physical cores available to this process'}); "
+    json_path = claim_results_path(out, stem)
+    png_path = json_path.with_suffix(".png")
+    title = f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads"
+    _note(f"{title} ({'--threads' if args.threads else 'default: physical cores available to this process'}); "
           f"results: {json_path}")
-    results = _Results(json_path, ranking_path, {
+    # The oracle's choice alone ranks nothing: a ranking comes from backends timed side by side.
+    results = _Results(json_path, {
         "machine": machine, "repeats": args.repeats, "warmup": args.warmup,
         "method": ("CUDA graphs over rotating input sets, L2 flushed before every replay, CUDA events"
                    if device.type == "cuda" else "wall clock") +
-                  "; median, min and p90 of the samples per point; floor = max(expected distinct experts * the "
-                  "scheme's stored bytes per expert / copy bandwidth, flops / matmul rate); naive = per-expert "
-                  "F.linear loop"})
+                  "; median, min and p90 of the samples per point; floor = max(distinct experts the timed inputs' "
+                  "routing selects * the scheme's stored bytes per expert / copy bandwidth, flops / matmul rate of "
+                  "the scheme's compute type); naive = per-expert F.linear loop"},
+        ranking_folder=None if backends == [None] else out)
+    ceilings, code = None, 0
     try:
-        with step("measuring the copy bandwidth and matmul rate"):
-            ceilings = measure_ceilings(device, presets[0].config.dtype, host_samples=max(args.repeats // 2, 5))
+        with step("measuring the copy bandwidth and matmul rates"):
+            dtype = presets[0].config.dtype
+            ceilings = measure_ceilings(device, dtype, host_samples=max(args.repeats // 2, 5))
+            quick = quick_ceilings(device, dtype)
         results.payload["ceilings"] = asdict(ceilings)
+        results.payload["quick_ceilings"] = asdict(quick)
         results.save()
-        print(f"{machine['device']}, {machine['cpu_count']} cpus, torch {machine['torch']}, {threads} threads")
-        print(f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write), {ceilings.matmul_dtype} "
-              f"matmul {ceilings.matmul_flop_per_s / 1e9:.1f} GFLOP/s\n")
-        print(_HEADER, flush=True)
+        run = _Run(device, ceilings, quick, dtype, args, results)
         available = available_memory_bytes(device)
         for preset in presets:
             quants = [_scheme(s, preset) for s in schemes]
@@ -334,19 +388,23 @@ def main(args: argparse.Namespace) -> int:
                 reason = (f"needs about {need / 2**30:.1f} GiB ({', '.join(schemes)}, up to {max(tokens)} tokens), "
                           f"{MEMORY_HEADROOM:.0%} of the {available / 2**30:.1f} GiB available is "
                           f"{MEMORY_HEADROOM * available / 2**30:.1f} GiB; not run")
-                print(f"{preset.name}: {reason}", flush=True)
+                _note(f"{preset.name}: {reason}")
                 results.refuse(preset.name, reason)
                 continue
-            _bench_preset(preset, schemes, tokens, backends, device, ceilings, args, results)
+            _bench_preset(preset, schemes, tokens, backends, run)
         results.finish()
     except KeyboardInterrupt:
         _note(f"moe bench: interrupted; the {len(results.payload['rows'])} points measured are in {json_path}")
-        return 130
+        code = 130
     finally:
         if args.save_ranking and results.payload["rows"]:
             _note(f"merged the measured ranking into {save_ranking(results.ranking())}")
-    _note(f"wrote {json_path} and {ranking_path}")
     rows = results.rows
+    if ceilings is not None:
+        print(format_report(title, ceilings, rows, results.payload["refused"]), flush=True)
+    if code:
+        return code
+    _note(f"wrote {json_path}" + (f" and {results.ranking_path}" if results.ranking_path else ""))
     if rows and not args.no_plot:
         _plot(rows, png_path, f"{machine['device']}, {threads} threads, torch {torch.__version__}, {machine['date']}")
         _note(f"wrote {png_path}")

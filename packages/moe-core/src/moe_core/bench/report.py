@@ -1,20 +1,68 @@
-"""What a `moe bench` run shows: the results table and the plot of time and floor against tokens."""
+"""What a `moe bench` run shows: the results table, printed once the run's progress has ended, and
+the plot of time and floor against tokens."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from moe_core.bench.results import Row
-
-_HEADER = (f"{'preset':<16} {'scheme':<8} {'M':>5} {'backend':<16} {'ms':>9} {'min ms':>9} {'spread':>6} "
-           f"{'tok/s':>9} {'floor ms':>9} {'bound':<7} {'floor/t':>7} {'naive ms':>9} {'speedup':>7} {'diff':>8}")
+from moe_core.bench.roofline import IMPOSSIBLE_FRACTION, RECHECK_TOLERANCE, Ceilings
 
 
-def _format_row(r: Row) -> str:
-    return (f"{r.preset:<16} {r.scheme:<8} {r.tokens:>5} {r.backend:<16} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
-            f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.floor_fraction:>7.2f} "
-            f"{r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f} "
-            f"{'' if r.rel_diff is None else f'{r.rel_diff:.1e}':>8}")
+def _flagged(r: Row) -> bool:
+    return r.floor_fraction > IMPOSSIBLE_FRACTION
+
+
+def moved(r: Row) -> bool:
+    """Whether the machine's speed moved while the cell was timed (`quick_ceilings`)."""
+    return max(abs(r.copy_recheck - 1), abs(r.matmul_recheck - 1)) > RECHECK_TOLERANCE
+
+
+def format_table(rows: list[Row]) -> list[str]:
+    """The header and one line per row; the `diff` column only where a cell ran on several backends."""
+    diff = any(r.rel_diff is not None for r in rows)
+    wp, ws, wb = (max(len(h), *(len(getattr(r, f)) for r in rows)) for h, f in
+                  (("preset", "preset"), ("scheme", "scheme"), ("backend", "backend")))
+    lines = [f"{'preset':<{wp}} {'scheme':<{ws}} {'M':>5} {'backend':<{wb}} {'ms':>9} {'min ms':>9} {'spread':>6} "
+             f"{'tok/s':>9} {'floor ms':>9} {'bound':<7} {'experts':>7} {'floor/t':>7} {'naive ms':>9} "
+             f"{'speedup':>7}" + (f" {'diff':>8}" if diff else "")]
+    for r in rows:
+        fraction = f"{r.floor_fraction:.2f}" + ("!" if _flagged(r) else "")
+        lines.append(
+            f"{r.preset:<{wp}} {r.scheme:<{ws}} {r.tokens:>5} {r.backend:<{wb}} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
+            f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.distinct_experts:>7} "
+            f"{fraction:>7} {r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f}"
+            + (f" {'' if r.rel_diff is None else f'{r.rel_diff:.1e}':>8}" if diff else ""))
+    return lines
+
+
+def format_report(title: str, ceilings: Ceilings, rows: list[Row], refused: list[dict]) -> str:
+    """The run's results as printed on stdout: the machine, the ceilings, the table, what its marks
+    mean where they appear, and what was refused."""
+    rates = ", ".join(f"{name} {rate / 1e9:.1f}" for name, rate in ceilings.matmul_flop_per_s.items())
+    lines = [title, f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write), matmul {rates} GFLOP/s",
+             ""]
+    if rows:
+        lines += format_table(rows)
+        lines.append("")
+        lines.append("experts: distinct experts the timed inputs' routing selects (what the memory floor reads); "
+                     "floor/t: roofline floor over the median time")
+        if any(r.rel_diff is not None for r in rows):
+            lines.append("diff: relative L2 difference of the output from that of the cell's first backend, on the "
+                         "same inputs")
+        flagged = [r for r in rows if _flagged(r)]
+        if flagged:
+            lines.append(f"warning: {len(flagged)} cells marked ! report more than {IMPOSSIBLE_FRACTION} of their floor, "
+                         "which is impossible (no layer runs faster than its floor): the floor or the timing is wrong")
+        unsteady = [r for r in rows if moved(r)]
+        if unsteady:
+            lines.append(f"warning: the quick copy and matmul re-measured after {len(unsteady)} cells ran more than "
+                         f"{RECHECK_TOLERANCE:.0%} away from the run's start (the machine was busy?), their times are "
+                         "suspect: " + ", ".join(f"{r.preset} {r.scheme} {r.backend} M={r.tokens} (copy "
+                                                 f"{r.copy_recheck:.2f}x, matmul {r.matmul_recheck:.2f}x)"
+                                                 for r in unsteady))
+    lines += [f"{r['preset']}: {r['scheme'] + ': ' if r['scheme'] else ''}{r['reason']}" for r in refused]
+    return "\n".join(lines)
 
 
 def _figure(rows: list[Row], title: str):

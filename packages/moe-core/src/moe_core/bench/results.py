@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,12 +41,17 @@ class Row:
     tokens_per_s: float
     floor_ms: float
     floor_bound: str  # "memory" or "compute"
-    floor_fraction: float  # floor / median time
+    floor_fraction: float  # floor / median time; above IMPOSSIBLE_FRACTION the floor or the timing is wrong
     naive_ms: float  # median of the naive per-expert loop
     speedup_vs_naive: float
     bytes_per_expert: int  # the scheme's stored bytes (`expert_weight_bytes`), what the floor reads
     kernel_bytes_per_expert: int  # the experts' packed tensors (a backend may unpack or pad at load)
-    expected_distinct_experts: float
+    distinct_experts: int  # the experts the timed inputs' routing selects (`routed_work`), what the floor reads
+    floor_matmul_dtype: str  # the matmul rate the compute floor uses (`Ceilings.matmul_rate`)
+    # The quick ceilings re-measured right after the cell over those at the run's start
+    # (`quick_ceilings`): far from 1, the machine's speed moved while the cell was timed.
+    copy_recheck: float
+    matmul_recheck: float
     # Relative L2 difference of this backend's output from the first backend timed on the same cell
     # and inputs (None for that one): a cross-check of the kernels at the real shape.
     compared_with: str | None = None
@@ -104,12 +110,27 @@ def _machine(device: torch.device, threads: int) -> dict:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
 
 
-class _Results:
-    """The run's JSON and the ranking its rows make, rewritten (atomically) after every measured
-    point: an interrupted run keeps what it measured."""
+def claim_results_path(out: Path, stem: str) -> Path:
+    """`out/stem.json`, or `stem-2.json`, `stem-3.json`, ... when taken: created here, exclusively, so
+    that runs started in the same second into one folder never share a results file."""
+    n = 1
+    while True:
+        path = out / f"{stem}{'' if n == 1 else f'-{n}'}.json"
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            n += 1
 
-    def __init__(self, path: Path, ranking_path: Path, payload: dict) -> None:
-        self.path, self.ranking_path = path, ranking_path
+
+class _Results:
+    """The run's JSON, rewritten (atomically) after every measured point, and with several backends
+    timed side by side the ranking its rows make, merged into the folder's ranking file (`save_ranking`)
+    after every point: an interrupted run keeps what it measured."""
+
+    def __init__(self, path: Path, payload: dict, ranking_folder: Path | None) -> None:
+        self.path, self.ranking_folder = path, ranking_folder
+        self.ranking_path: Path | None = None
         self.payload = {**payload, "complete": False, "rows": [], "refused": []}
         self.save()
 
@@ -119,7 +140,8 @@ class _Results:
     def add_row(self, row: Row) -> None:
         self.payload["rows"].append(asdict(row))
         self.save()
-        write_json_atomic(self.ranking_path, self.ranking())
+        if self.ranking_folder is not None:
+            self.ranking_path = save_ranking(self.ranking(), self.ranking_folder)
 
     def ranking(self) -> dict:
         machine = self.payload["machine"]
@@ -140,18 +162,34 @@ class _Results:
         return [Row(**r) for r in self.payload["rows"]]
 
 
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (flock on the folder itself: no lock file is left behind), so
+    that runs merging into one ranking file at once keep each other's entries."""
+    import fcntl  # POSIX only; imported here so that `moe` imports everywhere
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def save_ranking(ranking: dict, folder: Path | None = None) -> Path:
-    """Merge `ranking` into the device's file in `folder` (default: the user's rankings folder):
-    entries measured now replace those of the same scheme, shape and token bucket."""
+    """Merge `ranking` into the device's file in `folder` (default: the user's rankings folder), under
+    a lock on the folder: entries measured now replace those of the same scheme, shape and token
+    bucket; the others stay."""
     folder = folder if folder is not None else user_rankings_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"ranking-{_slug(ranking['device'])}.json"
-    merged = {(e["scheme"], e["shape"], e["tokens"]): e for e in ranking["entries"]}
-    if path.exists():
-        load_ranking(path)  # a broken file is reported, not overwritten
-        old = json.loads(path.read_text())
-        merged = {**{(e["scheme"], e["shape"], e["tokens"]): e for e in old["entries"]}, **merged}
-    write_json_atomic(path, {**ranking, "entries": [merged[k] for k in sorted(merged)]})
+    with _locked(folder):
+        merged = {(e["scheme"], e["shape"], e["tokens"]): e for e in ranking["entries"]}
+        if path.exists():
+            load_ranking(path)  # a broken file is reported, not overwritten
+            old = json.loads(path.read_text())
+            merged = {**{(e["scheme"], e["shape"], e["tokens"]): e for e in old["entries"]}, **merged}
+        write_json_atomic(path, {**ranking, "entries": [merged[k] for k in sorted(merged)]})
     return path
 
 

@@ -1,35 +1,70 @@
 """The machine's ceilings and the roofline floor of a layer call: the one definition `moe bench`,
 benchmarks/gpu and the docs use.
 
-    floor = max(expected distinct experts * weight bytes per expert / copy bandwidth,
-                2 * M * top_k * (R + N) * K / matmul rate)
+    floor = max(distinct experts * weight bytes per expert / copy bandwidth,
+                2 * routed pairs * (R + N) * K / matmul rate of the scheme's compute type)
 
-with the expected number of distinct experts E * (1 - (1 - top_k / E) ** M) for uniform routing and
-the weight bytes of the scheme as stored: codes plus scales, zero points and act-order indices
-(`expert_weight_bytes`). The ceilings (`measure_ceilings`) are measured in the same run: the copy
-bandwidth (bytes read + written of a large copy) and the rate of a large matmul in the layer dtype.
+- distinct experts: the experts the timed calls' routing really selects (`routed_work`: the
+  reference router on the very router logits timed; the fewest over the input sets), never an
+  expectation for uniform routing, which grouped or biased routings (DeepSeek-V3) undercut;
+- weight bytes per expert: the scheme as stored, codes plus scales, zero points and act-order
+  indices (`expert_weight_bytes`);
+- routed pairs: tokens x top_k (under expert parallelism, the pairs sent to this rank's experts);
+- the ceilings (`measure_ceilings`), measured in the same run: the copy bandwidth (bytes read +
+  written of a large copy) and large-matmul rates. On CUDA the rate of each compute type a scheme
+  uses (`compute_dtype`): the layer dtype for 16-bit and weight-only schemes, which multiply in it,
+  fp8 for fp8 W8A8; on the CPU and XPU the layer dtype's rate serves every scheme.
+
+A layer cannot beat its floor: a measured time below it by more than 2% (`IMPOSSIBLE_FRACTION`)
+means the floor or the timing is wrong.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
 from moe_core.bench.timing import CUDA_DROPPED, CUDA_SAMPLES, SmClockSampler, _cuda_median_seconds, _time
 from moe_core.config import MoEConfig
-from moe_core.quant import Granularity, MoEQuantConfig, QuantKey, ZeroPoint
+from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
+from moe_core.routing import route_torch
+
+# floor / time above this is impossible: the 2% allow for the few percent by which a kernel that
+# only reads can outrun a copy, which reads and writes.
+IMPOSSIBLE_FRACTION = 1.02
 
 
 @dataclass(frozen=True)
 class Ceilings:
     copy_bytes_per_s: float  # bytes read + written per second by a large copy on the device
-    matmul_flop_per_s: float  # a large square matmul in `matmul_dtype`
-    matmul_dtype: str
+    # Large square matmuls, per operand dtype name ("bfloat16", "float8_e4m3fn"): the layer dtype
+    # everywhere, and on CUDA fp8 where the GPU multiplies it (torch._scaled_mm).
+    matmul_flop_per_s: dict[str, float]
+    matmul_dtype: str  # the layer dtype: the rate of a compute type with none of its own measured here
     copy_bytes: int  # size of the copied tensor
-    matmul_size: int  # n of the n x n x n matmul
-    matmul_sm_clock_mhz: float | None  # median SM clock while the matmul ran (CUDA with NVML), else None
+    matmul_size: int  # n of the n x n x n matmuls
+    matmul_sm_clock_mhz: float | None  # median SM clock while the matmuls ran (CUDA with NVML), else None
     method: str
+
+    def matmul_rate(self, dtype: torch.dtype) -> tuple[str, float]:
+        """(dtype name, flop/s) of GEMMs with `dtype` operands: its own measured rate, else the layer
+        dtype's (the CPU and XPU measure that one only; a GPU without fp8 matmuls computes fp8
+        schemes in it)."""
+        name = _dtype_name(dtype)
+        if name in self.matmul_flop_per_s:
+            return name, self.matmul_flop_per_s[name]
+        return self.matmul_dtype, self.matmul_flop_per_s[self.matmul_dtype]
+
+
+@dataclass(frozen=True)
+class RoutedWork:
+    """What a layer call does on this rank under a given routing."""
+
+    experts: int  # distinct experts selected: the experts whose weights the call reads
+    pairs: int  # (token, expert) pairs: the rows the GEMMs multiply
 
 
 @dataclass(frozen=True)
@@ -38,37 +73,64 @@ class Floor:
     bound: str  # "memory" or "compute"
     memory_s: float
     compute_s: float
-    expected_distinct_experts: float
+    distinct_experts: int  # `RoutedWork.experts` the memory floor counts
     bytes_per_expert: float
+    matmul_dtype: str  # the rate the compute floor uses (`Ceilings.matmul_rate`)
 
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---- ceilings ---------------------------------------------------------------------------------------
 
 CUDA_COPY_BYTES = 2 << 30
 CUDA_MATMUL_SIZE = 8192
+# The GEMMs' operand type of schemes that quantize their activations (MoEQuantConfig allows fp8 only).
+_ACTIVATION_COMPUTE_DTYPES = {QuantDType.FP8_E4M3: torch.float8_e4m3fn}
+
+
+def compute_dtype(config: MoEConfig, quant: MoEQuantConfig) -> torch.dtype:
+    """The operand type of the scheme's GEMMs: the quantized activations' (fp8 W8A8), else the layer
+    dtype (16-bit schemes, and weight-only ones, which dequantize their weights to it)."""
+    if quant.activation is None:
+        return config.dtype
+    return _ACTIVATION_COMPUTE_DTYPES[quant.activation.dtype]
+
+
+def _matmul(n: int, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
+    """An n x n x n matmul with `dtype` operands: fp8 through torch._scaled_mm (unit scales, bf16
+    out, the second operand column-major as it requires), else `a @ b`."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    if dtype == torch.float8_e4m3fn:
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    return lambda: a @ b
 
 
 def _cuda_copy_seconds(device: torch.device) -> float:
-    src = torch.randn(CUDA_COPY_BYTES // 2, device=device, dtype=torch.bfloat16)
+    src = torch.ones(CUDA_COPY_BYTES, device=device, dtype=torch.uint8)
     dst = torch.empty_like(src)
     return _cuda_median_seconds(lambda: dst.copy_(src))
 
 
-def _cuda_matmul_seconds(device: torch.device, dtype: torch.dtype, clock: SmClockSampler) -> float:
-    a = torch.randn(CUDA_MATMUL_SIZE, CUDA_MATMUL_SIZE, device=device, dtype=dtype)
-    b = torch.randn(CUDA_MATMUL_SIZE, CUDA_MATMUL_SIZE, device=device, dtype=dtype)
-    with clock:
-        return _cuda_median_seconds(lambda: a @ b)
-
-
 def _measure_cuda_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
     copy_s = _cuda_copy_seconds(device)
-    clock = SmClockSampler(device)
-    matmul_s = _cuda_matmul_seconds(device, dtype, clock)
+    n, fp8, note = CUDA_MATMUL_SIZE, torch.float8_e4m3fn, ""
+    with SmClockSampler(device) as clock:
+        rates = {_dtype_name(dtype): 2 * n**3 / _cuda_median_seconds(_matmul(n, dtype, device))}
+        try:
+            rates[_dtype_name(fp8)] = 2 * n**3 / _cuda_median_seconds(_matmul(n, fp8, device))
+        except (RuntimeError, NotImplementedError) as exc:  # no fp8 matmul on this GPU
+            note = (f"; no fp8 matmul here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): fp8 "
+                    f"schemes use the {_dtype_name(dtype)} rate")
     torch.cuda.empty_cache()
-    n = CUDA_MATMUL_SIZE
-    return Ceilings(copy_bytes_per_s=2 * CUDA_COPY_BYTES / copy_s, matmul_flop_per_s=2 * n**3 / matmul_s,
-                    matmul_dtype=str(dtype).removeprefix("torch."), copy_bytes=CUDA_COPY_BYTES, matmul_size=n,
+    return Ceilings(copy_bytes_per_s=2 * CUDA_COPY_BYTES / copy_s, matmul_flop_per_s=rates,
+                    matmul_dtype=_dtype_name(dtype), copy_bytes=CUDA_COPY_BYTES, matmul_size=n,
                     matmul_sm_clock_mhz=clock.median,
-                    method=f"CUDA events, median of {CUDA_SAMPLES} samples after dropping the first {CUDA_DROPPED}")
+                    method=f"CUDA events, median of {CUDA_SAMPLES} samples after dropping the first {CUDA_DROPPED}"
+                           + note)
 
 
 def _measure_host_timed_ceilings(device: torch.device, dtype: torch.dtype, samples: int) -> Ceilings:
@@ -76,37 +138,77 @@ def _measure_host_timed_ceilings(device: torch.device, dtype: torch.dtype, sampl
     n = 2048 if device.type == "cpu" else 8192
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    matmul = _matmul(n, dtype, device)
     threads = torch.get_num_threads()
     copy_s, mm_s = float("inf"), float("inf")
     try:
         for t in sorted({1, threads}) if device.type == "cpu" else [threads]:
             torch.set_num_threads(t)
             copy_s = min(copy_s, min(_time(lambda: dst.copy_(src), device, 2, samples)))
-            mm_s = min(mm_s, min(_time(lambda: torch.matmul(a, b), device, 2, samples)))
+            mm_s = min(mm_s, min(_time(matmul, device, 2, samples)))
     finally:
         torch.set_num_threads(threads)
     threads_note = " at 1 thread and at the configured count" if device.type == "cpu" else ""
-    return Ceilings(copy_bytes_per_s=2 * copy_bytes / copy_s, matmul_flop_per_s=2 * n**3 / mm_s,
-                    matmul_dtype=str(dtype).removeprefix("torch."), copy_bytes=copy_bytes, matmul_size=n,
+    return Ceilings(copy_bytes_per_s=2 * copy_bytes / copy_s, matmul_flop_per_s={_dtype_name(dtype): 2 * n**3 / mm_s},
+                    matmul_dtype=_dtype_name(dtype), copy_bytes=copy_bytes, matmul_size=n,
                     matmul_sm_clock_mhz=None, method=f"wall clock, best of {samples} samples{threads_note}")
 
 
 def measure_ceilings(device: torch.device | str, dtype: torch.dtype, host_samples: int = 10) -> Ceilings:
-    """The copy bandwidth (bytes read + written) and matmul rate of `device`: the ceilings of `roofline_floor`.
+    """The copy bandwidth (bytes read + written) and matmul rates of `device`: the ceilings of `roofline_floor`.
 
-    CUDA: a 2 GiB device-to-device copy and an 8192^3 matmul in `dtype`, timed with CUDA events,
-    median of 23 samples after dropping the first 3; the SM clock is sampled while the matmul runs.
-    CPU and XPU: a 256 MiB copy and a 2048^3 (XPU: 8192^3) matmul timed by the wall clock, the best
-    of `host_samples` samples (ceilings are peaks); on the CPU the best of one thread and the
-    configured thread count (on small shared machines one thread often copies faster than two).
+    CUDA: a 2 GiB device-to-device copy and 8192^3 matmuls in `dtype` (the layer dtype) and in fp8
+    (torch._scaled_mm; left out, and said in `method`, where the GPU has none), timed with CUDA
+    events, median of 23 samples after dropping the first 3; the SM clock is sampled while the
+    matmuls run. CPU and XPU: a 256 MiB copy and a 2048^3 (XPU: 8192^3) matmul in `dtype` timed by
+    the wall clock, the best of `host_samples` samples (ceilings are peaks); on the CPU the best of
+    one thread and the configured thread count (on small shared machines one thread often copies
+    faster than two).
     """
     device = torch.device(device)
     if device.type == "cuda":
         return _measure_cuda_ceilings(device, dtype)
     return _measure_host_timed_ceilings(device, dtype, host_samples)
 
+
+# The quick ceilings, measured at the run's start and again after every cell: a copy large enough to
+# stream past the caches (a GPU's L2, a CPU's L3) and a matmul of the layer dtype at the configured
+# threads (on a shared CPU, descheduled threads slow parallel regions more than copies), each costing
+# milliseconds.
+QUICK_COPY_BYTES = {"cuda": 256 << 20, "host": 64 << 20}
+QUICK_MATMUL_SIZE = {"cuda": 4096, "host": 512}
+QUICK_SAMPLES_HOST = 5
+# A cell whose quick ceilings moved further than this from the run's start is flagged: its time and
+# floor fraction were measured on a machine slower (or faster) than the one the ceilings saw.
+RECHECK_TOLERANCE = 0.2
+
+
+@dataclass(frozen=True)
+class QuickCeilings:
+    copy_bytes_per_s: float
+    matmul_flop_per_s: float  # in the layer dtype
+
+
+def quick_ceilings(device: torch.device | str, dtype: torch.dtype) -> QuickCeilings:
+    """A quick copy and matmul (CUDA: a 256 MiB copy and a 4096^3 matmul, CUDA events, median of 23
+    after the first 3; elsewhere a 64 MiB copy and a 512^3 matmul, wall clock, median of 5): taken
+    before and after each cell, they say whether the machine's speed moved while it was timed (other
+    processes' load), which a cell whose samples are all slow alike cannot show by its spread."""
+    device = torch.device(device)
+    kind = "cuda" if device.type == "cuda" else "host"
+    nbytes, n = QUICK_COPY_BYTES[kind], QUICK_MATMUL_SIZE[kind]
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    matmul = _matmul(n, dtype, device)
+    if kind == "cuda":
+        copy_s, matmul_s = _cuda_median_seconds(lambda: dst.copy_(src)), _cuda_median_seconds(matmul)
+    else:
+        copy_s = statistics.median(_time(lambda: dst.copy_(src), device, 1, QUICK_SAMPLES_HOST))
+        matmul_s = statistics.median(_time(matmul, device, 1, QUICK_SAMPLES_HOST))
+    return QuickCeilings(2 * nbytes / copy_s, 2 * n**3 / matmul_s)
+
+
+# ---- the floor --------------------------------------------------------------------------------------
 
 _SCALE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "e8m0": 1}
 
@@ -145,21 +247,35 @@ def weight_bytes_per_param(config: MoEConfig, quant: MoEQuantConfig) -> float:
     return expert_weight_bytes(config, quant) / ((R + N) * K)
 
 
-def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
-    """Experts that `tokens` tokens touch on average when each picks `top_k` of `num_experts` uniformly."""
-    return num_experts * (1 - (1 - top_k / num_experts) ** tokens)
+
+def routed_work(config: MoEConfig, router_logits: Iterable[torch.Tensor],
+                correction_bias: torch.Tensor | None = None) -> RoutedWork:
+    """The work of calls over `router_logits` (one [M, E] tensor per input set timed): the distinct
+    experts of this rank that the reference router (`route_torch`) selects and the (token, expert)
+    pairs sent to them, each the fewest over the sets, so that the floor holds for every call."""
+    local = None
+    if config.parallel.use_ep:
+        local = torch.tensor(config.parallel.local_experts(config.num_experts))
+    experts, pairs = [], []
+    for logits in router_logits:
+        ids = route_torch(logits, config.routing, config.top_k, correction_bias)[1].flatten().long().cpu()
+        if local is not None:
+            ids = ids[torch.isin(ids, local)]
+        experts.append(int(ids.unique().numel()))
+        pairs.append(int(ids.numel()))
+    if not experts:
+        raise ValueError("routed_work: no router logits given")
+    return RoutedWork(min(experts), min(pairs))
 
 
-def roofline_floor(config: MoEConfig, quant: MoEQuantConfig, tokens: int, ceilings: Ceilings) -> Floor:
-    """The least time one layer call of `tokens` tokens can take under `ceilings`: reading the weights
-    of the experts it touches (`expected_distinct_experts`, at `expert_weight_bytes` each) or the
-    GEMMs' 2 * M * top_k * (R + N) * K flops, whichever takes longer."""
+def roofline_floor(config: MoEConfig, quant: MoEQuantConfig, work: RoutedWork, ceilings: Ceilings) -> Floor:
+    """The least time one layer call doing `work` can take under `ceilings`: reading the weights of
+    the experts it selects (`expert_weight_bytes` each) or the GEMMs' 2 * pairs * (R + N) * K flops
+    at the rate of the scheme's compute type (`compute_dtype`), whichever takes longer."""
     R, K, N = config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
-    # Under expert parallelism only the local share of the touched experts is read here.
-    local_share = config.num_local_experts / config.num_experts
-    distinct = local_share * expected_distinct_experts(config.num_experts, config.top_k, tokens)
     per_expert = expert_weight_bytes(config, quant)
-    memory_s = distinct * per_expert / ceilings.copy_bytes_per_s
-    compute_s = 2 * tokens * config.top_k * (R + N) * K / ceilings.matmul_flop_per_s
+    memory_s = work.experts * per_expert / ceilings.copy_bytes_per_s
+    matmul_dtype, rate = ceilings.matmul_rate(compute_dtype(config, quant))
+    compute_s = 2 * work.pairs * (R + N) * K / rate
     return Floor(max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute", memory_s, compute_s,
-                 distinct, per_expert)
+                 work.experts, per_expert, matmul_dtype)
