@@ -5,7 +5,10 @@ and for MXFP4 the int4 layer of the same run and the matmul_ogs peer.
 
 RESULTS_DIR is the unpacked results.tar.gz (bench/*/bench-*.json, peers/*/peer_matmul_ogs.json).
 Writes OUT_DIR/cells.json (one row per cell and backend, the fields the tables use) and prints the
-markdown tables: all cells; MXFP4 against int4 (issue 47's 1.1x target) and its peers.
+markdown tables: all cells; MXFP4 against int4 (issue 47's 1.1x target) and its peers; then the
+cells whose numbers cannot stand: above `moe_core.bench.IMPOSSIBLE_FRACTION` of their floor, or
+timed while the machine's quick ceilings moved more than `RECHECK_TOLERANCE` (files written since
+`moe bench` records the re-check).
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import glob
 import json
 from pathlib import Path
 
+from moe_core.bench import IMPOSSIBLE_FRACTION, RECHECK_TOLERANCE
+
 PRESETS = ("deepseek-v3", "gpt-oss-120b", "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b")
-FIELDS = ("preset", "scheme", "tokens", "backend", "time_ms", "floor_fraction", "rel_diff", "compared_with")
+FIELDS = ("preset", "scheme", "tokens", "backend", "time_ms", "floor_fraction", "distinct_experts", "rel_diff",
+          "compared_with", "copy_recheck", "matmul_recheck")
 
 
 def load(results: Path) -> tuple[list[dict], dict, dict]:
@@ -59,6 +65,7 @@ def main() -> int:
         tri_text = f"{tri['time_ms'] * 1e3:.1f} ({tri['floor_fraction']:.2f})" if tri else "-"
         vendor_text = ", ".join(f"{b} {r['time_ms'] * 1e3:.1f}" for b, r in sorted(vendors.items())) or "-"
         print(f"| {preset} | {scheme} | {m} | {tri_text} | {vendor_text} | {fastest} | {ratio} | {diff:.1e} |")
+    suspect(rows)
     if not peer:
         return 0
     print("\n| preset | M | int4 us | MXFP4 us (floor frac) | MXFP4 / int4 | Marlin MXFP4 us | matmul_ogs us "
@@ -77,6 +84,22 @@ def main() -> int:
                   f"| {marlin} | {ogs['us']:.1f} | {min(peers) / t:.2f} |" if ogs else
                   f"| {preset} | {m} | {i4_text} | {t * 1e3:.1f} | {over} | {marlin} | - | - |")
     return 0
+
+
+def suspect(rows: list[dict]) -> None:
+    """The cells no ranking or record should rest on."""
+    above = [r for r in rows if r["floor_fraction"] > IMPOSSIBLE_FRACTION]
+    moved = [r for r in rows if r["copy_recheck"] is not None
+             and max(abs(r["copy_recheck"] - 1), abs(r["matmul_recheck"] - 1)) > RECHECK_TOLERANCE]
+
+    def name(r: dict) -> str:
+        return f"{r['preset']} {r['scheme']} {r['backend']} M={r['tokens']}"
+
+    print(f"\nAbove {IMPOSSIBLE_FRACTION} of the floor (impossible: the floor or the timing is wrong): "
+          + (", ".join(f"{name(r)} ({r['floor_fraction']:.2f})" for r in above) or "none"))
+    print(f"Timed while the quick ceilings moved more than {RECHECK_TOLERANCE:.0%}: "
+          + (", ".join(f"{name(r)} (copy {r['copy_recheck']:.2f}x, matmul {r['matmul_recheck']:.2f}x)"
+                       for r in moved) or "none"))
 
 
 if __name__ == "__main__":
