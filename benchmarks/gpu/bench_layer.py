@@ -6,13 +6,13 @@ it, `moe_core.FusedMoE` on the triton backend (its experts class's router, align
 activation, GEMM2, top-k reduce), captured in CUDA graphs (8 rotating input sets, 2 above 512
 tokens), timed by moe_core.bench.time_cuda_layer (L2 flushed before every replay; median). Ceilings are
 measured in the same run (`moe_core.bench.measure_ceilings`): device-to-device copy bandwidth
-(bytes read + written) and the 8192^3 bf16 and fp8 matmul rates. floor = `moe_core.bench.roofline_floor`,
-the one `moe bench` uses: max(distinct experts the timed inputs' routing selects x weight bytes per
-expert with their scales / bandwidth, 2*M*topk*3*N*K / the matmul rate of the scheme's compute type:
-fp8 for fp8 W8A8, bf16 otherwise). The SM clock is
-sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell are timed: the
-heaviest layers reach the board's power limit within their timing window and run below the
-clock of the ceiling's short synchronized matmuls.
+(bytes read + written), a plain read of the same bytes, and the 8192^3 bf16 and fp8 matmul rates.
+floor = `moe_core.bench.roofline_floor`, the one `moe bench` uses: max(distinct experts the timed
+inputs' routing selects x weight bytes per expert with their scales / the faster of copy and read,
+2*M*topk*3*N*K / the matmul rate of the scheme's compute type: fp8 for fp8 W8A8, bf16 otherwise).
+The SM clock is sampled (NVML, where pynvml is installed) while the matmul ceiling and each cell
+are timed: the heaviest layers reach the board's power limit within their timing window and run
+below the clock of the ceiling's short synchronized matmuls.
 
     python benchmarks/gpu/bench_layer.py --out DIR [--preset ...] [--m ...] [--dtypes bf16 int4 mxfp4]
 
@@ -76,8 +76,9 @@ def run(args) -> dict:
     anchors = json.loads(anchor_file.read_text())["tables"] if "H100" in info.name or "H200" in info.name else {}
     ceilings = measure_ceilings(dev, torch.bfloat16)
     rates = ", ".join(f"{t} {r / 1e12:.0f}" for t, r in ceilings.matmul_flop_per_s.items())
-    print(f"device {info.name}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, "
-          f"matmul {rates} TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}", flush=True)
+    print(f"device {info.name}: copy {ceilings.copy_bytes_per_s / 1e12:.2f} TB/s, read "
+          f"{ceilings.read_bytes_per_s / 1e12:.2f} TB/s, matmul {rates} TFLOP/s at {mhz(ceilings.matmul_sm_clock_mhz)}",
+          flush=True)
     cells = []
     for name in args.preset:
         preset = get_preset(name)
@@ -145,7 +146,8 @@ def write_markdown(result: dict, path: Path) -> None:
     c = result["ceilings"]
     lines = [f"# moe-triton whole-layer benchmark on {result['device']}", "",
              f"torch {result['torch']}, triton {result['triton']}, started {result['started']}.", "",
-             f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), "
+             f"Ceilings measured in this run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s (read+write), plain read "
+             f"{c['read_bytes_per_s'] / 1e12:.2f} TB/s (the floor takes the faster), "
              "8192^3 matmuls " + ", ".join(f"{t} {r / 1e12:.0f}" for t, r in c["matmul_flop_per_s"].items())
              + f" TFLOP/s (median SM clock while they ran: {mhz(c.get('matmul_sm_clock_mhz'))}).", "",
              result["protocol"], "",

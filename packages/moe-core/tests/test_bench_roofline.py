@@ -94,6 +94,22 @@ def test_floor_is_memory_bound_for_one_token():
     assert floor.bound == "memory" and floor.seconds == floor.memory_s
 
 
+def test_the_memory_floor_reads_at_the_faster_of_copy_and_read():
+    """A layer only reads its weights: where a plain read outruns a copy (CUDA measures both), the
+    floor takes the read's bandwidth."""
+    import dataclasses
+
+    tiny = get_preset("tiny").config
+    work, per_expert = bench.RoutedWork(2, 2), (256 + 128) * 256 * 2
+    copy_only = _ceilings(1e12, 1e15)
+    faster_read = dataclasses.replace(copy_only, read_bytes_per_s=1.25e12)
+    slower_read = dataclasses.replace(copy_only, read_bytes_per_s=0.5e12)
+    assert bench.roofline_floor(tiny, unquantized(), work, copy_only).memory_s == pytest.approx(2 * per_expert / 1e12)
+    assert bench.roofline_floor(tiny, unquantized(), work, faster_read).memory_s == \
+        pytest.approx(2 * per_expert / 1.25e12)
+    assert bench.roofline_floor(tiny, unquantized(), work, slower_read).memory_s == pytest.approx(2 * per_expert / 1e12)
+
+
 def test_floor_is_compute_bound_for_many_tokens():
     tiny = get_preset("tiny").config
     floor = bench.roofline_floor(tiny, unquantized(), bench.RoutedWork(8, 4096 * 2), _ceilings(1e12, 1e12))
@@ -159,7 +175,7 @@ def test_the_fp8_ceiling_matmul_runs_scaled_mm_as_cuda_would():
 def test_cpu_ceilings_are_positive_and_say_how_they_were_measured():
     c = bench.measure_ceilings("cpu", torch.bfloat16, host_samples=2)
     assert c.copy_bytes_per_s > 0 and list(c.matmul_flop_per_s) == ["bfloat16"] and c.matmul_flop_per_s["bfloat16"] > 0
-    assert c.matmul_dtype == "bfloat16" and c.matmul_sm_clock_mhz is None
+    assert c.matmul_dtype == "bfloat16" and c.matmul_sm_clock_mhz is None and c.read_bytes_per_s is None
     assert c.copy_bytes == 256 << 20 and c.matmul_size == 2048 and "best of 2" in c.method
 
 

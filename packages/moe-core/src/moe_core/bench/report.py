@@ -40,8 +40,9 @@ def format_report(title: str, ceilings: Ceilings, rows: list[Row], refused: list
     """The run's results as printed on stdout: the machine, the ceilings, the table, what its marks
     mean where they appear, and what was refused."""
     rates = ", ".join(f"{name} {rate / 1e9:.1f}" for name, rate in ceilings.matmul_flop_per_s.items())
-    lines = [title, f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write), matmul {rates} GFLOP/s",
-             ""]
+    read = f", read {ceilings.read_bytes_per_s / 1e9:.1f} GB/s" if ceilings.read_bytes_per_s else ""
+    lines = [title, f"ceilings: copy {ceilings.copy_bytes_per_s / 1e9:.1f} GB/s (read+write){read}, matmul {rates} "
+                    "GFLOP/s", ""]
     if rows:
         lines += format_table(rows)
         lines.append("")

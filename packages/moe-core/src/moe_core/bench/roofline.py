@@ -1,7 +1,7 @@
 """The machine's ceilings and the roofline floor of a layer call: the one definition `moe bench`,
 benchmarks/gpu and the docs use.
 
-    floor = max(distinct experts * weight bytes per expert / copy bandwidth,
+    floor = max(distinct experts * weight bytes per expert / memory bandwidth,
                 2 * routed pairs * (R + N) * K / matmul rate of the scheme's compute type)
 
 - distinct experts: the experts the timed calls' routing really selects (`routed_work`: the
@@ -10,8 +10,9 @@ benchmarks/gpu and the docs use.
 - weight bytes per expert: the scheme as stored, codes plus scales, zero points and act-order
   indices (`expert_weight_bytes`);
 - routed pairs: tokens x top_k (under expert parallelism, the pairs sent to this rank's experts);
-- the ceilings (`measure_ceilings`), measured in the same run: the copy bandwidth (bytes read +
-  written of a large copy) and large-matmul rates. On CUDA the rate of each compute type a scheme
+- the ceilings (`measure_ceilings`), measured in the same run: the bandwidth (bytes read + written
+  of a large copy; on CUDA the faster of that and a plain read of the same bytes, since a layer only
+  reads its weights) and large-matmul rates. On CUDA the rate of each compute type a scheme
   uses (`compute_dtype`): the layer dtype for 16-bit and weight-only schemes, which multiply in it,
   fp8 for fp8 W8A8; on the CPU and XPU the layer dtype's rate serves every scheme.
 
@@ -32,8 +33,7 @@ from moe_core.config import MoEConfig
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.routing import route_torch
 
-# floor / time above this is impossible: the 2% allow for the few percent by which a kernel that
-# only reads can outrun a copy, which reads and writes.
+# floor / time above this is impossible; the 2% allow for the ceilings' own run-to-run noise.
 IMPOSSIBLE_FRACTION = 1.02
 
 
@@ -48,6 +48,15 @@ class Ceilings:
     matmul_size: int  # n of the n x n x n matmuls
     matmul_sm_clock_mhz: float | None  # median SM clock while the matmuls ran (CUDA with NVML), else None
     method: str
+    # Bytes per second of a plain read (a sum) of the copied tensor: CUDA only, else None.
+    read_bytes_per_s: float | None = None
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """The memory floor's bandwidth: the faster of the copy and the plain read. A layer only reads
+        its weights, and a GPU may read faster than it copies (an H200 ran mixtral-8x7b at 32 tokens,
+        which reads all 8 experts, at 1.03 of a copy-based floor)."""
+        return max(self.copy_bytes_per_s, self.read_bytes_per_s or 0.0)
 
     def matmul_rate(self, dtype: torch.dtype) -> tuple[str, float]:
         """(dtype name, flop/s) of GEMMs with `dtype` operands: its own measured rate, else the layer
@@ -109,14 +118,16 @@ def _matmul(n: int, dtype: torch.dtype, device: torch.device) -> Callable[[], to
     return lambda: a @ b
 
 
-def _cuda_copy_seconds(device: torch.device) -> float:
+def _cuda_stream_seconds(device: torch.device) -> tuple[float, float]:
+    """Seconds of a device-to-device copy of CUDA_COPY_BYTES and of a plain read of them (a sum)."""
     src = torch.ones(CUDA_COPY_BYTES, device=device, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    return _cuda_median_seconds(lambda: dst.copy_(src))
+    values = src.view(torch.float32)
+    return _cuda_median_seconds(lambda: dst.copy_(src)), _cuda_median_seconds(values.sum)
 
 
 def _measure_cuda_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
-    copy_s = _cuda_copy_seconds(device)
+    copy_s, read_s = _cuda_stream_seconds(device)
     n, fp8, note = CUDA_MATMUL_SIZE, torch.float8_e4m3fn, ""
     with SmClockSampler(device) as clock:
         rates = {_dtype_name(dtype): 2 * n**3 / _cuda_median_seconds(_matmul(n, dtype, device))}
@@ -130,7 +141,7 @@ def _measure_cuda_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings
                     matmul_dtype=_dtype_name(dtype), copy_bytes=CUDA_COPY_BYTES, matmul_size=n,
                     matmul_sm_clock_mhz=clock.median,
                     method=f"CUDA events, median of {CUDA_SAMPLES} samples after dropping the first {CUDA_DROPPED}"
-                           + note)
+                           + note, read_bytes_per_s=CUDA_COPY_BYTES / read_s)
 
 
 def _measure_host_timed_ceilings(device: torch.device, dtype: torch.dtype, samples: int) -> Ceilings:
@@ -157,7 +168,8 @@ def _measure_host_timed_ceilings(device: torch.device, dtype: torch.dtype, sampl
 def measure_ceilings(device: torch.device | str, dtype: torch.dtype, host_samples: int = 10) -> Ceilings:
     """The copy bandwidth (bytes read + written) and matmul rates of `device`: the ceilings of `roofline_floor`.
 
-    CUDA: a 2 GiB device-to-device copy and 8192^3 matmuls in `dtype` (the layer dtype) and in fp8
+    CUDA: a 2 GiB device-to-device copy and a plain read (a sum) of the same bytes, and 8192^3
+    matmuls in `dtype` (the layer dtype) and in fp8
     (torch._scaled_mm; left out, and said in `method`, where the GPU has none), timed with CUDA
     events, median of 23 samples after dropping the first 3; the SM clock is sampled while the
     matmuls run. CPU and XPU: a 256 MiB copy and a 2048^3 (XPU: 8192^3) matmul in `dtype` timed by
@@ -274,7 +286,7 @@ def roofline_floor(config: MoEConfig, quant: MoEQuantConfig, work: RoutedWork, c
     at the rate of the scheme's compute type (`compute_dtype`), whichever takes longer."""
     R, K, N = config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
     per_expert = expert_weight_bytes(config, quant)
-    memory_s = work.experts * per_expert / ceilings.copy_bytes_per_s
+    memory_s = work.experts * per_expert / ceilings.memory_bytes_per_s
     matmul_dtype, rate = ceilings.matmul_rate(compute_dtype(config, quant))
     compute_s = 2 * work.pairs * (R + N) * K / rate
     return Floor(max(memory_s, compute_s), "memory" if memory_s >= compute_s else "compute", memory_s, compute_s,
