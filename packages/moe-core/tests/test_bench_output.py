@@ -152,7 +152,7 @@ def test_a_machine_that_slows_down_during_a_cell_is_flagged(tmp_path, fast, monk
     assert "tiny: bf16: cpu: 2 tokens: the quick copy and matmul re-measured after it ran at 1.00x and 0.01x" \
         in captured.err
     assert "tiny: bf16: cpu: 1 tokens: the quick" not in captured.err
-    assert "their times are suspect: tiny bf16 cpu M=2 (copy 1.00x, matmul 0.01x)" in captured.out
+    assert "floor fractions are suspect: tiny bf16 cpu M=2 (copy 1.00x, matmul 0.01x)" in captured.out
 
 
 def test_an_interrupted_run_shows_the_points_it_measured(tmp_path, fast, monkeypatch, capsys):

@@ -274,8 +274,9 @@ def _warn_if_suspect(cell: str, row: Row) -> None:
               "its floor): the floor or the timing is wrong")
     if moved(row):
         _note(f"warning: {cell}: the quick copy and matmul re-measured after it ran at {row.copy_recheck:.2f}x and "
-              f"{row.matmul_recheck:.2f}x their speed at the run's start: the machine's speed moved while it was "
-              "timed (other processes?); its time and floor fraction are suspect")
+              f"{row.matmul_recheck:.2f}x their speed at the run's start, when the ceilings were measured: other "
+              "processes' load, then or during the cell, moved the machine's speed; its time and floor fraction are "
+              "suspect")
 
 
 def _unique(values: list) -> list:

@@ -58,8 +58,9 @@ def format_report(title: str, ceilings: Ceilings, rows: list[Row], refused: list
         unsteady = [r for r in rows if moved(r)]
         if unsteady:
             lines.append(f"warning: the quick copy and matmul re-measured after {len(unsteady)} cells ran more than "
-                         f"{RECHECK_TOLERANCE:.0%} away from the run's start (the machine was busy?), their times are "
-                         "suspect: " + ", ".join(f"{r.preset} {r.scheme} {r.backend} M={r.tokens} (copy "
+                         f"{RECHECK_TOLERANCE:.0%} away from their speed at the run's start, when the ceilings were "
+                         "measured (other processes' load, then or during those cells): their times and floor "
+                         "fractions are suspect: " + ", ".join(f"{r.preset} {r.scheme} {r.backend} M={r.tokens} (copy "
                                                  f"{r.copy_recheck:.2f}x, matmul {r.matmul_recheck:.2f}x)"
                                                  for r in unsteady))
     lines += [f"{r['preset']}: {r['scheme'] + ': ' if r['scheme'] else ''}{r['reason']}" for r in refused]
