@@ -75,7 +75,8 @@ class Heartbeat:
             self._say(f"{done}/{total}")
 
     def _beat(self) -> None:
-        while not self._stop.wait(min(1.0, self.interval)):
+        # wake when the next line is due (a line said in between moves that time on)
+        while not self._stop.wait(max(0.0, self.last + self.interval - time.perf_counter())):
             if time.perf_counter() - self.last >= self.interval:
                 self._say("still working" if self.done is None else f"{self.done[0]}/{self.done[1]}, working")
 

@@ -182,13 +182,13 @@ def _layer_from_args(args) -> tuple[MoEConfig, MoEQuantConfig, str]:
     if args.config:
         hf = _read_hf_config(args.config)
         config = moe_config_from_hf(hf, dtype=dtype, parallel=parallel)
-        quant = parse_scheme(args.quant) if args.quant else quant_from_hf(hf)
+        quant = parse_scheme(args.quant) if args.quant is not None else quant_from_hf(hf)
         return config, quant, f"{hf.get('model_type')} ({args.config})"
     preset = get_preset(args.preset)
     cfg = preset.config
     config = MoEConfig(cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size, cfg.activation,
                        cfg.routing, dtype or cfg.dtype, parallel, cfg.has_bias, cfg.max_num_tokens)
-    scheme = args.quant or "unquantized"
+    scheme = "unquantized" if args.quant is None else args.quant  # an empty --quant '' is refused, not defaulted
     if scheme == "int4":  # the group size of the model's published int4 checkpoints
         scheme = f"int4:{preset.int4_group_size}"
     return config, parse_scheme(scheme), preset.name
@@ -226,6 +226,9 @@ def _parallel_from_args(args, config: MoEConfig) -> tuple[MoEConfig, object]:
                 loads = json.load(f)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"--expert-loads {args.expert_loads}: not valid JSON ({exc}); {expected}") from None
+        except OSError as exc:
+            raise ValueError(f"--expert-loads {args.expert_loads}: cannot read it ({exc.strerror or exc}); "
+                             f"{expected}") from None
         if not isinstance(loads, list) or len(loads) != config.num_experts:
             got = f"a list of {len(loads)}" if isinstance(loads, list) else f"a JSON {type(loads).__name__}"
             raise ValueError(f"--expert-loads {args.expert_loads}: {expected}, got {got}")

@@ -26,7 +26,7 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights, WeightProcessor
 
-__all__ = ["UNQUANTIZED", "Capability", "Experts", "SchemeSupport", "Support", "check_expert_ids"]
+__all__ = ["UNQUANTIZED", "Capability", "Experts", "SchemeSupport", "Support", "check_routed_inputs"]
 
 
 @dataclass(frozen=True)
@@ -87,12 +87,27 @@ class SchemeSupport:
         return Support.yes()
 
 
-def check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Refuse routed ids outside [0, num_experts): a kernel would drop them, fail deep inside, or read
-    out of bounds. For kernels on the CPU, where the check costs no device sync."""
-    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
-        bad = topk_ids[(topk_ids < 0) | (topk_ids >= num_experts)]
-        raise ValueError(f"topk_ids hold expert ids outside [0, {num_experts}) (the layer's experts): "
+def check_routed_inputs(hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                        config: MoEConfig) -> None:
+    """`Experts.apply`'s inputs, checked where a kernel would otherwise drop ids outside [0, E), truncate
+    float ids, ignore extra weight columns or fail deep inside: hidden_states [M, K] in the layer dtype,
+    integer topk_ids and float topk_weights both [M, k], every id in [0, num_experts). For kernels on
+    the CPU, where the range check costs no device sync."""
+    K, E = config.hidden_size, config.num_experts
+    if hidden_states.dim() != 2 or hidden_states.shape[1] != K or hidden_states.dtype != config.dtype:
+        raise ValueError(f"hidden_states must be [M, {K}] in the layer dtype {config.dtype}, got "
+                         f"{hidden_states.dtype} {list(hidden_states.shape)}")
+    M = hidden_states.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != M or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"topk_ids and topk_weights must both be [{M}, top_k] for {M} tokens, got "
+                         f"{list(topk_ids.shape)} and {list(topk_weights.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+        raise ValueError(f"topk_ids must hold integer expert ids, got {topk_ids.dtype}")
+    if not topk_weights.dtype.is_floating_point:
+        raise ValueError(f"topk_weights must be floating point, got {topk_weights.dtype}")
+    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= E):
+        bad = topk_ids[(topk_ids < 0) | (topk_ids >= E)]
+        raise ValueError(f"topk_ids hold expert ids outside [0, {E}) (the layer's experts): "
                          f"{sorted(set(bad.tolist()))[:8]}")
 
 

@@ -358,6 +358,8 @@ def parse_scheme(text: str) -> MoEQuantConfig:
     - `fp8-block`: 128x128 weight blocks, activation groups of 128; `mxfp4`; `unquantized`, also
       spelled `bf16`, `fp16` or `none` (the weights are in the layer dtype, whichever it is).
     """
+    if not isinstance(text, str):
+        raise TypeError(f"parse_scheme takes a scheme's name (a str such as 'int4:128'), got {text!r}")
     if text in UNQUANTIZED_NAMES:
         return unquantized()
     head, *rest = text.split(":")

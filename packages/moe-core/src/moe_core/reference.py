@@ -107,7 +107,7 @@ def reference_moe(hidden_states: torch.Tensor, weights: ExpertWeights, config: M
 # ---- the reference as an experts class (never auto-selected; prefer="reference" to debug) ----
 
 from moe_core.backends import REFERENCE_BACKEND, Platform  # noqa: E402
-from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, check_expert_ids  # noqa: E402
+from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, check_routed_inputs  # noqa: E402
 from moe_core.quant import ZeroPoint  # noqa: E402
 from moe_core.weights.processor import PackedWeights  # noqa: E402
 
@@ -145,7 +145,7 @@ class ReferenceExperts(Experts):
 
     def apply(self, hidden_states, topk_weights, topk_ids):
         canonical: ExpertWeights = self._packed()["canonical"]  # type: ignore[assignment]
-        check_expert_ids(topk_ids, self.config.num_experts)
+        check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         out = reference_moe(hidden_states, canonical, self.config, topk_weights, topk_ids, self.quant,
                             self.expert_map)
         return out.to(hidden_states.dtype)

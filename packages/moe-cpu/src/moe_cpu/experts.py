@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from moe_core.backends import Platform
 from moe_core.config import ActivationKind, Feature, MoEConfig
-from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support, check_expert_ids
+from moe_core.experts import UNQUANTIZED, Capability, Experts, SchemeSupport, Support, check_routed_inputs
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, ZeroPoint
 from moe_core.reference import apply_activation, fake_quantize_activation
 from moe_core.weights import ExpertWeights, PackedWeights
@@ -60,7 +60,7 @@ class _CpuExperts(Experts):
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
-        check_expert_ids(topk_ids, self.config.num_experts)
+        check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         return run_experts(hidden_states, topk_weights, topk_ids, self.config.num_local_experts,
                            self.expert_map, self.config.routing.weight_on_input,
                            lambda name, expert, x: self._gemm(packed, name, expert, x), self._activate)

@@ -18,14 +18,18 @@ class CheckpointError(ValueError):
     """A checkpoint that does not hold what its format requires (missing, mis-shaped or mistyped)."""
 
 
-def expert_ids(num_experts: int, experts: Sequence[int] | None) -> list[int]:
-    """The expert ids to read, validated: all of them by default, else the given distinct ids in order."""
+def expert_ids(num_experts: int, experts: Sequence[int] | None) -> Sequence[int]:
+    """The expert ids to read, validated: all of them by default, else the given distinct ids in order.
+
+    All of them is a lazy range: a config.json claiming 10**12 experts then fails on the first expert
+    the checkpoint lacks, rather than on building a list of 10**12 ids (MemoryError, no message)."""
     if not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts={num_experts!r} is invalid: expected a positive int")
+    if experts is None or (isinstance(experts, range) and experts == range(num_experts)):
+        return range(num_experts)
     invalid = ValueError(f"experts={experts!r} is invalid: expected distinct ids in [0, {num_experts}), each an int")
     try:  # integers only: int() would truncate 1.5 or parse "1"
-        ids = list(range(num_experts)) if experts is None else [
-            operator.index(e) if not isinstance(e, bool) else None for e in experts]
+        ids = [operator.index(e) if not isinstance(e, bool) else None for e in experts]
     except TypeError:
         raise invalid from None
     if not ids or None in ids or any(not 0 <= e < num_experts for e in ids) or len(set(ids)) != len(ids):

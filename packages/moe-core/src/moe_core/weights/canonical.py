@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import logging
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -236,6 +237,9 @@ class ExpertWeights:
         Unquantized keys cast to `dtype`. For act-order keys `g_idx` gives (w13 [E, K] or per half
         [E, 2, K], w2 [E, N]).
         """
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"from_float: dtype={dtype!r} is invalid: expected the float dtype of unquantized weights "
+                             "(torch.bfloat16, torch.float16 or torch.float32)")
         for name, w in (("w13", w13), ("w2", w2)):
             if not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.dtype.is_floating_point:
                 got = f"{w.dtype} {list(w.shape)}" if isinstance(w, torch.Tensor) else type(w).__name__
@@ -254,6 +258,14 @@ class ExpertWeights:
             gi = g_idx[i] if (key.act_order and g_idx is not None) else None
             if key.act_order and gi is None:
                 raise ValueError("from_float: act-order keys need g_idx=(w13_g_idx [E, K], w2_g_idx [E, N])")
+            E, cols = w.shape[0], w.shape[2]
+            shapes = [(E, cols), (E, 2, cols)] if name == "w13" else [(E, cols)]
+            if gi is not None and (not isinstance(gi, torch.Tensor) or tuple(gi.shape) not in shapes
+                                   or gi.dtype.is_floating_point):
+                got = f"{gi.dtype} {list(gi.shape)}" if isinstance(gi, torch.Tensor) else type(gi).__name__
+                raise ValueError(f"from_float: {name}_g_idx must be an integer tensor of shape "
+                                 f"{' or '.join(str(list(s)) for s in shapes)} (one group per input channel), "
+                                 f"got {got}")
             if name == "w13" and gi is not None and gi.dim() == 3:  # each half quantized by its own grouping
                 halves = [quantize_expert_tensor(part, key, gi[:, h]) for h, part in enumerate(w.chunk(2, dim=1))]
                 codes, scale, zero = (None if parts[0] is None else torch.cat(parts, 1) for parts in zip(*halves))
@@ -274,6 +286,19 @@ class ExpertWeights:
         drawn and quantized, and live (a GPU draws a real-shape layer in a fraction of the CPU's
         time); one seed draws other weights on another kind of device.
         """
+        if not isinstance(config, MoEConfig):
+            raise TypeError(f"ExpertWeights.random: config must be a MoEConfig, got {type(config).__name__}")
+        if not isinstance(quant, MoEQuantConfig):
+            raise TypeError(f"ExpertWeights.random: quant must be a MoEQuantConfig (moe_core.quant's factories; "
+                            f"unquantized() for float weights), got {quant!r}")
+        # torch.Generator takes 64-bit seeds; past that, or a float, it failed with torch's own message
+        try:
+            index = operator.index(seed) if not isinstance(seed, bool) else None
+        except TypeError:
+            index = None
+        if index is None or not -(2**63) <= index < 2**64:
+            raise ValueError(f"ExpertWeights.random: seed={seed!r} is invalid: expected an int in [-2**63, 2**64)")
+        seed = index
         E, R, K, N = config.num_local_experts, config.w13_rows, config.hidden_size, config.intermediate_size_per_partition
         if torch.device(device).type == "meta":
             raise ValueError("ExpertWeights.random: device='meta' holds no values; draw them on the CPU or an "
@@ -308,6 +333,9 @@ class ExpertWeights:
         """Concatenate per-expert (or per-shard) weights along the expert dimension."""
         if not parts:
             raise ValueError("ExpertWeights.stack: no parts")
+        if not all(isinstance(p, ExpertWeights) for p in parts):
+            kinds = sorted({type(p).__name__ for p in parts if not isinstance(p, ExpertWeights)})
+            raise TypeError(f"ExpertWeights.stack takes a list of ExpertWeights, got {', '.join(kinds)}")
         key = parts[0].key
         if any(p.key != key for p in parts):
             raise ValueError("ExpertWeights.stack: parts have different quantization keys")
@@ -383,6 +411,9 @@ def quantize_expert_tensor(w: torch.Tensor, key: QuantKey, g_idx: torch.Tensor |
 
     Used for tests, benchmarks and random weights; real checkpoints come through the readers.
     """
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"quantize_expert_tensor: w must be [experts, rows, cols], got {got}")
     w = w.float()
     E, rows, cols = w.shape
     spec = key.scale

@@ -190,7 +190,8 @@ def load_layer(model_dir: str | Path, layer_index: int, *, experts: Sequence[int
 
     experts: expert ids to keep, in order (expert parallelism); default all.
     dtype: cast unquantized expert weights (and router tensors) to this dtype; default as stored.
-    Raises CheckpointError for missing or mis-shaped tensors and ValueError for unsupported formats.
+    Raises CheckpointError (a ValueError) naming the file for missing or mis-shaped tensors and for a
+    config.json it cannot read or whose format it does not support.
     Logs the step at INFO on the "moe_core" logger (see `moe_core._progress`).
     """
     with logged_step(_log, f"reading MoE layer {layer_index} from {model_dir}"):
@@ -339,8 +340,8 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
         return "mxfp4", gpt_oss_mxfp4_experts(source, prefix, num_experts, ids)
     if method == "fp8":
         return "fp8", block_fp8_experts(source, prefix, num_experts, parsed(BlockFP8Format.from_config), ids)
-    raise ValueError(f"quantization_config.quant_method={method!r} is not supported: expected none or one of "
-                     f"{', '.join(SUPPORTED_QUANT_METHODS)}")
+    raise CheckpointError(f"{config_path}: quantization_config.quant_method={method!r} is not supported: expected "
+                          f"none or one of {', '.join(SUPPORTED_QUANT_METHODS)} (as written, lower case)")
 
 
 def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: str, num_experts: int) -> None:
@@ -363,14 +364,17 @@ def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: 
 
 
 def _optional(source: TensorSource, keys: Sequence[str], dtype: torch.dtype | None) -> torch.Tensor | None:
-    """The first of `keys` present (router and bias tensors), which must be floating point: an integer
-    router weight would route by truncated values, or fail at the first matmul with the inputs."""
+    """The first of `keys` present (router and bias tensors), which must be floating point and finite:
+    an integer router weight would route by truncated values, or fail at the first matmul."""
     for key in keys:
         if key in source:
             t = source.get(key)
             if not t.dtype.is_floating_point:
                 raise CheckpointError(f"{source.what}: tensor {key!r} has dtype {str(t.dtype).removeprefix('torch.')}"
                                       ", expected a floating-point dtype (bfloat16, float16 or float32)")
+            if not bool(torch.isfinite(t).all()):  # NaN logits would route every token to garbage
+                raise CheckpointError(f"{source.what}: tensor {key!r} holds NaN or Inf values; router weights and "
+                                      "biases must be finite")
             return t.to(dtype) if dtype is not None else t
     return None
 

@@ -75,6 +75,10 @@ def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[st
     if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
         raise ValueError(f"compressed-tensors quantization_config.config_groups={groups!r} is invalid: expected an "
                          'object of named groups, e.g. {"group_0": {"targets": ["Linear"], "weights": {...}}}')
+    missing = [name for name, group in groups.items() if "targets" not in group]
+    if missing:  # compressed-tensors requires them; without, a group would silently quantize nothing
+        raise ValueError(f"compressed-tensors quantization_config.config_groups.{missing[0]} has no 'targets': "
+                         'expected a list of module names or "re:" patterns, e.g. ["Linear"]')
     targets = {name: _strings(group.get("targets"), f"config_groups.{name}.targets") for name, group in groups.items()}
     found: dict[str, tuple[str, Mapping] | None] = {}
     for module in modules:

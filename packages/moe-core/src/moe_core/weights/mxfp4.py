@@ -40,7 +40,7 @@ def gpt_oss_mxfp4_experts(source: TensorSource, prefix: str, num_experts: int,
                           experts: Sequence[int] | None = None) -> ExpertWeights:
     """Read a gpt-oss MXFP4 experts module; `experts` selects expert ids (default all)."""
     E = num_experts
-    sel = torch.tensor(expert_ids(E, experts))
+    ids = expert_ids(E, experts)
     k = {name: join_key(prefix, name) for name in (
         "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
         "down_proj_blocks", "down_proj_scales", "down_proj_bias")}
@@ -61,6 +61,8 @@ def gpt_oss_mxfp4_experts(source: TensorSource, prefix: str, num_experts: int,
     if gu_bias.dtype != down_bias.dtype:
         raise CheckpointError(f"{source.what}: {k['gate_up_proj_bias']!r} is {gu_bias.dtype} but "
                               f"{k['down_proj_bias']!r} is {down_bias.dtype}; expected one dtype")
+
+    sel = torch.tensor(ids)  # after the shape checks: E is then the experts the tensors hold
 
     def pick(t: torch.Tensor) -> torch.Tensor:
         return t.index_select(0, sel)
