@@ -86,6 +86,10 @@ _BAD_CONFIGS = [
                  r"config_groups.group_0.weights.group_size=None is invalid: expected a positive int with "
                  "strategy 'group'", id="ct-group-null"),
     pytest.param(_ct({"group_size": 0}), "group_size=0 is invalid", id="ct-group-zero"),
+    pytest.param({**_ct(), "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group"}}}},
+                 "config_groups.group_0.weights.group_size=None is invalid: expected a positive int with strategy "
+                 "'group'", id="ct-group-absent"),
     pytest.param({**_ct(), "config_groups": [{"targets": ["Linear"]}]},
                  r"config_groups=\[.*\] is invalid: expected an object of named groups", id="ct-groups-list"),
     pytest.param(_ct(targets=["re:model.layers.(0"]),
