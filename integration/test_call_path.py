@@ -255,3 +255,20 @@ def test_fused_model_compiles_and_replays_on_gpu():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(ids).logits, eager[0], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.device("cuda")
+@torch.no_grad()
+def test_graphs_capture_again_after_every_earlier_graph_is_gone(caplog):
+    """A graph memory pool dies with its last graph; the next capture must not reuse it."""
+    import gc
+
+    for seed in range(2):
+        layer = _gpu_layer("triton-bf16", seed=seed)
+        x, logits = _inputs(layer.config, 4, "cuda", seed=seed)
+        for _ in range(3):
+            layer(x, logits)
+        assert len(layer._graphs) == 1
+        del layer
+        gc.collect()
+    assert "capturing them in a CUDA graph failed" not in caplog.text

@@ -3,7 +3,8 @@
 One process per (model, experts, mode), so each starts from a fresh GPU and a crash of one cannot hide
 another's numbers. experts: `transformers` (its default experts implementation) or a scheme that
 `fuse()` runs on the triton backend (bf16, int4, int8, fp8-block, fp8-channel, mxfp4). mode: `eager`
-(`generate` as it is), or `compiled` (static cache + `torch.compile(model.forward, mode="reduce-overhead")`).
+(`generate` as it is), or `compiled` (static cache + `torch.compile(model.forward, mode=--compile-mode)`,
+"reduce-overhead" by default: inductor's CUDA graphs).
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
@@ -56,6 +57,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the real model's)")
     parser.add_argument("--new", type=int, default=16, help="decode steps timed")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="decode batch sizes")
+    parser.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of --mode compiled")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,7 +67,9 @@ def main() -> int:
     import transformers
 
     row["transformers"] = transformers.__version__
-    path = args.out / f"e2e-{args.model}-{args.experts}-{args.mode}.json"
+    mode = args.mode if args.mode == "eager" else f"compiled-{args.compile_mode}"
+    row["mode"] = mode
+    path = args.out / f"e2e-{args.model}-{args.experts}-{mode}.json"
 
     def save() -> None:
         path.write_text(json.dumps(row, indent=1))
@@ -92,7 +96,7 @@ def main() -> int:
         row["backend"] = report.layers[0].plan.backend
     if args.mode == "compiled":
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        model.forward = torch.compile(model.forward, mode=args.compile_mode)
     save()
     torch.cuda.reset_peak_memory_stats()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -113,8 +117,8 @@ def main() -> int:
         for batch in args.batches:
             prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
             try:
-                short = _seconds(lambda: _generate(model, prompt, 2), repeats=2)
-                long = _seconds(lambda: _generate(model, prompt, 2 + args.new), repeats=2)
+                short = _seconds(lambda p=prompt: _generate(model, p, 2), repeats=2)
+                long = _seconds(lambda p=prompt: _generate(model, p, 2 + args.new), repeats=2)
             except Exception as exc:  # say how it failed, measure the rest
                 row[f"decode_b{batch}_error"] = f"{type(exc).__name__}: {exc}"[:400]
                 save()

@@ -46,7 +46,8 @@ def hf_config(preset: str, layers: int | None = None):
     if layers is not None:
         values["num_hidden_layers"] = layers
     config = getattr(transformers, cls_name)(**values)
-    config._attn_implementation = "sdpa"
+    # gpt-oss's attention sinks have no sdpa path in transformers: its eager attention.
+    config._attn_implementation = "eager" if config.model_type == "gpt_oss" else "sdpa"
     return config
 
 

@@ -21,22 +21,22 @@ jobs=$OUT/jobs.txt
 add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs"; fi; }
 e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
 # Longest first.
-e2e qwen3-30b-a3b bf16 compiled "--batches 1 64"
-e2e qwen3-30b-a3b transformers compiled "--batches 1 64"
-e2e mixtral-8x7b transformers eager
-e2e mixtral-8x7b bf16 eager
-e2e mixtral-8x7b int4 eager
+add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
+e2e qwen3-30b-a3b bf16 compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
+e2e qwen3-30b-a3b transformers compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
+e2e mixtral-8x7b transformers eager
+e2e mixtral-8x7b bf16 eager
+e2e mixtral-8x7b int4 eager
+add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 e2e qwen3-30b-a3b transformers eager
 for s in bf16 int4 fp8-block mxfp4; do e2e qwen3-30b-a3b $s eager; done
 e2e gpt-oss-20b transformers eager
 e2e gpt-oss-20b bf16 eager
 e2e gpt-oss-20b mxfp4 eager
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
-add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
-add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 cat "$jobs"
 python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
 status=$?

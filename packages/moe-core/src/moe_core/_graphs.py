@@ -23,14 +23,17 @@ would cost a capture for nothing; large calls are GPU-bound), and for a signatur
 failed (logged once, then served eagerly).
 
 Memory: each captured signature keeps static copies of its inputs and its outputs; intermediates come
-from one graph memory pool per device and stream, shared by every graph on it, so they cost the
-largest call's, not the sum. Sharing is safe because graphs on one stream replay one after another
+from a graph memory pool shared by the graphs alive on a device and stream, so they cost the largest
+call's, not the sum (a pool is freed with its last graph; the next capture starts another). Sharing is safe because graphs on one stream replay one after another
 and keep nothing in the pool past their end (their outputs live outside it).
 """
+
+from __future__ import annotations
 
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,17 +62,22 @@ def graphs_enabled(requested: bool | None) -> bool:
     return flag == "1"
 
 
-_pools: dict[tuple[int, int], object] = {}
-_pools_lock = threading.Lock()
+# The graphs captured per (device, stream). A memory pool lives only as long as a graph that uses it,
+# so a new capture shares the pool of a graph still alive, or starts a new one.
+_live_graphs: dict[tuple[int, int], weakref.WeakSet] = {}
+_live_lock = threading.Lock()
 
 
-def _pool(device_index: int, stream: int) -> object:
-    """The graph memory pool of a device and stream."""
-    pool = _pools.get((device_index, stream))
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.setdefault((device_index, stream), torch.cuda.graph_pool_handle())
-    return pool
+def _shared_pool(where: tuple[int, int]) -> object | None:
+    with _live_lock:
+        for graph in _live_graphs.get(where, ()):
+            return graph.graph.pool()
+    return None
+
+
+def _register(where: tuple[int, int], graph: _Graph) -> None:
+    with _live_lock:
+        _live_graphs.setdefault(where, weakref.WeakSet()).add(graph)
 
 
 def _use_count(storage: int) -> int:
@@ -154,15 +162,16 @@ class CallGraphs:
             if graph is None:
                 if len(sig.graphs) >= _RING:  # the caller holds every graph's outputs
                     return self._fn(*tensors)
-                graph = self._capture(sig, tensors, _pool(device, stream))
+                graph = self._capture(sig, tensors, (device, stream))
                 if graph is None:
                     return self._fn(*tensors)
             torch._foreach_copy_(list(sig.inputs), list(tensors))
             graph.graph.replay()
             return graph.result()
 
-    def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], pool: object) -> _Graph | None:
+    def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], where: tuple[int, int]) -> _Graph | None:
         graph = torch.cuda.CUDAGraph()
+        pool = _shared_pool(where)
         try:
             out = self._fn(*sig.inputs)  # its shapes, to allocate the output buffers outside the pool
             single = isinstance(out, torch.Tensor)
@@ -182,4 +191,5 @@ class CallGraphs:
         storages = tuple(b.untyped_storage()._cdata for b in buffers)
         captured = _Graph(graph, buffers, storages, tuple(_use_count(s) for s in storages), single)
         sig.graphs.append(captured)
+        _register(where, captured)
         return captured

@@ -491,9 +491,9 @@ class _PendingBlock:
     """A block described, its layer built and its weights checked, not yet converted."""
 
     name: str
-    block: nn.Module
+    block: nn.Module | None  # dropped once swapped
+    experts: nn.Module | None  # the block's experts module, read again to convert
     moe: FusedMoE
-    weights: ExpertWeights | None  # dropped once converted
     correction_bias: torch.Tensor | None
     output_scale: float
 
@@ -529,16 +529,19 @@ def _prepare_block(model_type: str, name: str, block: nn.Module, desc: BlockDesc
     # The checks load_weights makes, on the float weights (quantizing them must wait for conversion).
     canonical.validate(config, unquantized())
     _refuse_unusable_values(canonical)
-    return _PendingBlock(name, block, moe, canonical, spec.correction_bias, spec.output_scale)
+    # Read again at conversion: where reading copies (transposed layouts), one block's copy at a time.
+    return _PendingBlock(name, block, _module(where, block, desc.experts, "experts module"), moe,
+                         spec.correction_bias, spec.output_scale)
 
 
-def _convert_block(pending: _PendingBlock, desc: BlockDescriptor) -> FusedMoEBlock:
-    moe, canonical = pending.moe, pending.weights
+def _convert_block(model_type: str, pending: _PendingBlock, desc: BlockDescriptor) -> FusedMoEBlock:
+    moe = pending.moe
+    canonical, _ = _canonical_experts(f"{model_type} block {pending.name!r}", pending.experts, desc.experts_layout)
     # Identity for unquantized layers; round-to-nearest quantization when `quant` asks for it.
     weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
                                        canonical.w2_bias, dtype=moe.config.dtype)
+    del canonical
     moe.load_weights(weights, pending.correction_bias)
-    pending.weights = None
     return FusedMoEBlock(moe, desc, pending.block, pending.output_scale)
 
 
@@ -586,13 +589,13 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     fused_layers = []
     for item in pending:
         try:
-            fused = _convert_block(item, desc)
+            fused = _convert_block(model_type, item, desc)
         except Exception as exc:
             done = ", ".join(layer.name for layer in fused_layers) or "none"
             raise RuntimeError(f"fuse: converting {item.name!r} failed after every block was checked ({exc}); "
                                f"blocks already fused: {done}") from exc
         model.set_submodule(item.name, fused)
-        item.block = None
+        item.block = item.experts = None
         fused_layers.append(FusedLayer(item.name, fused.plan))
     refuse_save(model)  # its experts now exist only in kernel layouts: no checkpoint without them
     return FuseReport(model_type, tuple(fused_layers))

@@ -136,14 +136,16 @@ def _fused(source: TensorSource, prefix: str, num_experts: int, ids: list[int], 
                   source.get_float(bias_keys[1], (num_experts, K)))
         found += list(zip(bias_keys, biases))
     out_dtype = _result_dtype(found, dtype, source.what)
-    sel = torch.tensor(ids, device=first.device)  # the tensors may live on an accelerator (fuse on cuda)
-    w13 = first.index_select(0, sel)
-    w2 = down.index_select(0, sel)
+    if ids == list(range(num_experts)):  # every expert in order: views, no copy (fuse() of a large model)
+        w13, w2 = first, down
+        b13, b2 = biases if biases is not None else (None, None)
+    else:
+        sel = torch.tensor(ids, device=first.device)  # the tensors may live on an accelerator (fuse on cuda)
+        w13, w2 = first.index_select(0, sel), down.index_select(0, sel)
+        b13, b2 = (biases[0].index_select(0, sel), biases[1].index_select(0, sel)) if biases is not None \
+            else (None, None)
     if transposed:
         w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
-    b13 = b2 = None
-    if biases is not None:
-        b13, b2 = biases[0].index_select(0, sel), biases[1].index_select(0, sel)
     if interleaved:
         if not gated:
             raise ValueError("interleaved_gate_up=True needs a gated layout (gate_up_proj)")
