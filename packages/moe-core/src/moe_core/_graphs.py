@@ -84,7 +84,7 @@ def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: held in weak sets
 class _Graph:
     graph: torch.cuda.CUDAGraph
     outputs: tuple[torch.Tensor, ...]  # written by the graph's last kernels, outside the pool
