@@ -272,3 +272,15 @@ def test_graphs_capture_again_after_every_earlier_graph_is_gone(caplog):
         del layer
         gc.collect()
     assert "capturing them in a CUDA graph failed" not in caplog.text
+
+
+def test_fuse_of_mixed_dtype_experts_says_how_to_fix_it():
+    from test_transformers_models import build_model
+
+    from moe_core.integrations.transformers import UnsupportedModelError, fuse
+
+    model = build_model("qwen3_moe", torch.float32, seed=0)
+    experts = next(m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts")
+    experts.down_proj.data = experts.down_proj.data.to(torch.float16)
+    with pytest.raises(UnsupportedModelError, match=r"mixed dtypes \(float16, float32\).*model.to\(torch.bfloat16\)"):
+        fuse(model, prefer="cpu")

@@ -136,3 +136,32 @@ def test_explain_reports_mode_and_placement(tmp_path, capsys):
     assert report["mode"] == "replicate" and report["placement"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert main([*argv, "--payload", "bf16"]) == 2
     assert "--payload and --fixed-slots need --parallel all_to_all" in capsys.readouterr().err
+
+
+def test_a_tensor_parallel_layer_returns_a_partial_sum_only_on_request():
+    """tp_size > 1 in one process: the layer's output is one rank's share of the intermediate columns,
+    which it does not reduce; without ep_group='partial' it refuses, with it the shares sum to the whole."""
+    import torch
+
+    from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing
+    from moe_core.config import ParallelConfig
+
+    def config(**parallel) -> MoEConfig:
+        return MoEConfig(num_experts=4, top_k=2, hidden_size=32, intermediate_size=16, dtype=torch.float32,
+                         routing=Routing.softmax_topk(True), parallel=ParallelConfig(**parallel))
+
+    with pytest.raises(ValueError, match=r"tp_size=2: this rank holds 8 of the 16 .*ep_group='partial'"):
+        FusedMoE(config(tp_size=2), prefer="reference")
+    whole = FusedMoE(config(), prefer="reference")
+    weights = ExpertWeights.random(whole.config, whole.quant, seed=3)
+    whole.load_weights(weights)
+    x, logits = torch.randn(5, 32), torch.randn(5, 4)
+    total = torch.zeros(5, 32)
+    for rank in range(2):
+        share = FusedMoE(config(tp_size=2, tp_rank=rank), prefer="reference", ep_group="partial")
+        assert "partial sum" in share.parallel_plan.explain()
+        cols = slice(rank * 8, (rank + 1) * 8)
+        w13 = torch.cat([weights.w13[:, :16][:, cols], weights.w13[:, 16:][:, cols]], 1)
+        share.load_weights(ExpertWeights.from_float(w13, weights.w2[:, :, cols], share.quant, dtype=torch.float32))
+        total += share(x, logits)
+    torch.testing.assert_close(total, whole(x, logits), rtol=1e-5, atol=1e-5)

@@ -279,8 +279,13 @@ def _canonical_experts(where: str, experts: nn.Module, layout: ExpertsLayout) ->
     if not isinstance(first, torch.Tensor) or first.dim() != 3:
         name = "gate_up_proj" if gated else "up_proj"
         raise UnsupportedModelError(f"{where}: experts.{name} is not a 3-D tensor (got {type(first).__name__})")
+    tensors = experts.state_dict()
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values() if t.dtype.is_floating_point})
+    if len(dtypes) > 1:  # the reader's advice (its dtype= argument) is not fuse()'s
+        raise UnsupportedModelError(f"{where}: the experts' tensors have mixed dtypes ({', '.join(dtypes)}); fuse() "
+                                    "runs them in one dtype: cast the model first (e.g. model.to(torch.bfloat16))")
     try:
-        weights = experts_from_state_dict(experts.state_dict(), "", first.shape[0],
+        weights = experts_from_state_dict(tensors, "", first.shape[0],
                                           interleaved_gate_up=interleaved, transposed=transposed)
     except ValueError as exc:
         raise UnsupportedModelError(f"{where}: cannot read the experts' weights: {exc}") from exc

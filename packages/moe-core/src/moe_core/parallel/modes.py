@@ -106,6 +106,18 @@ def resolve_parallel(config: MoEConfig, parallel: object, experts_monolithic: bo
         if parallel is not None:
             raise ValueError(f"FusedMoE(parallel={type(parallel).__name__}(...)) needs expert parallelism: "
                              f"ParallelConfig.ep_size is {p.ep_size}, expected > 1")
+        if p.tp_size > 1:
+            # The layer does not own a tensor-parallel group: its output stays a partial sum, on request only.
+            if ep_group != "partial":
+                raise ValueError(
+                    f"ParallelConfig.tp_size={p.tp_size}: this rank holds {config.intermediate_size_per_partition} of "
+                    f"the {config.intermediate_size} intermediate columns of every expert, so its output is a partial "
+                    "sum that FusedMoE does not reduce; pass ep_group='partial' to take this rank's share and sum "
+                    "the outputs over your tensor-parallel group (e.g. torch.distributed.all_reduce)")
+            return ParallelPlan(None, f"tensor parallel, rank {p.tp_rank} of {p.tp_size}: the layer holds "
+                                      f"{config.intermediate_size_per_partition} of {config.intermediate_size} "
+                                      "intermediate columns of every expert and returns this rank's partial sum "
+                                      "(ep_group='partial'); the caller sums over its tensor-parallel group", None, 0)
         return ParallelPlan(None, "ParallelConfig.ep_size == 1: the layer holds every expert", None, 0)
     placement = p.expert_placement(config.num_experts)
     if isinstance(parallel, AllToAll):
