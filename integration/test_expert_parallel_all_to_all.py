@@ -120,6 +120,25 @@ def _run_replicate_with_placement(rank: int, world: int) -> None:
     torch.testing.assert_close(layer(x, logits), single(x, logits), rtol=1e-5, atol=1e-6)
 
 
+def _run_compiled(rank: int, world: int) -> None:
+    """Both all-to-all forms compile with fullgraph (the exchange is inside the layer's custom op) and
+    give the eager rows."""
+    routing, top_k = ROUTINGS["softmax_topk_renorm"]
+    full = MoEConfig(E, top_k, K, N, routing=routing, dtype=torch.float32)
+    weights = ExpertWeights.random(full, unquantized(), seed=7)
+    config = MoEConfig(E, top_k, K, N, routing=routing, dtype=torch.float32,
+                       parallel=ParallelConfig(ep_size=world, ep_rank=rank))
+    gen = torch.Generator().manual_seed(8 + rank)
+    x, logits = torch.randn(4, K, generator=gen), torch.randn(4, E, generator=gen)
+    for fixed_slots in (True, False):
+        layer = FusedMoE(config, None, "cpu", "reference", parallel=AllToAll(fixed_slots=fixed_slots))
+        layer.load_weights(local_weights(weights, config))
+        eager = layer(x, logits)
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+        torch.testing.assert_close(compiled(x, logits), eager, rtol=0, atol=0)
+
+
 def _rank_main(rank: int, world: int, init_file: str) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores: spinning intra-op threads would starve them
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -127,6 +146,8 @@ def _rank_main(rank: int, world: int, init_file: str) -> None:
         for case in _cases(world):
             _run_case(rank, world, case)
         _run_replicate_with_placement(rank, world)
+        if world == 2:
+            _run_compiled(rank, world)
     finally:
         dist.destroy_process_group()
 
