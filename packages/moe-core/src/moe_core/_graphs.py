@@ -3,7 +3,7 @@
 A layer called eagerly (as `generate` calls it) pays Python, argument binding and one driver launch
 per kernel on every call; on an H200 host that is 200-1000 us where its kernels need 25-450 us, so
 the GPU waits. `CallGraphs` wraps such a call: the second time the same input signature (shapes,
-dtypes, strides, device, stream, and the state the call depends on) arrives it captures the call in
+dtypes, strides, device and stream; the state the call reads unchanged) arrives it captures the call in
 a CUDA graph, and from then on a call is one copy of the inputs into the graph's static buffers (one
 launch for all of them) and one replay; the output is returned without a copy. The replayed kernels
 and their launch shapes are exactly those of the eager call (the same Python ran during capture),
@@ -112,9 +112,10 @@ class CallGraphs:
     once that signature repeats (see the module docstring for when it stays eager).
 
     `rows_of(tensors)` gives a call's row count, compared with `max_tokens`. `fn` must depend on
-    nothing but its tensor arguments and the state `version()` names (a hashable value that changes
-    with it: the loaded weights, a forced launch configuration); a graph captured under another
-    version is never replayed. `clear()` drops every graph (and the memory its buffers hold).
+    nothing but its tensor arguments and the state `version()` names (a value that changes with it:
+    a count of weight loads, a forced launch configuration, parameter addresses); a call under a new
+    version drops every graph captured under the old one. `clear()` drops every graph (and the
+    memory its buffers hold).
     """
 
     def __init__(self, fn: Callable[..., object], name: str, max_tokens: int,
@@ -126,6 +127,7 @@ class CallGraphs:
         self._rows_of = rows_of
         self._signatures: dict[tuple, _Signature] = {}
         self._seen: dict[tuple, None] = {}
+        self._captured_version: object = None  # the version every graph in _signatures was captured under
         # Taken for a whole graphed call: the static inputs are shared by the signature's graphs.
         self._lock = threading.Lock()
 
@@ -146,8 +148,13 @@ class CallGraphs:
             return self._fn(*tensors)
         device = first.device.index if first.device.index is not None else torch.cuda.current_device()
         stream = torch._C._cuda_getCurrentRawStream(device)
-        key = (stream, self._version(), *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+        key = (stream, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+        version = self._version()
         with self._lock:
+            if version != self._captured_version:  # the graphs read what the call no longer reads
+                self._signatures.clear()
+                self._seen.clear()
+                self._captured_version = version
             sig = self._signatures.get(key)
             if sig is None:
                 if key not in self._seen:  # first sighting: run it eagerly, remember it

@@ -90,6 +90,7 @@ class FusedMoE(torch.nn.Module):
         self._device_type = self.device.type
         # Collectives stay eager: every rank would have to capture together.
         self._graphed = graphs_enabled(cuda_graphs) and mode is None and self._device_type == "cuda"
+        self._loads = 0
         self._init_call_state()
 
     def _init_call_state(self) -> None:
@@ -150,8 +151,7 @@ class FusedMoE(torch.nn.Module):
                       f"to {self.plan.weight_layout} for {self.plan.experts_cls.name()}"):
             self.experts.load_weights(weights)
             self.correction_bias = bias
-            if self._graphs is not None:
-                self._graphs.clear()  # their kernels read the old weights' addresses
+            self._loads += 1  # graphs of this layer (and of blocks around it) read the old weights' addresses
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         E = self.config.num_experts
@@ -173,8 +173,8 @@ class FusedMoE(torch.nn.Module):
             return self._run(hidden_states, router_logits)
 
     def _graph_version(self) -> object:
-        """What a graphed call depends on beyond its inputs: the loaded weights and a forced launch shape."""
-        return id(self.experts.weights), getattr(self.experts, "config_override", None)
+        """What a graphed call depends on beyond its inputs: the load and a forced launch shape."""
+        return self._loads, getattr(self.experts, "config_override", None)
 
     def _check_inputs(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> None:
         cfg = self.config
