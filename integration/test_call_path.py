@@ -283,3 +283,32 @@ def test_fuse_of_mixed_dtype_experts_says_how_to_fix_it():
     experts.down_proj.data = experts.down_proj.data.to(torch.float16)
     with pytest.raises(UnsupportedModelError, match=r"mixed dtypes \(float16, float32\).*model.to\(torch.bfloat16\)"):
         fuse(model, prefer="cpu")
+
+
+@torch.no_grad()
+def test_a_fused_models_state_dict_carries_its_experts(tmp_path):
+    """state_dict() holds each layer's experts in its kernel layout: torch.save and load_state_dict into a
+    model fused the same way give the same logits; an unfused model or another layout refuse it."""
+    from test_transformers_models import build_model
+
+    from moe_core.integrations.transformers import fuse
+
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    for prefer, dtype in (("cpu", torch.bfloat16), ("reference", torch.float32)):  # oneDNN's opaque tensors too
+        source = build_model("qwen3_moe", dtype, seed=0)
+        fuse(source, prefer=prefer)
+        want = source(ids).logits
+        path = tmp_path / f"{prefer}.pt"
+        torch.save(source.state_dict(), path)
+        target = build_model("qwen3_moe", dtype, seed=1)  # other weights everywhere
+        fuse(target, prefer=prefer)
+        assert not torch.equal(target(ids).logits, want)
+        target.load_state_dict(torch.load(path, weights_only=False))
+        torch.testing.assert_close(target(ids).logits, want, rtol=0, atol=0)
+    unfused = build_model("qwen3_moe", torch.float32, seed=1)
+    with pytest.raises(RuntimeError, match="_extra_state"):
+        unfused.load_state_dict(torch.load(tmp_path / "reference.pt", weights_only=False))
+    other = build_model("qwen3_moe", torch.float32, seed=1)
+    fuse(other, prefer="cpu")
+    with pytest.raises(ValueError, match=r"was saved from .*ReferenceExperts.*this layer is .*Cpu"):
+        other.load_state_dict(torch.load(tmp_path / "reference.pt", weights_only=False))

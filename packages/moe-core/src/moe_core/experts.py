@@ -245,6 +245,18 @@ class Experts(ABC):
                                f"expected {self.weight_processor.layout!r}")
         self.weights = packed
 
+    def packed_state(self) -> PackedWeights | None:
+        """The loaded weights as plain tensors that `torch.save` can write (`FusedMoE.state_dict`);
+        `restore_packed` takes them back. Classes whose layout holds opaque tensors override both."""
+        return self.weights
+
+    def restore_packed(self, packed: PackedWeights) -> None:
+        """Install weights `packed_state` gave (of this class's layout), as loading them would."""
+        if packed.layout != self.weight_processor.layout:
+            raise ValueError(f"{self.name()}: packed weights of layout {packed.layout!r}, expected "
+                             f"{self.weight_processor.layout!r}")
+        self.weights = packed
+
     def _packed(self) -> PackedWeights:
         if self.weights is None:
             raise RuntimeError(f"{self.name()}: no weights loaded; call FusedMoE.load_weights first")

@@ -23,6 +23,7 @@ from moe_core.parallel import (
 )
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.processor import PackedWeights
 
 __all__ = ["FusedMoE"]
 
@@ -152,6 +153,36 @@ class FusedMoE(torch.nn.Module):
             self.experts.load_weights(weights)
             self.correction_bias = bias
             self._loads += 1  # graphs of this layer (and of blocks around it) read the old weights' addresses
+
+    # `state_dict()` carries the loaded experts in this layer's kernel layout (under `<prefix>_extra_state`),
+    # so a fused model's state dict round-trips through torch.save into a layer of the same plan, and
+    # loading it anywhere else fails loudly instead of leaving experts out.
+    def get_extra_state(self) -> dict:
+        packed = self.experts.packed_state()
+        return {"layer": self._state_identity(), "correction_bias": self.correction_bias,
+                "tensors": None if packed is None else dict(packed.tensors)}
+
+    def set_extra_state(self, state: object) -> None:
+        if not isinstance(state, dict) or set(state) != {"layer", "tensors", "correction_bias"}:
+            raise ValueError("FusedMoE.set_extra_state: expected the dict a FusedMoE's state_dict() holds")
+        if state["layer"] != self._state_identity():
+            saved, here = state["layer"], self._state_identity()
+            raise ValueError(f"this FusedMoE state was saved from {saved}; this layer is {here}: a state dict "
+                             "holds the experts in its kernel's layout, so it loads into a layer of the same "
+                             "configuration, scheme and kernel only (load other weights with load_weights)")
+        if state["tensors"] is None:
+            raise ValueError(f"this FusedMoE state ({state['layer']}) was saved before any weights were loaded")
+        device = self.device
+        tensors = {name: t.to(device) for name, t in state["tensors"].items()}
+        bias = state["correction_bias"]
+        with self._state_lock:
+            self.experts.restore_packed(PackedWeights(self.plan.weight_layout, tensors))
+            self.correction_bias = None if bias is None else bias.to(device)
+            self._loads += 1
+
+    def _state_identity(self) -> str:
+        return (f"{self.config.describe()}, {self.quant.name}, {self.plan.experts_cls.name()} "
+                f"({self.plan.weight_layout})")
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         E = self.config.num_experts

@@ -173,22 +173,27 @@ class CpuOneDnnExperts(_CpuExperts):
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device) -> Support:
         return _onednn_usable(config.dtype)
 
-    # Opaque oneDNN tensors have no storage to pickle or deep-copy (torch.save and copy.deepcopy raised
-    # NotImplementedError): the state holds them as plain tensors, prepacked again when restored, so a
-    # saved layer also loads on a CPU whose oneDNN blocks weights differently.
+    # Opaque oneDNN tensors have no storage to pickle, deep-copy or put in a state dict (torch.save and
+    # copy.deepcopy raised NotImplementedError): saved as plain tensors, prepacked again when restored,
+    # so a saved layer also loads on a CPU whose oneDNN blocks weights differently.
+    def packed_state(self) -> PackedWeights | None:
+        if self.weights is None:
+            return None
+        return PackedWeights(self.weights.layout, {name: t.to_dense() if t.is_mkldnn else t
+                                                   for name, t in self.weights.tensors.items()})
+
+    def restore_packed(self, packed: PackedWeights) -> None:
+        super().restore_packed(PackedWeights(packed.layout, {
+            name: t if name.endswith("_bias") or t.is_mkldnn else
+            torch.ops.mkldnn._reorder_linear_weight(t, ONEDNN_ROWS_HINT) for name, t in packed.tensors.items()}))
+
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        if self.weights is not None:
-            state["weights"] = PackedWeights(self.weights.layout, {
-                name: t.to_dense() if t.is_mkldnn else t for name, t in self.weights.tensors.items()})
-        return state
+        return {**self.__dict__, "weights": self.packed_state()}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self.weights is not None:
-            self.weights = PackedWeights(self.weights.layout, {
-                name: t if name.endswith("_bias") else torch.ops.mkldnn._reorder_linear_weight(t, ONEDNN_ROWS_HINT)
-                for name, t in self.weights.tensors.items()})
+            self.restore_packed(self.weights)
 
     def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[f"{name}.{expert}"],
