@@ -4,7 +4,6 @@ and the memory estimate covers what a run really uses."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import textwrap
 
 import pytest
 import torch
+from _bench_support import bench_args
 
 from moe_core import bench
 from moe_core.bench import cli as bench_cli
@@ -20,28 +20,6 @@ from moe_core.bench import report, timing
 from moe_core.cli import main
 from moe_core.presets import get_preset
 from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, unquantized
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def fast(monkeypatch):
-    """Plenty of memory, and ceilings without the 256 MiB copy."""
-    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 1 << 40)
-    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
-        1e10, {"bfloat16": 1e11}, "bfloat16", 1, 1, None, "test"))
-    monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: bench.QuickCeilings(1e10, 1e11))
 
 
 @pytest.fixture
@@ -57,7 +35,7 @@ _TINY = ("--preset", "tiny", "--scheme", "bf16", "--no-plot")
 
 
 def test_the_default_out_is_outside_the_committed_results():
-    out = _args().out
+    out = bench_args().out
     assert out == bench.DEFAULT_OUT == "moe-bench-results"
     assert not os.path.isabs(out) and "benchmarks" not in out
 
@@ -67,7 +45,7 @@ def test_the_default_out_is_outside_the_committed_results():
     ["--threads", "0"], ["--tokens", "100000"], ["--device", "tpu"], ["--preset", "nope"], ["--scheme", "int9"],
 ])
 def test_bad_arguments_are_errors_before_anything_is_measured(tmp_path, capsys, nothing_measured, argv):
-    assert bench.main(_args(*_TINY, "--out", str(tmp_path), *argv)) == 2
+    assert bench.main(bench_args(*_TINY, "--out", str(tmp_path), *argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("moe bench: error: ") and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
@@ -87,7 +65,7 @@ def _a_file(tmp_path):
                          ids=["out-is-a-file", "parent-is-a-file"])
 def test_an_unusable_out_is_an_error_before_measuring(tmp_path, capsys, nothing_measured, make_out):
     out = make_out(tmp_path)
-    assert bench.main(_args(*_TINY, "--out", str(out))) == 2
+    assert bench.main(bench_args(*_TINY, "--out", str(out))) == 2
     assert f"--out {str(out)!r} is not a writable folder" in capsys.readouterr().err
 
 
@@ -95,7 +73,7 @@ def test_an_unusable_out_is_an_error_before_measuring(tmp_path, capsys, nothing_
 def test_a_read_only_out_is_an_error_before_measuring(tmp_path, capsys, nothing_measured):
     tmp_path.chmod(0o500)
     try:
-        assert bench.main(_args(*_TINY, "--out", str(tmp_path / "results"))) == 2
+        assert bench.main(bench_args(*_TINY, "--out", str(tmp_path / "results"))) == 2
     finally:
         tmp_path.chmod(0o700)
     assert "is not a writable folder" in capsys.readouterr().err
@@ -113,7 +91,7 @@ def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tm
         return real(*args)
 
     monkeypatch.setattr(bench_cli, "_time_interleaved", interrupt_on_the_third_point)
-    code = bench.main(_args(*_TINY, "--tokens", "1", "2", "4", "--repeats", "1", "--warmup", "0",
+    code = bench.main(bench_args(*_TINY, "--tokens", "1", "2", "4", "--repeats", "1", "--warmup", "0",
                             "--out", str(tmp_path)))
     assert code == 130
     (result,) = tmp_path.glob("bench-*.json")
@@ -125,7 +103,7 @@ def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tm
 
 def test_results_name_no_host_and_report_threads_min_median_and_spread(tmp_path, capsys, fast, monkeypatch):
     monkeypatch.setattr(timing, "default_threads", lambda: 1)
-    assert bench.main(_args(*_TINY, "--tokens", "1", "--repeats", "3", "--warmup", "0", "--out", str(tmp_path))) == 0
+    assert bench.main(bench_args(*_TINY, "--tokens", "1", "--repeats", "3", "--warmup", "0", "--out", str(tmp_path))) == 0
     (result,) = tmp_path.glob("bench-*.json")
     text = result.read_text()
     payload = json.loads(text)

@@ -3,7 +3,6 @@ timed side by side, the table after the progress, and the cells whose numbers ca
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import io
 import json
@@ -12,34 +11,11 @@ import threading
 import types
 
 import pytest
-import torch
+from _bench_support import bench_args
 
 from moe_core import bench
 from moe_core.bench import cli as bench_cli
 from moe_core.bench.results import claim_results_path
-
-
-def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def fast(monkeypatch):
-    """Plenty of memory, ceilings without the 256 MiB copy; the quick ceilings the same throughout."""
-    monkeypatch.setattr(bench_cli, "available_memory_bytes", lambda device: 1 << 40)
-    monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
-        1e10, {"bfloat16": 1e11}, "bfloat16", 1, 1, None, "test"))
-    monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: bench.QuickCeilings(1e10, 1e11))
-
 
 _TINY = ("--preset", "tiny", "--tokens", "1", "2", "--repeats", "1", "--warmup", "0", "--no-plot")
 
@@ -57,7 +33,7 @@ def test_runs_started_in_the_same_second_keep_their_results_and_rankings(tmp_pat
     clock = types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda tz: frozen), UTC=datetime.UTC)
     monkeypatch.setattr(bench_cli, "datetime", clock)
     for scheme in ("bf16", "int4"):
-        assert bench.main(_args(*_TINY, "--scheme", scheme, "--backends", "all", "--out", str(tmp_path))) == 0
+        assert bench.main(bench_args(*_TINY, "--scheme", scheme, "--backends", "all", "--out", str(tmp_path))) == 0
     results = list(tmp_path.glob("bench-*.json"))
     assert sorted(p.name.split("20261128T120000Z")[1] for p in results) == ["-2.json", ".json"]
     assert sorted(json.loads(p.read_text())["rows"][0]["scheme"] for p in results) == ["bf16", "int4"]
@@ -82,13 +58,13 @@ def test_concurrent_ranking_merges_keep_every_entry(tmp_path):
 
 
 def test_the_oracles_choice_alone_writes_no_ranking(tmp_path, fast, capsys):
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
     assert list(tmp_path.glob("ranking-*")) == []
     assert "ranking" not in capsys.readouterr().err
 
 
 def test_save_ranking_needs_backends_timed_side_by_side(tmp_path, capsys):
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--save-ranking", "--out", str(tmp_path))) == 2
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--save-ranking", "--out", str(tmp_path))) == 2
     assert "--save-ranking needs --backends all or a list of backends" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -99,7 +75,7 @@ def test_the_table_follows_the_progress_on_a_shared_terminal(tmp_path, fast, mon
     terminal = io.StringIO()
     monkeypatch.setattr(sys, "stdout", terminal)
     monkeypatch.setattr(sys, "stderr", terminal)
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--scheme", "int4", "--out", str(tmp_path))) == 0
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--scheme", "int4", "--out", str(tmp_path))) == 0
     lines = terminal.getvalue().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("preset "))
     assert max(i for i, line in enumerate(lines) if ": timing (" in line) < header
@@ -108,10 +84,10 @@ def test_the_table_follows_the_progress_on_a_shared_terminal(tmp_path, fast, mon
 
 
 def test_one_backend_has_no_diff_column_and_several_say_what_it_is(tmp_path, fast, capsys):
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path / "one"))) == 0
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path / "one"))) == 0
     out = capsys.readouterr().out
     assert "diff" not in out
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--backends", "reference,cpu",
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--backends", "reference,cpu",
                             "--out", str(tmp_path / "two"))) == 0
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("preset "))
@@ -128,7 +104,7 @@ def test_a_cell_above_its_floor_is_flagged_impossible(tmp_path, monkeypatch, cap
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
         1e6, {"bfloat16": 1e11}, "bfloat16", 1, 1, None, "test"))
     monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: bench.QuickCeilings(1e10, 1e11))
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
     captured = capsys.readouterr()
     (result,) = tmp_path.glob("bench-*.json")
     assert all(r["floor_fraction"] > bench.IMPOSSIBLE_FRACTION for r in json.loads(result.read_text())["rows"])
@@ -144,7 +120,7 @@ def test_a_machine_that_slows_down_during_a_cell_is_flagged(tmp_path, fast, monk
     speeds = iter([bench.QuickCeilings(1e10, 1e11), bench.QuickCeilings(1e10, 1e11),
                    bench.QuickCeilings(1e10, 1e9)])  # the run's start, after the first cell, after the second
     monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: next(speeds))
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
     captured = capsys.readouterr()
     (result,) = tmp_path.glob("bench-*.json")
     rows = json.loads(result.read_text())["rows"]
@@ -166,7 +142,7 @@ def test_an_interrupted_run_shows_the_points_it_measured(tmp_path, fast, monkeyp
         return real(*args)
 
     monkeypatch.setattr(bench_cli, "_time_interleaved", interrupt_on_the_second_point)
-    assert bench.main(_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 130
+    assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 130
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny ")]
     assert [row.split()[:3] for row in rows] == [["tiny", "bf16", "1"]]
 
@@ -177,5 +153,5 @@ def test_bench_speaks_the_clis_scheme_vocabulary(name):
     from moe_core.presets import get_preset
     from moe_core.quant import unquantized
 
-    assert _args("--quant", name, "--scheme", "int4").scheme == [name, "int4"]
+    assert bench_args("--quant", name, "--scheme", "int4").scheme == [name, "int4"]
     assert bench_cli._scheme(name, get_preset("tiny")) == unquantized()
