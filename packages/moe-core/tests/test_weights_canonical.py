@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from moe_core import ExpertWeights, MoEConfig
 from moe_core.config import Activation
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
+from moe_core.weights.canonical import quantize_expert_tensor
 from moe_core.weights.packing import (
     E2M1_VALUES,
     decode_e2m1,
@@ -219,3 +220,26 @@ def test_per_half_g_idx_validation_and_stack():
     assert torch.equal(stacked.w13_g_idx[0], ew.w13_g_idx[0, :1].expand(2, -1))
     assert torch.equal(stacked.w13_g_idx[1], ew.w13_g_idx[1])
     stacked.validate(gated, quant)
+
+
+@pytest.mark.parametrize("quant", [int4_w4a16(32), int4_w4a16(32, zero_point=True), int8_w8a16(), mxfp4_w4a16(),
+                                   fp8_w8a8("block"), fp8_w8a8("tensor")], ids=lambda q: q.name)
+def test_from_float_quantizes_expert_by_expert_as_the_whole_tensor_would(quant):
+    """from_float quantizes one expert at a time (bounded temporaries): the same codes and scales as
+    quantizing the whole tensor."""
+    gen = torch.Generator().manual_seed(0)
+    w13, w2 = torch.randn(5, 128, 256, generator=gen), torch.randn(5, 256, 64, generator=gen)
+    got = ExpertWeights.from_float(w13, w2, quant)
+    for name, w in (("w13", w13), ("w2", w2)):
+        for part, want in zip(("", "_scale", "_zero"), quantize_expert_tensor(w, quant.weight)):
+            have = getattr(got, f"{name}{part}")
+            if want is None:
+                assert have is None
+            else:
+                assert have.dtype == want.dtype, name + part
+                assert torch.equal(_bits(have), _bits(want)), name + part
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors compare by their bytes (torch.equal has no fp8 kernel on every build)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

@@ -267,10 +267,10 @@ class ExpertWeights:
                                  f"{' or '.join(str(list(s)) for s in shapes)} (one group per input channel), "
                                  f"got {got}")
             if name == "w13" and gi is not None and gi.dim() == 3:  # each half quantized by its own grouping
-                halves = [quantize_expert_tensor(part, key, gi[:, h]) for h, part in enumerate(w.chunk(2, dim=1))]
+                halves = [_quantize_by_expert(part, key, gi[:, h]) for h, part in enumerate(w.chunk(2, dim=1))]
                 codes, scale, zero = (None if parts[0] is None else torch.cat(parts, 1) for parts in zip(*halves))
             else:
-                codes, scale, zero = quantize_expert_tensor(w, key, gi)
+                codes, scale, zero = _quantize_by_expert(w, key, gi)
             fields.update({name: codes, f"{name}_scale": scale, f"{name}_zero": zero, f"{name}_g_idx": gi})
         return ExpertWeights(key, **fields)
 
@@ -403,6 +403,21 @@ def _per_half(g_idx: torch.Tensor | None) -> torch.Tensor | None:
 def _random_g_idx(k: int, group_size: int, gen: torch.Generator) -> torch.Tensor:
     """An act-order assignment: each group still holds `group_size` channels, in shuffled positions."""
     return (torch.randperm(k, generator=gen, device=gen.device) // group_size).to(torch.int32)
+
+
+def _quantize_by_expert(w: torch.Tensor, key: QuantKey, g_idx: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`quantize_expert_tensor` one expert at a time into preallocated outputs (every scale is per
+    expert, so the result is the same): its fp32 temporaries are one expert's, not the layer's, which
+    bounds `fuse(quant=...)`'s peak memory."""
+    first = quantize_expert_tensor(w[:1], key, None if g_idx is None else g_idx[:1])
+    outs = tuple(None if t is None else t.new_empty((w.shape[0], *t.shape[1:])) for t in first)
+    for e in range(w.shape[0]):
+        parts = first if e == 0 else quantize_expert_tensor(w[e:e + 1], key, None if g_idx is None else g_idx[e:e + 1])
+        for out, part in zip(outs, parts):
+            if out is not None:
+                out[e:e + 1] = part
+    return outs
 
 
 def quantize_expert_tensor(w: torch.Tensor, key: QuantKey, g_idx: torch.Tensor | None = None
