@@ -311,4 +311,4 @@ def quant_from_hf(cfg: Mapping[str, Any]) -> MoEQuantConfig:
     except ValueError as exc:
         raise UnsupportedModelError(str(exc)) from exc
     raise UnsupportedModelError(f"quant_method={method!r} is not supported; supported: gptq, awq, "
-                                "compressed-tensors (pack-quantized), mxfp4, fp8 (block-wise)")
+                                "compressed-tensors (pack-quantized int, float-quantized fp8), mxfp4, fp8 (block-wise)")

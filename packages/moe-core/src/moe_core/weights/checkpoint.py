@@ -30,7 +30,11 @@ from moe_core.quant import MoEQuantConfig
 from moe_core.weights._source import CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.awq import AWQFormat, awq_experts
 from moe_core.weights.canonical import ExpertWeights
-from moe_core.weights.compressed_tensors import compressed_tensors_experts, compressed_tensors_scheme_for
+from moe_core.weights.compressed_tensors import (
+    CompressedTensorsFP8Scheme,
+    compressed_tensors_experts,
+    compressed_tensors_scheme_for,
+)
 from moe_core.weights.fp8 import BlockFP8Format, block_fp8_experts
 from moe_core.weights.gptq import GPTQFormat, gptq_experts
 from moe_core.weights.hf import unquantized_experts_from_source
@@ -264,9 +268,8 @@ def _read_layer_from(tensors: SafetensorsDirectory, config: Mapping, counts: tup
     if qc is not None and method is None:
         raise CheckpointError(f"{config_path}: quantization_config has no quant_method; expected one of "
                               f"{', '.join(SUPPORTED_QUANT_METHODS)} (or no quantization_config for float weights)")
-    fmt_name, weights = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
+    fmt_name, weights, quant = _read_experts(source, prefix, num_experts, experts, config, qc, method, dtype)
     _refuse_unread(source, prefix, expert_ids(num_experts, experts), fmt_name, num_experts)
-    quant = MoEQuantConfig(weights.key) if fmt_name != "fp8" else BlockFP8Format.from_config(qc).quant_config()
     mlp = prefix.removesuffix(".experts")
     router_weight = _optional(source, (join_key(mlp, "gate.weight"), join_key(mlp, "router.weight")), dtype)
     router_bias = _optional(source, (join_key(mlp, "router.bias"),), dtype)
@@ -298,11 +301,17 @@ def find_experts_prefix(keys: Mapping[str, object] | Sequence[str], layer_index:
 
 def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: Sequence[int] | None,
                   config: Mapping, qc: Mapping | None, method: str | None, dtype: torch.dtype | None
-                  ) -> tuple[str, ExpertWeights]:
-    def unquantized() -> tuple[str, ExpertWeights]:
+                  ) -> tuple[str, ExpertWeights, MoEQuantConfig]:
+    """(format name, the experts, the layer scheme: the weights' key, plus the activations' where the
+    format quantizes them)."""
+    def read(name: str, weights: ExpertWeights, quant: MoEQuantConfig | None = None
+             ) -> tuple[str, ExpertWeights, MoEQuantConfig]:
+        return name, weights, MoEQuantConfig(weights.key) if quant is None else quant
+
+    def unquantized() -> tuple[str, ExpertWeights, MoEQuantConfig]:
         interleaved = config.get("model_type") in INTERLEAVED_GATE_UP_MODEL_TYPES
-        return "unquantized", unquantized_experts_from_source(
-            source, prefix, num_experts, interleaved_gate_up=interleaved, experts=experts, dtype=dtype)
+        return read("unquantized", unquantized_experts_from_source(
+            source, prefix, num_experts, interleaved_gate_up=interleaved, experts=experts, dtype=dtype))
 
     ids = expert_ids(num_experts, experts)
     config_path = Path(source.what) / "config.json"
@@ -321,25 +330,29 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
             raise CheckpointError(f"{source.what}: MXFP4 expert tensors but config.json has no quantization_config")
         return unquantized()
     if method == "gptq":
-        return "gptq", gptq_experts(source, prefix, num_experts, parsed(GPTQFormat.from_config), ids)
+        return read("gptq", gptq_experts(source, prefix, num_experts, parsed(GPTQFormat.from_config), ids))
     if method == "awq":
         fmt = parsed(AWQFormat.from_config)
         if not fmt.converts(prefix):
             return unquantized()
-        return "awq", awq_experts(source, prefix, num_experts, fmt, ids)
+        return read("awq", awq_experts(source, prefix, num_experts, fmt, ids))
     if method == "compressed-tensors":
         modules = sorted({k.rsplit(".", 1)[0] for k in source.names() if k.startswith(prefix + ".")})
         scheme = parsed(lambda qc: compressed_tensors_scheme_for(qc, modules))
         if scheme is None:
             return unquantized()
-        return "compressed-tensors", compressed_tensors_experts(source, prefix, num_experts, scheme, ids)
+        weights = compressed_tensors_experts(source, prefix, num_experts, scheme, ids)
+        # fp8 W8A8 adds its activations' key; the integer schemes are weight-only, their key from the tensors
+        return read("compressed-tensors", weights,
+                    scheme.quant_config() if isinstance(scheme, CompressedTensorsFP8Scheme) else None)
     if method == "mxfp4":
         if join_key(prefix, "gate_up_proj_blocks") not in source:
             raise CheckpointError(f"{source.what}: quant_method mxfp4 but tensor "
                                   f"'{join_key(prefix, 'gate_up_proj_blocks')}' is missing")
-        return "mxfp4", gpt_oss_mxfp4_experts(source, prefix, num_experts, ids)
+        return read("mxfp4", gpt_oss_mxfp4_experts(source, prefix, num_experts, ids))
     if method == "fp8":
-        return "fp8", block_fp8_experts(source, prefix, num_experts, parsed(BlockFP8Format.from_config), ids)
+        fmt = parsed(BlockFP8Format.from_config)
+        return read("fp8", block_fp8_experts(source, prefix, num_experts, fmt, ids), fmt.quant_config())
     raise CheckpointError(f"{config_path}: quantization_config.quant_method={method!r} is not supported: expected "
                           f"none or one of {', '.join(SUPPORTED_QUANT_METHODS)} (as written, lower case)")
 

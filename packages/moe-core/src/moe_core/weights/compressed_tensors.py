@@ -16,8 +16,25 @@ Verified against compressed-tensors 0.20's own `compressors/pack_quantized/{base
 (`pack_to_int32` adds `1 << (bits - 1)` and packs densely; the zero point uses `packed_dim=0`;
 `decompress` unpacks with `weight_shape`) and its `ActivationOrdering` (only "group"/"dynamic" keep a
 runtime g_idx; "weight"/"static" only change calibration). The tests round-trip through that code.
-Refused: formats other than pack-quantized, strategies other than group/channel, float types,
-bits other than 4 and 8, quantized activations, and experts split over several config groups.
+Refused: strategies other than group/channel, float types, bits other than 4 and 8, quantized
+activations, and experts split over several config groups.
+
+`float-quantized` fp8 W8A8 (compressed-tensors' `FloatQuantizationCompressor`, the FP8, FP8_DYNAMIC and
+FP8_BLOCK presets), per projection:
+
+| tensor | dtype | shape |
+|---|---|---|
+| `weight` | float8_e4m3fn | [N, K] |
+| `weight_scale` | the model's float dtype | [1] tensor, [N, 1] channel, [ceil(N/br), ceil(K/bc)] block |
+
+w = weight * weight_scale (symmetric: `_remove_symmetric_zp` drops the zero point on compress). Weights
+`strategy: channel` and `tensor` load as per-channel scales: canonical w13 has one tensor scale per
+expert but gate_proj and up_proj each carry their own, so every row takes its projection's scale
+(exact). Activations must be dynamic, with the scheme's granularity: `token` or `tensor` with
+channel/tensor weights, `group` of block[1] with block weights (fp8_w8a8's three forms). Refused:
+static input scales (`input_scale`, the FP8 preset: no scheme applies a calibrated activation scale),
+asymmetric fp8, weight strategies other than tensor/channel/block, other activation pairings, and
+fp8 weights without quantized activations.
 """
 
 from __future__ import annotations
@@ -28,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.quant import MoEQuantConfig, int4_w4a16, int8_w8a16
+from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16
 from moe_core.weights._config import config_bool, config_int
 from moe_core.weights._intquant import (
     QuantizedProjection,
@@ -39,8 +56,10 @@ from moe_core.weights._intquant import (
 )
 from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.canonical import ExpertWeights
+from moe_core.weights.fp8 import stack_fp8_experts
 
-__all__ = ["CompressedTensorsScheme", "compressed_tensors_experts", "compressed_tensors_scheme_for"]
+__all__ = ["CompressedTensorsFP8Scheme", "CompressedTensorsScheme", "check_compressed_tensors_groups",
+           "compressed_tensors_experts", "compressed_tensors_scheme_for"]
 
 _RUNTIME_ACTORDER = ("group", "dynamic")
 
@@ -63,22 +82,29 @@ class CompressedTensorsScheme:
                        scale_dtype=scale_dtype)
 
 
-def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[str]) -> CompressedTensorsScheme | None:
+@dataclass(frozen=True)
+class CompressedTensorsFP8Scheme:
+    """A float-quantized fp8 W8A8 group: weight scales per tensor, channel or block; dynamic activations."""
+
+    weights: str  # "tensor", "channel" or "block"
+    activations: str  # "token", "tensor" or "group" (1 x block[1], with block weights only)
+    block: tuple[int, int] | None = None  # (rows, cols) of the weight per scale, block weights only
+
+    def quant_config(self) -> MoEQuantConfig:
+        if self.weights == "block":
+            return fp8_w8a8("block", block=self.block)
+        # Per-tensor scales load per channel (see the module docstring): the same values, exactly.
+        return fp8_w8a8("channel", activation_scales=self.activations)
+
+
+def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[str]
+                                  ) -> CompressedTensorsScheme | CompressedTensorsFP8Scheme | None:
     """The weight scheme config.json's `quantization_config` gives `modules`, or None if all are ignored.
 
     Every module must resolve to one scheme (or all to none): a layer cannot mix them.
     """
-    if qc.get("quant_method") != "compressed-tensors":
-        raise ValueError(f"quantization_config.quant_method={qc.get('quant_method')!r}: expected 'compressed-tensors'")
+    groups = _config_groups(qc)
     ignore = _strings(qc.get("ignore"), "ignore")
-    groups = qc.get("config_groups") or {}
-    if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
-        raise ValueError(f"compressed-tensors quantization_config.config_groups={groups!r} is invalid: expected an "
-                         'object of named groups, e.g. {"group_0": {"targets": ["Linear"], "weights": {...}}}')
-    missing = [name for name, group in groups.items() if "targets" not in group]
-    if missing:  # compressed-tensors requires them; without, a group would silently quantize nothing
-        raise ValueError(f"compressed-tensors quantization_config.config_groups.{missing[0]} has no 'targets': "
-                         'expected a list of module names or "re:" patterns, e.g. ["Linear"]')
     targets = {name: _strings(group.get("targets"), f"config_groups.{name}.targets") for name, group in groups.items()}
     found: dict[str, tuple[str, Mapping] | None] = {}
     for module in modules:
@@ -95,13 +121,37 @@ def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[st
         raise CheckpointError(f"compressed-tensors: the layer's expert projections resolve to different schemes "
                               f"({listing}); a fused layer needs one")
     match = next(iter(found.values()))
-    if match is None:
-        return None
-    group_name, group = match
+    return None if match is None else _group_scheme(qc, *match)
+
+
+def check_compressed_tensors_groups(qc: Mapping[str, object]) -> None:
+    """Raise ValueError naming the first config group no reader serves (before anything is loaded)."""
+    for name, group in _config_groups(qc).items():
+        _group_scheme(qc, name, group)
+
+
+def _config_groups(qc: Mapping[str, object]) -> Mapping[str, Mapping]:
+    if qc.get("quant_method") != "compressed-tensors":
+        raise ValueError(f"quantization_config.quant_method={qc.get('quant_method')!r}: expected 'compressed-tensors'")
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, Mapping) or not all(isinstance(g, Mapping) for g in groups.values()):
+        raise ValueError(f"compressed-tensors quantization_config.config_groups={groups!r} is invalid: expected an "
+                         'object of named groups, e.g. {"group_0": {"targets": ["Linear"], "weights": {...}}}')
+    missing = [name for name, group in groups.items() if "targets" not in group]
+    if missing:  # compressed-tensors requires them; without, a group would silently quantize nothing
+        raise ValueError(f"compressed-tensors quantization_config.config_groups.{missing[0]} has no 'targets': "
+                         'expected a list of module names or "re:" patterns, e.g. ["Linear"]')
+    return groups
+
+
+def _group_scheme(qc: Mapping[str, object], group_name: str, group: Mapping
+                  ) -> CompressedTensorsScheme | CompressedTensorsFP8Scheme:
     fmt = group.get("format") or qc.get("format")
+    if fmt == "float-quantized":
+        return _fp8_scheme(group_name, group)
     if fmt != "pack-quantized":
         raise ValueError(f"compressed-tensors format={fmt!r} (group {group_name!r}) is not supported here: "
-                         "expected 'pack-quantized' (int4/int8 weights)")
+                         "expected 'pack-quantized' (int4/int8 weights) or 'float-quantized' (fp8 W8A8)")
     if group.get("input_activations"):
         raise ValueError(f"compressed-tensors group {group_name!r} quantizes activations; only weight-only "
                          "pack-quantized schemes are read")
@@ -135,6 +185,69 @@ def compressed_tensors_scheme_for(qc: Mapping[str, object], modules: Sequence[st
                                    group_size=group_size, act_order=actorder in _RUNTIME_ACTORDER)
 
 
+def _fp8_scheme(group_name: str, group: Mapping) -> CompressedTensorsFP8Scheme:
+    """A float-quantized group, or ValueError naming the group, field, value and what is read."""
+    where = f"compressed-tensors format 'float-quantized': quantization_config.config_groups.{group_name}"
+    w, a = group.get("weights"), group.get("input_activations")
+
+    def check_fp8(role: str, args: object) -> None:
+        if not isinstance(args, Mapping):
+            raise ValueError(f"{where}.{role}={args!r} is invalid: expected an object (num_bits 8, type 'float', ...)")
+        if args.get("type", "int") != "float" or config_int(args, "num_bits", f"{where}.{role}", "8", 8) != 8:
+            raise ValueError(f"{where}.{role} (type={args.get('type', 'int')!r}, num_bits={args.get('num_bits', 8)!r}) "
+                             "is not served: expected type 'float' with num_bits 8 (fp8 e4m3)")
+        if not config_bool(args, "symmetric", True, f"{where}.{role}"):
+            raise ValueError(f"{where}.{role}.symmetric=false is not served: fp8 codes have no zero point in "
+                             "moe_core; expected symmetric true")
+
+    check_fp8("weights", w)
+    if not a:
+        raise ValueError(f"{where}.input_activations={a!r}: fp8 weights with 16-bit activations are not read; "
+                         "expected fp8 W8A8 (input_activations num_bits 8, type 'float', dynamic true)")
+    check_fp8("input_activations", a)
+    if config_bool(w, "dynamic", False, f"{where}.weights"):
+        raise ValueError(f"{where}.weights.dynamic=true is not served: dynamic weight quantization stores no scales; "
+                         "expected false")
+    if w.get("actorder") in (True, *_RUNTIME_ACTORDER):
+        raise ValueError(f"{where}.weights.actorder={w.get('actorder')!r} is not served with fp8 weights: expected "
+                         "null, false, 'weight' or 'static' (no runtime grouping)")
+    if a.get("dynamic", False) is not True:
+        raise ValueError(f"{where}.input_activations.dynamic={a.get('dynamic', False)!r} is not served: moe_core "
+                         "quantizes fp8 activations dynamically, and no scheme applies a static (calibrated) "
+                         "input_scale; expected true (per token, per tensor or per 1 x 128 group)")
+    weights, activations = _strategy(w, f"{where}.weights"), _strategy(a, f"{where}.input_activations")
+    if weights == "block":
+        block = w.get("block_structure")
+        if not (isinstance(block, list | tuple) and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise ValueError(f"{where}.weights.block_structure={block!r} is invalid: expected two positive ints "
+                             "[rows, cols], e.g. [128, 128]")
+        group_size = a.get("group_size")
+        if activations != "group" or group_size != block[1]:
+            raise ValueError(f"{where}.input_activations (strategy={activations!r}, group_size={group_size!r}) is "
+                             f"not served with block {list(block)} weights: expected strategy 'group' with group_size "
+                             f"{block[1]} (the block's columns)")
+        return CompressedTensorsFP8Scheme("block", "group", tuple(block))
+    if weights not in ("tensor", "channel"):
+        raise ValueError(f"{where}.weights.strategy={weights!r} is not served with fp8 weights: expected "
+                         "'tensor', 'channel' or 'block'")
+    if activations not in ("token", "tensor"):
+        raise ValueError(f"{where}.input_activations.strategy={activations!r} is not served with {weights!r} "
+                         "weights: expected 'token' or 'tensor' (group activations go with block weights)")
+    return CompressedTensorsFP8Scheme(weights, activations)
+
+
+def _strategy(args: Mapping, where: str) -> str:
+    """`strategy`, or what compressed-tensors infers without it: from group_size (none: tensor)."""
+    strategy = args.get("strategy")
+    if strategy is None:
+        group_size = args.get("group_size")
+        strategy = "tensor" if group_size is None else "channel" if group_size == -1 else "group"
+    if not isinstance(strategy, str):
+        raise ValueError(f"{where}.strategy={strategy!r} is invalid: expected a string such as 'channel'")
+    return strategy.lower()
+
+
 def _strings(value: object, field: str) -> list[str]:
     """A list of strings (null: none), as `ignore` and `targets` are."""
     if value is None:
@@ -145,9 +258,13 @@ def _strings(value: object, field: str) -> list[str]:
     return list(value)
 
 
-def compressed_tensors_experts(source: TensorSource, prefix: str, num_experts: int, scheme: CompressedTensorsScheme,
+def compressed_tensors_experts(source: TensorSource, prefix: str, num_experts: int,
+                               scheme: CompressedTensorsScheme | CompressedTensorsFP8Scheme,
                                experts: Sequence[int] | None = None) -> ExpertWeights:
     ids = expert_ids(num_experts, experts)
+    if isinstance(scheme, CompressedTensorsFP8Scheme):
+        return stack_fp8_experts(source, prefix, ids, scheme.quant_config().weight, "weight_scale",
+                                 lambda module: fp8_projection(source, module, scheme))
     names = expert_projection_names(source, prefix, ids[0], "weight_packed")
     per_expert = [{n: _projection(source, join_key(prefix, f"{e}.{n}"), scheme) for n in names if n is not None}
                   for e in ids]
@@ -194,3 +311,17 @@ def _projection(source: TensorSource, module: str, scheme: CompressedTensorsSche
     elif key in source:
         check_trivial_g_idx(source.get(key, (K,), (torch.int32, torch.int64)), scheme.group_size, key, source.what)
     return QuantizedProjection(codes.contiguous(), scale.contiguous(), zero, g_idx)
+
+
+def fp8_projection(source: TensorSource, module: str, scheme: CompressedTensorsFP8Scheme
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One float-quantized linear: (codes float8_e4m3fn [N, K], fp32 scales [N] per row or the block grid)."""
+    weight = source.get(f"{module}.weight", (None, None), (torch.float8_e4m3fn,))
+    N, K = weight.shape
+    key = f"{module}.weight_scale"
+    if scheme.weights == "block":
+        br, bc = scheme.block
+        return weight, source.get(key, (-(-N // br), -(-K // bc)), FLOAT_DTYPES).float()
+    if scheme.weights == "channel":
+        return weight, source.get(key, (N, 1), FLOAT_DTYPES).float().squeeze(1)
+    return weight, source.get(key, (1,), FLOAT_DTYPES).float().expand(N)  # the tensor's one scale on every row

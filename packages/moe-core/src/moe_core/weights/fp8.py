@@ -16,17 +16,17 @@ gate and up. Activations are quantized dynamically per 1 x bc group (`activation
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from moe_core.quant import MoEQuantConfig, fp8_w8a8
+from moe_core.quant import MoEQuantConfig, QuantKey, fp8_w8a8
 from moe_core.weights._intquant import expert_projection_names
 from moe_core.weights._source import CheckpointError, TensorSource, expert_ids, join_key
 from moe_core.weights.canonical import ExpertWeights
 
-__all__ = ["BlockFP8Format", "block_fp8_experts"]
+__all__ = ["BlockFP8Format", "block_fp8_experts", "stack_fp8_experts"]
 
 _SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float8_e8m0fnu)
 
@@ -66,22 +66,31 @@ class BlockFP8Format:
 
 def block_fp8_experts(source: TensorSource, prefix: str, num_experts: int, fmt: BlockFP8Format,
                       experts: Sequence[int] | None = None) -> ExpertWeights:
-    ids = expert_ids(num_experts, experts)
-    gate, up, down = expert_projection_names(source, prefix, ids[0], "weight_scale_inv")
-    br = fmt.block_shape[0]
+    return stack_fp8_experts(source, prefix, expert_ids(num_experts, experts), fmt.quant_config().weight,
+                             "weight_scale_inv", lambda module: _projection(source, module, fmt))
+
+
+def stack_fp8_experts(source: TensorSource, prefix: str, ids: Sequence[int], key: QuantKey, scale_suffix: str,
+                      projection: Callable[[str], tuple[torch.Tensor, torch.Tensor]]) -> ExpertWeights:
+    """Per-expert fp8 projections -> canonical `ExpertWeights` of `key`: gate rows over up rows.
+
+    projection(module) gives (codes [N, K], fp32 scales in canonical form: [N] per row or the block
+    grid); `scale_suffix` names the scale tensor, by which the projections' names are found."""
+    gate, up, down = expert_projection_names(source, prefix, ids[0], scale_suffix)
+    block = key.scale.block_shape
     w13s, w2s, s13s, s2s = [], [], [], []
     for e in ids:
-        parts = {n: _projection(source, join_key(prefix, f"{e}.{n}"), fmt) for n in (gate, up) if n}
+        parts = {n: projection(join_key(prefix, f"{e}.{n}")) for n in (gate, up) if n}
         N = parts[up][0].shape[0]
-        if gate is not None and N % br:
+        if gate is not None and block is not None and N % block[0]:
             raise CheckpointError(f"{source.what}: {join_key(prefix, f'{e}.{up}.weight')} has {N} rows, not a "
-                                  f"multiple of the block rows {br}: gate and up cannot share one block grid")
-        parts[down] = _projection(source, join_key(prefix, f"{e}.{down}"), fmt)
+                                  f"multiple of the block rows {block[0]}: gate and up cannot share one block grid")
+        parts[down] = projection(join_key(prefix, f"{e}.{down}"))
         w13s.append(torch.cat([parts[n][0] for n in (gate, up) if n], 0))
         s13s.append(torch.cat([parts[n][1] for n in (gate, up) if n], 0))
         w2s.append(parts[down][0])
         s2s.append(parts[down][1])
-    return ExpertWeights(fmt.quant_config().weight, torch.stack(w13s), torch.stack(w2s), w13_scale=torch.stack(s13s),
+    return ExpertWeights(key, torch.stack(w13s), torch.stack(w2s), w13_scale=torch.stack(s13s),
                          w2_scale=torch.stack(s2s))
 
 
