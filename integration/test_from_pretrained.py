@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -37,8 +38,9 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 # Against eager fp32 on the dequantized weights: a fp32 model runs the same arithmetic up to summation
 # order; a bf16 one rounds every weight and activation (eager bf16 itself is ~1e-2 off).
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-# Block FP8 is W8A8: the experts round their inputs to e4m3 per 128 channels (2^-4 relative), as the
-# checkpoint's activation_scheme "dynamic" says; eager runs them unrounded.
+# fp8 checkpoints are W8A8: the experts round their inputs to e4m3 (2^-4 relative) per 128 channels
+# (block FP8, compressed-tensors FP8_BLOCK) or per token (FP8_DYNAMIC), as the checkpoint says; eager
+# runs them unrounded.
 FP8_ACTIVATIONS = 0.15
 
 
@@ -93,6 +95,41 @@ def compressed_tensors_tensors(weight: torch.Tensor, module: str, bits: int, sym
     return {f"{module}.{k}": v for k, v in packed.items()}, back["weight"].float()
 
 
+# compressed-tensors fp8 formats -> its preset (weights and input activations) the checkpoint is written with
+CT_FP8_PRESETS = {"ct-fp8-channel": "FP8_DYNAMIC", "ct-fp8-block": "FP8_BLOCK"}
+
+
+def compressed_tensors_fp8_tensors(weight: torch.Tensor, module: str, preset: str):
+    """One linear quantized to fp8 by compressed-tensors' FloatQuantizationCompressor with the preset's
+    weight strategy (scales from its calculate_qparams); returns (tensors, its own decompress, fp32)."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    w = weight.bfloat16()
+    rows, cols = w.shape
+    if scheme.weights.strategy == "channel":
+        regions = w.float()
+    else:  # block: zero-padded to whole blocks, as compressed-tensors pads
+        br, bc = scheme.weights.block_structure
+        nr, nc = -(-rows // br), -(-cols // bc)
+        padded = torch.nn.functional.pad(w.float(), (0, nc * bc - cols, 0, nr * br - rows))
+        regions = padded.view(nr, br, nc, bc).transpose(1, 2).reshape(nr, nc, -1)
+    scale, _ = calculate_qparams(regions.amin(-1), regions.amax(-1), scheme.weights)
+    scale = scale.view(rows, 1) if scheme.weights.strategy == "channel" else scale
+    packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale.bfloat16()}, scheme)
+    back = FloatQuantizationCompressor.decompress({**packed, "weight_scale": packed["weight_scale"].float()}, scheme)
+    return {f"{module}.{k}": v for k, v in packed.items()}, back["weight"].float()
+
+
+def compressed_tensors_linear(fmt: str, weight: torch.Tensor, module: str):
+    if fmt in CT_FP8_PRESETS:
+        return compressed_tensors_fp8_tensors(weight, module, CT_FP8_PRESETS[fmt])
+    bits, symmetric = (4, False) if fmt == "ct-int4-asym" else (8, True)
+    return compressed_tensors_tensors(weight, module, bits, symmetric, GROUP if bits == 4 else None)
+
+
 def build_checkpoint(fmt: str, model) -> tuple[dict, dict | None, dict]:
     """(checkpoint tensors, quantization_config, reference state: model key -> fp32 dequantized value)."""
     state = {k: v.bfloat16().float() for k, v in model.state_dict().items()}  # as config.json's dtype stores them
@@ -116,8 +153,7 @@ def build_checkpoint(fmt: str, model) -> tuple[dict, dict | None, dict]:
             w = state[f"{module}.weight"]
             del tensors[f"{module}.weight"]
             if fmt.startswith("ct-"):
-                bits, symmetric = (4, False) if fmt == "ct-int4-asym" else (8, True)
-                packed, deq = compressed_tensors_tensors(w, module, bits, symmetric, GROUP if bits == 4 else None)
+                packed, deq = compressed_tensors_linear(fmt, w, module)
                 tensors.update(packed)
                 reference[f"{module}.weight"] = deq
                 continue
@@ -125,7 +161,14 @@ def build_checkpoint(fmt: str, model) -> tuple[dict, dict | None, dict]:
             tensors.update(quantized_linear_tensors(w, module, fmt, linear_key, g_idx))
             reference[f"{module}.weight"] = dequantized_linear(w, linear_key, g_idx)
         tensors.update(experts_checkpoint(fmt, layer, state, reference, gen))
-    if fmt.startswith("ct-"):
+    if fmt in CT_FP8_PRESETS:
+        from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+        scheme = preset_name_to_scheme(CT_FP8_PRESETS[fmt], ["Linear"])
+        config = QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized",
+                                    ignore=["lm_head", "re:.*mlp.gate$"], quantization_status="compressed")
+        qc = json.loads(json.dumps(config.model_dump(exclude_none=True), default=str))
+    elif fmt.startswith("ct-"):
         bits, symmetric, strategy = (4, False, "group") if fmt == "ct-int4-asym" else (8, True, "channel")
         weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy}
         if strategy == "group":
@@ -155,13 +198,11 @@ def experts_checkpoint(fmt: str, layer: int, state: dict, reference: dict, gen) 
         reference[f"{prefix}.down_proj_bias"] = ew.w2_bias.float()
         return gpt_oss_mxfp4_tensors(ew, prefix)
     if fmt.startswith("ct-"):
-        bits, symmetric = (4, False) if fmt == "ct-int4-asym" else (8, True)
         tensors, d13, d2 = {}, [], []
         for e in range(E):
             parts = {}
             for proj, w in (("gate_proj", w13[e, :N]), ("up_proj", w13[e, N:]), ("down_proj", w2[e])):
-                packed, parts[proj] = compressed_tensors_tensors(w, f"{prefix}.{e}.{proj}", bits, symmetric,
-                                                                 GROUP if bits == 4 else None)
+                packed, parts[proj] = compressed_tensors_linear(fmt, w, f"{prefix}.{e}.{proj}")
                 tensors.update(packed)
             d13.append(torch.cat([parts["gate_proj"], parts["up_proj"]]))
             d2.append(parts["down_proj"])
@@ -208,6 +249,8 @@ CASES = {  # format -> (model config, layout, dtype, backend)
     "awq": (qwen3_config, "hub", torch.bfloat16, "cpu"),
     "ct-int4-asym": (qwen3_config, "single", torch.bfloat16, "cpu"),
     "ct-int8-sym": (qwen3_config, "sharded", torch.float32, "cpu"),
+    "ct-fp8-channel": (qwen3_config, "single", torch.bfloat16, "cpu"),
+    "ct-fp8-block": (qwen3_config, "sharded", torch.float32, "cpu"),
     "fp8": (qwen3_config, "hub", torch.float32, "cpu"),
     "mxfp4": (gpt_oss_config, "single", torch.bfloat16, "cpu"),
 }
@@ -253,7 +296,7 @@ def test_loaded_logits_match_eager_on_the_dequantized_weights(checkpoint, fmt, c
         logits = model(ids).logits
         expected = eager(ids).logits  # fp32: the dequantized weights exactly
     assert {layer.backend for layer in model.fuse_report.layers} == {backend}
-    tolerance = FP8_ACTIVATIONS if fmt == "fp8" else TOLERANCE[dtype]
+    tolerance = FP8_ACTIVATIONS if fmt in ("fp8", *CT_FP8_PRESETS) else TOLERANCE[dtype]
     assert relative_l2(logits, expected) < tolerance, relative_l2(logits, expected)
     if fmt not in ("mxfp4",):  # quantized attention is dequantized with a note, not dropped
         assert "outside the experts are" in caplog.text and "dequantized to" in caplog.text
@@ -271,7 +314,7 @@ def test_unquantized_checkpoint_written_by_transformers(tmp_path):
         assert relative_l2(loaded(ids).logits, model(ids).logits) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("fmt", ["gptq", "ct-int8-sym", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["gptq", "ct-int8-sym", "ct-fp8-channel", "ct-fp8-block", "fp8", "mxfp4"])
 def test_save_round_trip_is_bit_exact_and_loads_again(tmp_path, checkpoint, fmt):
     from safetensors import safe_open
 
@@ -284,8 +327,11 @@ def test_save_round_trip_is_bit_exact_and_loads_again(tmp_path, checkpoint, fmt)
         first = model(ids).logits
         model.save_pretrained(tmp_path / "saved", max_shard_size=200_000)
         source, saved = SafetensorsDirectory(path), SafetensorsDirectory(tmp_path / "saved")
-        experts = [k for k in source if ".experts." in k]
-        assert experts and all(torch.equal(source[k].view(torch.uint8), saved[k].view(torch.uint8)) for k in experts)
+        # the experts and the quantized linears (attention) are written back as stored, bit for bit
+        quantized = {k.rpartition(".")[0] for k in source if k.endswith(("qweight", "weight_packed", "weight_scale"))}
+        stored = [k for k in source if ".experts." in k or k.rpartition(".")[0] in quantized]
+        assert stored and all(source[k].dtype == saved[k].dtype and torch.equal(
+            source[k].view(torch.uint8), saved[k].view(torch.uint8)) for k in stored)
         assert set(saved) == set(source)  # quantized attention written back as stored, nothing added or lost
         assert len(list((tmp_path / "saved").glob("model-*.safetensors"))) > 1
         with safe_open(next((tmp_path / "saved").glob("model-*.safetensors")), "pt") as f:
@@ -297,14 +343,22 @@ def test_save_round_trip_is_bit_exact_and_loads_again(tmp_path, checkpoint, fmt)
         assert torch.equal(again(ids).logits, first)
 
 
-def test_transformers_reads_the_saved_compressed_tensors_checkpoint(tmp_path, checkpoint):
-    path, eager = checkpoint("ct-int8-sym")
+@pytest.mark.parametrize("fmt", ["ct-int8-sym", "ct-fp8-channel", "ct-fp8-block"])
+def test_transformers_reads_the_saved_compressed_tensors_checkpoint(tmp_path, checkpoint, fmt):
+    path, eager = checkpoint(fmt)
     ids = torch.randint(0, VOCAB, (1, 5), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         from_pretrained(path, prefer="cpu", dtype=torch.float32).save_pretrained(tmp_path / "saved")
         theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float32)
-        # transformers decompresses in its own order and rounding: close, not bit-equal
-        assert relative_l2(theirs(ids).logits, eager(ids).logits) < 1e-2
+        for layer in range(LAYERS):  # the experts transformers decompresses are the ones we loaded
+            ours, back = eager.model.layers[layer].mlp.experts, theirs.model.layers[layer].mlp.experts
+            for name in ("gate_up_proj", "down_proj"):
+                # int8: transformers decompresses to bf16; fp8 codes times their scale are exact in fp32
+                assert relative_l2(getattr(back, name), getattr(ours, name)) < (1e-2 if fmt == "ct-int8-sym" else 1e-6)
+        # transformers decompresses in its own order and rounding, and runs fp8 attention W8A8 (its activations
+        # rounded to e4m3, which eager does not): close, not bit-equal
+        tolerance = FP8_ACTIVATIONS if fmt in CT_FP8_PRESETS else 1e-2
+        assert relative_l2(theirs(ids).logits, eager(ids).logits) < tolerance
 
 
 def test_save_refuses_changed_experts_before_writing(tmp_path, checkpoint):
@@ -345,15 +399,25 @@ def test_refuses_an_unsupported_quantization_format(tmp_path):
         from_pretrained(tmp_path / "m")
 
 
-def test_refuses_a_compressed_tensors_fp8_checkpoint_before_loading(tmp_path):
+@pytest.mark.parametrize(("preset", "change", "message"), [
+    ("FP8", {}, r"group_0\.input_activations\.dynamic=False is not served: .*no scheme applies a static "
+                r"\(calibrated\) input_scale; expected true"),
+    ("FP8_DYNAMIC", {"symmetric": False}, r"group_0\.weights\.symmetric=false is not served: fp8 codes have no "
+                                          r"zero point"),
+])
+def test_refuses_compressed_tensors_fp8_it_cannot_run_exactly_before_loading(tmp_path, preset, change, message):
+    """compressed-tensors' FP8 preset calibrates static input scales; asymmetric fp8 has zero points: the
+    checkpoint (no tensors needed) is refused from config.json alone, naming the file and the group's field."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    qc = json.loads(json.dumps(QuantizationConfig(config_groups={"group_0": scheme}, format="float-quantized")
+                               .model_dump(exclude_none=True), default=str))
+    qc["config_groups"]["group_0"]["weights"].update(change)
     config = qwen3_config().to_dict()
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"},
-                                      "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}}}
+    config["quantization_config"] = qc
     write_model_dir(tmp_path / "m", {"x": torch.randn(2)}, config)
-    with pytest.raises(CheckpointError, match=r"config group 'group_0' \(format 'float-quantized', weights type "
-                                              r"'float', input activations quantized\) is not served"):
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(tmp_path / 'm' / 'config.json'))}: .*{message}"):
         from_pretrained(tmp_path / "m")
 
 

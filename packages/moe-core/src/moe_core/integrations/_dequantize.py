@@ -1,9 +1,10 @@
 """One quantized nn.Linear of a checkpoint (outside the experts) -> its float weight.
 
 GPTQ, AWQ and compressed-tensors checkpoints usually quantize attention and shared-expert linears
-too; block FP8 ones quantize every linear. `from_pretrained` runs those as float linears of the model
-dtype, dequantized here through the experts' own readers (one projection each), so the values are
-exactly the ones the readers define: (code - zero) * scale per group, or fp8 times its block scale.
+too; fp8 ones (block FP8, compressed-tensors float-quantized) every linear but the router and head.
+`from_pretrained` runs those as float linears of the model dtype, dequantized here through the
+experts' own readers (one projection each), so the values are exactly the ones the readers define:
+(code - zero) * scale per group, or fp8 times its tensor, row or block scale.
 """
 
 from __future__ import annotations
@@ -34,17 +35,16 @@ def dequantized_linear(source: TensorSource, module: str, method: str, qc: Mappi
 
         scheme = ct.compressed_tensors_scheme_for(qc, [module])
         if scheme is None:
-            raise CheckpointError(f"{source.what}: {module!r} holds pack-quantized tensors but quantization_config "
+            raise CheckpointError(f"{source.what}: {module!r} holds quantized tensors but quantization_config "
                                   "ignores it")
-        weight = _integer(ct._projection(source, module, scheme), scheme.bits, scheme.group_size)
+        if isinstance(scheme, ct.CompressedTensorsFP8Scheme):
+            weight = _fp8(*ct.fp8_projection(source, module, scheme), scheme.block)
+        else:
+            weight = _integer(ct._projection(source, module, scheme), scheme.bits, scheme.group_size)
     elif method == "fp8":
         from moe_core.weights import fp8
 
-        codes, scale = fp8._projection(source, module, parsed)
-        br, bc = parsed.block_shape
-        rows, cols = codes.shape
-        full = scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
-        weight = codes.float() * full
+        weight = _fp8(*fp8._projection(source, module, parsed), parsed.block_shape)
     else:
         raise CheckpointError(f"{source.what}: {module!r} is quantized, but {method!r} checkpoints quantize experts only")
     prefix = module + "."
@@ -67,3 +67,11 @@ def _integer(p: QuantizedProjection, bits: int, group_size: int) -> torch.Tensor
         groups = torch.zeros(K, dtype=torch.long)
     zero = p.zero[:, groups].float() if p.zero is not None else float(1 << (bits - 1))
     return (p.codes.float() - zero) * p.scale[:, groups].float()
+
+
+def _fp8(codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None) -> torch.Tensor:
+    """codes times their scale: one per row ([out]) or one per block of the grid."""
+    if block is None:
+        return codes.float() * scale[:, None]
+    (br, bc), (rows, cols) = block, codes.shape
+    return codes.float() * scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]

@@ -89,6 +89,12 @@ def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dty
     device: where the model runs (default cpu). dtype: the model dtype (default config.json's, else
     bfloat16). prefer: force a backend for every MoE layer, as in `moe_core.select`.
 
+    Formats (config.json's `quantization_config`): none (float weights), GPTQ (act-order included), AWQ
+    gemm, compressed-tensors pack-quantized int4/int8 and float-quantized fp8 W8A8 (tensor, channel or
+    block weight scales with dynamic per-token, per-tensor or 1 x block-column activation scales, as
+    `fp8_w8a8`; static input scales and asymmetric fp8 are refused), block FP8 (`weight_scale_inv`) and
+    gpt-oss MXFP4.
+
     Returns the model in eval mode, with `model.fuse_report` (each layer's backend; `.explain()`
     gives every candidate's reason). Raises UnsupportedModelError (model type, block) or
     CheckpointError / ValueError (format, files, tensors) before loading anything it cannot serve.
@@ -196,25 +202,15 @@ def _format(root: Path, config: Mapping) -> _Format:
 
             return _Format(method, qc, ("weight_scale_inv",), BlockFP8Format.from_config(qc))
         if method == "compressed-tensors":
-            _refuse_compressed_tensors_groups(qc)
-            return _Format(method, qc, ("weight_packed",))
+            from moe_core.weights.compressed_tensors import check_compressed_tensors_groups
+
+            # every group, not only the experts': e.g. static input scales are refused before loading
+            check_compressed_tensors_groups(qc)
+            # pack-quantized linears hold weight_packed, float-quantized (fp8) ones weight + weight_scale
+            return _Format(method, qc, ("weight_packed", "weight_scale"))
     except ValueError as exc:
         raise CheckpointError(f"{root / 'config.json'}: {exc}") from exc
     return _Format(method, qc, ())  # mxfp4: gpt-oss quantizes the experts only
-
-
-def _refuse_compressed_tensors_groups(qc: Mapping) -> None:
-    """Every config group must be one the pack-quantized reader serves (int weights, no activation
-    quantization): checked here so that, e.g., an FP8 (float-quantized) checkpoint is refused before loading."""
-    groups = qc.get("config_groups") or {}
-    for name, group in groups.items():
-        fmt = (group or {}).get("format") or qc.get("format")
-        weights = (group or {}).get("weights") or {}
-        if fmt != "pack-quantized" or weights.get("type", "int") != "int" or (group or {}).get("input_activations"):
-            raise ValueError(f"compressed-tensors config group {name!r} (format {fmt!r}, weights type "
-                             f"{weights.get('type', 'int')!r}, input activations "
-                             f"{'quantized' if (group or {}).get('input_activations') else 'not quantized'}) is not "
-                             "served: only pack-quantized int4/int8 weight-only groups are read")
 
 
 def _model_dtype(dtype: torch.dtype | None, hf_config) -> torch.dtype:
@@ -337,10 +333,13 @@ def _plan_dense(model: nn.Module, tensors: SafetensorsDirectory, fmt: _Format, e
     float_keys, unused = {}, []
     quantized_modules = set(quantized.values())
     for key in keys:
+        module, _, leaf = key.rpartition(".")
+        if module in quantized_modules and leaf != "bias":
+            continue  # read by the dequantizer (an fp8 `weight` too, no float weight); a bias loads as a float
         target = rename(key)
         if target in wanted:
             float_keys[target] = key
-        elif key.rpartition(".")[0] not in quantized_modules:  # those are read by the dequantizer
+        else:
             unused.append(key)
     covered = set(float_keys) | {f"{m}.weight" for m in quantized}
     tied_to = _tied_weights(model)
