@@ -214,7 +214,7 @@ def _fp8_scheme(group_name: str, group: Mapping) -> CompressedTensorsFP8Scheme:
     if a.get("dynamic", False) is not True:
         raise ValueError(f"{where}.input_activations.dynamic={a.get('dynamic', False)!r} is not served: moe_core "
                          "quantizes fp8 activations dynamically, and no scheme applies a static (calibrated) "
-                         "input_scale; expected true (per token, per tensor or per 1 x 128 group)")
+                         "input_scale; expected true (per token, per tensor or per 1 x block-column group)")
     weights, activations = _strategy(w, f"{where}.weights"), _strategy(a, f"{where}.input_activations")
     if weights == "block":
         block = w.get("block_structure")
