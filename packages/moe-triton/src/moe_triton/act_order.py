@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton._common.intmath import cdiv
+
 __all__ = ["permute_pair_rows", "permute_pair_rows_torch"]
 
 BLOCK_K = 1024
@@ -53,7 +55,7 @@ def permute_pair_rows(x: torch.Tensor, perm: torch.Tensor, pair_expert: torch.Te
     pairs, K = pair_expert.numel(), x.shape[1]
     out = torch.empty(pairs, K, dtype=x.dtype, device=x.device)
     if pairs:
-        grid = (pairs, triton.cdiv(K, BLOCK_K))
+        grid = (pairs, cdiv(K, BLOCK_K))
         permute_pair_rows_kernel[grid](x, perm, pair_expert.contiguous(), out, K, x.stride(0), pairs_per_row,
                                        BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
     return out

@@ -18,6 +18,7 @@ import triton.language as tl
 from moe_core.config import Activation
 from moe_core.reference import apply_activation
 from moe_triton._common.activation import ActKind, act_kind, activate
+from moe_triton._common.intmath import next_power_of_2
 from moe_triton._common.target import interpreting
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 
@@ -126,7 +127,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
         return y, scales
     alpha = activation.alpha if activation is not None and activation.alpha is not None else 0.0
     limit = activation.limit if activation is not None and activation.limit is not None else 0.0
-    block = max(triton.next_power_of_2(n), 128)
+    block = max(next_power_of_2(n), 128)
     warps = min(16, max(1, block // 512))
     # Only the per-tensor mode reduces into amax; the others skip the memset launch.
     amax = (torch.zeros if qmode is QMode.TENSOR else torch.empty)(max(num_experts, 1), dtype=torch.float32,

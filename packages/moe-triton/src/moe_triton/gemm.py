@@ -11,11 +11,11 @@ choice order (row t*top_k + s).
 from __future__ import annotations
 
 import torch
-import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_core.config import Activation
 from moe_triton._common.activation import ActKind, act_kind
+from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_options
 from moe_triton._common.target import interpreting, wgmma_capable
 from moe_triton.configs import TileConfig
@@ -47,7 +47,7 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, ou
                         top_k=top_k, block_m=block_m, tile=tile, activation=activation, mul_weight=mul_weight,
                         zero_foreign=zero_foreign)
         return
-    grid = (triton.cdiv(EM, block_m) * triton.cdiv(N, tile.block_n),)
+    grid = (cdiv(EM, block_m) * cdiv(N, tile.block_n),)
     if tile.tma:
         if not w.is_contiguous():
             raise ValueError("tma tiles need contiguous weights (viewed as [E * out, in])")
@@ -102,7 +102,7 @@ def _grouped_gemm_wgmma(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | N
     layout = gl.NVMMASharedLayout.get_default_for([copy_rows, block_k], gl.bfloat16 if a.dtype == torch.bfloat16
                                                   else gl.float16)
     w_desc = GluonDescriptor.from_tensor(w.view(-1, K), [copy_rows, block_k], layout)
-    tiles = triton.cdiv(EM, block_m) * triton.cdiv(N, rows // 2 if gated else rows)
+    tiles = cdiv(EM, block_m) * cdiv(N, rows // 2 if gated else rows)
     alpha = float(activation.alpha or 0.0) if activation else 0.0
     limit = float(activation.limit or 0.0) if activation else 0.0
     strides = (a.stride(0), bias.stride(0) if bias is not None else 0, out.stride(0))
@@ -180,12 +180,12 @@ def direct_gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out
             expert_map if expert_map is not None else topk_ids, N, K, a.stride(0), w.stride(0), w.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0))
     if activation is not None:
-        moe_gemv1_kernel[(triton.cdiv(N, tile.block_n), M * top_k)](
+        moe_gemv1_kernel[(cdiv(N, tile.block_n), M * top_k)](
             *args, float(activation.alpha or 0.0), float(activation.limit or 0.0), TOP_K=top_k, GATED=gated,
             ACT=int(act_kind(activation)), **common)
     else:
-        moe_gemv2_kernel[(triton.cdiv(N, tile.block_n), M)](
-            *args, TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), **common)
+        moe_gemv2_kernel[(cdiv(N, tile.block_n), M)](
+            *args, TOP_K=top_k, K_P2=next_power_of_2(top_k), **common)
 
 
 def direct_gemm_torch(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from moe_core.config import Activation
 from moe_triton._common.activation import act_kind
+from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_launch, dependent_options
 from moe_triton._common.target import interpreting, wgmma_capable
 from moe_triton.configs import GemmConfig
@@ -68,7 +68,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
     """
     _launch(a, w, out, cfg, rows=sorted_ids, experts=expert_ids, num_post=num_post, num_valid=num_valid,
-            grid_m=min(triton.cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
+            grid_m=min(cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
@@ -136,7 +136,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of 4-bit weights in the quads layout, got "
                          f"{w.wtype.name} {w.codes.dtype}")
     tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
-    n_tiles = triton.cdiv(w.n, cfg.block_n)
+    n_tiles = cdiv(w.n, cfg.block_n)
     # N tiles first in the launch order (the kernel's N_FIRST) where the grid's second axis holds
     # the M blocks; decode keeps M first (one token: blocks are pairs of distinct experts).
     n_first = not direct and sink is not Sink.LAST_ARRIVAL and grid_m < 2**16
@@ -156,7 +156,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     if zero_side is not None and (zero_side.dtype != torch.int32 or not zero_side.is_contiguous()
                                   or zero_numel >= 2**31):
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
-    zero_chunk = triton.cdiv(triton.cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
+    zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
         # the scale-row addresses provably 16-byte aligned for cp.async.
@@ -239,7 +239,7 @@ def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
     fill, it starts while the kernel ahead still runs, so its launch latency hides there."""
     out = torch.empty(numel, dtype=torch.int32, device=device)
     block = 1024
-    _zero_kernel[(triton.cdiv(numel, block),)](out, numel, BLOCK=block, **dependent_options(device))
+    _zero_kernel[(cdiv(numel, block),)](out, numel, BLOCK=block, **dependent_options(device))
     return out
 
 

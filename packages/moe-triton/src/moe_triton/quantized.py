@@ -296,6 +296,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             family, config.num_local_experts, config.intermediate_size_per_partition, config.hidden_size,
             config.top_k, str(config.dtype).removeprefix("torch."), device_tag(device.name))
         self._lookups: dict[int, Lookup] = {}
+        # The GEMM operands of the loaded weights, built on first use (a call builds them several times).
+        self._operands: tuple[PackedWeights | None, dict[tuple[str, int, int], WeightOperand]] = (None, {})
 
     def kernel_family(self) -> str | None:
         """The tuned-config family (`moe_triton.configs`) of this scheme; None: always the heuristic."""
@@ -340,6 +342,15 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def _operand(self, name: str, n: int, k: int) -> WeightOperand:
         p = self._packed()
+        loaded, operands = self._operands
+        if loaded is not p:
+            loaded, operands = self._operands = (p, {})
+        operand = operands.get((name, n, k))
+        if operand is None:
+            operand = operands[(name, n, k)] = self._build_operand(p, name, n, k)
+        return operand
+
+    def _build_operand(self, p: PackedWeights, name: str, n: int, k: int) -> WeightOperand:
         key = self.quant.weight
         wt = _wtype(key)
         if wt is WType.FP8:

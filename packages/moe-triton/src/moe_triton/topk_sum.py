@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_options, wait_then_release
 
 # Tokens x columns per program: 1 x 1024 at 4 warps, 8 values (16 bytes) per thread and choice
@@ -53,7 +54,7 @@ def topk_sum(rows: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor
     out = torch.empty(M, K, dtype=dtype, device=rows.device)
     if M == 0:
         return out
-    grid = (triton.cdiv(M, BLOCK_T) * triton.cdiv(K, BLOCK_K),)
+    grid = (cdiv(M, BLOCK_T) * cdiv(K, BLOCK_K),)
     topk_sum_kernel[grid](rows, out, M, K, TOP_K=top_k, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
                           **dependent_options(rows.device))
     return out

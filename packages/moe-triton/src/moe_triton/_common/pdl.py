@@ -5,13 +5,15 @@ still runs; its programs call griddepcontrol.wait (`gdc_wait`) before they read 
 which returns once that kernel has finished and its writes are visible. A kernel that calls
 griddepcontrol.launch_dependents (`gdc_launch_dependents`) lets the dependent launch behind it start
 early. The small-M chain route -> align -> GEMM1 -> GEMM2 so hides each launch's latency behind the
-kernel before it. MOE_TRITON_PDL=0 turns it off everywhere (to compare).
+kernel before it. MOE_TRITON_PDL=0 in the environment of the process turns it off everywhere (to compare).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -22,26 +24,25 @@ from moe_triton._common.target import interpreting
 
 
 @functools.cache
-def _pdl_capable(device: torch.device) -> bool:
-    return (device.type == "cuda" and torch.version.hip is None and not interpreting()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
 def dependent_launch(device: torch.device) -> bool:
     """Whether kernels on `device` launch dependent and trigger their dependents: compiled kernels on
-    NVIDIA sm_90 or later, unless MOE_TRITON_PDL=0."""
+    NVIDIA sm_90 or later, unless MOE_TRITON_PDL=0 (read at the first launch on the device)."""
     flag = os.environ.get("MOE_TRITON_PDL", "1")
     if flag not in ("0", "1"):
         raise ValueError(f"MOE_TRITON_PDL={flag!r}: accepted values are 0 (plain launches) and 1 (dependent "
                          "launches where the GPU has them, the default)")
-    return flag == "1" and _pdl_capable(device)
+    return (flag == "1" and device.type == "cuda" and torch.version.hip is None and not interpreting()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-def dependent_options(device: torch.device) -> dict:
+_DEPENDENT = MappingProxyType({"PDL": True, "launch_pdl": True})
+_PLAIN = MappingProxyType({"PDL": False})
+
+
+def dependent_options(device: torch.device) -> Mapping[str, bool]:
     """Launch options of a kernel that starts with `wait_then_release(PDL)`: its PDL constexpr, and
     `launch_pdl` where it launches dependent."""
-    pdl = dependent_launch(device)
-    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
+    return _DEPENDENT if dependent_launch(device) else _PLAIN
 
 
 @triton.jit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -9,8 +10,10 @@ import torch
 from moe_core.backends import DeviceInfo, Platform
 
 
+@functools.cache
 def interpreting() -> bool:
-    """Kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1)."""
+    """Kernels run under Triton's CPU interpreter (TRITON_INTERPRET=1). Read once: Triton itself
+    decides at import whether its kernels are interpreted."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

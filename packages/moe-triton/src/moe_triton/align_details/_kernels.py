@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_options, wait_then_release
 
 # Up to this many choices one program ranks them pairwise (`_align_pairs_kernel`).
@@ -237,12 +238,12 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
     device = topk_ids.device
     numel = topk_ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
-    max_blocks = triton.cdiv(max_padded, block_size)
+    max_blocks = cdiv(max_padded, block_size)
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
     total = torch.empty(1, dtype=torch.int32, device=device)
-    e_p2 = triton.next_power_of_2(num_experts)
-    numel_p2 = triton.next_power_of_2(max(numel, 1))
+    e_p2 = next_power_of_2(num_experts)
+    numel_p2 = next_power_of_2(max(numel, 1))
     has_map = expert_map is not None
     map_arg = expert_map if has_map else expert_ids  # never read without HAS_MAP
     # The one-launch kernels launch dependent on the routing kernel ahead (`moe_triton._common.pdl`).
@@ -258,24 +259,24 @@ def launch_align(topk_ids: torch.Tensor, block_size: int, num_experts: int, expe
                                    NUMEL_P2=numel_p2, E_P2=e_p2, FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
     if numel_p2 <= _CHUNKED_CHOICES:
-        num_chunks = triton.cdiv(numel, _RANK_CHUNK)
+        num_chunks = cdiv(numel, _RANK_CHUNK)
         _align_chunks_kernel[(num_chunks,)](
             topk_ids, map_arg, sorted_ids, expert_ids, total, numel, max_padded, max_blocks,
-            triton.cdiv(max_padded, num_chunks), triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
-            BLOCK_SIZE=block_size, BS_P2=triton.next_power_of_2(block_size), NUMEL_P2=numel_p2, E_P2=e_p2,
-            EXPERTS_PER_PROGRAM=triton.next_power_of_2(triton.cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
+            cdiv(max_padded, num_chunks), cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
+            BLOCK_SIZE=block_size, BS_P2=next_power_of_2(block_size), NUMEL_P2=numel_p2, E_P2=e_p2,
+            EXPERTS_PER_PROGRAM=next_power_of_2(cdiv(e_p2, num_chunks)), CHUNK=_RANK_CHUNK,
             FILL_TILE=_FILL_TILE, num_warps=4, **dependent)
         return sorted_ids, expert_ids, total
-    num_chunks = triton.cdiv(numel, _RANK_CHUNK)
+    num_chunks = cdiv(numel, _RANK_CHUNK)
     hist = torch.empty(num_chunks * e_p2, dtype=torch.int32, device=device)
     counts = torch.empty(e_p2, dtype=torch.int32, device=device)
-    _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, triton.cdiv(max_padded, num_chunks),
+    _align_count_kernel[(num_chunks,)](topk_ids, hist, sorted_ids, numel, max_padded, cdiv(max_padded, num_chunks),
                                        CHUNK=_RANK_CHUNK, E_P2=e_p2, FILL_TILE=256, num_warps=4)
     scan_experts = min(e_p2, _SCAN_EXPERTS)
     _align_offsets_kernel[(e_p2 // scan_experts,)](hist, counts, num_chunks, E_P2=e_p2, EXPERTS=scan_experts,
                                                    ROWS=_SCAN_TILE // scan_experts, num_warps=4)
     # The scatter programs also fill expert_ids, a slice each.
     _align_scatter_kernel[(num_chunks,)](topk_ids, hist, counts, total, map_arg, sorted_ids, expert_ids, numel,
-                                         max_blocks, triton.cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
+                                         max_blocks, cdiv(max_blocks, num_chunks), HAS_MAP=has_map,
                                          BLOCK_SIZE=block_size, CHUNK=_RANK_CHUNK, E_P2=e_p2, num_warps=4)
     return sorted_ids, expert_ids, total

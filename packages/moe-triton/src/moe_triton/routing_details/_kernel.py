@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_launch
 
 # Each program is one warp over this many scores or more: one row of 128 or more experts, or
@@ -166,15 +167,15 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
         if zero.dtype != torch.int32 or not zero.is_contiguous() or zero.device != logits.device:
             raise ValueError(f"zero must be a contiguous int32 tensor on {logits.device}, got {zero.dtype} "
                              f"on {zero.device}, contiguous={zero.is_contiguous()}")
-        zero_programs = triton.cdiv(zero.numel(), _ZERO_BLOCK)
+        zero_programs = cdiv(zero.numel(), _ZERO_BLOCK)
     per_group = E // groups
-    g_p2, pg_p2 = triton.next_power_of_2(groups), triton.next_power_of_2(per_group)
+    g_p2, pg_p2 = next_power_of_2(groups), next_power_of_2(per_group)
     cols = g_p2 * pg_p2
-    block_m = max(1, min(_WARP_SCORES // cols, triton.next_power_of_2(M)))
-    _route_kernel[(triton.cdiv(M, block_m) + zero_programs,)](
+    block_m = max(1, min(_WARP_SCORES // cols, next_power_of_2(M)))
+    _route_kernel[(cdiv(M, block_m) + zero_programs,)](
         logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids, M,
         logits.stride(0), zero.numel() if zero is not None else 0, float(renormalize_eps), float(scaling),
-        TOP_K=top_k, K_P2=triton.next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
+        TOP_K=top_k, K_P2=next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
         GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
         RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
         LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=1)
