@@ -268,3 +268,27 @@ def test_fused_moe_layer_through_the_oracle():
     out = layer(x, logits)
     tw, ti = route_torch(logits, cfg.routing, cfg.top_k)
     assert rel_l2(out, reference_moe(x, weights.to("cuda"), cfg, tw, ti)) < 1e-2
+
+
+def test_expert_ids_outside_the_layer_are_checked_on_request(monkeypatch):
+    """Experts.apply's ids must lie in [0, E); GPU kernels check that only with MOE_CHECK_EXPERT_IDS=1
+    (the check synchronizes with the device), and then refuse naming the ids."""
+    from moe_core import experts as experts_contract
+
+    cfg = tiny()
+    gen = torch.Generator().manual_seed(0)
+    layer, _ = make_layer(cfg, torch.device("cpu"), gen)
+    x = torch.randn(3, cfg.hidden_size, generator=gen)
+    weights = torch.full((3, cfg.top_k), 1.0 / cfg.top_k)
+    ids = torch.zeros(3, cfg.top_k, dtype=torch.int32)
+    ids[1, 0] = cfg.num_experts  # one past the last expert
+    for flag, refused in (("1", True), ("maybe", None)):
+        monkeypatch.setenv(experts_contract.ENV_CHECK_IDS, flag)
+        experts_contract.checking_ids_on_accelerators.cache_clear()
+        if refused:
+            with pytest.raises(ValueError, match=rf"expert ids outside \[0, {cfg.num_experts}\).*\[{cfg.num_experts}\]"):
+                layer.apply(x, weights, ids)
+        else:
+            with pytest.raises(ValueError, match="MOE_CHECK_EXPERT_IDS='maybe'"):
+                layer.apply(x, weights, ids)
+    experts_contract.checking_ids_on_accelerators.cache_clear()

@@ -13,7 +13,9 @@ Two shapes:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -109,6 +111,21 @@ def check_routed_inputs(hidden_states: torch.Tensor, topk_weights: torch.Tensor,
         bad = topk_ids[(topk_ids < 0) | (topk_ids >= E)]
         raise ValueError(f"topk_ids hold expert ids outside [0, {E}) (the layer's experts): "
                          f"{sorted(set(bad.tolist()))[:8]}")
+
+
+ENV_CHECK_IDS = "MOE_CHECK_EXPERT_IDS"
+
+
+@functools.cache
+def checking_ids_on_accelerators() -> bool:
+    """Whether GPU kernels check `Experts.apply`'s inputs too (MOE_CHECK_EXPERT_IDS=1, read once): the
+    range check costs a host synchronization per call, so by default they trust the contract
+    (routers produce ids in [0, E) by construction) and an id outside it reads out of bounds."""
+    flag = os.environ.get(ENV_CHECK_IDS, "0")
+    if flag not in ("0", "1"):
+        raise ValueError(f"{ENV_CHECK_IDS}={flag!r}: accepted values are 0 (GPU kernels trust Experts.apply's "
+                         "expert ids, the default) and 1 (check them, synchronizing with the device)")
+    return flag == "1"
 
 
 # Weights in the layer's dtype (which `Capability.dtypes` constrains).
@@ -269,7 +286,9 @@ class Experts(ABC):
               ) -> torch.Tensor:
         """Modular kernels: [M, K] in the layer dtype -> [M, K], weighted and summed over top-k.
 
-        topk_ids are global expert ids; choices of experts that `expert_map` marks -1 contribute zero.
+        topk_ids are global expert ids in [0, E); choices of experts that `expert_map` marks -1
+        contribute zero. CPU kernels check the ids; GPU kernels only with MOE_CHECK_EXPERT_IDS=1
+        (`checking_ids_on_accelerators`), since the check synchronizes with the device.
         """
 
     def apply_monolithic(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,

@@ -18,7 +18,13 @@ import torch
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import Activation, ActivationKind, MoEConfig
-from moe_core.experts import UNQUANTIZED, Capability, Experts
+from moe_core.experts import (
+    UNQUANTIZED,
+    Capability,
+    Experts,
+    check_routed_inputs,
+    checking_ids_on_accelerators,
+)
 from moe_core.quant import MoEQuantConfig
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.processor import PackedWeights
@@ -109,6 +115,8 @@ class TritonExperts(Experts, TunedLaunch):
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         packed = self._packed()
+        if checking_ids_on_accelerators():
+            check_routed_inputs(hidden_states, topk_weights, topk_ids, cfg)
         M = hidden_states.shape[0]
         if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size:
             raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(hidden_states.shape)}")

@@ -32,7 +32,14 @@ import torch
 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import ActivationKind, MoEConfig
-from moe_core.experts import Capability, Experts, SchemeSupport, Support
+from moe_core.experts import (
+    Capability,
+    Experts,
+    SchemeSupport,
+    Support,
+    check_routed_inputs,
+    checking_ids_on_accelerators,
+)
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4, unpack_int4
@@ -364,6 +371,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
+        if checking_ids_on_accelerators():
+            check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         return self._apply(hidden_states, topk_weights, topk_ids, None)
 
     def apply_monolithic(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
