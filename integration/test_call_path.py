@@ -249,6 +249,7 @@ def test_fused_model_compiles_and_replays_on_gpu():
     torch.testing.assert_close(eager[2], eager[0], rtol=0, atol=0)
     blocks = [m for m in model.modules() if type(m).__name__ == "FusedMoEBlock"]
     assert blocks and all(len(b._graphs) == 1 for b in blocks)
+    assert all(b.moe._graphs is None for b in blocks)  # the layer runs plain inside its block's graph
     breaks, reasons = _graph_breaks(model, ids)
     assert breaks == 0, reasons
     torch._dynamo.reset()

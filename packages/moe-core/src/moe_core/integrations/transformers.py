@@ -374,16 +374,20 @@ class FusedMoEBlock(nn.Module):
         self.output_scale = output_scale
         self.flat_output = desc.flat_output
         self.jitter_noise = float(_attr(block, desc.jitter_noise) or 0.0) if desc.jitter_noise else 0.0
+        self._graphed = moe._graphs is not None
         self._init_graphs()
 
     def _init_graphs(self) -> None:
         """The whole block (router projection, routed and shared experts) replayed as one CUDA graph
-        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs)."""
+        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs); the layer's own
+        graphs would only repeat the block's, so the layer runs plain inside it."""
         moe = self.moe
         self._graphs = CallGraphs(self._block, f"FusedMoEBlock({moe.config.describe()})",
                                   min(GRAPH_MAX_TOKENS, moe.config.max_num_tokens),
                                   lambda tensors: tensors[0].numel() // tensors[0].shape[-1],
-                                  self._graph_version) if moe._graphs is not None else None
+                                  self._graph_version) if self._graphed else None
+        if self._graphed:
+            moe._graphs = None
         # Where the block's own parameters are registered: replaced rather than updated in place, they
         # must not leave a graph reading the old ones.
         self._graph_params = [(module, name) for prefix, module in self.named_modules()
