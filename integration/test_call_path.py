@@ -1,11 +1,13 @@
 """The layer where users call it: torch.compile (the custom op), CUDA graphs of eager calls, reloads
-racing with calls.
+racing with calls, state dicts of fused models.
 
 CPU (CI): `torch._dynamo.explain` finds no graph break in a bare `FusedMoE` nor in a tiny transformers
 model `fuse()` made, and `torch.compile(fullgraph=True)` of each equals eager; copies of a layer get
-their own op key; a reload racing with calls never mixes two loads. GPU (`device("cuda")`): eager calls
-replayed from their graphs equal the plain calls; a reload drops the graphs; compile, reduce-overhead
-and the caller's own CUDA graph capture serve every triton scheme and torch grouped GEMM.
+their own op key; a call during a reload sees the whole new load; a fused model's state dict carries
+its experts. GPU (`device("cuda")`): eager calls replayed from their graphs equal the plain calls and
+never overwrite outputs a caller holds; a reload drops the graphs; a graph memory pool dies with its
+graphs; compile, reduce-overhead and the caller's own CUDA graph capture serve every triton scheme
+and torch grouped GEMM.
 """
 
 from __future__ import annotations
