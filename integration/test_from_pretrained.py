@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import shutil
+import sys
 
 import pytest
 import torch
@@ -126,7 +127,7 @@ def compressed_tensors_fp8_tensors(weight: torch.Tensor, module: str, preset: st
 def compressed_tensors_linear(fmt: str, weight: torch.Tensor, module: str):
     if fmt in CT_FP8_PRESETS:
         return compressed_tensors_fp8_tensors(weight, module, CT_FP8_PRESETS[fmt])
-    bits, symmetric = (4, False) if fmt == "ct-int4-asym" else (8, True)
+    bits, symmetric = (4 if "int4" in fmt else 8), not fmt.endswith("-asym")
     return compressed_tensors_tensors(weight, module, bits, symmetric, GROUP if bits == 4 else None)
 
 
@@ -169,7 +170,8 @@ def build_checkpoint(fmt: str, model) -> tuple[dict, dict | None, dict]:
                                     ignore=["lm_head", "re:.*mlp.gate$"], quantization_status="compressed")
         qc = json.loads(json.dumps(config.model_dump(exclude_none=True), default=str))
     elif fmt.startswith("ct-"):
-        bits, symmetric, strategy = (4, False, "group") if fmt == "ct-int4-asym" else (8, True, "channel")
+        bits, symmetric = (4 if "int4" in fmt else 8), not fmt.endswith("-asym")
+        strategy = "group" if bits == 4 else "channel"
         weights = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": strategy}
         if strategy == "group":
             weights["group_size"] = GROUP
@@ -248,12 +250,19 @@ CASES = {  # format -> (model config, layout, dtype, backend)
     "gptq": (qwen3_config, "sharded", torch.float32, "reference"),
     "awq": (qwen3_config, "hub", torch.bfloat16, "cpu"),
     "ct-int4-asym": (qwen3_config, "single", torch.bfloat16, "cpu"),
+    "ct-int4-sym": (qwen3_config, "single", torch.float32, "cpu"),
     "ct-int8-sym": (qwen3_config, "sharded", torch.float32, "cpu"),
     "ct-fp8-channel": (qwen3_config, "single", torch.bfloat16, "cpu"),
     "ct-fp8-block": (qwen3_config, "sharded", torch.float32, "cpu"),
     "fp8": (qwen3_config, "hub", torch.float32, "cpu"),
     "mxfp4": (gpt_oss_config, "single", torch.bfloat16, "cpu"),
 }
+
+
+# formats whose attention transformers' compressed-tensors quantizer holds (compressed-tensors 0.20 lays out an
+# int4 zero point unpacked, which its asymmetric checkpoints store packed: those are dequantized)
+HF_QUANTIZED = ("ct-int4-sym", "ct-int8-sym", "ct-fp8-channel", "ct-fp8-block")
+WITHOUT_QUANTIZER = {"gptq": "GPTQ", "awq": "AWQ", "fp8": "fine-grained FP8"}  # not installed here, or GPU only
 
 
 def write(tmp_path, fmt: str, seed: int = 0):
@@ -298,8 +307,11 @@ def test_loaded_logits_match_eager_on_the_dequantized_weights(checkpoint, fmt, c
     assert {layer.backend for layer in model.fuse_report.layers} == {backend}
     tolerance = FP8_ACTIVATIONS if fmt in ("fp8", *CT_FP8_PRESETS) else TOLERANCE[dtype]
     assert relative_l2(logits, expected) < tolerance, relative_l2(logits, expected)
-    if fmt not in ("mxfp4",):  # quantized attention is dequantized with a note, not dropped
+    if fmt in HF_QUANTIZED:  # quantized attention goes through transformers' quantizer, with a note
+        assert "load through transformers' compressed-tensors quantizer" in caplog.text
+    elif fmt != "mxfp4":  # or is dequantized with a note naming transformers' quantizer it lacked, never dropped
         assert "outside the experts are" in caplog.text and "dequantized to" in caplog.text
+        assert f"transformers' {WITHOUT_QUANTIZER.get(fmt, 'compressed-tensors')} quantizer" in caplog.text
     assert "loading the experts of 2 MoE layers" in caplog.text
     out = model.generate(ids, max_new_tokens=3, do_sample=False)
     assert out.shape == (2, 9)
@@ -314,7 +326,8 @@ def test_unquantized_checkpoint_written_by_transformers(tmp_path):
         assert relative_l2(loaded(ids).logits, model(ids).logits) < TOLERANCE[torch.float32]
 
 
-@pytest.mark.parametrize("fmt", ["gptq", "ct-int8-sym", "ct-fp8-channel", "ct-fp8-block", "fp8", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["gptq", "ct-int4-sym", "ct-int8-sym", "ct-fp8-channel", "ct-fp8-block", "fp8",
+                                 "mxfp4"])
 def test_save_round_trip_is_bit_exact_and_loads_again(tmp_path, checkpoint, fmt):
     from safetensors import safe_open
 
@@ -361,6 +374,57 @@ def test_transformers_reads_the_saved_compressed_tensors_checkpoint(tmp_path, ch
         assert relative_l2(theirs(ids).logits, eager(ids).logits) < tolerance
 
 
+@pytest.mark.parametrize("fmt", HF_QUANTIZED)
+def test_compressed_tensors_attention_runs_in_transformers_quantizer_modules(checkpoint, fmt):
+    """The attention linears are compressed-tensors' modules set up by transformers' quantizer, holding
+    exactly the weights transformers' own from_pretrained gives them; the logits differ from its model
+    only by the experts (moe_core's kernels at the checkpoint's precision, transformers' eager ones on
+    weights it decompresses to bf16 and runs without fp8 input rounding)."""
+    path, _ = checkpoint(fmt)
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        ours = from_pretrained(path, prefer="cpu", dtype=torch.float32)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        expected = theirs(ids).logits  # its first forward decompresses its compressed-tensors modules
+        logits = ours(ids).logits
+        for layer in range(LAYERS):
+            for proj in ATTENTION:
+                mine = getattr(ours.model.layers[layer].self_attn, proj)
+                other = getattr(theirs.model.layers[layer].self_attn, proj)
+                assert mine.quantization_scheme == other.quantization_scheme is not None
+                assert mine.quantization_status == other.quantization_status
+                assert dict(mine.named_parameters()).keys() == dict(other.named_parameters()).keys() > {"weight"}
+                assert torch.equal(mine.weight, other.weight)
+        assert relative_l2(logits, expected) < (FP8_ACTIVATIONS if fmt in CT_FP8_PRESETS else 1e-2)
+        assert ours.generate(ids, max_new_tokens=3, do_sample=False).shape == (2, 9)
+
+
+def test_without_transformers_compressed_tensors_quantizer_attention_is_dequantized(checkpoint, monkeypatch,
+                                                                                      caplog):
+    path, eager = checkpoint("ct-int8-sym")
+    for name in [m for m in sys.modules if m.split(".")[0] == "compressed_tensors"] + ["compressed_tensors"]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import compressed_tensors...` raises ImportError
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(8))
+    with caplog.at_level(logging.INFO, logger="moe_core"), torch.no_grad():
+        model = from_pretrained(path, prefer="cpu", dtype=torch.float32)
+        assert relative_l2(model(ids).logits, eager(ids).logits) < TOLERANCE[torch.float32]
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert not hasattr(q_proj, "quantization_scheme") and set(dict(q_proj.named_parameters())) == {"weight"}
+    assert re.search(r"8 linear layer\(s\) outside the experts are compressed-tensors-quantized .* dequantized to "
+                     r"float32 .*transformers' compressed-tensors quantizer is unavailable: .*compressed_tensors",
+                     caplog.text)
+
+
+def test_asymmetric_int4_attention_is_dequantized_naming_the_quantizer_layout(checkpoint, caplog):
+    path, _ = checkpoint("ct-int4-asym")
+    with caplog.at_level(logging.INFO, logger="moe_core"):
+        model = from_pretrained(path, prefer="cpu", dtype=torch.float32)
+    assert not hasattr(model.model.layers[0].self_attn.q_proj, "quantization_scheme")
+    assert re.search(r"dequantized to float32 .*transformers' compressed-tensors quantizer lays out "
+                     r"model.layers.0.self_attn.\w+.weight_zero_point as \[\d+, 2\], but the checkpoint stores "
+                     r"model.layers.0.self_attn.\w+.weight_zero_point as \[\d+, 2\]", caplog.text)
+
+
 def test_save_refuses_changed_experts_before_writing(tmp_path, checkpoint):
     path, _ = checkpoint("awq")
     model = from_pretrained(path, prefer="cpu", dtype=torch.bfloat16)
@@ -368,6 +432,17 @@ def test_save_refuses_changed_experts_before_writing(tmp_path, checkpoint):
     block.moe.load_weights(ExpertWeights.from_float(torch.randn(E, 2 * N, K), torch.randn(E, K, N),
                                                     block.moe.quant, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match=r"the experts of model.layers.1.mlp no longer hold"):
+        model.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_save_refuses_a_changed_quantizer_linear_before_writing(tmp_path, checkpoint):
+    path, _ = checkpoint("ct-int8-sym")
+    model = from_pretrained(path, prefer="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.mul_(2)
+    with pytest.raises(RuntimeError, match=r"model.layers.1.self_attn.o_proj \(loaded through transformers' "
+                                           r"compressed-tensors quantizer\) no longer hold"):
         model.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

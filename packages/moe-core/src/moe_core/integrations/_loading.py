@@ -12,8 +12,11 @@ Steps, each refusing with the reason before the next:
 3. every MoE block described (as `fuse` does) and its experts found in the checkpoint;
 4. the non-expert weights read by name from the safetensors files (through transformers' renamings of
    checkpoint keys where the model type has them) onto `device` in the model's dtype. Linears that the
-   checkpoint quantized outside the experts (attention, shared experts) are dequantized to the model
-   dtype by the same readers, with a logged note; none is dropped;
+   checkpoint quantized outside the experts (attention, shared experts) load through transformers'
+   own quantizer where it serves the format (compressed-tensors: its modules are set up on the meta
+   model before anything is read, take the checkpoint's tensors as stored, and are decompressed by
+   compressed-tensors once loaded); otherwise they are dequantized to the model dtype by the same
+   readers, with a logged note naming what was missing; none is dropped;
 5. layer by layer, the experts read into canonical form by `moe_core.weights.checkpoint.read_layer`
    (quantized experts stay quantized: no 16-bit copy) and converted to the kernel's layout by the
    `FusedMoE` the oracle chose; the block is swapped for a `FusedMoEBlock`.
@@ -27,7 +30,9 @@ The model's `save_pretrained` writes the checkpoint back in its own format (`_sa
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
+import importlib.util
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -116,16 +121,13 @@ def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dty
     device = torch.device("cpu" if device is None else device)
     tensors = SafetensorsDirectory(root)
 
-    model = _meta_model(hf_config, dtype)
-    blocks = _blocks(model, model_type, desc)
-    layers = {name: _checkpoint_layer(tensors, name) for name, _ in blocks}
-    expert_params = {f"{name}.{desc.experts}" for name, _ in blocks}
+    quantizer = _hf_quantizer(fmt, device)
+    model, blocks, layers, plan, quantizer = _skeleton(hf_config, dtype, model_type, desc, tensors, fmt, quantizer)
     source = CheckpointSource(root=root, config=config_json)
-    plan = _plan_dense(model, tensors, fmt, set(prefix for _, prefix in layers.values()), expert_params)
     for name, block in blocks:  # refuse a block the descriptors cannot express before reading anything
         _describe(model_type, name, block, desc)
 
-    loaded = _load_dense(model, plan, fmt, tensors, device, dtype, source)
+    loaded = _load_dense(model, plan, fmt, tensors, device, dtype, source, quantizer.why_not)
     progress = LoggedProgress(_log, f"loading the experts of {len(blocks)} MoE layers from {root}")
     fused = []
     for i, (name, block) in enumerate(blocks):
@@ -137,6 +139,8 @@ def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dty
         fused.append((name, moe_block))
         progress(i + 1, len(blocks))
     _record_param_names(model, loaded, source)
+    if plan.kept:
+        _decompress(model, quantizer.hf, source)
     _refuse_meta(model)
 
     from moe_core.integrations._saving import install_save
@@ -223,6 +227,44 @@ def _model_dtype(dtype: torch.dtype | None, hf_config) -> torch.dtype:
     return dtype
 
 
+@dataclass(frozen=True)
+class _Quantizer:
+    """transformers' quantizer for the linears the checkpoint quantized outside the experts, or why
+    there is none (said in the note of the linears dequantized instead)."""
+
+    hf: object | None
+    why_not: str = ""
+
+
+# transformers' quantizers of the formats from_pretrained dequantizes: their name and the packages they need
+_HF_QUANTIZER_NEEDS = {"gptq": ("GPTQ", ("optimum", "gptqmodel")), "awq": ("AWQ", ("gptqmodel", "accelerate")),
+                       "fp8": ("fine-grained FP8", ("accelerate", "kernels"))}
+
+
+def _hf_quantizer(fmt: _Format, device: torch.device) -> _Quantizer:
+    if fmt.method == "compressed-tensors":
+        try:
+            from transformers.quantizers import AutoHfQuantizer
+
+            quantizer = AutoHfQuantizer.from_config(copy.deepcopy(dict(fmt.qc)), pre_quantized=True)
+            quantizer.validate_environment()
+        except ImportError as exc:
+            return _Quantizer(None, f"transformers' compressed-tensors quantizer is unavailable: {exc}")
+        return _Quantizer(quantizer)
+    if fmt.method not in _HF_QUANTIZER_NEEDS:
+        return _Quantizer(None)  # unquantized, or quantized experts only (mxfp4)
+    name, needs = _HF_QUANTIZER_NEEDS[fmt.method]
+    missing = [package for package in needs if importlib.util.find_spec(package) is None]
+    if missing:
+        return _Quantizer(None, f"transformers' {name} quantizer needs {' and '.join(missing)}, which "
+                                f"{'is' if len(missing) == 1 else 'are'} not installed")
+    if fmt.method == "fp8" and device.type not in ("cuda", "xpu"):
+        return _Quantizer(None, f"transformers' {name} quantizer runs fp8 linears on CUDA or XPU only, not "
+                                f"{device.type}")
+    return _Quantizer(None, f"from_pretrained hands only compressed-tensors linears to transformers' quantizer, "
+                            f"not {name} ones")
+
+
 # ---- step 2: the model without its weights ----------------------------------------------------------
 
 
@@ -275,6 +317,39 @@ def _checkpoint_layer(tensors: SafetensorsDirectory, block_name: str) -> tuple[i
     return index, find_experts_prefix(tensors, index, str(tensors.root))
 
 
+def _skeleton(hf_config, dtype: torch.dtype, model_type: str, desc: BlockDescriptor, tensors: SafetensorsDirectory,
+              fmt: _Format, quantizer: _Quantizer):
+    """(meta model, its MoE blocks, each block's (layer index, experts prefix), the plan of every other
+    tensor, the quantizer used). With transformers' quantizer, its modules take the place of the
+    linears it quantizes before anything is read; where they do not match the checkpoint's tensors as
+    stored, the model is built again without it, and the returned quantizer says why."""
+    model = _meta_model(hf_config, dtype)
+    if quantizer.hf is not None:
+        # the quantizer's own step, not preprocess_model: that also swaps fused experts of some model
+        # types (llama4) for per-expert linears, which moe_core reads from the checkpoint itself
+        quantizer.hf._process_model_before_weight_loading(model)
+    blocks = _blocks(model, model_type, desc)
+    layers = {name: _checkpoint_layer(tensors, name) for name, _ in blocks}
+    expert_modules = {f"{name}.{desc.experts}" for name, _ in blocks}
+    plan = _plan_dense(model, tensors, fmt, {prefix for _, prefix in layers.values()}, expert_modules)
+    clash = _layout_clash(model, plan, tensors, fmt)
+    if clash is not None:
+        return _skeleton(hf_config, dtype, model_type, desc, tensors, fmt, _Quantizer(None, clash))
+    return model, blocks, layers, plan, quantizer
+
+
+def _layout_clash(model: nn.Module, plan: _DensePlan, tensors: SafetensorsDirectory, fmt: _Format) -> str | None:
+    """Why transformers' quantizer modules cannot take the checkpoint's tensors as stored, if they cannot
+    (compressed-tensors 0.20 lays out an int4 zero point unpacked, [out, groups], which its checkpoints
+    store packed, [out / 8, groups])."""
+    for name, key in plan.kept.items():
+        ours, stored = list(_lookup(model, name).shape), tensors.header(key)[0]
+        if ours != stored:
+            return (f"transformers' {fmt.method} quantizer lays out {name} as {ours}, but the checkpoint stores "
+                    f"{key} as {stored}")
+    return None
+
+
 def _describe(model_type: str, name: str, block: nn.Module, desc: BlockDescriptor):
     from moe_core.integrations.transformers import _resolve
 
@@ -287,7 +362,8 @@ def _describe(model_type: str, name: str, block: nn.Module, desc: BlockDescripto
 @dataclass
 class _DensePlan:
     float_keys: dict[str, str]  # model parameter name -> checkpoint key
-    quantized: dict[str, str]  # model module name (a Linear) -> checkpoint module name
+    quantized: dict[str, str]  # model module name (a Linear) -> checkpoint module name, to dequantize
+    kept: dict[str, str]  # model tensor of a transformers quantizer's module -> checkpoint key, loaded as stored
     tied: dict[str, str]  # model parameter absent from the checkpoint -> the one transformers ties it to
 
 
@@ -324,24 +400,28 @@ def _plan_dense(model: nn.Module, tensors: SafetensorsDirectory, fmt: _Format, e
     wanted |= {n for n, _ in model.named_buffers(remove_duplicate=False)
                if _persistent(model, n) and outside(n, expert_modules)}
     keys = [k for k in tensors if outside(k, expert_prefixes)]
+    # modules transformers' quantizer (compressed-tensors) set up: they take the checkpoint's tensors as stored
+    held = {name for name, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None}
     quantized: dict[str, str] = {}  # model Linear -> checkpoint module
     for key in keys:
         module, _, leaf = key.rpartition(".")
         target = rename(f"{module}.weight").removesuffix(".weight")
-        if leaf in fmt.markers and f"{target}.weight" in wanted:
+        if leaf in fmt.markers and f"{target}.weight" in wanted and target not in held:
             quantized[target] = module
-    float_keys, unused = {}, []
+    float_keys, kept, unused = {}, {}, []
     quantized_modules = set(quantized.values())
     for key in keys:
         module, _, leaf = key.rpartition(".")
         if module in quantized_modules and leaf != "bias":
             continue  # read by the dequantizer (an fp8 `weight` too, no float weight); a bias loads as a float
         target = rename(key)
-        if target in wanted:
-            float_keys[target] = key
-        else:
+        if target not in wanted:
             unused.append(key)
-    covered = set(float_keys) | {f"{m}.weight" for m in quantized}
+        elif target.rpartition(".")[0] in held and leaf != "bias":
+            kept[target] = key
+        else:
+            float_keys[target] = key
+    covered = set(float_keys) | set(kept) | {f"{m}.weight" for m in quantized}
     tied_to = _tied_weights(model)
     tied = {m: tied_to[m] for m in wanted - covered if tied_to.get(m) in covered}
     missing = sorted(wanted - covered - set(tied))
@@ -353,7 +433,7 @@ def _plan_dense(model: nn.Module, tensors: SafetensorsDirectory, fmt: _Format, e
         _log.warning("%s: %d checkpoint tensor(s) outside the experts match no model parameter and are not "
                      "loaded (as transformers leaves them): %s", tensors.root, len(unused),
                      ", ".join(sorted(unused)[:6]) + (" ..." if len(unused) > 6 else ""))
-    return _DensePlan(float_keys, quantized, tied)
+    return _DensePlan(float_keys, quantized, kept, tied)
 
 
 def _persistent(model: nn.Module, name: str) -> bool:
@@ -382,12 +462,13 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor) -> torch.Tenso
 
 
 def _load_dense(model: nn.Module, plan: _DensePlan, fmt: _Format, tensors: SafetensorsDirectory,
-                device: torch.device, dtype: torch.dtype, source: CheckpointSource) -> dict[str, torch.Tensor]:
-    """Load the non-expert tensors; returns checkpoint key -> the model tensor now holding it."""
+                device: torch.device, dtype: torch.dtype, source: CheckpointSource,
+                why_not_quantizer: str) -> dict[str, torch.Tensor]:
+    """Load the non-expert tensors; returns checkpoint key -> the model tensor now holding it (float
+    tensors only: the tensors of quantized linears are written back as stored, `source.raw`)."""
     from moe_core.integrations._dequantize import dequantized_linear
 
-    loaded = {}
-    for name, key in plan.float_keys.items():
+    def load(name: str, key: str) -> torch.Tensor:
         current = _lookup(model, name)
         value = tensors[key]
         if tuple(value.shape) != tuple(current.shape):
@@ -395,11 +476,21 @@ def _load_dense(model: nn.Module, plan: _DensePlan, fmt: _Format, tensors: Safet
                                   f"{name} is {list(current.shape)}")
         # the model's own dtype per tensor: transformers keeps some in fp32 (e.g. selection biases)
         target_dtype = current.dtype if current.dtype.is_floating_point else value.dtype
-        loaded[key] = _set_tensor(model, name, value.to(device=device, dtype=target_dtype))
+        return _set_tensor(model, name, value.to(device=device, dtype=target_dtype))
+
+    loaded = {key: load(name, key) for name, key in plan.float_keys.items()}
+    if plan.kept:
+        _log.info("%s: %d linear layer(s) outside the experts are %s-quantized in the checkpoint (e.g. %s); they load "
+                  "through transformers' %s quantizer, whose modules compressed-tensors decompresses to %s once "
+                  "loaded", tensors.root, len({name.rpartition(".")[0] for name in plan.kept}), fmt.method,
+                  next(iter(plan.kept.values())).rpartition(".")[0], fmt.method, str(dtype).removeprefix("torch."))
+    for name, key in plan.kept.items():
+        load(name, key)
+        source.raw.append(key)
     if plan.quantized:
         _log.info("%s: %d linear layer(s) outside the experts are %s-quantized in the checkpoint (e.g. %s); they are "
-                  "dequantized to %s (moe_core runs quantized experts only)", tensors.root, len(plan.quantized),
-                  fmt.method, next(iter(plan.quantized.values())), str(dtype).removeprefix("torch."))
+                  "dequantized to %s (moe_core runs quantized experts only; %s)", tensors.root, len(plan.quantized),
+                  fmt.method, next(iter(plan.quantized.values())), str(dtype).removeprefix("torch."), why_not_quantizer)
     for target, module in plan.quantized.items():
         linear = model.get_submodule(target)
         read = TensorSource(tensors, str(tensors.root))
@@ -429,6 +520,26 @@ def _unchanged(module: nn.Module, leaf: str) -> Callable[[], bool]:
     tensor = getattr(module, leaf)
     version = tensor._version
     return lambda: getattr(module, leaf, None) is tensor and tensor._version == version
+
+
+def _unchanged_tensors(module: nn.Module, leaves: list[str]) -> Callable[[], bool]:
+    """True while each of `module`'s `leaves` is the tensor it holds now, unmodified."""
+    checks = [_unchanged(module, leaf) for leaf in leaves]
+    return lambda: all(check() for check in checks)
+
+
+def _decompress(model: nn.Module, quantizer, source: CheckpointSource) -> None:
+    """compressed-tensors turns the loaded tensors of its modules into a weight of the model dtype, as
+    transformers' quantizer does on the model's first forward. The checkpoint tensors behind them are
+    written back as stored, so each module must keep what this leaves it (its bias is saved from the
+    model, as any float tensor)."""
+    held = [(name, m) for name, m in model.named_modules() if getattr(m, "quantization_scheme", None) is not None]
+    quantizer.compressor.decompress_model(model)
+    for name, module in held:
+        leaves = [leaf for leaf, _ in module.named_parameters(recurse=False) if leaf != "bias"]
+        leaves += [leaf for leaf, _ in module.named_buffers(recurse=False)]
+        source.raw_guards.append((f"{name} (loaded through transformers' compressed-tensors quantizer)",
+                                  _unchanged_tensors(module, leaves)))
 
 
 def _unchanged_experts(moe: FusedMoE) -> Callable[[], bool]:

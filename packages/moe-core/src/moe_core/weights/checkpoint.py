@@ -160,14 +160,19 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
         except Exception as exc:  # the index named a key its shard lacks
             raise CheckpointError(f"{path}: cannot read tensor {key!r} listed in the index: {exc}") from exc
 
-    def nbytes(self, key: str) -> int:
-        """The stored size of tensor `key`, from its file's header (the data is not read)."""
+    def header(self, key: str) -> tuple[list[int], str]:
+        """The stored shape and safetensors dtype name ("I32", "BF16", ...) of tensor `key`, from its
+        file's header (the data is not read)."""
         path, handle = self._handle(key)
         try:
             part = handle.get_slice(key)
-            shape, dtype = part.get_shape(), part.get_dtype()
+            return part.get_shape(), part.get_dtype()
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot read tensor {key!r} listed in the index: {exc}") from exc
+
+    def nbytes(self, key: str) -> int:
+        """The stored size of tensor `key`, from its file's header (the data is not read)."""
+        shape, dtype = self.header(key)
         bits = 8 if dtype == "BOOL" else int(re.match(r"[A-Z]+(\d+)", dtype).group(1))
         return math.prod(shape) * bits // 8
 
