@@ -2,8 +2,8 @@
 
 GPTQ, AWQ and compressed-tensors checkpoints usually quantize attention and shared-expert linears
 too; fp8 ones (block FP8, compressed-tensors float-quantized) every linear but the router and head.
-`from_pretrained` runs those as float linears of the model dtype, dequantized here through the
-experts' own readers (one projection each), so the values are exactly the ones the readers define:
+Where transformers' quantizer does not take them (see `from_pretrained`), it runs those as float
+linears of the model dtype, dequantized here through the experts' own readers (one projection each), so the values are exactly the ones the readers define:
 (code - zero) * scale per group, or fp8 times its tensor, row or block scale.
 """
 

@@ -100,6 +100,16 @@ def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dty
     `fp8_w8a8`; static input scales and asymmetric fp8 are refused), block FP8 (`weight_scale_inv`) and
     gpt-oss MXFP4.
 
+    Linears the checkpoint quantized outside the experts (attention, shared experts): compressed-tensors
+    ones go through transformers' own compressed-tensors quantizer when it imports (the compressed-tensors
+    package): its modules are set up on the meta model, take the checkpoint's tensors as stored, and are
+    decompressed by compressed-tensors once loaded, as transformers does on the first forward (so they
+    hold a weight of the model dtype and run their scheme, fp8 input rounding included, as in
+    transformers' own model). Otherwise, and for GPTQ, AWQ and block FP8 (whose transformers quantizers
+    need gptqmodel, optimum, accelerate, kernels or a GPU, and are not applied here), they are dequantized
+    to the model dtype by moe_core's readers, with a logged note naming what was missing. Either way
+    `save_pretrained` writes their checkpoint tensors back as stored.
+
     Returns the model in eval mode, with `model.fuse_report` (each layer's backend; `.explain()`
     gives every candidate's reason). Raises UnsupportedModelError (model type, block) or
     CheckpointError / ValueError (format, files, tensors) before loading anything it cannot serve.

@@ -2,11 +2,11 @@
 
 A `FusedMoE` holds its experts only in a kernel's layout (int4 tinygemm tiles, Marlin words, ...),
 which is no checkpoint format. A model from `from_pretrained` therefore writes its experts, and the
-linears it dequantized, as the checkpoint stored them (read again from the files they were loaded
+linears it dequantized or handed to transformers' quantizer, as the checkpoint stored them (read again from the files they were loaded
 from: a round trip is bit-exact by construction), and every other tensor from the model under its
 checkpoint name; config.json is the model's config (which keeps the quantization_config). Before
 writing anything it checks that every such tensor is still what was loaded (a layer given other
-weights through `load_weights`, or a dequantized weight changed in place, would make the copy false)
+weights through `load_weights`, or such a linear's weight changed in place, would make the copy false)
 and that the source files are still there. A model fused by `fuse()` has no such source: its
 `save_pretrained` raises instead of writing a checkpoint without experts.
 """
