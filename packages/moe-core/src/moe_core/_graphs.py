@@ -84,9 +84,35 @@ def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
 
+class _CudaGraphApi:
+    """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place)."""
+
+    device_type = "cuda"
+
+    @staticmethod
+    def capturing() -> bool:
+        return torch._C._cuda_isCurrentStreamCapturing()
+
+    @staticmethod
+    def where(device: torch.device) -> tuple[int, int]:
+        """(device index, current raw stream): the graphs of one may not serve the other."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return index, torch._C._cuda_getCurrentRawStream(index)
+
+    @staticmethod
+    def capture(work: Callable[[], None], pool: object | None) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            work()
+        return graph
+
+
+_api = _CudaGraphApi()
+
+
 @dataclass(eq=False)  # identity: held in weak sets
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph  # replay() and pool()
     outputs: tuple[torch.Tensor, ...]  # written by the graph's last kernels, outside the pool
     storages: tuple[int, ...]  # the outputs' storages, and their use count while only this graph holds them
     idle_counts: tuple[int, ...]
@@ -142,13 +168,12 @@ class CallGraphs:
 
     def __call__(self, *tensors: torch.Tensor):
         first = tensors[0]
-        if (first.device.type != "cuda" or torch.compiler.is_compiling()
-                or not 0 < self._rows_of(tensors) <= self._max_tokens or torch._C._cuda_isCurrentStreamCapturing()
+        if (first.device.type != _api.device_type or torch.compiler.is_compiling()
+                or not 0 < self._rows_of(tensors) <= self._max_tokens or _api.capturing()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return self._fn(*tensors)
-        device = first.device.index if first.device.index is not None else torch.cuda.current_device()
-        stream = torch._C._cuda_getCurrentRawStream(device)
-        key = (stream, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+        where = _api.where(first.device)
+        key = (where, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
         version = self._version()
         with self._lock:
             if version != self._captured_version:  # the graphs read what the call no longer reads
@@ -169,7 +194,7 @@ class CallGraphs:
             if graph is None:
                 if len(sig.graphs) >= _RING:  # the caller holds every graph's outputs
                     return self._fn(*tensors)
-                graph = self._capture(sig, tensors, (device, stream))
+                graph = self._capture(sig, tensors, where)
                 if graph is None:
                     return self._fn(*tensors)
             torch._foreach_copy_(list(sig.inputs), list(tensors))
@@ -177,8 +202,6 @@ class CallGraphs:
             return graph.result()
 
     def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], where: tuple[int, int]) -> _Graph | None:
-        graph = torch.cuda.CUDAGraph()
-        pool = _shared_pool(where)
         try:
             out = self._fn(*sig.inputs)  # its shapes, to allocate the output buffers outside the pool
             single = isinstance(out, torch.Tensor)
@@ -186,10 +209,13 @@ class CallGraphs:
             if not all(isinstance(o, torch.Tensor) for o in outs):
                 raise TypeError(f"a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
             buffers = tuple(torch.empty_like(o) for o in outs)
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._fn(*sig.inputs)
-                for buffer, o in zip(buffers, (out,) if single else out):
+
+            def work() -> None:
+                result = self._fn(*sig.inputs)
+                for buffer, o in zip(buffers, (result,) if single else result):
                     buffer.copy_(o)
+
+            graph = _api.capture(work, _shared_pool(where))
         except Exception as exc:  # a backend that cannot be captured (host sync, allocation): serve eagerly
             sig.failed = True
             _log.warning("%s: calls of shapes %s run eagerly: capturing them in a CUDA graph failed (%s: %s)",

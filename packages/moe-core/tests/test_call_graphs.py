@@ -1,0 +1,189 @@
+"""`moe_core._graphs.CallGraphs`' bookkeeping on the CPU: CUDA's graph calls replaced by a stand-in
+whose 'graph' runs the captured work again on replay. What a real GPU adds (the kernels recorded, the
+pool) is checked by integration/test_call_path.py on a GPU; here: first sightings run eagerly,
+the second call captures, later ones replay without the call's Python; outputs a caller keeps are
+never overwritten (more graphs of the signature, then eager calls); a new version drops the graphs;
+capture failures, large calls, grad mode and nested captures stay eager."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graphs
+
+
+class _Graph:
+    def __init__(self, work, pool) -> None:
+        self._work = work
+        self._pool = pool if pool is not None else object()
+
+    def replay(self) -> None:
+        self._work()
+
+    def pool(self) -> object:
+        return self._pool
+
+
+class _CpuGraphApi:
+    """Graphs of CPU calls: capturing runs the work once (a real capture only records it), replaying runs it again."""
+
+    device_type = "cpu"
+
+    def __init__(self) -> None:
+        self.captures = 0
+        self.fail: Exception | None = None
+        self._capturing = False
+
+    def capturing(self) -> bool:
+        return self._capturing
+
+    def where(self, device: torch.device) -> tuple[int, int]:
+        return 0, 0
+
+    def capture(self, work, pool) -> _Graph:
+        if self.fail is not None:
+            raise self.fail
+        self.captures += 1
+        self._capturing = True
+        try:
+            work()
+        finally:
+            self._capturing = False
+        return _Graph(work, pool)
+
+
+@pytest.fixture
+def api(monkeypatch) -> _CpuGraphApi:
+    stand_in = _CpuGraphApi()
+    monkeypatch.setattr(_graphs, "_api", stand_in)
+    return stand_in
+
+
+class _Counted:
+    """x [M, K], y [M, E] -> x * 2 + y's row sums; counts its eager runs (the call's Python)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.version = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.runs += 1
+        return x * 2 + y.sum(-1, keepdim=True)
+
+
+def _graphs_of(fn: _Counted, max_tokens: int = 64) -> _graphs.CallGraphs:
+    return _graphs.CallGraphs(fn, "test", max_tokens, lambda t: t[0].shape[0], lambda: fn.version)
+
+
+def _inputs(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 8, generator=gen), torch.randn(rows, 4, generator=gen)
+
+
+def _want(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2 + y.sum(-1, keepdim=True)
+
+
+def test_the_second_call_of_a_signature_captures_and_later_ones_replay(api):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    for seed in range(5):
+        x, y = _inputs(3, seed)
+        torch.testing.assert_close(graphs(x, y), _want(x, y), rtol=0, atol=0)
+    assert api.captures == 1 and len(graphs) == 1
+    # call 1 eager; call 2 a warm-up run, the capture and its replay; calls 3-5 replays (the stand-in's
+    # replay runs the captured work again, where a CUDA graph replays its kernels without the Python)
+    assert fn.runs == 1 + 3 + 3
+    x, y = _inputs(5, 9)  # another signature: its own first sighting
+    graphs(x, y)
+    assert api.captures == 1
+
+
+def test_outputs_a_caller_keeps_are_never_overwritten(api):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    graphs(*_inputs(2, 0))
+    calls = [_inputs(2, 10 + i) for i in range(7)]
+    kept = [graphs(x, y) for x, y in calls]
+    for out, (x, y) in zip(kept, calls):
+        torch.testing.assert_close(out, _want(x, y), rtol=0, atol=0)
+    assert len(graphs) == _graphs._RING  # then eager calls, the caller holding every graph's outputs
+    del kept
+    out = graphs(*_inputs(2, 30))  # graphs free again: replayed, no new capture
+    assert len(graphs) == _graphs._RING and api.captures == _graphs._RING
+    view = out[0]  # a view of the output keeps its storage: the next call must not reuse that graph
+    later = graphs(*_inputs(2, 31))
+    torch.testing.assert_close(view, _want(*_inputs(2, 30))[0], rtol=0, atol=0)
+    torch.testing.assert_close(later, _want(*_inputs(2, 31)), rtol=0, atol=0)
+
+
+def test_a_new_version_drops_every_graph(api):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    for _ in range(3):
+        graphs(*_inputs(2, 0))
+    assert len(graphs) == 1
+    fn.version += 1  # e.g. the weights were reloaded
+    graphs(*_inputs(2, 1))
+    assert len(graphs) == 0  # and this call was a first sighting again
+    graphs(*_inputs(2, 2))
+    assert len(graphs) == 1
+
+
+@pytest.mark.parametrize("rows", [0, 65])
+def test_empty_and_large_calls_stay_eager(api, rows):
+    fn = _Counted()
+    graphs = _graphs_of(fn, max_tokens=64)
+    for seed in range(3):
+        x, y = _inputs(rows, seed)
+        torch.testing.assert_close(graphs(x, y), _want(x, y))
+    assert len(graphs) == 0 and fn.runs == 3
+
+
+def test_grad_mode_and_nested_captures_stay_eager(api):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    x, y = _inputs(2, 0)
+    x.requires_grad_(True)
+    for _ in range(3):
+        graphs(x, y)
+    assert len(graphs) == 0
+    api._capturing = True  # the caller's own capture: the call is recorded there, not graphed here
+    for _ in range(3):
+        graphs(*_inputs(2, 1))
+    assert len(graphs) == 0
+
+
+def test_a_failed_capture_is_logged_once_and_served_eagerly(api, caplog):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    api.fail = RuntimeError("operation not permitted when stream is capturing")
+    with caplog.at_level(logging.WARNING, logger="moe_core._graphs"):
+        for seed in range(4):
+            x, y = _inputs(2, seed)
+            torch.testing.assert_close(graphs(x, y), _want(x, y), rtol=0, atol=0)
+    assert len(graphs) == 0
+    assert caplog.text.count("capturing them in a CUDA graph failed") == 1
+
+
+def test_a_layer_replays_its_graphs_and_drops_them_on_reload(api):
+    """FusedMoE through the stand-in: graphed calls equal plain ones, before and after a reload."""
+    config = MoEConfig(num_experts=8, top_k=2, hidden_size=32, intermediate_size=16, dtype=torch.float32,
+                       routing=Routing.deepseek_v3(4, 2, 2.5))
+    layer = FusedMoE(config, device="cpu", prefer="reference")
+    plain = FusedMoE(config, device="cpu", prefer="reference")
+    layer._graphed = True  # as on a GPU
+    layer._init_call_state()
+    gen = torch.Generator().manual_seed(0)
+    for seed in (1, 2):
+        weights, bias = ExpertWeights.random(config, layer.quant, seed=seed), torch.randn(8, generator=gen)
+        layer.load_weights(weights, bias)
+        plain.load_weights(weights, bias)
+        for _ in range(3):
+            x, logits = torch.randn(4, 32, generator=gen), torch.randn(4, 8, generator=gen)
+            with torch.no_grad():
+                torch.testing.assert_close(layer(x, logits), plain(x, logits), rtol=0, atol=0)
+        assert len(layer._graphs) == 1  # the first load's graph dropped by the reload
