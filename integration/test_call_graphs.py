@@ -187,3 +187,24 @@ def test_a_layer_replays_its_graphs_and_drops_them_on_reload(api):
             with torch.no_grad():
                 torch.testing.assert_close(layer(x, logits), plain(x, logits), rtol=0, atol=0)
         assert len(layer._graphs) == 1  # the first load's graph dropped by the reload
+
+
+def test_a_fused_block_replays_as_one_graph(api):
+    """A fused transformers block graphed as a whole (router projection, experts, shared experts) gives
+    the plain block's outputs; its layer then runs plain inside it."""
+    from test_transformers_models import build_model
+
+    from moe_core.integrations.transformers import fuse
+
+    model = build_model("qwen2_moe", torch.float32, seed=0)  # shared experts with a gate
+    fuse(model, prefer="reference")
+    block = next(m for m in model.modules() if type(m).__name__ == "FusedMoEBlock")
+    block._graphed = True  # as on a GPU
+    block._init_graphs()
+    assert block.moe._graphs is None
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(1, 3, model.config.hidden_size, generator=gen)
+            torch.testing.assert_close(block(x), block._block(x), rtol=0, atol=0)
+    assert len(block._graphs) == 1
