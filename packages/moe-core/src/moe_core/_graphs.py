@@ -140,8 +140,7 @@ class CallGraphs:
     `rows_of(tensors)` gives a call's row count, compared with `max_tokens`. `fn` must depend on
     nothing but its tensor arguments and the state `version()` names (a value that changes with it:
     a count of weight loads, a forced launch configuration, parameter addresses); a call under a new
-    version drops every graph captured under the old one. `clear()` drops every graph (and the
-    memory its buffers hold).
+    version drops every graph captured under the old one (and the memory its buffers held).
     """
 
     def __init__(self, fn: Callable[..., object], name: str, max_tokens: int,
@@ -156,11 +155,6 @@ class CallGraphs:
         self._captured_version: object = None  # the version every graph in _signatures was captured under
         # Taken for a whole graphed call: the static inputs are shared by the signature's graphs.
         self._lock = threading.Lock()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._signatures.clear()
-            self._seen.clear()
 
     def __len__(self) -> int:
         """Graphs captured."""
