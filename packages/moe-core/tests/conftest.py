@@ -24,3 +24,22 @@ def fast(monkeypatch):
     monkeypatch.setattr(bench_cli, "measure_ceilings", lambda device, dtype, host_samples: bench.Ceilings(
         1e10, {"bfloat16": 1e11}, "bfloat16", 1, 1, None, "test"))
     monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: bench.QuickCeilings(1e10, 1e11))
+
+
+@pytest.fixture
+def interrupt_at(monkeypatch):
+    """interrupt_at(n): the bench's n-th timed point raises KeyboardInterrupt, as Ctrl-C would."""
+
+    def arm(n: int) -> None:
+        calls = []
+        real = bench_cli._time_interleaved
+
+        def interrupting(*args):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(*args)
+
+        monkeypatch.setattr(bench_cli, "_time_interleaved", interrupting)
+
+    return arm

@@ -80,17 +80,8 @@ def test_a_read_only_out_is_an_error_before_measuring(tmp_path, capsys, nothing_
 
 
 def test_every_point_is_written_as_it_is_measured_and_an_interrupt_keeps_them(tmp_path, capsys, fast,
-                                                                               monkeypatch):
-    calls = []
-    real = bench_cli._time_interleaved
-
-    def interrupt_on_the_third_point(*args):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(bench_cli, "_time_interleaved", interrupt_on_the_third_point)
+                                                                               interrupt_at):
+    interrupt_at(3)
     code = bench.main(bench_args(*_TINY, "--tokens", "1", "2", "4", "--repeats", "1", "--warmup", "0",
                             "--out", str(tmp_path)))
     assert code == 130

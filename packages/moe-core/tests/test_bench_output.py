@@ -131,17 +131,8 @@ def test_a_machine_that_slows_down_during_a_cell_is_flagged(tmp_path, fast, monk
     assert "floor fractions are suspect: tiny bf16 cpu M=2 (copy 1.00x, matmul 0.01x)" in captured.out
 
 
-def test_an_interrupted_run_shows_the_points_it_measured(tmp_path, fast, monkeypatch, capsys):
-    calls = []
-    real = bench_cli._time_interleaved
-
-    def interrupt_on_the_second_point(*args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args)
-
-    monkeypatch.setattr(bench_cli, "_time_interleaved", interrupt_on_the_second_point)
+def test_an_interrupted_run_shows_the_points_it_measured(tmp_path, fast, interrupt_at, capsys):
+    interrupt_at(2)
     assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 130
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny ")]
     assert [row.split()[:3] for row in rows] == [["tiny", "bf16", "1"]]

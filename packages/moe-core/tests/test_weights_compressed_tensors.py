@@ -175,6 +175,17 @@ def test_unsupported_variants(tmp_path, change, message):
         load_layer(d, 2)
 
 
+def _load_with(d, tensors: dict, config: dict, key: str, value: torch.Tensor | None):
+    """load_layer of the checkpoint in `d` rewritten with expert tensor `key` replaced (None: removed)."""
+    if value is None:
+        del tensors[f"{PREFIX}.{key}"]
+    else:
+        tensors[f"{PREFIX}.{key}"] = value
+    (d / "model.safetensors").unlink()
+    write_model_dir(d, tensors, config)
+    return load_layer(d, 2)
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("1.up_proj.weight_shape", None, r"experts\.1\.up_proj\.weight_shape' is missing"),
     ("0.down_proj.weight_packed", torch.zeros(64, 3, dtype=torch.int32),
@@ -185,14 +196,8 @@ def test_unsupported_variants(tmp_path, change, message):
 ])
 def test_bad_tensors_are_named(tmp_path, key, value, message):
     d, tensors, _, config = _checkpoint(tmp_path, _scheme(4, False, 32))
-    if value is None:
-        del tensors[f"{PREFIX}.{key}"]
-    else:
-        tensors[f"{PREFIX}.{key}"] = value
-    (d / "model.safetensors").unlink()
-    write_model_dir(d, tensors, config)
     with pytest.raises(CheckpointError, match=message):
-        load_layer(d, 2)
+        _load_with(d, tensors, config, key, value)
 
 
 # ---- float-quantized fp8 W8A8 ------------------------------------------------------------------------
@@ -381,14 +386,8 @@ def test_fp8_static_input_scales_from_the_fp8_preset_are_refused(tmp_path):
 ])
 def test_fp8_bad_tensors_are_named(tmp_path, key, value, message):
     d, tensors, _, _, config = _fp8_checkpoint(tmp_path, _fp8_scheme("channel", "token"))
-    if value is None:
-        del tensors[f"{PREFIX}.{key}"]
-    else:
-        tensors[f"{PREFIX}.{key}"] = value
-    (d / "model.safetensors").unlink()
-    write_model_dir(d, tensors, config)
     with pytest.raises(CheckpointError, match=message):
-        load_layer(d, 2)
+        _load_with(d, tensors, config, key, value)
 
 
 def test_fp8_block_rows_must_not_straddle_gate_and_up(tmp_path):
