@@ -381,13 +381,14 @@ class FusedMoEBlock(nn.Module):
         """The whole block (router projection, routed and shared experts) replayed as one CUDA graph
         where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs); the layer's own
         graphs would only repeat the block's, so the layer runs plain inside it."""
+        self._graphs, self._graph_params = None, []
+        if not self._graphed:
+            return
         moe = self.moe
         self._graphs = CallGraphs(self._block, f"FusedMoEBlock({moe.config.describe()})",
                                   min(GRAPH_MAX_TOKENS, moe.config.max_num_tokens),
-                                  lambda tensors: tensors[0].numel() // tensors[0].shape[-1],
-                                  self._graph_version) if self._graphed else None
-        if self._graphed:
-            moe._graphs = None
+                                  lambda tensors: tensors[0].numel() // tensors[0].shape[-1], self._graph_version)
+        moe._graphs = None
         # Where the block's own parameters are registered: replaced rather than updated in place, they
         # must not leave a graph reading the old ones.
         self._graph_params = [(module, name) for prefix, module in self.named_modules()
