@@ -43,7 +43,7 @@ class _CpuGraphApi:
     def where(self, device: torch.device) -> tuple[int, int]:
         return 0, 0
 
-    def capture(self, work, pool) -> _Graph:
+    def capture(self, work, pool, where) -> _Graph:
         if self.fail is not None:
             raise self.fail
         self.captures += 1
@@ -53,6 +53,12 @@ class _CpuGraphApi:
         finally:
             self._capturing = False
         return _Graph(work, pool)
+
+    def input_copier(self, statics, stream):
+        return lambda tensors: torch._foreach_copy_(list(statics), list(tensors))
+
+    def replay(self, graph: _Graph) -> None:
+        graph.replay()
 
 
 @pytest.fixture

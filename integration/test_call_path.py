@@ -19,7 +19,7 @@ import threading
 import pytest
 import torch
 
-from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing
+from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graphs
 from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16, unquantized
 
 TINY = MoEConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64,
@@ -189,6 +189,7 @@ def test_eager_calls_replayed_from_graphs_equal_plain_calls(name):
             x, logits = _inputs(graphed.config, tokens, "cuda", seed=seed)
             torch.testing.assert_close(graphed(x, logits), plain(x, logits), **tol)
     assert len(graphed._graphs) == 3  # one graph per token count, captured on its second call
+    assert _graphs._api._cudart is not None  # dense inputs reach the graph by cudaMemcpyAsync
     # Outputs a caller keeps are never overwritten: more graphs of the signature, then eager calls.
     calls = [_inputs(graphed.config, 8, "cuda", seed=20 + i) for i in range(7)]
     kept = [graphed(x, logits) for x, logits in calls]
@@ -204,6 +205,43 @@ def test_eager_calls_replayed_from_graphs_equal_plain_calls(name):
         torch.testing.assert_close(graphed(x, logits), plain(x, logits), **tol)
     assert len(graphed._graphs) == 1  # the old weights' graphs dropped; one for the new ones
     torch.testing.assert_close(kept[0], first_kept, rtol=0, atol=0)  # dropped graphs leave kept outputs alone
+
+
+@pytest.mark.device("cuda")
+@torch.no_grad()
+def test_graphed_calls_of_strided_inputs_and_another_current_device_equal_plain_calls():
+    """Inputs that are views with gaps go through `_foreach_copy_`; so do calls made while another
+    device is current (the runtime's memcpy needs the stream's device current)."""
+    graphed = _gpu_layer("triton-bf16")
+    plain = copy.deepcopy(graphed)
+    plain._graphs = None
+    H, E = graphed.config.hidden_size, graphed.config.num_experts
+    for seed in range(3):
+        x, logits = _inputs(graphed.config, 8, "cuda", seed=seed)
+        wide = torch.cat([x, x], dim=1)[:, :H]  # rows 2H apart
+        assert not wide.is_contiguous()
+        torch.testing.assert_close(graphed(wide, logits[:, :E]), plain(x, logits), rtol=0, atol=0)
+    assert len(graphed._graphs) == 1
+
+
+@pytest.mark.device("cuda")
+@torch.no_grad()
+def test_a_layer_called_while_another_device_is_current_captures_on_its_own(caplog):
+    """As under accelerate's device_map: the layer on cuda:0 called while cuda:1 is current."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    graphed = _gpu_layer("triton-bf16")
+    plain = copy.deepcopy(graphed)
+    plain._graphs = None
+    with torch.cuda.device(1):
+        for seed in range(3):
+            x, logits = _inputs(graphed.config, 8, "cuda:0", seed=seed)
+            torch.testing.assert_close(graphed(x, logits), plain(x, logits), rtol=0, atol=0)
+    assert len(graphed._graphs) == 1
+    assert "capturing them in a CUDA graph failed" not in caplog.text
+    x, logits = _inputs(graphed.config, 8, "cuda:1", seed=0)
+    with pytest.raises(ValueError, match="hidden_states is on cuda:1, the layer on cuda:0"):
+        graphed(x, logits)
 
 
 def _tolerance(layer: FusedMoE) -> dict:

@@ -8,7 +8,7 @@ another's numbers. experts: `transformers` (its default experts implementation) 
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
-different lengths, so the prompt's prefill cancels); peak GPU memory of the whole run and of `fuse()`;
+different lengths, median of 3 each, so the prompt's prefill cancels); peak GPU memory of the whole run and of `fuse()`;
 the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
 same model (same seed, same weights), when that run saved them under --out.
 
@@ -117,8 +117,8 @@ def main() -> int:
         for batch in args.batches:
             prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
             try:
-                short = _seconds(lambda p=prompt: _generate(model, p, 2), repeats=2)
-                long = _seconds(lambda p=prompt: _generate(model, p, 2 + args.new), repeats=2)
+                short = _seconds(lambda p=prompt: _generate(model, p, 2))
+                long = _seconds(lambda p=prompt: _generate(model, p, 2 + args.new))
             except Exception as exc:  # say how it failed, measure the rest
                 row[f"decode_b{batch}_error"] = f"{type(exc).__name__}: {exc}"[:400]
                 save()

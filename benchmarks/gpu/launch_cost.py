@@ -1,6 +1,9 @@
 """Host cost of one Triton launch on this machine: the JIT entry (`kernel[grid](...)`) against a launch
 through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
-torch launch for scale. Prints microseconds per launch (median of 20 rounds of 200 launches)."""
+torch launch for scale; then what a graphed layer call pays besides Python: the replay of a CUDA graph
+(through `CUDAGraph.replay` and through its C method) and the copy of a one-token call's two inputs into
+the graph's buffers (`_foreach_copy_` against the `cudaMemcpyAsync` per input `moe_core._graphs` uses).
+Prints microseconds per launch (median of 20 rounds of 200 launches)."""
 
 from __future__ import annotations
 
@@ -47,6 +50,24 @@ def main() -> None:
     torch.testing.assert_close(y, x)
     print(f"launch us: jit {jit:.2f}  handle {handle:.2f}  handle+stream query {raw_stream:.2f}  "
           f"torch copy_ {torch_op:.2f}  torch.empty {empty:.2f}")
+
+    from moe_core import _graphs
+
+    inputs = (torch.randn(1, 2048, device="cuda").bfloat16(), torch.randn(1, 128, device="cuda"))
+    statics = tuple(t.clone() for t in inputs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        statics[0].mul_(2)
+    foreach = per_launch_us(lambda: torch._foreach_copy_(list(statics), list(inputs)))
+    copier = _graphs._api.input_copier(statics, torch._C._cuda_getCurrentRawStream(0))
+    memcpy = per_launch_us(lambda: copier(inputs))
+    replay = per_launch_us(graph.replay)
+    replay_c = per_launch_us(lambda: torch._C._CUDAGraph.replay(graph))
+    copier(inputs)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(statics, inputs, rtol=0, atol=0)
+    print(f"graphed call us: inputs by _foreach_copy_ {foreach:.2f}  by cudaMemcpyAsync each {memcpy:.2f} "
+          f"(memcpy in use: {_graphs._api._cudart is not None})  replay {replay:.2f}  replay (C method) {replay_c:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block
 #   e2e-*         bench_e2e.py: one process per model, experts and mode
 #   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
+#   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
@@ -20,22 +21,23 @@ jobs=$OUT/jobs.txt
 : > "$jobs"
 add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs"; fi; }
 e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
-# Longest first.
-add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
-e2e qwen3-30b-a3b bf16 compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
-e2e qwen3-30b-a3b transformers compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
-add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
+# Most wanted first: a job the deadline stops leaves those before it done.
+add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
+add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
-e2e mixtral-8x7b transformers eager
-e2e mixtral-8x7b bf16 eager
-e2e mixtral-8x7b int4 eager
-add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 e2e qwen3-30b-a3b transformers eager
 for s in bf16 int4 fp8-block mxfp4; do e2e qwen3-30b-a3b $s eager; done
+e2e qwen3-30b-a3b transformers compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
+e2e qwen3-30b-a3b bf16 compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-default}"
 e2e gpt-oss-20b transformers eager
 e2e gpt-oss-20b bf16 eager
 e2e gpt-oss-20b mxfp4 eager
+e2e mixtral-8x7b transformers eager
+e2e mixtral-8x7b bf16 eager
+e2e mixtral-8x7b int4 eager
+add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
+add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
 cat "$jobs"
 python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"

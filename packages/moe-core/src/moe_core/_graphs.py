@@ -4,8 +4,8 @@ A layer called eagerly (as `generate` calls it) pays Python, argument binding an
 per kernel on every call; on an H200 host that is 200-1000 us where its kernels need 25-450 us, so
 the GPU waits. `CallGraphs` wraps such a call: the second time the same input signature (shapes,
 dtypes, strides, device and stream; the state the call reads unchanged) arrives it captures the call in
-a CUDA graph, and from then on a call is one copy of the inputs into the graph's static buffers (one
-launch for all of them) and one replay; the output is returned without a copy. The replayed kernels
+a CUDA graph, and from then on a call is a copy of the inputs into the graph's static buffers (one
+`cudaMemcpyAsync` each) and one replay; the output is returned without a copy. The replayed kernels
 and their launch shapes are exactly those of the eager call (the same Python ran during capture),
 so outputs are identical.
 
@@ -30,6 +30,7 @@ and keep nothing in the pool past their end (their outputs live outside it).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -84,10 +85,33 @@ def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
 
+def _load_cudart() -> ctypes.CDLL | None:
+    """The CUDA runtime library this process already loaded (torch's), or None where none is found."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return None
+    if len(paths) != 1:
+        return None
+    lib = ctypes.CDLL(paths.pop())
+    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudaMemcpyAsync.restype = ctypes.c_int
+    lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
+
+
 class _CudaGraphApi:
     """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place)."""
 
     device_type = "cuda"
+
+    def __init__(self) -> None:
+        self._cudart: ctypes.CDLL | bool | None = False  # False: not looked up yet
 
     @staticmethod
     def capturing() -> bool:
@@ -100,11 +124,44 @@ class _CudaGraphApi:
         return index, torch._C._cuda_getCurrentRawStream(index)
 
     @staticmethod
-    def capture(work: Callable[[], None], pool: object | None) -> torch.cuda.CUDAGraph:
+    def capture(work: Callable[[], None], pool: object | None, where: tuple[int, int]) -> torch.cuda.CUDAGraph:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.device(where[0]), torch.cuda.graph(graph, pool=pool):  # the inputs' device, not the current one
             work()
         return graph
+
+    def input_copier(self, statics: tuple[torch.Tensor, ...], stream: int) -> Callable[[tuple[torch.Tensor, ...]], None]:
+        """A function copying a call's inputs (of the signature `statics` were cloned from) into `statics`
+        on `stream`. Dense inputs are copied by one `cudaMemcpyAsync` each: on a slow host that costs a
+        few microseconds where `copy_` (dispatch, TensorIterator) costs 10; others by one `_foreach_copy_`."""
+        if self._cudart is False:
+            self._cudart = _load_cudart()
+        cudart = self._cudart
+        targets = list(statics)
+
+        def foreach_copy(tensors: tuple[torch.Tensor, ...]) -> None:
+            torch._foreach_copy_(targets, list(tensors))
+
+        device = statics[0].device
+        if cudart is None or not all(t.is_contiguous() and t.device == device for t in statics):
+            return foreach_copy
+        spans = tuple((t.data_ptr(), t.numel() * t.element_size()) for t in statics)
+        memcpy = cudart.cudaMemcpyAsync
+
+        def copy(tensors: tuple[torch.Tensor, ...]) -> None:
+            if torch._C._cuda_getDevice() != device.index:  # the runtime call needs the stream's device current
+                return foreach_copy(tensors)
+            for (dst, nbytes), src in zip(spans, tensors):
+                if nbytes:
+                    err = memcpy(dst, src.data_ptr(), nbytes, _MEMCPY_DEVICE_TO_DEVICE, stream)
+                    if err:
+                        raise RuntimeError(f"cudaMemcpyAsync of a graphed call's input failed: "
+                                           f"{cudart.cudaGetErrorString(err).decode()}")
+        return copy
+
+    @staticmethod
+    def replay(graph: torch.cuda.CUDAGraph) -> None:
+        torch._C._CUDAGraph.replay(graph)  # the method itself: no Python frame of the subclass's wrapper
 
 
 _api = _CudaGraphApi()
@@ -129,6 +186,7 @@ class _Graph:
 @dataclass
 class _Signature:
     inputs: tuple[torch.Tensor, ...]  # static copies every graph of the signature reads
+    copy_inputs: Callable[[tuple[torch.Tensor, ...]], None]  # a call's inputs into `inputs`, on the signature's stream
     graphs: list[_Graph] = field(default_factory=list)
     failed: bool = False
 
@@ -181,7 +239,8 @@ class CallGraphs:
                     if len(self._seen) > _MAX_SEEN:
                         del self._seen[next(iter(self._seen))]
                     return self._fn(*tensors)
-                sig = self._signatures[key] = _Signature(tuple(t.clone() for t in tensors))
+                statics = tuple(t.clone() for t in tensors)  # same strides: the key fixes them
+                sig = self._signatures[key] = _Signature(statics, _api.input_copier(statics, where[1]))
             if sig.failed:
                 return self._fn(*tensors)
             graph = next((g for g in sig.graphs if g.idle()), None)
@@ -191,8 +250,8 @@ class CallGraphs:
                 graph = self._capture(sig, tensors, where)
                 if graph is None:
                     return self._fn(*tensors)
-            torch._foreach_copy_(list(sig.inputs), list(tensors))
-            graph.graph.replay()
+            sig.copy_inputs(tensors)
+            _api.replay(graph.graph)
             return graph.result()
 
     def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], where: tuple[int, int]) -> _Graph | None:
@@ -209,7 +268,7 @@ class CallGraphs:
                 for buffer, o in zip(buffers, (result,) if single else result):
                     buffer.copy_(o)
 
-            graph = _api.capture(work, _shared_pool(where))
+            graph = _api.capture(work, _shared_pool(where), where)
         except Exception as exc:  # a backend that cannot be captured (host sync, allocation): serve eagerly
             sig.failed = True
             _log.warning("%s: calls of shapes %s run eagerly: capturing them in a CUDA graph failed (%s: %s)",

@@ -89,6 +89,10 @@ class FusedMoE(torch.nn.Module):
         elif isinstance(mode, AllToAll):
             self._dispatch = AllToAllDispatch(config, mode, ep_group)
         self._device_type = self.device.type
+        # Kernels launch on the current device (Triton's rule), which need not be the layer's: a model
+        # spread over GPUs (accelerate's device_map) calls its layers without switching devices.
+        self._cuda_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()
+                            ) if self._device_type == "cuda" else None
         # Collectives stay eager: every rank would have to capture together.
         self._graphed = graphs_enabled(cuda_graphs) and mode is None and self._device_type == "cuda"
         self._loads = 0
@@ -199,9 +203,15 @@ class FusedMoE(torch.nn.Module):
     def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """One call without the input checks of `forward` (the custom op's implementation)."""
         with self._state_lock:
-            if self._graphs is not None:
-                return self._graphs(hidden_states, router_logits)
-            return self._run(hidden_states, router_logits)
+            if self._cuda_index is not None and torch._C._cuda_getDevice() != self._cuda_index:
+                with torch.cuda.device(self._cuda_index):
+                    return self._call(hidden_states, router_logits)
+            return self._call(hidden_states, router_logits)
+
+    def _call(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None:
+            return self._graphs(hidden_states, router_logits)
+        return self._run(hidden_states, router_logits)
 
     def _graph_version(self) -> object:
         """What a graphed call depends on beyond its inputs: the load and a forced launch shape."""
@@ -224,8 +234,10 @@ class FusedMoE(torch.nn.Module):
         if not router_logits.dtype.is_floating_point:
             raise ValueError(f"router_logits must be floating point, got {router_logits.dtype}")
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
-            if t.device.type != self._device_type:
-                raise ValueError(f"{name} is on {t.device}, the layer on {self.device}")
+            device = t.device
+            if device.type != self._device_type or (self._cuda_index is not None and device.index != self._cuda_index):
+                raise ValueError(f"{name} is on {device}, the layer on {self._device_type}"
+                                 f"{'' if self._cuda_index is None else f':{self._cuda_index}'}")
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")
