@@ -43,7 +43,7 @@ class _CpuGraphApi:
     def where(self, device: torch.device) -> tuple[int, int]:
         return 0, 0
 
-    def capture(self, work, pool, where) -> _Graph:
+    def capture(self, work, pool, where, keep_graph) -> _Graph:
         if self.fail is not None:
             raise self.fail
         self.captures += 1
@@ -54,11 +54,10 @@ class _CpuGraphApi:
             self._capturing = False
         return _Graph(work, pool)
 
-    def input_copier(self, statics, stream):
-        return lambda tensors: torch._foreach_copy_(list(statics), list(tensors))
+    def copies_in_graph(self, statics, tensors) -> bool:
+        return False  # the caller copies the inputs in (CUDA's graphs copy them themselves: a GPU test)
 
-    def replay(self, graph: _Graph) -> None:
-        graph.replay()
+    copy_inputs = staticmethod(_graphs._CudaGraphApi.copy_inputs)
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Host cost of one Triton launch on this machine: the JIT entry (`kernel[grid](...)`) against a launch
 through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
 torch launch for scale; then what a graphed layer call pays besides Python: the replay of a CUDA graph
-(through `CUDAGraph.replay` and through its C method) and the copy of a one-token call's two inputs into
-the graph's buffers (`_foreach_copy_` against the `cudaMemcpyAsync` per input `moe_core._graphs` uses).
+and the copy of a one-token call's two inputs into the graph's buffers (`_foreach_copy_` before the replay,
+against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does).
 Prints microseconds per launch (median of 20 rounds of 200 launches)."""
 
 from __future__ import annotations
@@ -53,21 +53,33 @@ def main() -> None:
 
     from moe_core import _graphs
 
+    # A graphed call's two inputs at one token (qwen3-30b-a3b), copied in before the replay or by the graph.
     inputs = (torch.randn(1, 2048, device="cuda").bfloat16(), torch.randn(1, 128, device="cuda"))
     statics = tuple(t.clone() for t in inputs)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    plain = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(plain):
         statics[0].mul_(2)
-    foreach = per_launch_us(lambda: torch._foreach_copy_(list(statics), list(inputs)))
-    copier = _graphs._api.input_copier(statics, torch._C._cuda_getCurrentRawStream(0))
-    memcpy = per_launch_us(lambda: copier(inputs))
-    replay = per_launch_us(graph.replay)
-    replay_c = per_launch_us(lambda: torch._C._CUDAGraph.replay(graph))
-    copier(inputs)
+    api = _graphs._api
+    assert api.copies_in_graph(statics, inputs)
+
+    def copy_then_work() -> None:
+        for static, t in zip(statics, inputs):
+            static.copy_(t)
+        statics[0].mul_(2)
+
+    pointed = api.capture(copy_then_work, None, (0, 0), keep_graph=True)
+    point = api.input_pointer(pointed, statics)
+    foreach = per_launch_us(lambda: api.copy_inputs(statics, inputs))
+    replay = per_launch_us(plain.replay)
+    repoint = per_launch_us(lambda: point(inputs))
+    fresh = tuple(t.clone() for t in inputs)
+    point(fresh)
+    pointed.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(statics, inputs, rtol=0, atol=0)
-    print(f"graphed call us: inputs by _foreach_copy_ {foreach:.2f}  by cudaMemcpyAsync each {memcpy:.2f} "
-          f"(memcpy in use: {_graphs._api._cudart is not None})  replay {replay:.2f}  replay (C method) {replay_c:.2f}")
+    torch.testing.assert_close(statics[0], fresh[0] * 2, rtol=0, atol=0)
+    torch.testing.assert_close(statics[1], fresh[1], rtol=0, atol=0)
+    print(f"graphed call us: inputs copied in by _foreach_copy_ {foreach:.2f}  replay {replay:.2f}  "
+          f"the graph's own copies re-pointed {repoint:.2f}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode 
 # Most wanted first: a job the deadline stops leaves those before it done.
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
+add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
 e2e qwen3-30b-a3b transformers eager

@@ -4,8 +4,8 @@ A layer called eagerly (as `generate` calls it) pays Python, argument binding an
 per kernel on every call; on an H200 host that is 200-1000 us where its kernels need 25-450 us, so
 the GPU waits. `CallGraphs` wraps such a call: the second time the same input signature (shapes,
 dtypes, strides, device and stream; the state the call reads unchanged) arrives it captures the call in
-a CUDA graph, and from then on a call is a copy of the inputs into the graph's static buffers (one
-`cudaMemcpyAsync` each) and one replay; the output is returned without a copy. The replayed kernels
+a CUDA graph, and from then on a call is one replay of a graph that begins by copying the call's
+inputs into its static buffers; the output is returned without a copy. The replayed kernels
 and their launch shapes are exactly those of the eager call (the same Python ran during capture),
 so outputs are identical.
 
@@ -85,6 +85,21 @@ def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
 
+class _PitchedPtr(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("pitch", ctypes.c_size_t), ("xsize", ctypes.c_size_t),
+                ("ysize", ctypes.c_size_t)]
+
+
+class _Memcpy3DParms(ctypes.Structure):  # cudaMemcpy3DParms
+    _fields_ = [("srcArray", ctypes.c_void_p), ("srcPos", ctypes.c_size_t * 3), ("srcPtr", _PitchedPtr),
+                ("dstArray", ctypes.c_void_p), ("dstPos", ctypes.c_size_t * 3), ("dstPtr", _PitchedPtr),
+                ("extent", ctypes.c_size_t * 3), ("kind", ctypes.c_int)]
+
+
+_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
+_NODE_TYPE_MEMCPY = 1  # cudaGraphNodeType
+
+
 def _load_cudart() -> ctypes.CDLL | None:
     """The CUDA runtime library this process already loaded (torch's), or None where none is found."""
     try:
@@ -95,18 +110,24 @@ def _load_cudart() -> ctypes.CDLL | None:
     if len(paths) != 1:
         return None
     lib = ctypes.CDLL(paths.pop())
-    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    lib.cudaMemcpyAsync.restype = ctypes.c_int
-    lib.cudaGetErrorString.argtypes = [ctypes.c_int]
-    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    for name, args in (("cudaGraphGetNodes", [vp, vp, ctypes.POINTER(sz)]),
+                       ("cudaGraphNodeGetType", [vp, ctypes.POINTER(i)]),
+                       ("cudaGraphMemcpyNodeGetParams", [vp, ctypes.POINTER(_Memcpy3DParms)]),
+                       ("cudaGraphExecMemcpyNodeSetParams1D", [vp, vp, vp, vp, sz, i])):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, i
+    lib.cudaGetErrorString.argtypes, lib.cudaGetErrorString.restype = [i], ctypes.c_char_p
     return lib
 
 
-_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
-
-
 class _CudaGraphApi:
-    """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place)."""
+    """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place).
+
+    A graph's inputs: on a slow host one copy launch costs as much as the replay itself (7-9 us an H200
+    host, against 5 for the graph launch), so where the CUDA runtime is reachable the copies of the
+    inputs into the static buffers are the graph's first nodes, and each call points their source at
+    its own tensors (`cudaGraphExecMemcpyNodeSetParams1D`, host work only) before the one launch."""
 
     device_type = "cuda"
 
@@ -123,45 +144,68 @@ class _CudaGraphApi:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return index, torch._C._cuda_getCurrentRawStream(index)
 
-    @staticmethod
-    def capture(work: Callable[[], None], pool: object | None, where: tuple[int, int]) -> torch.cuda.CUDAGraph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(where[0]), torch.cuda.graph(graph, pool=pool):  # the inputs' device, not the current one
-            work()
-        return graph
-
-    def input_copier(self, statics: tuple[torch.Tensor, ...], stream: int) -> Callable[[tuple[torch.Tensor, ...]], None]:
-        """A function copying a call's inputs (of the signature `statics` were cloned from) into `statics`
-        on `stream`. Dense inputs are copied by one `cudaMemcpyAsync` each: on a slow host that costs a
-        few microseconds where `copy_` (dispatch, TensorIterator) costs 10; others by one `_foreach_copy_`."""
+    def copies_in_graph(self, statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> bool:
+        """Whether graphs of this signature copy their inputs themselves (dense inputs of one device)."""
         if self._cudart is False:
             self._cudart = _load_cudart()
-        cudart = self._cudart
-        targets = list(statics)
-
-        def foreach_copy(tensors: tuple[torch.Tensor, ...]) -> None:
-            torch._foreach_copy_(targets, list(tensors))
-
         device = statics[0].device
-        if cudart is None or not all(t.is_contiguous() and t.device == device for t in statics):
-            return foreach_copy
-        spans = tuple((t.data_ptr(), t.numel() * t.element_size()) for t in statics)
-        memcpy = cudart.cudaMemcpyAsync
-
-        def copy(tensors: tuple[torch.Tensor, ...]) -> None:
-            if torch._C._cuda_getDevice() != device.index:  # the runtime call needs the stream's device current
-                return foreach_copy(tensors)
-            for (dst, nbytes), src in zip(spans, tensors):
-                if nbytes:
-                    err = memcpy(dst, src.data_ptr(), nbytes, _MEMCPY_DEVICE_TO_DEVICE, stream)
-                    if err:
-                        raise RuntimeError(f"cudaMemcpyAsync of a graphed call's input failed: "
-                                           f"{cudart.cudaGetErrorString(err).decode()}")
-        return copy
+        return self._cudart is not None and all(
+            t.is_contiguous() and t.device == device and t.numel() > 0 for t in (*statics, *tensors))
 
     @staticmethod
-    def replay(graph: torch.cuda.CUDAGraph) -> None:
-        torch._C._CUDAGraph.replay(graph)  # the method itself: no Python frame of the subclass's wrapper
+    def capture(work: Callable[[], None], pool: object | None, where: tuple[int, int],
+                keep_graph: bool) -> torch.cuda.CUDAGraph:
+        graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+        with torch.cuda.device(where[0]), torch.cuda.graph(graph, pool=pool):  # the inputs' device, not the current one
+            work()
+        if keep_graph:
+            graph.instantiate()
+        return graph
+
+    def input_pointer(self, graph: torch.cuda.CUDAGraph,
+                      statics: tuple[torch.Tensor, ...]) -> Callable[[tuple[torch.Tensor, ...]], None]:
+        """For a graph captured with `keep_graph` whose work began by copying the inputs into `statics`:
+        a function pointing those copies at a call's tensors."""
+        cudart = self._cudart
+        nodes_of = torch.cuda.CUDAGraph.raw_cuda_graph(graph)
+        count = ctypes.c_size_t(0)
+        _check(cudart, cudart.cudaGraphGetNodes(nodes_of, None, ctypes.byref(count)), "cudaGraphGetNodes")
+        nodes = (ctypes.c_void_p * count.value)()
+        _check(cudart, cudart.cudaGraphGetNodes(nodes_of, nodes, ctypes.byref(count)), "cudaGraphGetNodes")
+        wanted = {t.data_ptr(): i for i, t in enumerate(statics)}
+        found: list[list[int]] = [[] for _ in statics]
+        for node in nodes:
+            kind = ctypes.c_int(-1)
+            _check(cudart, cudart.cudaGraphNodeGetType(node, ctypes.byref(kind)), "cudaGraphNodeGetType")
+            if kind.value != _NODE_TYPE_MEMCPY:
+                continue
+            params = _Memcpy3DParms()
+            _check(cudart, cudart.cudaGraphMemcpyNodeGetParams(node, ctypes.byref(params)),
+                   "cudaGraphMemcpyNodeGetParams")
+            if (index := wanted.get(params.dstPtr.ptr)) is not None:
+                found[index].append(node)
+        if any(len(f) != 1 for f in found):
+            raise RuntimeError(f"expected one copy into each static input in the captured graph, found "
+                               f"{[len(f) for f in found]}")
+        exec_ = torch.cuda.CUDAGraph.raw_cuda_graph_exec(graph)
+        set_params = cudart.cudaGraphExecMemcpyNodeSetParams1D
+        targets = tuple((f[0], t.data_ptr(), t.numel() * t.element_size()) for f, t in zip(found, statics))
+
+        def point(tensors: tuple[torch.Tensor, ...]) -> None:
+            for (node, dst, nbytes), src in zip(targets, tensors):
+                err = set_params(exec_, node, dst, src.data_ptr(), nbytes, _MEMCPY_DEVICE_TO_DEVICE)
+                if err:
+                    _check(cudart, err, "cudaGraphExecMemcpyNodeSetParams1D")
+        return point
+
+    @staticmethod
+    def copy_inputs(statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+        torch._foreach_copy_(list(statics), list(tensors))
+
+
+def _check(cudart: ctypes.CDLL, err: int, call: str) -> None:
+    if err:
+        raise RuntimeError(f"{call} failed: {cudart.cudaGetErrorString(err).decode()}")
 
 
 _api = _CudaGraphApi()
@@ -170,6 +214,8 @@ _api = _CudaGraphApi()
 @dataclass(eq=False)  # identity: held in weak sets
 class _Graph:
     graph: torch.cuda.CUDAGraph  # replay() and pool()
+    # Points the graph's own input copies at a call's tensors; None: the caller copies them in first.
+    point_inputs: Callable[[tuple[torch.Tensor, ...]], None] | None
     outputs: tuple[torch.Tensor, ...]  # written by the graph's last kernels, outside the pool
     storages: tuple[int, ...]  # the outputs' storages, and their use count while only this graph holds them
     idle_counts: tuple[int, ...]
@@ -186,7 +232,7 @@ class _Graph:
 @dataclass
 class _Signature:
     inputs: tuple[torch.Tensor, ...]  # static copies every graph of the signature reads
-    copy_inputs: Callable[[tuple[torch.Tensor, ...]], None]  # a call's inputs into `inputs`, on the signature's stream
+    copies_in_graph: bool  # each graph begins by copying a call's inputs into `inputs` (see _CudaGraphApi)
     graphs: list[_Graph] = field(default_factory=list)
     failed: bool = False
 
@@ -239,8 +285,8 @@ class CallGraphs:
                     if len(self._seen) > _MAX_SEEN:
                         del self._seen[next(iter(self._seen))]
                     return self._fn(*tensors)
-                statics = tuple(t.clone() for t in tensors)  # same strides: the key fixes them
-                sig = self._signatures[key] = _Signature(statics, _api.input_copier(statics, where[1]))
+                statics = tuple(t.clone() for t in tensors)
+                sig = self._signatures[key] = _Signature(statics, _api.copies_in_graph(statics, tensors))
             if sig.failed:
                 return self._fn(*tensors)
             graph = next((g for g in sig.graphs if g.idle()), None)
@@ -250,8 +296,11 @@ class CallGraphs:
                 graph = self._capture(sig, tensors, where)
                 if graph is None:
                     return self._fn(*tensors)
-            sig.copy_inputs(tensors)
-            _api.replay(graph.graph)
+            if graph.point_inputs is not None:
+                graph.point_inputs(tensors)
+            else:
+                _api.copy_inputs(sig.inputs, tensors)
+            graph.graph.replay()
             return graph.result()
 
     def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], where: tuple[int, int]) -> _Graph | None:
@@ -264,18 +313,22 @@ class CallGraphs:
             buffers = tuple(torch.empty_like(o) for o in outs)
 
             def work() -> None:
+                if sig.copies_in_graph:  # the copies' sources are re-pointed at every call's tensors
+                    for static, t in zip(sig.inputs, tensors):
+                        static.copy_(t)
                 result = self._fn(*sig.inputs)
                 for buffer, o in zip(buffers, (result,) if single else result):
                     buffer.copy_(o)
 
-            graph = _api.capture(work, _shared_pool(where), where)
+            graph = _api.capture(work, _shared_pool(where), where, keep_graph=sig.copies_in_graph)
+            point_inputs = _api.input_pointer(graph, sig.inputs) if sig.copies_in_graph else None
         except Exception as exc:  # a backend that cannot be captured (host sync, allocation): serve eagerly
             sig.failed = True
             _log.warning("%s: calls of shapes %s run eagerly: capturing them in a CUDA graph failed (%s: %s)",
                          self._name, [list(t.shape) for t in tensors], type(exc).__name__, exc)
             return None
         storages = tuple(b.untyped_storage()._cdata for b in buffers)
-        captured = _Graph(graph, buffers, storages, tuple(_use_count(s) for s in storages), single)
+        captured = _Graph(graph, point_inputs, buffers, storages, tuple(_use_count(s) for s in storages), single)
         sig.graphs.append(captured)
         _register(where, captured)
         return captured
