@@ -69,7 +69,8 @@ def main() -> int:
     row["transformers"] = transformers.__version__
     mode = args.mode if args.mode == "eager" else f"compiled-{args.compile_mode}"
     row["mode"] = mode
-    path = args.out / f"e2e-{args.model}-{args.experts}-{mode}.json"
+    model_tag = args.model if args.layers is None else f"{args.model}-{args.layers}l"
+    path = args.out / f"e2e-{model_tag}-{args.experts}-{mode}.json"
 
     def save() -> None:
         path.write_text(json.dumps(row, indent=1))
@@ -107,7 +108,7 @@ def main() -> int:
             seconds = _seconds(lambda: model(input_ids=ids, use_cache=False))
             row["prefill_tokens_per_s"] = round(PREFILL / seconds, 1)
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
-            ref_path = args.out / f"logits-{args.model}.pt"
+            ref_path = args.out / f"logits-{model_tag}.pt"
             if args.experts == "transformers":
                 torch.save(logits.cpu(), ref_path)
             elif ref_path.exists():

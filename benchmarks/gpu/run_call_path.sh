@@ -24,6 +24,13 @@ e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode 
 # Most wanted first: a job the deadline stops leaves those before it done.
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
+# Compiled end to end at 8 of the 48 layers (compiling all 48 takes minutes per run), with eager at 8 beside it.
+for x in bf16 transformers; do
+  add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
+done
+for x in transformers bf16; do
+  add "e2e-qwen3-8l-$x-eager" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode eager --batches 1 64 --out $OUT/e2e"
+done
 add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
@@ -34,6 +41,7 @@ e2e qwen3-30b-a3b bf16 compiled "--batches 1 64 --compile-mode ${COMPILE_MODE:-d
 e2e gpt-oss-20b transformers eager
 e2e gpt-oss-20b bf16 eager
 e2e gpt-oss-20b mxfp4 eager
+add host-block-qwen3 "python3 bench_host_path.py --block --out $OUT/host --presets qwen3-30b-a3b --schemes bf16 int4 fp8-block mxfp4"
 e2e mixtral-8x7b transformers eager
 e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
