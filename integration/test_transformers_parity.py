@@ -210,35 +210,6 @@ def test_quantized_fuse(prefer):
     assert [layer.name for layer in report.layers] == ["model.layers.1.mlp", "model.layers.2.mlp"]
 
 
-def test_quantized_fuse_releases_float_experts_before_building_the_kernel_layout(monkeypatch):
-    """Peak memory of a quantizing fuse(): a block's float experts are gone before its kernel layout
-    is built; a failure after that names the block that became unusable."""
-    from moe_core import FusedMoE
-
-    model = build_model("qwen3_moe", torch.float32, "cpu", seed=2)
-    experts = [layer.mlp.experts for layer in model.model.layers]
-    sizes_at_load = []
-    load_weights = FusedMoE.load_weights
-
-    def watch(layer, weights, bias=None):
-        sizes_at_load.append(sum(p.numel() for p in experts[len(sizes_at_load)].parameters()))
-        return load_weights(layer, weights, bias)
-
-    monkeypatch.setattr(FusedMoE, "load_weights", watch)
-    fuse(model, quant=int8_w8a16(), prefer="reference")
-    assert sizes_at_load == [0] * len(experts)
-
-    model = build_model("qwen3_moe", torch.float32, "cpu", seed=2)
-
-    def fail(layer, weights, bias=None):
-        raise MemoryError("out of memory (simulated)")
-
-    monkeypatch.setattr(FusedMoE, "load_weights", fail)
-    with pytest.raises(RuntimeError, match=r"float experts were already released .*'model.layers.0.mlp' is "
-                                           r"unusable: load the model again"):
-        fuse(model, quant=int8_w8a16(), prefer="reference")
-
-
 # ---- refusals: each names the model type and what is unsupported, and changes nothing --------------
 
 

@@ -31,6 +31,15 @@ def test_layouts_give_canonical_weights(layout):
     assert got.w13_bias is None and got.key == unquantized().weight
 
 
+@pytest.mark.parametrize("experts", [None, list(range(E))])
+def test_fused_layout_read_whole_is_views_of_the_checkpoint(experts):
+    """fuse() reads a large model's experts this way: a copy would hold each block twice."""
+    sd = unquantized_tensors(_weights(1), PREFIX, "fused")
+    got = experts_from_state_dict(sd, PREFIX, E, experts=experts)
+    for name, key in (("w13", "gate_up_proj"), ("w2", "down_proj")):
+        assert getattr(got, name).data_ptr() == sd[f"{PREFIX}.{key}"].data_ptr(), name
+
+
 def test_gpt_oss_transposed_interleaved_with_biases():
     ref = _weights(2, bias=True)
     sd = unquantized_tensors(ref, PREFIX + ".", "gpt_oss")

@@ -551,19 +551,7 @@ def _convert_block(model_type: str, pending: _PendingBlock, desc: BlockDescripto
     weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
                                        canonical.w2_bias, dtype=moe.config.dtype)
     del canonical
-    quantized = moe.quant.weight.quantized
-    if quantized:
-        # The float experts are read no more: release them before the kernel layout is built, so
-        # the block is held once in 16 bits or twice quantized, never both.
-        for param in pending.experts.parameters():
-            param.data = param.data.new_empty(0)
-    try:
-        moe.load_weights(weights, pending.correction_bias)
-    except Exception as exc:
-        if quantized:
-            raise RuntimeError(f"{exc}; the block's float experts were already released (quantized), so "
-                               f"{pending.name!r} is unusable: load the model again") from exc
-        raise
+    moe.load_weights(weights, pending.correction_bias)
     return FusedMoEBlock(moe, desc, pending.block, pending.output_scale)
 
 
@@ -579,10 +567,8 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     Raises UnsupportedModelError, naming the model type and what is unsupported, before any block
     is replaced; the oracle's errors (no backend, forced backend unavailable) and weights the layer
     refuses (NaN or Inf) likewise leave the model untouched. Blocks are then converted and swapped one
-    at a time, so peak memory is the model plus about one block's converted experts (quantized schemes
-    release a block's float experts once quantized); a failure there (out of memory) raises
-    RuntimeError naming the blocks already fused (and the block that failed, if its float experts
-    were already released).
+    at a time, so peak memory is the model plus about one block's converted experts; a failure there
+    (out of memory) raises RuntimeError naming the blocks already fused.
 
     The fused model is inference-only: call it under `torch.no_grad()` or `torch.inference_mode()`.
     Called with grad mode enabled (training), each fused block raises RuntimeError ("FusedMoE is

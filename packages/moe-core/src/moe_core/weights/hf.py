@@ -136,7 +136,7 @@ def _fused(source: TensorSource, prefix: str, num_experts: int, ids: list[int], 
                   source.get_float(bias_keys[1], (num_experts, K)))
         found += list(zip(bias_keys, biases))
     out_dtype = _result_dtype(found, dtype, source.what)
-    if ids == list(range(num_experts)):  # every expert in order: views, no copy (fuse() of a large model)
+    if list(ids) == list(range(num_experts)):  # every expert in order: views, no copy (fuse() of a large model)
         w13, w2 = first, down
         b13, b2 = biases if biases is not None else (None, None)
     else:
