@@ -196,7 +196,8 @@ def test_a_layer_replays_its_graphs_and_drops_them_on_reload(api):
 
 def test_a_fused_block_replays_as_one_graph(api):
     """A fused transformers block graphed as a whole (router projection, experts, shared experts) gives
-    the plain block's outputs; its layer then runs plain inside it."""
+    the plain block's outputs; its layer runs plain inside it, and replays its own graphs when the
+    block is compiled (the layer then being the custom op)."""
     from test_transformers_models import build_model
 
     from moe_core.integrations.transformers import fuse
@@ -204,12 +205,21 @@ def test_a_fused_block_replays_as_one_graph(api):
     model = build_model("qwen2_moe", torch.float32, seed=0)  # shared experts with a gate
     fuse(model, prefer="reference")
     block = next(m for m in model.modules() if type(m).__name__ == "FusedMoEBlock")
-    block._graphed = True  # as on a GPU
+    moe = block.moe
+    moe._graphs = _graphs.CallGraphs(moe._run, "layer", 64, lambda t: t[0].shape[0], moe._graph_version)  # as on a GPU
+    block._graphed = True
     block._init_graphs()
-    assert block.moe._graphs is None
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for _ in range(4):
             x = torch.randn(1, 3, model.config.hidden_size, generator=gen)
             torch.testing.assert_close(block(x), block._block(x), rtol=0, atol=0)
-    assert len(block._graphs) == 1
+        assert len(block._graphs) == 1
+        assert len(moe._graphs) == 0  # eager: the layer runs plain inside its block's graph
+        # Compiled, the block is traced and its layer is the custom op: the layer replays its own graphs.
+        flat = x.reshape(-1, x.shape[-1])
+        logits = block.router_logits(flat)
+        for _ in range(3):
+            torch.testing.assert_close(torch.ops.moe_core.fused_moe(flat, logits, moe._op_key), moe._run(flat, logits),
+                                       rtol=0, atol=0)
+        assert len(moe._graphs) == 1

@@ -291,12 +291,14 @@ def test_fused_model_compiles_and_replays_on_gpu():
     torch.testing.assert_close(eager[2], eager[0], rtol=0, atol=0)
     blocks = [m for m in model.modules() if type(m).__name__ == "FusedMoEBlock"]
     assert blocks and all(len(b._graphs) == 1 for b in blocks)
-    assert all(b.moe._graphs is None for b in blocks)  # the layer runs plain inside its block's graph
+    assert all(len(b.moe._graphs) == 0 for b in blocks)  # the layer runs plain inside its block's graph
     breaks, reasons = _graph_breaks(model, ids)
     assert breaks == 0, reasons
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    torch.testing.assert_close(compiled(ids).logits, eager[0], rtol=2e-2, atol=2e-2)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(ids).logits, eager[0], rtol=2e-2, atol=2e-2)
+    assert all(len(b.moe._graphs) == 1 for b in blocks)  # compiled, each layer op replays its own graph
 
 
 @pytest.mark.device("cuda")

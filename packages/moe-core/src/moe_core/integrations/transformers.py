@@ -379,8 +379,9 @@ class FusedMoEBlock(nn.Module):
 
     def _init_graphs(self) -> None:
         """The whole block (router projection, routed and shared experts) replayed as one CUDA graph
-        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs); the layer's own
-        graphs would only repeat the block's, so the layer runs plain inside it."""
+        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs). Eager calls
+        run the layer plain inside it (its own graphs would only repeat the block's); a compiled
+        block, whose layer is the custom op, replays the layer's graphs instead."""
         self._graphs, self._graph_params = None, []
         if not self._graphed:
             return
@@ -388,7 +389,6 @@ class FusedMoEBlock(nn.Module):
         self._graphs = CallGraphs(self._block, f"FusedMoEBlock({moe.config.describe()})",
                                   min(GRAPH_MAX_TOKENS, moe.config.max_num_tokens),
                                   lambda tensors: tensors[0].numel() // tensors[0].shape[-1], self._graph_version)
-        moe._graphs = None
         # Where the block's own parameters are registered: replaced rather than updated in place, they
         # must not leave a graph reading the old ones.
         self._graph_params = [(module, name) for prefix, module in self.named_modules()
@@ -447,9 +447,15 @@ class FusedMoEBlock(nn.Module):
     def _routed_experts(self, flat: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         limit = self.moe.config.max_num_tokens
         if flat.shape[0] <= limit:
-            return self.moe(flat, router_logits)
+            return self._moe(flat, router_logits)
         # Longer prompts than the layer's workspaces: run them in slices, tokens are independent.
-        return torch.cat([self.moe(h, g) for h, g in zip(flat.split(limit), router_logits.split(limit))])
+        return torch.cat([self._moe(h, g) for h, g in zip(flat.split(limit), router_logits.split(limit))])
+
+    def _moe(self, flat: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() or not self._graphed:
+            return self.moe(flat, router_logits)
+        self.moe._check_inputs(flat, router_logits)
+        return self.moe.call_eager(flat, router_logits, graphed=False)  # the block graphs the call
 
 
 # ---- fuse ----------------------------------------------------------------------------------------
