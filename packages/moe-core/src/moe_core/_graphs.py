@@ -124,7 +124,7 @@ def _load_cudart() -> ctypes.CDLL | None:
 class _CudaGraphApi:
     """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place).
 
-    A graph's inputs: on a slow host one copy launch costs as much as the replay itself (7-9 us an H200
+    A graph's inputs: on a slow host one copy launch costs as much as the replay itself (7-9 us on an H200
     host, against 5 for the graph launch), so where the CUDA runtime is reachable the copies of the
     inputs into the static buffers are the graph's first nodes, and each call points their source at
     its own tensors (`cudaGraphExecMemcpyNodeSetParams1D`, host work only) before the one launch."""
