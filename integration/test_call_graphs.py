@@ -125,6 +125,21 @@ def test_outputs_a_caller_keeps_are_never_overwritten(api):
     torch.testing.assert_close(later, _want(*_inputs(2, 31)), rtol=0, atol=0)
 
 
+def test_bypassed_calls_neither_capture_nor_replay(api):
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    x, y = _inputs(4, seed=0)
+    with graphs.bypassed():
+        with graphs.bypassed():  # nested: the outer bypass still holds after the inner ends
+            graphs(x, y)
+        for _ in range(3):
+            torch.testing.assert_close(graphs(x, y), _want(x, y))
+    assert len(graphs) == 0 and api.captures == 0 and fn.runs == 4
+    graphs(x, y)
+    graphs(x, y)
+    assert len(graphs) == 1
+
+
 def test_a_new_version_drops_every_graph(api):
     fn = _Counted()
     graphs = _graphs_of(fn)
@@ -210,7 +225,12 @@ def test_a_fused_block_replays_as_one_graph(api):
     block._graphed = True
     block._init_graphs()
     gen = torch.Generator().manual_seed(0)
+    hook_calls = []
+    moe.register_forward_pre_hook(lambda module, args: hook_calls.append(args[0].shape))
     with torch.no_grad():
+        x = torch.randn(1, 3, model.config.hidden_size, generator=gen)
+        block(x)  # first sighting: eager, the layer called as a module (its hooks run, as parity tests need)
+        assert hook_calls == [torch.Size([3, model.config.hidden_size])]
         for _ in range(4):
             x = torch.randn(1, 3, model.config.hidden_size, generator=gen)
             torch.testing.assert_close(block(x), block._block(x), rtol=0, atol=0)

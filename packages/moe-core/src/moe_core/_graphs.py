@@ -30,6 +30,7 @@ and keep nothing in the pool past their end (their outputs live outside it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -259,14 +260,27 @@ class CallGraphs:
         self._captured_version: object = None  # the version every graph in _signatures was captured under
         # Taken for a whole graphed call: the static inputs are shared by the signature's graphs.
         self._lock = threading.Lock()
+        self._bypass = threading.local()  # .active: this thread's calls run `fn` as it is (see bypassed)
 
     def __len__(self) -> int:
         """Graphs captured."""
         return sum(len(sig.graphs) for sig in self._signatures.values())
 
+    @contextlib.contextmanager
+    def bypassed(self):
+        """Calls made in this thread meanwhile run `fn` as it is, captured and replayed by no graph of
+        these (for a caller that graphs the call itself)."""
+        previous = getattr(self._bypass, "active", False)
+        self._bypass.active = True
+        try:
+            yield
+        finally:
+            self._bypass.active = previous
+
     def __call__(self, *tensors: torch.Tensor):
         first = tensors[0]
-        if (first.device.type != _api.device_type or torch.compiler.is_compiling()
+        if (getattr(self._bypass, "active", False) or first.device.type != _api.device_type
+                or torch.compiler.is_compiling()
                 or not 0 < self._rows_of(tensors) <= self._max_tokens or _api.capturing()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return self._fn(*tensors)

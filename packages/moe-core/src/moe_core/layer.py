@@ -200,18 +200,16 @@ class FusedMoE(torch.nn.Module):
             return torch.ops.moe_core.fused_moe(hidden_states, router_logits, self._op_key)
         return self.call_eager(hidden_states, router_logits)
 
-    def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, graphed: bool = True) -> torch.Tensor:
-        """One call without the input checks of `forward` (the custom op's implementation).
-        graphed=False: never replayed from or captured in a graph of this layer's own (for a caller
-        that graphs the call itself)."""
+    def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """One call without the input checks of `forward` (the custom op's implementation)."""
         with self._state_lock:
             if self._cuda_index is not None and torch._C._cuda_getDevice() != self._cuda_index:
                 with torch.cuda.device(self._cuda_index):
-                    return self._call(hidden_states, router_logits, graphed)
-            return self._call(hidden_states, router_logits, graphed)
+                    return self._call(hidden_states, router_logits)
+            return self._call(hidden_states, router_logits)
 
-    def _call(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, graphed: bool) -> torch.Tensor:
-        if graphed and self._graphs is not None:
+    def _call(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None:
             return self._graphs(hidden_states, router_logits)
         return self._run(hidden_states, router_logits)
 

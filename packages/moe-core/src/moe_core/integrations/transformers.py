@@ -454,8 +454,8 @@ class FusedMoEBlock(nn.Module):
     def _moe(self, flat: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() or not self._graphed:
             return self.moe(flat, router_logits)
-        self.moe._check_inputs(flat, router_logits)
-        return self.moe.call_eager(flat, router_logits, graphed=False)  # the block graphs the call
+        with self.moe._graphs.bypassed():  # the block graphs the call
+            return self.moe(flat, router_logits)
 
 
 # ---- fuse ----------------------------------------------------------------------------------------
