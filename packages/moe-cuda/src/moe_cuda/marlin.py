@@ -421,10 +421,11 @@ class MarlinExperts(Experts):
             h = self._gemm(x, packed, "w13", blocks, topk_weights, top_k, False, cfg.w13_rows,
                            torch.empty(M * top_k, cfg.w13_rows, dtype=x.dtype, device=x.device))
         a = activate(h, cfg)
-        # rows of pairs another rank owns are never written: zeros keep them out of the sum
+        # GEMM2 writes every pair's row but those of pairs another rank owns: zeros keep them out of the sum
+        rows = torch.zeros if self.expert_map is not None else torch.empty
         y = self._gemm(a, packed, "w2", blocks, topk_weights, 1, not on_input, K,
-                       torch.zeros(M * top_k, K, dtype=x.dtype, device=x.device))
-        return y.view(M, top_k, K).float().sum(1).to(x.dtype)
+                       rows(M * top_k, K, dtype=x.dtype, device=x.device))
+        return y.view(M, top_k, K).sum(1, dtype=torch.float32).to(x.dtype)  # fp32 sum, no fp32 copy of y
 
     def _gemm(self, x: torch.Tensor, packed: PackedWeights, name: str, blocks: MarlinBlocks,
               topk_weights: torch.Tensor, top_k: int, mul_topk_weights: bool, size_n: int,
