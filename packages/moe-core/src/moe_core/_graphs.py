@@ -223,11 +223,15 @@ class _Graph:
     single: bool  # the call returned one tensor, not a tuple
 
     def idle(self) -> bool:
+        if self.single:
+            return _use_count(self.storages[0]) == self.idle_counts[0]
         return all(_use_count(s) == n for s, n in zip(self.storages, self.idle_counts))
 
     def result(self):
-        views = tuple(o.view(o.shape) for o in self.outputs)  # a view: the caller's reference is counted
-        return views[0] if self.single else views
+        if self.single:
+            out = self.outputs[0]
+            return out.view(out.shape)  # a view: the caller's reference is counted
+        return tuple(o.view(o.shape) for o in self.outputs)
 
 
 @dataclass
@@ -285,7 +289,7 @@ class CallGraphs:
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
             return self._fn(*tensors)
         where = _api.where(first.device)
-        key = (where, *((t.shape, t.stride(), t.dtype, t.device) for t in tensors))
+        key = (where, *[(t.shape, t.stride(), t.dtype, t.device) for t in tensors])
         version = self._version()
         with self._lock:
             if version != self._captured_version:  # the graphs read what the call no longer reads
@@ -303,7 +307,11 @@ class CallGraphs:
                 sig = self._signatures[key] = _Signature(statics, _api.copies_in_graph(statics, tensors))
             if sig.failed:
                 return self._fn(*tensors)
-            graph = next((g for g in sig.graphs if g.idle()), None)
+            for graph in sig.graphs:
+                if graph.idle():
+                    break
+            else:
+                graph = None
             if graph is None:
                 if len(sig.graphs) >= _RING:  # the caller holds every graph's outputs
                     return self._fn(*tensors)

@@ -93,6 +93,8 @@ class FusedMoE(torch.nn.Module):
         # spread over GPUs (accelerate's device_map) calls its layers without switching devices.
         self._cuda_index = (self.device.index if self.device.index is not None else torch.cuda.current_device()
                             ) if self._device_type == "cuda" else None
+        # The device inputs must be on (where a device type has no index, the full check decides).
+        self._input_device = torch.device("cuda", self._cuda_index) if self._cuda_index is not None else self.device
         # Collectives stay eager: every rank would have to capture together.
         self._graphed = graphs_enabled(cuda_graphs) and mode is None and self._device_type == "cuda"
         self._loads = 0
@@ -219,6 +221,18 @@ class FusedMoE(torch.nn.Module):
 
     def _check_inputs(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> None:
         cfg = self.config
+        # The accepted case in one expression (a call's host time is the budget here); anything else
+        # goes through the checks below, which name what is wrong.
+        try:
+            h, g = hidden_states.shape, router_logits.shape
+            if (len(h) == 2 and len(g) == 2 and h[1] == cfg.hidden_size and g[0] == h[0] and g[1] == cfg.num_experts
+                    and h[0] <= cfg.max_num_tokens and hidden_states.dtype == cfg.dtype
+                    and router_logits.dtype.is_floating_point and hidden_states.device == self._input_device
+                    and router_logits.device == self._input_device
+                    and not (torch.is_grad_enabled() and (hidden_states.requires_grad or router_logits.requires_grad))):
+                return
+        except AttributeError:  # not tensors: said below
+            pass
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
