@@ -125,8 +125,8 @@ def _load_cudart() -> ctypes.CDLL | None:
 class _CudaGraphApi:
     """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place).
 
-    A graph's inputs: on a slow host one copy launch costs as much as the replay itself (7-9 us on an H200
-    host, against 5 for the graph launch), so where the CUDA runtime is reachable the copies of the
+    A graph's inputs: on a slow host one copy launch costs more than the replay itself (7-9 us on an
+    H200 host, against 5 for the graph launch), so where the CUDA runtime is reachable the copies of the
     inputs into the static buffers are the graph's first nodes, and each call points their source at
     its own tensors (`cudaGraphExecMemcpyNodeSetParams1D`, host work only) before the one launch."""
 
