@@ -142,6 +142,33 @@ def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.T
     return eager, out
 
 
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual.float() - expected.float()).norm() / expected.float().norm())
+
+
+@pytest.mark.parametrize("prefer,quant", [("marlin", int4_w4a16(128)), ("sglang_fp8_block", fp8_w8a8("block")),
+                                          ("flashinfer_cutlass", unquantized()), ("torch_grouped_mm", unquantized())],
+                         ids=["marlin-int4", "sglang-fp8-block", "flashinfer-bf16", "torch-grouped-mm-bf16"])
+@torch.no_grad()
+def test_eager_calls_replay_the_layers_graphs_and_compile_as_one_op(prefer, quant):
+    """Where users call the layer: repeated eager calls replay its own CUDA graph (moe_core._graphs), and
+    torch.compile(fullgraph=True) traces it as the custom op (moe_core._op); both equal a plain call."""
+    if prefer == "flashinfer_cutlass":
+        pytest.importorskip("flashinfer")
+    config = layer(E=32, K=512, N=256, top_k=4)
+    moe = FusedMoE(config, quant, "cuda", prefer=prefer)
+    moe.load_weights(ExpertWeights.random(config, quant, seed=3, device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(5, 512, device="cuda", generator=gen, dtype=torch.bfloat16)
+    logits = torch.randn(5, 32, device="cuda", generator=gen)
+    plain = moe._run(x, logits)
+    for call in range(3):  # eager, captured, replayed; each output dropped before the next call
+        assert _relative(moe(x, logits), plain) < 1e-3, f"call {call}"
+    assert len(moe._graphs) == 1
+    torch._dynamo.reset()
+    assert _relative(torch.compile(moe, fullgraph=True)(x, logits), plain) < 1e-3
+
+
 def test_marlin_layer_is_captured_in_a_cuda_graph():
     eager, replayed = _eager_and_graph_replay("marlin", int4_w4a16(128))
     assert torch.equal(replayed, eager)
