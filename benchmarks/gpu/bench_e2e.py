@@ -8,8 +8,8 @@ another's numbers. experts: `transformers` (its default experts implementation) 
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
-different lengths, median of 3 each, so the prompt's prefill cancels); peak GPU memory of the whole run and of `fuse()`;
-the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
+different lengths, median of 3 each, so the prompt's prefill cancels); peak GPU memory of the whole run
+and of `fuse()`; the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
 same model (same seed, same weights), when that run saved them under --out.
 
     python3 bench_e2e.py --model qwen3-30b-a3b --experts bf16 --mode eager --out DIR [--layers N]
