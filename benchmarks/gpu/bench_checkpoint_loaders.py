@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -106,22 +105,9 @@ def write(fmt: str, directory: Path, layers: int, device: str) -> None:
     (directory / "config.json").write_text(json.dumps(values, indent=2))  # last: marks it complete
 
 
-def _seconds(fn, repeats: int = 3) -> float:
-    import torch
-
-    fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def run(loader: str, directory: Path, prefill: int, new: int, out: Path) -> dict:
     import torch
+    from bench_e2e import generate_greedy, median_seconds
 
     row: dict = {"loader": loader}
     torch.cuda.init()
@@ -146,17 +132,13 @@ def run(loader: str, directory: Path, prefill: int, new: int, out: Path) -> dict
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.inference_mode():
         ids = torch.randint(0, vocab, (1, prefill), device="cuda", generator=gen)
-        row["prefill_tokens_per_s"] = round(prefill / _seconds(lambda: model(input_ids=ids, use_cache=False)), 1)
+        row["prefill_tokens_per_s"] = round(prefill / median_seconds(lambda: model(input_ids=ids, use_cache=False)), 1)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
         torch.save(logits.cpu(), out / f"logits-{loader}.pt")
         for batch in (1, 16):
             prompt = torch.randint(0, vocab, (batch, 16), device="cuda", generator=gen)
-
-            def generate(n: int, prompt=prompt):
-                return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
-                                      min_new_tokens=n, do_sample=False, pad_token_id=0)
-
-            step = (_seconds(lambda: generate(2 + new)) - _seconds(lambda: generate(2))) / new
+            step = (median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + new))
+                    - median_seconds(lambda p=prompt: generate_greedy(model, p, 2))) / new
             row[f"decode_b{batch}_ms_per_step"] = round(step * 1e3, 2)
     row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row

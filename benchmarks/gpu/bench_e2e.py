@@ -32,7 +32,8 @@ BATCHES = (1, 16, 64)
 LOGIT_POSITIONS = 16
 
 
-def _seconds(fn, repeats: int = 3) -> float:
+def median_seconds(fn, repeats: int = 3) -> float:
+    """Median wall time of `fn` over `repeats` calls after a warm-up one, the device drained around each."""
     fn()
     times = []
     for _ in range(repeats):
@@ -44,7 +45,7 @@ def _seconds(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def _generate(model, ids: torch.Tensor, new: int) -> torch.Tensor:
+def generate_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                           do_sample=False, pad_token_id=0)
 
@@ -105,7 +106,7 @@ def main() -> int:
     with torch.inference_mode():
         ids = torch.randint(0, vocab, (1, PREFILL), device=dev, generator=gen)
         if args.mode == "eager":
-            seconds = _seconds(lambda: model(input_ids=ids, use_cache=False))
+            seconds = median_seconds(lambda: model(input_ids=ids, use_cache=False))
             row["prefill_tokens_per_s"] = round(PREFILL / seconds, 1)
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
             ref_path = args.out / f"logits-{model_tag}.pt"
@@ -118,8 +119,8 @@ def main() -> int:
         for batch in args.batches:
             prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
             try:
-                short = _seconds(lambda p=prompt: _generate(model, p, 2))
-                long = _seconds(lambda p=prompt: _generate(model, p, 2 + args.new))
+                short = median_seconds(lambda p=prompt: generate_greedy(model, p, 2))
+                long = median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + args.new))
             except Exception as exc:  # say how it failed, measure the rest
                 row[f"decode_b{batch}_error"] = f"{type(exc).__name__}: {exc}"[:400]
                 save()

@@ -120,14 +120,19 @@ def test_library_align_blocks_holds_the_same_blocks():
     assert torch.equal(ids.reshape(-1)[rows[is_real]], experts[is_real])
 
 
-def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's output from a first eager call and from a CUDA graph captured after it."""
+def _layer_and_inputs(prefer: str, quant: MoEQuantConfig) -> tuple[FusedMoE, torch.Tensor, torch.Tensor]:
+    """A small layer on `prefer` with random weights, and one call's inputs (5 tokens)."""
     config = layer(E=32, K=512, N=256, top_k=4)
     moe = FusedMoE(config, quant, "cuda", prefer=prefer)
     moe.load_weights(ExpertWeights.random(config, quant, seed=3, device="cuda"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(5, 512, device="cuda", generator=gen, dtype=torch.bfloat16)
-    logits = torch.randn(5, 32, device="cuda", generator=gen)
+    return moe, x, torch.randn(5, 32, device="cuda", generator=gen)
+
+
+def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's output from a first eager call and from a CUDA graph captured after it."""
+    moe, x, logits = _layer_and_inputs(prefer, quant)
     eager = moe(x, logits)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -155,12 +160,7 @@ def test_eager_calls_replay_the_layers_graphs_and_compile_as_one_op(prefer, quan
     torch.compile(fullgraph=True) traces it as the custom op (moe_core._op); both equal a plain call."""
     if prefer == "flashinfer_cutlass":
         pytest.importorskip("flashinfer")
-    config = layer(E=32, K=512, N=256, top_k=4)
-    moe = FusedMoE(config, quant, "cuda", prefer=prefer)
-    moe.load_weights(ExpertWeights.random(config, quant, seed=3, device="cuda"))
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(5, 512, device="cuda", generator=gen, dtype=torch.bfloat16)
-    logits = torch.randn(5, 32, device="cuda", generator=gen)
+    moe, x, logits = _layer_and_inputs(prefer, quant)
     plain = moe._run(x, logits)
     for call in range(3):  # eager, captured, replayed; each output dropped before the next call
         assert _relative(moe(x, logits), plain) < 1e-3, f"call {call}"

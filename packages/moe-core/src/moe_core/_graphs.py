@@ -82,6 +82,21 @@ def _register(where: tuple[int, int], graph: _Graph) -> None:
         _live_graphs.setdefault(where, weakref.WeakSet()).add(graph)
 
 
+# Set while a graphable call runs its function (its first sighting, a capture's warm-up, the capture):
+# graphed calls nested in it (a fused block's layer) run plain, since the outer graph holds their work.
+_graphing = threading.local()
+
+
+@contextlib.contextmanager
+def _graphing_call():
+    outer = getattr(_graphing, "active", False)
+    _graphing.active = True
+    try:
+        yield
+    finally:
+        _graphing.active = outer
+
+
 def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
@@ -264,26 +279,14 @@ class CallGraphs:
         self._captured_version: object = None  # the version every graph in _signatures was captured under
         # Taken for a whole graphed call: the static inputs are shared by the signature's graphs.
         self._lock = threading.Lock()
-        self._bypass = threading.local()  # .active: this thread's calls run `fn` as it is (see bypassed)
 
     def __len__(self) -> int:
         """Graphs captured."""
         return sum(len(sig.graphs) for sig in self._signatures.values())
 
-    @contextlib.contextmanager
-    def bypassed(self):
-        """Calls made in this thread meanwhile run `fn` as it is, captured and replayed by no graph of
-        these (for a caller that graphs the call itself)."""
-        previous = getattr(self._bypass, "active", False)
-        self._bypass.active = True
-        try:
-            yield
-        finally:
-            self._bypass.active = previous
-
     def __call__(self, *tensors: torch.Tensor):
         first = tensors[0]
-        if (getattr(self._bypass, "active", False) or first.device.type != _api.device_type
+        if (getattr(_graphing, "active", False) or first.device.type != _api.device_type
                 or torch.compiler.is_compiling()
                 or not 0 < self._rows_of(tensors) <= self._max_tokens or _api.capturing()
                 or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))):
@@ -302,7 +305,8 @@ class CallGraphs:
                     self._seen[key] = None
                     if len(self._seen) > _MAX_SEEN:
                         del self._seen[next(iter(self._seen))]
-                    return self._fn(*tensors)
+                    with _graphing_call():
+                        return self._fn(*tensors)
                 statics = tuple(t.clone() for t in tensors)
                 sig = self._signatures[key] = _Signature(statics, _api.copies_in_graph(statics, tensors))
             if sig.failed:
@@ -327,23 +331,24 @@ class CallGraphs:
 
     def _capture(self, sig: _Signature, tensors: tuple[torch.Tensor, ...], where: tuple[int, int]) -> _Graph | None:
         try:
-            out = self._fn(*sig.inputs)  # its shapes, to allocate the output buffers outside the pool
-            single = isinstance(out, torch.Tensor)
-            outs = (out,) if single else tuple(out)
-            if not all(isinstance(o, torch.Tensor) for o in outs):
-                raise TypeError(f"a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
-            buffers = tuple(torch.empty_like(o) for o in outs)
+            with _graphing_call():
+                out = self._fn(*sig.inputs)  # its shapes, to allocate the output buffers outside the pool
+                single = isinstance(out, torch.Tensor)
+                outs = (out,) if single else tuple(out)
+                if not all(isinstance(o, torch.Tensor) for o in outs):
+                    raise TypeError(f"a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
+                buffers = tuple(torch.empty_like(o) for o in outs)
 
-            def work() -> None:
-                if sig.copies_in_graph:  # the copies' sources are re-pointed at every call's tensors
-                    for static, t in zip(sig.inputs, tensors):
-                        static.copy_(t)
-                result = self._fn(*sig.inputs)
-                for buffer, o in zip(buffers, (result,) if single else result):
-                    buffer.copy_(o)
+                def work() -> None:
+                    if sig.copies_in_graph:  # the copies' sources are re-pointed at every call's tensors
+                        for static, t in zip(sig.inputs, tensors):
+                            static.copy_(t)
+                    result = self._fn(*sig.inputs)
+                    for buffer, o in zip(buffers, (result,) if single else result):
+                        buffer.copy_(o)
 
-            graph = _api.capture(work, _shared_pool(where), where, keep_graph=sig.copies_in_graph)
-            point_inputs = _api.input_pointer(graph, sig.inputs) if sig.copies_in_graph else None
+                graph = _api.capture(work, _shared_pool(where), where, keep_graph=sig.copies_in_graph)
+                point_inputs = _api.input_pointer(graph, sig.inputs) if sig.copies_in_graph else None
         except Exception as exc:  # a backend that cannot be captured (host sync, allocation): serve eagerly
             sig.failed = True
             _log.warning("%s: calls of shapes %s run eagerly: capturing them in a CUDA graph failed (%s: %s)",

@@ -250,8 +250,7 @@ class FusedMoE(torch.nn.Module):
         for name, t in (("hidden_states", hidden_states), ("router_logits", router_logits)):
             device = t.device
             if device.type != self._device_type or (self._cuda_index is not None and device.index != self._cuda_index):
-                raise ValueError(f"{name} is on {device}, the layer on {self._device_type}"
-                                 f"{'' if self._cuda_index is None else f':{self._cuda_index}'}")
+                raise ValueError(f"{name} is on {device}, the layer on {self._input_device}")
         if cfg.max_num_tokens < M:
             raise ValueError(f"{M} tokens exceed MoEConfig.max_num_tokens={cfg.max_num_tokens}; split the batch "
                              "or build the layer with a larger max_num_tokens")

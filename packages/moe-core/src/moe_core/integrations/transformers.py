@@ -379,9 +379,9 @@ class FusedMoEBlock(nn.Module):
 
     def _init_graphs(self) -> None:
         """The whole block (router projection, routed and shared experts) replayed as one CUDA graph
-        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs). Eager calls
-        run the layer plain inside it (its own graphs would only repeat the block's); a compiled
-        block, whose layer is the custom op, replays the layer's graphs instead."""
+        where its eager calls repeat, as FusedMoE does for itself (moe_core._graphs). The layer
+        runs plain inside the block's graphed calls (graphed calls nest that way); a compiled block,
+        whose layer is the custom op, replays the layer's own graphs instead."""
         self._graphs, self._graph_params = None, []
         if not self._graphed:
             return
@@ -447,15 +447,9 @@ class FusedMoEBlock(nn.Module):
     def _routed_experts(self, flat: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         limit = self.moe.config.max_num_tokens
         if flat.shape[0] <= limit:
-            return self._moe(flat, router_logits)
+            return self.moe(flat, router_logits)
         # Longer prompts than the layer's workspaces: run them in slices, tokens are independent.
-        return torch.cat([self._moe(h, g) for h, g in zip(flat.split(limit), router_logits.split(limit))])
-
-    def _moe(self, flat: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() or not self._graphed:
-            return self.moe(flat, router_logits)
-        with self.moe._graphs.bypassed():  # the block graphs the call
-            return self.moe(flat, router_logits)
+        return torch.cat([self.moe(h, g) for h, g in zip(flat.split(limit), router_logits.split(limit))])
 
 
 # ---- fuse ----------------------------------------------------------------------------------------
