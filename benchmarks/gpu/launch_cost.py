@@ -2,8 +2,11 @@
 through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
 torch launch for scale; then what a graphed layer call pays besides Python: the replay of a CUDA graph
 and the copy of a one-token call's two inputs into the graph's buffers (`_foreach_copy_` before the replay,
-against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does).
-Prints microseconds per launch (median of 20 rounds of 200 launches)."""
+against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does); and that
+re-point plus replay for a graph whose previous launch is still queued or running on the GPU against
+one whose previous launch has finished (bench_host_path drains the stream every 8 calls, so where
+kernels take longer than the host work most of its calls are of the first kind).
+Prints microseconds per launch (median of 20 rounds of 200 launches; per call: median of 400 calls)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,19 @@ def per_launch_us(fn, rounds: int = 20, n: int = 200) -> float:
         for _ in range(n):
             fn()
         samples.append((time.perf_counter() - t0) / n)
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
+
+
+def per_call_us(fn, drain_every: int, calls: int = 400) -> float:
+    """Median host time of one `fn()`, the stream drained before every `drain_every`-th call."""
+    samples = []
+    for i in range(calls):
+        if i % drain_every == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return statistics.median(samples) * 1e6
 
@@ -80,6 +96,24 @@ def main() -> None:
     torch.testing.assert_close(statics[1], fresh[1], rtol=0, atol=0)
     print(f"graphed call us: inputs copied in by _foreach_copy_ {foreach:.2f}  replay {replay:.2f}  "
           f"the graph's own copies re-pointed {repoint:.2f}")
+
+    def copy_then_spin() -> None:  # a call whose kernels take ~100 us, longer than its host work
+        for static, t in zip(statics, inputs):
+            static.copy_(t)
+        torch.cuda._sleep(200_000)
+
+    busy = api.capture(copy_then_spin, None, (0, 0), keep_graph=True)
+    point_busy = api.input_pointer(busy, statics)
+
+    def call() -> None:
+        point_busy(inputs)
+        busy.replay()
+
+    idle = per_call_us(call, drain_every=1)
+    queued = per_call_us(call, drain_every=8)
+    replay_only = per_call_us(busy.replay, drain_every=8)
+    print(f"re-point + replay of a ~100 us graph, us per call: previous launch finished {idle:.2f}  "
+          f"drained every 8 calls {queued:.2f}  (replay alone, drained every 8: {replay_only:.2f})")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ jobs=$OUT/jobs.txt
 add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs"; fi; }
 e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
 # Most wanted first: a job the deadline stops leaves those before it done.
+add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
+add profile-decode "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts bf16 int4 mxfp4 --out $OUT/host/profile-decode"
 # Compiled end to end at 8 of the 48 layers (compiling all 48 takes minutes per run), with eager at 8 beside it.
 for x in bf16 transformers; do
   add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
@@ -33,6 +35,8 @@ for x in transformers bf16; do
   add "e2e-qwen3-8l-$x-eager" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode eager --batches 1 64 --out $OUT/e2e"
 done
 add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b"
+# The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
+add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
 e2e qwen3-30b-a3b transformers eager
