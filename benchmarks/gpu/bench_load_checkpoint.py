@@ -115,21 +115,34 @@ class HostMemory:
         self._thread.join()
 
 
-def load(directory: Path) -> dict:
+def load(directory: Path, profile_to: Path | None) -> dict:
+    import cProfile
+    import logging
+    import pstats
+
     import torch
 
     from moe_core.integrations.transformers import from_pretrained
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")  # progress per layer
 
     torch.cuda.init()
     torch.empty(1, device="cuda")  # CUDA context outside the measured window
     memory = HostMemory()
     before = memory.sample()
     torch.cuda.reset_peak_memory_stats()
+    profiler = cProfile.Profile() if profile_to else None
     with memory:
         start = time.perf_counter()
+        if profiler:
+            profiler.enable()
         model = from_pretrained(directory, device="cuda", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         load_s = time.perf_counter() - start
+    if profiler:
+        profiler.disable()
+        with open(profile_to, "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(60)
     gpu_peak, gpu_model = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
     backends = sorted({layer.backend + "/" + layer.plan.experts_cls.name() for layer in model.fuse_report.layers})
     ids = torch.randint(0, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -157,18 +170,21 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/qwen3-30b-a3b-gptq"))
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None, help="write cProfile statistics of the load here")
     parser.add_argument("--phase", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "load":
-        print("RESULT " + json.dumps(load(args.dir)), flush=True)
+        print("RESULT " + json.dumps(load(args.dir, args.profile)), flush=True)
         return
     if not (args.dir / "config.json").exists():
         write(args.dir, args.layers)
-    # a fresh process: the writer's memory must not count in the loader's peak
+    # a fresh process: the writer's memory must not count in the loader's peak. Its log (progress per
+    # layer) passes through as it comes, so a load stopped midway still says how far it got.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, __file__, "--dir", str(args.dir), "--phase", "load"], env=env,
-                          capture_output=True, text=True)
-    sys.stderr.write(proc.stderr[-4000:])
+    command = [sys.executable, __file__, "--dir", str(args.dir), "--phase", "load"]
+    if args.profile:
+        command += ["--profile", str(args.profile)]
+    proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         sys.exit(f"the load process failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")

@@ -321,3 +321,21 @@ def test_mxfp4_errors(tmp_path):
     no_blocks = {k.replace("_blocks", ""): v for k, v in tensors.items() if "scales" not in k}
     with pytest.raises(CheckpointError, match=r"quant_method mxfp4 but tensor .*gate_up_proj_blocks' is missing"):
         load_layer(_write(tmp_path / "nob", no_blocks, {"quant_method": "mxfp4"}, "gpt_oss"), 0)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_int4_words_taken_as_packed_bytes_equal_unpacking_and_packing(dim):
+    # Every bit pattern a word can hold, along either packing dimension (GPTQ packs along rows,
+    # compressed-tensors along columns): the bytes as they are must equal unpack + pack_int4.
+    from moe_core.weights._intquant import int4_words_as_packed, unpack_int32
+    from moe_core.weights.packing import pack_int4
+
+    gen = torch.Generator().manual_seed(7)
+    words = torch.randint(-2**31, 2**31, (6, 10), dtype=torch.int64, generator=gen).to(torch.int32)
+    codes = unpack_int32(words, 4, dim=dim)
+    rows_first = codes.t() if dim == 0 else codes  # [out, in]
+    size = rows_first.shape[1]
+    assert torch.equal(int4_words_as_packed(words, dim, size), pack_int4(rows_first))
+    # A size that ends inside the last word (compressed-tensors pads in_features up to whole words).
+    assert torch.equal(int4_words_as_packed(words, dim, size - 6), pack_int4(rows_first[:, :size - 6]))
+    assert int4_words_as_packed(words, dim, size - 1) is None  # odd: no whole bytes

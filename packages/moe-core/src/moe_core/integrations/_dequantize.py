@@ -15,6 +15,7 @@ import torch
 
 from moe_core.weights._intquant import QuantizedProjection
 from moe_core.weights._source import CheckpointError, TensorSource
+from moe_core.weights.packing import unpack_int4
 
 __all__ = ["dequantized_linear"]
 
@@ -58,7 +59,8 @@ def dequantized_linear(source: TensorSource, module: str, method: str, qc: Mappi
 
 def _integer(p: QuantizedProjection, bits: int, group_size: int) -> torch.Tensor:
     """(code - zero) * scale, with the group of each input column from g_idx or its position."""
-    _, K = p.codes.shape
+    codes = unpack_int4(p.codes) if p.packed else p.codes
+    _, K = codes.shape
     if p.g_idx is not None:
         groups = p.g_idx.long()
     elif group_size > 0:
@@ -66,7 +68,7 @@ def _integer(p: QuantizedProjection, bits: int, group_size: int) -> torch.Tensor
     else:
         groups = torch.zeros(K, dtype=torch.long)
     zero = p.zero[:, groups].float() if p.zero is not None else float(1 << (bits - 1))
-    return (p.codes.float() - zero) * p.scale[:, groups].float()
+    return (codes.float() - zero) * p.scale[:, groups].float()
 
 
 def _fp8(codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None) -> torch.Tensor:

@@ -2,11 +2,15 @@
 
 Each reader turns one checkpoint projection into a `QuantizedProjection` in canonical orientation
 ([out, in] codes as unsigned integers, scales and zeros [out, groups]); `assemble_int_experts` then
-concatenates gate and up rows, stacks experts and packs int4 codes two per byte.
+concatenates gate and up rows, stacks experts and packs int4 codes two per byte. Where a
+checkpoint's int4 words already hold that packing's bytes (GPTQ, compressed-tensors: fields least
+significant first, on a little-endian host) the readers take the bytes as they are
+(`int4_words_as_packed`): unpacking every code to a byte and packing it again cost seconds per layer.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +20,8 @@ from moe_core.weights._source import CheckpointError, TensorSource, join_key
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4
 
-__all__ = ["QuantizedProjection", "assemble_int_experts", "check_trivial_g_idx", "expert_projection_names", "unpack_int32"]
+__all__ = ["QuantizedProjection", "assemble_int_experts", "check_trivial_g_idx", "expert_projection_names",
+           "int4_words_as_packed", "unpack_int32"]
 
 _SCALE_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -25,10 +30,13 @@ _SCALE_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float
 class QuantizedProjection:
     """One expert projection in canonical orientation (rows = outputs, columns = inputs)."""
 
-    codes: torch.Tensor  # uint8 [out, in], unsigned codes 0 .. 2**bits - 1
+    # uint8 [out, in], unsigned codes 0 .. 2**bits - 1; with `packed`, 4-bit codes two per byte in
+    # pack_int4's layout, uint8 [out, in / 2]
+    codes: torch.Tensor
     scale: torch.Tensor  # float [out, groups] (groups = 1 for per-channel)
     zero: torch.Tensor | None  # uint8 [out, groups] unsigned zero codes, or None when implicit
     g_idx: torch.Tensor | None  # int32 [in] group of each input column (act-order), or None
+    packed: bool = False
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -46,6 +54,22 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int, order: tuple[int, ..
         return fields.reshape(packed.shape[0], packed.shape[1] * per_word).to(torch.uint8)
     # Packed along rows: word (r, c) holds rows r*per_word + i of column c.
     return fields.permute(0, 2, 1).reshape(packed.shape[0] * per_word, packed.shape[1]).to(torch.uint8)
+
+
+def int4_words_as_packed(words: torch.Tensor, dim: int, size: int) -> torch.Tensor | None:
+    """int32 words of eight 4-bit codes along `dim` of a 2-D tensor (field i, least significant first,
+    is element 8c + i), `size` codes long along it -> uint8 [out, size / 2] in pack_int4's layout, or
+    None where the bytes cannot be taken as they are (a big-endian host, an odd `size`).
+
+    A little-endian word's byte b holds fields 2b (low nibble) and 2b + 1 (high): pack_int4's byte of
+    elements 8c + 2b and 8c + 2b + 1. So the packing is the words' bytes, transposed where the words
+    run along dim 0 (GPTQ's [in / 8, out])."""
+    if sys.byteorder != "little" or size % 2:
+        return None
+    as_bytes = words.contiguous().view(torch.uint8).view(*words.shape, 4)
+    if dim == 0:
+        as_bytes = as_bytes.permute(1, 0, 2)
+    return as_bytes.reshape(as_bytes.shape[0], -1)[:, :size // 2].contiguous()
 
 
 def expert_projection_names(source: TensorSource, prefix: str, first_expert: int, suffix: str
@@ -78,6 +102,9 @@ def assemble_int_experts(experts: list[dict[str, QuantizedProjection]], names: t
                               "bfloat16, float16, float32 shared by every projection")
     fields: dict[str, list[torch.Tensor]] = {k: [] for k in ("w13", "w2", "w13_scale", "w2_scale", "w13_zero",
                                                              "w2_zero", "w13_g_idx", "w2_g_idx")}
+    packed = {p.packed for ex in experts for p in ex.values()}
+    if len(packed) != 1 or (packed == {True} and bits != 4):
+        raise ValueError(f"{where}: packed codes are 4-bit codes of every projection or of none")
     for ex in experts:
         for name, parts in (("w13", [ex[n] for n in w13_names]), ("w2", [ex[down]])):
             fields[name].append(torch.cat([p.codes for p in parts], 0))
@@ -101,7 +128,7 @@ def assemble_int_experts(experts: list[dict[str, QuantizedProjection]], names: t
         spec = ScaleSpec(Granularity.GROUP, group_size=group_size, dtype=_SCALE_DTYPE_NAMES[scale_dtypes.pop()])
     dtype = {4: QuantDType.INT4, 8: QuantDType.INT8}[bits]
     key = QuantKey(dtype, spec, ZeroPoint.INTEGER if zero_point else ZeroPoint.NONE, act_order)
-    if dtype is QuantDType.INT4:
+    if dtype is QuantDType.INT4 and packed == {False}:
         stacked["w13"], stacked["w2"] = pack_int4(stacked["w13"]), pack_int4(stacked["w2"])
     return ExpertWeights(key, **{k: v.contiguous() for k, v in stacked.items()})
 

@@ -52,6 +52,7 @@ from moe_core.weights._intquant import (
     assemble_int_experts,
     check_trivial_g_idx,
     expert_projection_names,
+    int4_words_as_packed,
     unpack_int32,
 )
 from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, expert_ids, join_key
@@ -296,7 +297,8 @@ def _projection(source: TensorSource, module: str, scheme: CompressedTensorsSche
     packed = source.get(f"{module}.weight_packed", (N, -(-K * bits // 32)), (torch.int32,))
     scale = source.get(f"{module}.weight_scale", (N, G), FLOAT_DTYPES)
     # Dense packing: for 4 and 8 bits no code straddles a word, so plain fields are exact.
-    codes = unpack_int32(packed, bits, dim=1)[:, :K]
+    as_packed = int4_words_as_packed(packed, 1, K) if bits == 4 else None
+    codes = as_packed if as_packed is not None else unpack_int32(packed, bits, dim=1)[:, :K]
     zero = None
     if not scheme.symmetric:
         zp = source.get(f"{module}.weight_zero_point", (-(-N * bits // 32), G), (torch.int32,))
@@ -310,7 +312,7 @@ def _projection(source: TensorSource, module: str, scheme: CompressedTensorsSche
         g_idx = g_idx.to(torch.int32)
     elif key in source:
         check_trivial_g_idx(source.get(key, (K,), (torch.int32, torch.int64)), scheme.group_size, key, source.what)
-    return QuantizedProjection(codes.contiguous(), scale.contiguous(), zero, g_idx)
+    return QuantizedProjection(codes.contiguous(), scale.contiguous(), zero, g_idx, packed=as_packed is not None)
 
 
 def fp8_projection(source: TensorSource, module: str, scheme: CompressedTensorsFP8Scheme

@@ -33,6 +33,7 @@ from moe_core.weights._intquant import (
     assemble_int_experts,
     check_trivial_g_idx,
     expert_projection_names,
+    int4_words_as_packed,
     unpack_int32,
 )
 from moe_core.weights._source import FLOAT_DTYPES, CheckpointError, TensorSource, expert_ids, join_key
@@ -107,7 +108,8 @@ def _projection(source: TensorSource, module: str, fmt: GPTQFormat, act_order: b
                               f"group_size {fmt.group_size}")
     G = 1 if fmt.group_size == -1 else K // fmt.group_size
     scales = source.get(f"{module}.scales", (G, N), FLOAT_DTYPES)
-    codes = unpack_int32(qweight, fmt.bits, dim=0).t()  # [N, K]
+    packed = int4_words_as_packed(qweight, 0, K) if fmt.bits == 4 else None
+    codes = packed if packed is not None else unpack_int32(qweight, fmt.bits, dim=0).t()  # [N, K]
     zero = None
     if fmt.sym and f"{module}.qzeros" in source:
         # Symmetric checkpoints still carry qzeros (the implicit zero, stored); checked, then unused.
@@ -129,4 +131,4 @@ def _projection(source: TensorSource, module: str, fmt: GPTQFormat, act_order: b
         g_idx = g_idx.to(torch.int32)
     elif key in source:
         check_trivial_g_idx(source.get(key, (K,), (torch.int32, torch.int64)), fmt.group_size, key, source.what)
-    return QuantizedProjection(codes.contiguous(), scales.t().contiguous(), zero, g_idx)
+    return QuantizedProjection(codes.contiguous(), scales.t().contiguous(), zero, g_idx, packed=packed is not None)
