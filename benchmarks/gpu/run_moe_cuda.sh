@@ -40,6 +40,8 @@
 #               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
 #               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
 #               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base).
+# parity:       moe-cuda's Marlin layer against vLLM's Marlin MoE pipeline over the same library
+#               (benchmarks/gpu/marlin_parity.py), one job -> $OUT/parity/marlin_parity.json.
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
@@ -195,8 +197,10 @@ for phase in "${PHASES[@]}"; do
           "$p" "$q" "$base" "$tune" "$p" "$ms" "$d/configs" "$bench" "$before" "$d/before" "$d/configs" "$bench" "$q" \
           "$d/tuned" "$peer" >> "$JOBS"
       done ;;
+    parity)
+      printf 'marlin-parity\tpython3 %s --kernels --out %s\n' "$HERE/marlin_parity.py" "$OUT/parity" >> "$JOBS" ;;
     "") ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
