@@ -7,6 +7,7 @@
 #   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
 #   loaders-*    bench_checkpoint_loaders.py: fine-grained fp8 / MXFP4 checkpoints, from_pretrained against transformers
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
+#   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
@@ -51,9 +52,9 @@ e2e mixtral-8x7b transformers eager
 e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
-add load-checkpoint "python3 bench_load_checkpoint.py --dir /tmp/qwen3-30b-a3b-gptq --layers 48 --out $OUT/e2e"
-add loaders-fp8 "python3 bench_checkpoint_loaders.py --format fp8 --dir /tmp/ckpt-fp8 --layers 16 --out $OUT/e2e/loaders-fp8"
-add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /tmp/ckpt-mxfp4 --layers 24 --out $OUT/e2e/loaders-mxfp4"
+add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
+add loaders-fp8 "python3 bench_checkpoint_loaders.py --format fp8 --dir /dev/shm/ckpt-fp8 --layers 16 --out $OUT/e2e/loaders-fp8"
+add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /dev/shm/ckpt-mxfp4 --layers 24 --out $OUT/e2e/loaders-mxfp4"
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
 cat "$jobs"
 python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
