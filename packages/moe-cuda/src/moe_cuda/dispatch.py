@@ -14,6 +14,7 @@ import torch
 
 from moe_core.config import MoEConfig
 from moe_core.reference import apply_activation
+from moe_cuda.activation import activation_pass
 
 __all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert"]
 
@@ -56,7 +57,10 @@ def permute_by_expert(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_lo
 
 
 def activate(h: torch.Tensor, config: MoEConfig) -> torch.Tensor:
-    """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it."""
+    """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it
+    (on CUDA in one Triton pass, `moe_cuda.activation`; elsewhere as torch ops, its twin)."""
+    if h.is_cuda:
+        return activation_pass(h, config.activation)
     return apply_activation(h.float(), config.activation).to(h.dtype)
 
 

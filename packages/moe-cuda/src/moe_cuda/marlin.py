@@ -2,12 +2,13 @@
 library, for weight-only int4/int8 (GPTQ, AWQ zero points, act-order), fp8 and MXFP4 weights with
 bf16/fp16 activations.
 
-The layer routes (moe-core's `route_torch`); the library's `moe_align_block_size` (`align_blocks`,
-its torch twin, under an expert map) sorts the routed pairs by expert into blocks of `block_size_m`
-rows (the kernel's sorted-ids form); GEMM1 writes one row per pair, the
-activation runs in torch (fp32) between the GEMMs, GEMM2 multiplies each row by its router weight,
-and the top-k rows of a token are summed. Weights are repacked into Marlin's tiles here
-(`moe_cuda.marlin_layout`), never by vLLM's `gptq_marlin_repack`, which lives in a second library.
+The layer routes (`moe_cuda.routing`: softmax top-k in one launch, else moe-core's `route_torch`);
+the library's `moe_align_block_size` (`align_blocks`, its torch twin, under an expert map) sorts the
+routed pairs by expert into blocks of `block_size_m` rows (the kernel's sorted-ids form); GEMM1
+writes one row per pair, the activation runs between the GEMMs (`moe_cuda.activation`, one pass),
+GEMM2 multiplies each row by its router weight, and the top-k rows of a token are summed. Weights
+are repacked into Marlin's tiles here (`moe_cuda.marlin_layout`), never by vLLM's
+`gptq_marlin_repack`, which lives in a second library.
 
 `marlin_twin` computes what the kernel computes from the same arguments, in torch: the CPU tests run
 this class's whole path with it, so only the kernel itself is left for the GPU to prove.
@@ -334,6 +335,7 @@ class MarlinExperts(Experts):
     """Weight-only quantized experts on Marlin's fused-MoE GEMM (vLLM 0.26.0's `_moe_C` library)."""
 
     backend = "marlin"
+    router = "moe_cuda.routing:route"
     weight_processor = MarlinProcessor()
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),
@@ -369,7 +371,7 @@ class MarlinExperts(Experts):
             "int8 only symmetric; zero points only int4 with groups (AWQ); act-order without zero points",
             "act-order gate and up halves grouped apart run GEMM1 as two kernel calls (checked on CPU through "
             "the kernel's twin only; the single-grouping act-order path ran on the GPU)",
-            "the activation and the top-k sum run as torch ops between and after the two kernel calls",
+            "the top-k sum runs as a torch reduction after GEMM2",
         ),
     )
 

@@ -1,0 +1,91 @@
+"""moe-cuda's Triton passes against their torch twins: the softmax top-k router against moe-core's
+route_torch (infinite logits included) and the activation pass against apply_activation. On the CPU
+they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_core.config import Activation, ActivationKind, Routing
+from moe_core.reference import apply_activation
+from moe_core.routing import route_torch
+from moe_cuda.activation import activation_pass
+from moe_cuda.routing import route, softmax_topk, takes_softmax_topk
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+INF = float("inf")
+
+
+def _logits(m: int, e: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(m, e, generator=gen) * 3).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("e,top_k", [(8, 2), (60, 4), (128, 8), (7, 1)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_topk_chooses_and_weighs_as_route_torch(e, top_k, renormalize, dtype):
+    routing = Routing(renormalize=renormalize, routed_scaling_factor=1.0 if renormalize else 2.5)
+    logits = _logits(37, e, seed=e + top_k, dtype=dtype)
+    weights, ids = softmax_topk(logits, routing, top_k)
+    ref_w, ref_ids = route_torch(logits, routing, top_k)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    # bf16 logits tie often: the chosen set may differ only among equal logits, which then weigh the same
+    same = ids.sort(-1).values == ref_ids.sort(-1).values
+    chosen = logits.float().gather(1, ids.long()).sort(-1).values
+    assert (same | (chosen == logits.float().gather(1, ref_ids.long()).sort(-1).values)).all()
+    torch.testing.assert_close(weights.sort(-1).values, ref_w.sort(-1).values, rtol=2e-6, atol=1e-7)
+
+
+def test_softmax_topk_infinite_logits_as_route_torch():
+    routing = Routing(renormalize=True)
+    logits = _logits(6, 16, seed=3)
+    logits[0, 5] = INF  # one +Inf: all the weight
+    logits[1, [2, 9]] = INF  # two +Inf: shared, lower id first
+    logits[2, :] = -INF  # no expert: weight 0, ids 0..k-1
+    logits[3, [0, 1, 2]] = -INF  # some -Inf: never chosen while finite ones remain
+    logits[4, 3:] = -INF  # fewer finite experts than k: -Inf ones follow, lower id first
+    logits[5, [4, 7, 11]] = INF  # more +Inf experts than k
+    for top_k in (1, 4):
+        weights, ids = softmax_topk(logits, routing, top_k)
+        ref_w, ref_ids = route_torch(logits, routing, top_k)
+        assert torch.equal(ids, ref_ids), (top_k, ids, ref_ids)
+        torch.testing.assert_close(weights, ref_w, rtol=2e-6, atol=1e-7)
+
+
+def test_route_takes_the_kernel_only_where_it_computes_the_same_thing():
+    assert takes_softmax_topk(Routing(renormalize=True), None)
+    assert not takes_softmax_topk(Routing(scoring="sigmoid"), None)
+    grouped = Routing(renormalize=True, num_expert_groups=4, topk_groups=2)
+    assert not takes_softmax_topk(grouped, None)
+    biased = Routing(scoring="sigmoid", renormalize=True, has_correction_bias=True)
+    assert not takes_softmax_topk(biased, torch.zeros(8))
+    # Off CUDA `route` is route_torch itself.
+    logits = _logits(5, 8, seed=1).cpu()
+    for r in (Routing(renormalize=True), grouped):
+        got, ref = route(logits, r, 2), route_torch(logits, r, 2)
+        assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
+
+
+_ACTIVATIONS = [Activation.silu(), Activation(ActivationKind.SILU, clamp=1.5), Activation(ActivationKind.GELU),
+                Activation(ActivationKind.GELU_TANH), Activation(ActivationKind.SWIGLU_OAI, alpha=1.702, limit=7.0),
+                Activation(ActivationKind.RELU2)]
+
+
+@pytest.mark.parametrize("activation", _ACTIVATIONS, ids=lambda a: a.kind.value + ("-clamp" if a.clamp else ""))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_activation_pass_matches_apply_activation(activation, dtype):
+    gen = torch.Generator().manual_seed(5)
+    n = 1100  # two column blocks, the second partial
+    width = 2 * n if activation.kind.gated else n
+    h = (torch.randn(9, width, generator=gen) * 4).to(dtype).to(DEVICE)
+    out = activation_pass(h, activation)
+    ref = apply_activation(h.float(), activation)
+    assert out.shape == (9, n) and out.dtype == dtype
+    tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    # rows strided as GEMM outputs can be: the pass reads rows through their stride
+    wide = torch.zeros(9, width + 64, dtype=dtype, device=DEVICE)
+    wide[:, :width] = h
+    torch.testing.assert_close(activation_pass(wide[:, :width], activation), out, rtol=0, atol=0)
