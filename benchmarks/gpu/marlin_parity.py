@@ -95,6 +95,7 @@ class VllmMarlinPipeline:
 
 
 def kernels(fn, x: torch.Tensor, logits: torch.Tensor) -> list[tuple[str, float]]:
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn(x, logits)
@@ -102,7 +103,7 @@ def kernels(fn, x: torch.Tensor, logits: torch.Tensor) -> list[tuple[str, float]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(x, logits)
         torch.cuda.synchronize()
-    return [(e.name[:90], round(e.device_time, 2)) for e in prof.events() if e.device_time > 0]
+    return [(e.name[:90], round(e.device_time_total, 2)) for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 def main() -> int:
