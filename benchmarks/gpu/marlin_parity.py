@@ -115,7 +115,12 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
-    schemas = {}
+    from moe_cuda.vendor import MARLIN_LIBRARY
+
+    MARLIN_LIBRARY.load()
+    schemas = {op: str(getattr(torch.ops._moe_C, op).default._schema)
+               for op in ("topk_softmax", "moe_align_block_size", "moe_sum", "moe_wna16_marlin_gemm")}
+    print(json.dumps(schemas, indent=1), flush=True)
     rows = []
     for name in args.presets:
         preset = get_preset(name)
@@ -128,8 +133,6 @@ def main() -> int:
         triton_layer.load_weights(weights)
         del weights
         vllm = VllmMarlinPipeline(marlin)
-        schemas = {op: str(getattr(torch.ops._moe_C, op).default._schema)
-                   for op in ("topk_softmax", "moe_align_block_size", "moe_sum", "moe_wna16_marlin_gemm")}
         for tokens in args.tokens:
             inputs = input_sets(preset, tokens, dev)
             x, logits = inputs[0]
