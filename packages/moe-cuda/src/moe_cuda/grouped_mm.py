@@ -103,7 +103,7 @@ class TorchGroupedMmExperts(_GroupedExperts):
         features=ROUTED_BY_CORE,
         hidden_multiple=8,  # 16-byte aligned rows of bf16
         intermediate_multiple=8,
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "bf16 only, sm90 and newer: elsewhere torch runs a per-expert loop with a host sync",
             "permutation, activation and the top-k sum are separate torch ops around the two grouped GEMMs; "
@@ -147,7 +147,7 @@ class TorchFp8GroupedMmExperts(_GroupedExperts):
         features=ROUTED_BY_CORE,
         hidden_multiple=16,  # fp8 GEMM dimensions must be multiples of 16
         intermediate_multiple=16,
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "sm90 only: torch 2.11's scaled grouped GEMM kernels are built for Hopper",
             "per-channel weights with per-token activations only (bf16 output)",

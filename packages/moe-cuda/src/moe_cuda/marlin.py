@@ -360,7 +360,7 @@ class MarlinExperts(Experts):
         features=ROUTED_BY_CORE,
         hidden_multiple=128,  # the kernel's thread tiles: GEMM1 k = K % 128, GEMM2 n = K % 64
         intermediate_multiple=64,  # GEMM1 n = 2N % 128, GEMM2 k = N % 64
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "weight-only: activations stay bf16/fp16 (fp8 W8A8 layers go elsewhere)",
             "run on Hopper only (sm90): Ampere and Ada (sm80/sm86/sm89), where Marlin matters most, are not "

@@ -98,7 +98,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
         features=ROUTED_BY_CORE,
         hidden_multiple=BLOCK,
         intermediate_multiple=BLOCK,
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
             "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
