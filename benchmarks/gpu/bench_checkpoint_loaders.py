@@ -12,7 +12,7 @@ Phases: `write` (random weights drawn and quantized on --device, expert by exper
 safetensors shard per layer plus an index; skipped where DIR already holds config.json), then one
 fresh process per loader (`moe`, `transformers`): load time and peak GPU memory, prefill of one
 --prefill-token sequence (tokens/s, median of 3), greedy decode at batch 1 and 16 (ms per step from
-two `generate` lengths, median of 3 each), the last 16 positions' logits saved; the parent compares the
+two `generate` lengths, median of 3 each), the last 16 positions' logits saved beside the checkpoint; the parent compares the
 two loaders' logits (relative L2) and writes one JSON per format under --out. A loader that fails is
 reported with its error; the other still runs.
 
@@ -105,7 +105,7 @@ def write(fmt: str, directory: Path, layers: int, device: str) -> None:
     (directory / "config.json").write_text(json.dumps(values, indent=2))  # last: marks it complete
 
 
-def run(loader: str, directory: Path, prefill: int, new: int, out: Path) -> dict:
+def run(loader: str, directory: Path, prefill: int, new: int) -> dict:
     import torch
     from bench_e2e import generate_greedy, median_seconds
 
@@ -134,7 +134,7 @@ def run(loader: str, directory: Path, prefill: int, new: int, out: Path) -> dict
         ids = torch.randint(0, vocab, (1, prefill), device="cuda", generator=gen)
         row["prefill_tokens_per_s"] = round(prefill / median_seconds(lambda: model(input_ids=ids, use_cache=False)), 1)
         logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
-        torch.save(logits.cpu(), out / f"logits-{loader}.pt")
+        torch.save(logits.cpu(), directory / f"logits-{loader}.pt")  # beside the checkpoint: --out comes back small
         for batch in (1, 16):
             prompt = torch.randint(0, vocab, (batch, 16), device="cuda", generator=gen)
             step = (median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + new))
@@ -158,7 +158,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "run":  # the child: one loader, one fresh process
-        print(json.dumps(run(args.loader, args.dir, args.prefill, args.new, args.out)), flush=True)
+        print(json.dumps(run(args.loader, args.dir, args.prefill, args.new)), flush=True)
         return 0
     if not (args.dir / "config.json").exists():
         t0 = time.perf_counter()
@@ -178,7 +178,7 @@ def main() -> int:
         result[loader] = json.loads(lines[-1]) if child.returncode == 0 and lines else {
             "error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:400]}
         print(loader, result[loader], flush=True)
-    paths = [args.out / f"logits-{loader}.pt" for loader in ("moe", "transformers")]
+    paths = [args.dir / f"logits-{loader}.pt" for loader in ("moe", "transformers")]
     if all("error" not in result[loader] for loader in ("moe", "transformers")) and all(p.exists() for p in paths):
         ours, theirs = (torch.load(p) for p in paths)
         result["logits_rel_err"] = float((ours - theirs).norm() / theirs.norm())

@@ -10,7 +10,7 @@ Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
 different lengths, median of 3 each, so the prompt's prefill cancels); peak GPU memory of the whole run
 and of `fuse()`; the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
-same model (same seed, same weights), when that run saved them under --out.
+same model (same seed, same weights), when that run saved them (in /tmp/moe-e2e, on the same machine).
 
     python3 bench_e2e.py --model qwen3-30b-a3b --experts bf16 --mode eager --out DIR [--layers N]
 """
@@ -30,6 +30,7 @@ PREFILL = 2048
 PROMPT = 16
 BATCHES = (1, 16, 64)
 LOGIT_POSITIONS = 16
+SCRATCH = Path("/tmp/moe-e2e")  # the transformers run's logits, for the fused runs of the same machine
 
 
 def median_seconds(fn, repeats: int = 3) -> float:
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    SCRATCH.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda")
     row: dict = {"model": args.model, "experts": args.experts, "mode": args.mode, "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__}
@@ -109,7 +111,7 @@ def main() -> int:
             seconds = median_seconds(lambda: model(input_ids=ids, use_cache=False))
             row["prefill_tokens_per_s"] = round(PREFILL / seconds, 1)
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=LOGIT_POSITIONS).logits.float()
-            ref_path = args.out / f"logits-{model_tag}.pt"
+            ref_path = SCRATCH / f"logits-{model_tag}.pt"  # not under --out: that comes back from the device
             if args.experts == "transformers":
                 torch.save(logits.cpu(), ref_path)
             elif ref_path.exists():

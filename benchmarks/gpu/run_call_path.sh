@@ -62,7 +62,7 @@ status=$?
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-for f in sorted((out / "e2e").glob("*.json")):
+for f in sorted((out / "e2e").rglob("*.json")):
     r = json.loads(f.read_text())
     keys = [k for k in r if k.startswith(("prefill", "decode", "logits", "peak", "fuse_peak", "model_gib"))]
     print(f.stem, {k: r[k] for k in keys})
