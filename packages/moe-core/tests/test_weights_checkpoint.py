@@ -185,3 +185,19 @@ def test_tensors_no_reader_understands_are_refused(tmp_path):
     tensors[f"{prefix}.1.up_proj.qzeros"] = torch.zeros(3, 4, dtype=torch.int32)
     with pytest.raises(CheckpointError, match=r"up_proj\.qzeros' has shape \[3, 4\], expected \[2, 4\]"):
         load_layer(write_model_dir(tmp_path / "zeros", tensors, hf), 0)
+
+
+def test_keys_under_equals_a_scan_of_every_key(tmp_path):
+    # Layer 1's prefix is a string prefix of layer 10's and 11's keys: the dot keeps them apart.
+    from safetensors.torch import save_file
+
+    keys = [f"model.layers.{i}.mlp.experts.{e}.w{j}.weight" for i in (1, 10, 11, 2) for e in (0, 1, 12) for j in (1, 2)]
+    keys += ["model.layers.1.mlp.gate.weight", "lm_head.weight", "model.layers.1"]
+    half = len(keys) // 2
+    save_file({k: torch.zeros(1) for k in keys[:half]}, tmp_path / "a.safetensors")
+    save_file({k: torch.zeros(1) for k in keys[half:]}, tmp_path / "b.safetensors")
+    index = {"weight_map": {k: ("a" if i < half else "b") + ".safetensors" for i, k in enumerate(keys)}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    tensors = SafetensorsDirectory(tmp_path)
+    for prefix in ("model.layers.1.", "model.layers.1.mlp.experts.1.", "model.layers.10.", "lm_head.", "x", ""):
+        assert tensors.keys_under(prefix) == sorted(k for k in keys if k.startswith(prefix)), prefix

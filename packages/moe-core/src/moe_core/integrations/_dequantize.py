@@ -49,7 +49,7 @@ def dequantized_linear(source: TensorSource, module: str, method: str, qc: Mappi
     else:
         raise CheckpointError(f"{source.what}: {module!r} is quantized, but {method!r} checkpoints quantize experts only")
     prefix = module + "."
-    left = [k for k in source.names() if k.startswith(prefix) and k not in source.consumed
+    left = [k for k in source.names_under(prefix) if k not in source.consumed
             and k.removeprefix(prefix) != "bias" and "." not in k.removeprefix(prefix)]
     if left:
         raise CheckpointError(f"{source.what}: tensor(s) {', '.join(sorted(left))} of the quantized linear "

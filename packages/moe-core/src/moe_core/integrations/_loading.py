@@ -144,7 +144,7 @@ def from_pretrained(path: str | Path, *, device: object = None, dtype: torch.dty
         index, prefix = layers[name]
         moe_block = _fused_block(model_type, name, block, desc, tensors, config_json, index, device, dtype, prefer)
         model.set_submodule(name, moe_block)
-        source.raw += [k for k in tensors if k.startswith(prefix + ".")]
+        source.raw += tensors.keys_under(prefix + ".")
         source.raw_guards.append((f"the experts of {name}", _unchanged_experts(moe_block.moe)))
         fused.append((name, moe_block))
         progress(i + 1, len(blocks))
@@ -403,8 +403,9 @@ def _plan_dense(model: nn.Module, tensors: SafetensorsDirectory, fmt: _Format, e
     """Match every model parameter outside the experts to checkpoint tensors; refuse any left unmatched."""
     rename = _renamer(model)
 
-    def outside(name: str, prefixes: set[str]) -> bool:
-        return not any(name.startswith(p + ".") for p in prefixes)
+    def outside(name: str, prefixes: set[str]) -> bool:  # no proper dotted prefix of name is in prefixes
+        parts = name.split(".")
+        return not any(".".join(parts[:i]) in prefixes for i in range(1, len(parts)))
 
     wanted = {n for n, _ in model.named_parameters(remove_duplicate=False) if outside(n, expert_modules)}
     wanted |= {n for n, _ in model.named_buffers(remove_duplicate=False)

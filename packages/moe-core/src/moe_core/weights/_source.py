@@ -57,6 +57,14 @@ class TensorSource:
     def names(self) -> Iterator[str]:
         return iter(self._tensors)
 
+    def names_under(self, prefix: str) -> list[str]:
+        """The names starting with `prefix` (a checkpoint directory answers from its sorted keys, so
+        per-layer look-ups do not scan every key of the model)."""
+        under = getattr(self._tensors, "keys_under", None)
+        if under is not None:
+            return under(prefix)
+        return [k for k in self._tensors if k.startswith(prefix)]
+
     def get(self, key: str, shape: Sequence[int | None] | None = None,
             dtypes: Sequence[torch.dtype] | None = None) -> torch.Tensor:
         """The tensor at `key`; None in `shape` accepts any size in that position."""

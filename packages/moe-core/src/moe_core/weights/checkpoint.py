@@ -13,6 +13,7 @@ read: `model.safetensors.index.json` says which file holds each key (without an 
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import math
@@ -96,8 +97,13 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
             weight_map = _read_json_object(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise CheckpointError(f"{index}: no 'weight_map' object")
-            self._where = {k: self._shard_path(index, k, v) for k, v in weight_map.items()}
-            missing = sorted({str(p) for p in self._where.values() if not p.exists()})
+            root, shards = self.root.resolve(), {}  # each shard's path checked once, not once per tensor
+            self._where = {}
+            for k, v in weight_map.items():
+                if not isinstance(v, str) or v not in shards:
+                    shards[v] = self._shard_path(index, k, v, root)
+                self._where[k] = shards[v]
+            missing = sorted({str(p) for p in set(self._where.values()) if not p.exists()})
             if missing:
                 raise CheckpointError(f"{index} names shards that do not exist: {', '.join(missing)}")
             self._refuse_duplicates(sorted(set(self._where.values())))
@@ -111,6 +117,18 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
             with self._open_file(single) as f:
                 self._where = dict.fromkeys(f.keys(), single)
         self._open: dict[Path, object] = {}
+        self._sorted: list[str] | None = None  # the keys in order, for keys_under (built on first use)
+
+    def keys_under(self, prefix: str) -> list[str]:
+        """The keys starting with `prefix`, in sorted order (a bisection of the sorted keys)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._where)
+        keys, i = self._sorted, bisect.bisect_left(self._sorted, prefix)
+        found = []
+        while i < len(keys) and keys[i].startswith(prefix):
+            found.append(keys[i])
+            i += 1
+        return found
 
     def _open_file(self, path: Path):
         """A safetensors handle; a truncated, empty or foreign file is a CheckpointError naming it."""
@@ -119,14 +137,13 @@ class SafetensorsDirectory(Mapping[str, torch.Tensor]):
         except Exception as exc:  # safetensors raises its own SafetensorError (and OSError)
             raise CheckpointError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from exc
 
-    def _shard_path(self, index: Path, key: str, name: object) -> Path:
+    def _shard_path(self, index: Path, key: str, name: object, root: Path) -> Path:
         """The index entry's file, which must be a plain file name or a path inside the model directory.
 
         In the Hugging Face hub cache (`models--org--name/snapshots/<rev>/`) the files are symlinks into
         the repository's `blobs/`: a file inside the directory may resolve there, and nowhere else."""
         if not isinstance(name, str) or not name:
             raise CheckpointError(f"{index}: weight_map[{key!r}] = {name!r} is not a file name")
-        root = self.root.resolve()
         path = (self.root / name).resolve()
         lexical = Path(os.path.normpath(root / name))
         inside = not Path(name).is_absolute() and root in lexical.parents
@@ -295,7 +312,8 @@ def _read_layer_from(tensors: SafetensorsDirectory, config: Mapping, counts: tup
 def find_experts_prefix(keys: Mapping[str, object] | Sequence[str], layer_index: int, what: str) -> str:
     """The one experts module of decoder layer `layer_index`, e.g. 'model.layers.3.mlp.experts'."""
     pattern = re.compile(rf"^((?:.*\.)?layers\.{int(layer_index)}\.(?:[^.]+\.)*?experts)\.")
-    prefixes = {m.group(1) for k in keys if (m := pattern.match(k))}
+    needle = f"layers.{int(layer_index)}."  # a substring test first: the expression runs on this layer's keys only
+    prefixes = {m.group(1) for k in keys if needle in k and (m := pattern.match(k))}
     if not prefixes:
         raise CheckpointError(f"{what}: layer {layer_index} has no experts (no key like "
                               f"'model.layers.{layer_index}.mlp.experts.*'); dense layer or wrong index?")
@@ -342,7 +360,7 @@ def _read_experts(source: TensorSource, prefix: str, num_experts: int, experts: 
             return unquantized()
         return read("awq", awq_experts(source, prefix, num_experts, fmt, ids))
     if method == "compressed-tensors":
-        modules = sorted({k.rsplit(".", 1)[0] for k in source.names() if k.startswith(prefix + ".")})
+        modules = sorted({k.rsplit(".", 1)[0] for k in source.names_under(prefix + ".")})
         scheme = parsed(lambda qc: compressed_tensors_scheme_for(qc, modules))
         if scheme is None:
             return unquantized()
@@ -366,14 +384,15 @@ def _refuse_unread(source: TensorSource, prefix: str, ids: list[int], fmt_name: 
     """Tensors of the read experts that the format's reader did not use (biases of quantized
     projections, static input scales, ...) would be silently dropped: refuse instead. So would
     experts beyond the count config.json declares."""
-    beyond = sorted({int(head) for k in source.names() if k.startswith(prefix + ".")
-                     and (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() and int(head) >= num_experts})
+    under = source.names_under(prefix + ".")
+    beyond = sorted({int(head) for k in under
+                     if (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() and int(head) >= num_experts})
     if beyond:
         raise CheckpointError(f"{source.what}: config.json declares {num_experts} experts but the checkpoint holds "
                               f"experts up to {prefix}.{beyond[-1]} ({len(beyond)} beyond the declared count); "
                               "fix the expert count in config.json")
     wanted = {str(e) for e in ids}
-    unread = [k for k in source.names() if k.startswith(prefix + ".") and k not in source.consumed
+    unread = [k for k in under if k not in source.consumed
               and (not (head := k[len(prefix) + 1:].split(".", 1)[0]).isdigit() or head in wanted)]
     if unread:
         shown = ", ".join(repr(k) for k in sorted(unread)[:5]) + (" ..." if len(unread) > 5 else "")
