@@ -44,11 +44,12 @@ import transformers
 from torch import nn
 
 from _parity import record_fused_routing, relative_l2, unslipped_positions
-from moe_core import BackendUnavailableError, NoBackendError
+from moe_core import BackendUnavailableError, ExpertWeights, NoBackendError
 from moe_core.backends import detect_device
+from moe_core.integrations._descriptors import ExpertsLayout
 from moe_core.integrations.transformers import FusedMoEBlock, UnsupportedModelError, fuse
 from moe_core.plugins import registry
-from moe_core.quant import int8_w8a16, unquantized
+from moe_core.quant import int8_w8a16, mxfp4_w4a16, unquantized
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 VOCAB = 128
@@ -208,6 +209,46 @@ def test_quantized_fuse(prefer):
     report = fuse(model, prefer="reference")
     assert model.model.layers[0].mlp is dense
     assert [layer.name for layer in report.layers] == ["model.layers.1.mlp", "model.layers.2.mlp"]
+
+
+def test_quantizing_fuse_reads_experts_a_chunk_at_a_time(monkeypatch):
+    """fuse(quant=...) reads each block's float experts QUANTIZE_CHUNKS chunks at a time (gpt-oss's
+    interleaved gate/up is copied by the reader: a chunk's copy, not the block's), and the result is
+    the block's experts quantized whole, bit for bit."""
+    from moe_core import FusedMoE
+    from moe_core.integrations import transformers as integration
+
+    model = build_model("gpt_oss", torch.float32, "cpu", seed=3)
+    experts = model.model.layers[0].mlp.experts
+    E = experts.gate_up_proj.shape[0]
+    whole, _ = integration._canonical_experts("test", experts, ExpertsLayout.DECLARED)
+    whole = ExpertWeights.from_float(whole.w13, whole.w2, mxfp4_w4a16(), whole.w13_bias, whole.w2_bias,
+                                     dtype=torch.float32)
+    read_counts = []
+    reader = integration.experts_from_state_dict
+    monkeypatch.setattr(integration, "experts_from_state_dict",
+                        lambda tensors, prefix, n, **kw: read_counts.append(n) or reader(tensors, prefix, n, **kw))
+    monkeypatch.setattr(integration, "QUANTIZE_CHUNKS", 3)
+    report = fuse(model, quant=mxfp4_w4a16(), prefer="reference")
+    layer = model.get_submodule(report.layers[0].name).moe
+    expected = FusedMoE(layer.config, mxfp4_w4a16(), device="cpu", prefer="reference")
+    expected.load_weights(whole)
+    def flat(packed) -> dict[str, torch.Tensor]:  # the reference layer packs the canonical weights whole
+        out = {}
+        for name, t in packed.tensors.items():
+            out.update({f"{name}.{k}": v for k, v in t.tensors().items()} if isinstance(t, ExpertWeights)
+                       else {name: t})
+        return out
+
+    got, want = flat(layer.experts.packed_state()), flat(expected.experts.packed_state())
+    assert got.keys() == want.keys() and got
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    # Each block is first read whole to check its values (one block at a time, released at once), then
+    # converted from chunks.
+    blocks = len(report.layers)
+    checks, chunks = read_counts[:blocks], read_counts[blocks:]
+    assert checks == [E] * blocks and max(chunks) == -(-E // 3) and sum(chunks) == E * blocks, read_counts
 
 
 # ---- refusals: each names the model type and what is unsupported, and changes nothing --------------

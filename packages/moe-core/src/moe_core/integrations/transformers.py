@@ -252,9 +252,10 @@ def _activation(where: str, block: nn.Module, experts: nn.Module, desc: BlockDes
     return Activation(kind)
 
 
-def _canonical_experts(where: str, experts: nn.Module, layout: ExpertsLayout) -> tuple[ExpertWeights, bool]:
+def _canonical_experts(where: str, experts: nn.Module, layout: ExpertsLayout,
+                       chunk: tuple[int, int] | None = None) -> tuple[ExpertWeights, bool]:
     """The experts module's float weights as canonical `ExpertWeights` (views where possible), and
-    whether the experts are gated.
+    whether the experts are gated; with `chunk` (start, stop), those experts only.
 
     The layout comes from the flags transformers' `use_experts_implementation` decorator sets on
     the experts module (or from the descriptor, for experts classes without them); `moe_core.weights.hf`
@@ -284,9 +285,12 @@ def _canonical_experts(where: str, experts: nn.Module, layout: ExpertsLayout) ->
     if len(dtypes) > 1:  # the reader's advice (its dtype= argument) is not fuse()'s
         raise UnsupportedModelError(f"{where}: the experts' tensors have mixed dtypes ({', '.join(dtypes)}); fuse() "
                                     "runs them in one dtype: cast the model first (e.g. model.to(torch.bfloat16))")
+    count = first.shape[0]
+    if chunk is not None:  # every expert tensor leads with the expert dimension
+        tensors = {k: t[chunk[0]:chunk[1]] if t.dim() and t.shape[0] == count else t for k, t in tensors.items()}
+        count = chunk[1] - chunk[0]
     try:
-        weights = experts_from_state_dict(tensors, "", first.shape[0],
-                                          interleaved_gate_up=interleaved, transposed=transposed)
+        weights = experts_from_state_dict(tensors, "", count, interleaved_gate_up=interleaved, transposed=transposed)
     except ValueError as exc:
         raise UnsupportedModelError(f"{where}: cannot read the experts' weights: {exc}") from exc
     return weights, gated
@@ -544,15 +548,44 @@ def _prepare_block(model_type: str, name: str, block: nn.Module, desc: BlockDesc
                          spec.correction_bias, spec.output_scale)
 
 
+# Quantizing fuse() reads a block's float experts this many chunks at a time: where reading copies them
+# (gpt-oss's interleaved gate/up, transposed layouts), the copy is a chunk's, not the block's.
+QUANTIZE_CHUNKS = 8
+
+
 def _convert_block(model_type: str, pending: _PendingBlock, desc: BlockDescriptor) -> FusedMoEBlock:
     moe = pending.moe
-    canonical, _ = _canonical_experts(f"{model_type} block {pending.name!r}", pending.experts, desc.experts_layout)
-    # Identity for unquantized layers; round-to-nearest quantization when `quant` asks for it.
-    weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
-                                       canonical.w2_bias, dtype=moe.config.dtype)
-    del canonical
+    where = f"{model_type} block {pending.name!r}"
+    if moe.quant.weight.quantized:
+        weights = _quantized_experts(where, pending.experts, desc.experts_layout, moe)
+    else:  # unquantized: the canonical views (or the reader's one copy) are the weights
+        canonical, _ = _canonical_experts(where, pending.experts, desc.experts_layout)
+        weights = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
+                                           canonical.w2_bias, dtype=moe.config.dtype)
+        del canonical
     moe.load_weights(weights, pending.correction_bias)
     return FusedMoEBlock(moe, desc, pending.block, pending.output_scale)
+
+
+def _quantized_experts(where: str, experts: nn.Module, layout: ExpertsLayout, moe: FusedMoE) -> ExpertWeights:
+    """The block's experts quantized round-to-nearest (per expert, so chunking changes no value), read
+    QUANTIZE_CHUNKS chunks at a time into outputs allocated once."""
+    total = moe.config.num_experts
+    step = -(-total // QUANTIZE_CHUNKS)
+    outs: dict[str, torch.Tensor] = {}
+    key = None
+    for start in range(0, total, step):
+        stop = min(start + step, total)
+        canonical, _ = _canonical_experts(where, experts, layout, (start, stop))
+        part = ExpertWeights.from_float(canonical.w13, canonical.w2, moe.quant, canonical.w13_bias,
+                                        canonical.w2_bias, dtype=moe.config.dtype)
+        del canonical
+        key = part.key
+        for name, t in part.tensors().items():
+            if name not in outs:
+                outs[name] = t.new_empty((total, *t.shape[1:]))
+            outs[name][start:stop] = t
+    return ExpertWeights(key, **outs)
 
 
 def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: object = None,
