@@ -155,6 +155,11 @@ def load(directory: Path, profile_to: Path | None) -> dict:
             out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
             torch.cuda.synchronize()
             times[new] = time.perf_counter() - start
+    decode_profile = None
+    if profile_to:  # where the decode step's time goes (profile_decode.py's summary)
+        from profile_decode import profile_generate
+
+        decode_profile = profile_generate(model, ids, 8)
     bound = E * 2 * N * K * 2
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "layers": model.config.num_hidden_layers,
@@ -162,7 +167,7 @@ def load(directory: Path, profile_to: Path | None) -> dict:
             "host_anon_peak": memory.peak["RssAnon"], "host_file_peak": memory.peak["RssFile"],
             "gpu_peak": gpu_peak, "gpu_model": gpu_model, "bound_16bit_expert_tensor": bound,
             "prefill_1_token_s": times[1], "decode_tokens_per_s": 32 / (times[33] - times[1]),
-            "tokens": out[0, 16:].tolist()}
+            "tokens": out[0, 16:].tolist(), "decode_profile": decode_profile}
 
 
 def main() -> None:
@@ -170,7 +175,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/qwen3-30b-a3b-gptq"))
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--profile", type=Path, default=None, help="write cProfile statistics of the load here")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write cProfile statistics of the load here, and profile a decode step (in the JSON)")
     parser.add_argument("--phase", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "load":

@@ -21,23 +21,15 @@ from pathlib import Path
 import torch
 
 
-def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int) -> dict:
-    from bench_e2e import PROMPT, generate_greedy
-    from hf_models import build_model
-    from layer_timing import layer_quant
+def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
+    """ms/step of greedy decode after two warm-up calls, then one profiled `generate` of `new` tokens:
+    the top GPU kernels, the host's CUDA API calls, and each fused block's graph state."""
+    from bench_e2e import generate_greedy
     from torch.profiler import ProfilerActivity, profile
 
-    from moe_core.integrations.transformers import FusedMoEBlock, fuse
-    from moe_core.presets import get_preset
+    from moe_core.integrations.transformers import FusedMoEBlock
 
-    dev = torch.device("cuda")
-    model = build_model(model_name, layers, dev)
-    if experts != "transformers":
-        preset = get_preset(model_name if model_name != "gpt-oss-20b" else "gpt-oss-120b")
-        fuse(model, quant=layer_quant(preset, experts), prefer="triton")
-    gen = torch.Generator(device=dev).manual_seed(0)
-    prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device=dev, generator=gen)
-    row: dict = {"model": model_name, "layers": layers, "experts": experts, "batch": batch}
+    row: dict = {}
     with torch.inference_mode():
         for _ in range(2):  # kernels compiled, graphs captured
             generate_greedy(model, prompt, new)
@@ -66,6 +58,25 @@ def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int
     row["block_signatures_failed"] = sum(s.failed for g in graphs for s in g._signatures.values())
     row["layer_graphs_captured"] = [len(b.moe._graphs) for b in blocks if b.moe._graphs is not None][:4]
     return row
+
+
+def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int) -> dict:
+    from bench_e2e import PROMPT
+    from hf_models import build_model
+    from layer_timing import layer_quant
+
+    from moe_core.integrations.transformers import fuse
+    from moe_core.presets import get_preset
+
+    dev = torch.device("cuda")
+    model = build_model(model_name, layers, dev)
+    if experts != "transformers":
+        preset = get_preset(model_name if model_name != "gpt-oss-20b" else "gpt-oss-120b")
+        fuse(model, quant=layer_quant(preset, experts), prefer="triton")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device=dev, generator=gen)
+    return {"model": model_name, "layers": layers, "experts": experts, "batch": batch,
+            **profile_generate(model, prompt, new)}
 
 
 def main() -> int:
