@@ -89,3 +89,19 @@ def test_activation_pass_matches_apply_activation(activation, dtype):
     wide = torch.zeros(9, width + 64, dtype=dtype, device=DEVICE)
     wide[:, :width] = h
     torch.testing.assert_close(activation_pass(wide[:, :width], activation), out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_group_quantization_pass_matches_its_twin(dtype):
+    from moe_cuda.fp8_groups import quantize_groups_pass
+    from moe_cuda.sglang_fp8 import quantize_groups_fp8
+
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(11, 384, generator=gen) * torch.logspace(-3, 3, 11)[:, None]).to(dtype)
+    x[3, 128:256] = 0  # an all-zero group: the smallest scale, zero codes
+    x = x.to(DEVICE)
+    codes, scales = quantize_groups_pass(x)
+    ref_codes, ref_scales = quantize_groups_fp8(x)
+    assert codes.dtype == torch.float8_e4m3fn and scales.shape == (11, 3)
+    torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))

@@ -77,7 +77,7 @@ class _GroupedExperts(Experts):
         return combine(y, perm, hidden_states.shape[0], weighted=not on_input)
 
     def _gemm(self, x: torch.Tensor, packed: PackedWeights, name: str, perm: ExpertPermutation) -> torch.Tensor:
-        y = self._grouped(x, packed, name, perm.offsets)
+        y = self._grouped(x, packed, name, perm)
         bias = packed.get(f"{name}_bias")
         if bias is None:
             return y
@@ -85,9 +85,9 @@ class _GroupedExperts(Experts):
         return (y.float() + bias[expert]).to(y.dtype)
 
     @abstractmethod
-    def _grouped(self, x: torch.Tensor, packed: PackedWeights, name: str, offsets: torch.Tensor) -> torch.Tensor:
+    def _grouped(self, x: torch.Tensor, packed: PackedWeights, name: str, perm: ExpertPermutation) -> torch.Tensor:
         """One grouped GEMM of the expert-sorted rows x against weight `name` (rows of expert e:
-        offsets[e-1]:offsets[e])."""
+        perm.starts[e]:perm.offsets[e])."""
 
 
 class TorchGroupedMmExperts(_GroupedExperts):
@@ -111,8 +111,8 @@ class TorchGroupedMmExperts(_GroupedExperts):
         ),
     )
 
-    def _grouped(self, x, packed, name, offsets):
-        return torch._grouped_mm(x, packed[name].transpose(1, 2), offs=offsets)
+    def _grouped(self, x, packed, name, perm):
+        return torch._grouped_mm(x, packed[name].transpose(1, 2), offs=perm.offsets)
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,7 +154,8 @@ class TorchFp8GroupedMmExperts(_GroupedExperts):
         ),
     )
 
-    def _grouped(self, x, packed, name, offsets):
+    def _grouped(self, x, packed, name, perm):
+        offsets = perm.offsets
         codes, scale = quantize_rows_fp8(x)
         w, w_scale = packed[name].transpose(1, 2), packed[f"{name}_scale"]
         if x.device.type == "cpu":  # torch has no CPU kernel for the fp8 op: tests run its twin

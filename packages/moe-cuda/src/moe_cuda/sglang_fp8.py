@@ -1,6 +1,7 @@
 """fp8 128x128-block experts on SGLang's CUTLASS grouped GEMM (`fp8_blockwise_scaled_grouped_mm`,
 sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations quantized on the
-fly in 1x128 groups, one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`).
+fly in 1x128 groups (`moe_cuda.fp8_groups`, one pass), one grouped call per GEMM over the
+expert-sorted rows (`moe_cuda.dispatch`).
 
 The operator's arguments, as SGLang's `cutlass_fused_experts_fp8` passes them: a [P, k] fp8 rows
 sorted by expert; b the canonical weights [E, n, k] seen as [E, k, n] (a transposed view: the kernel
@@ -22,6 +23,7 @@ from moe_core.config import MoEConfig
 from moe_core.experts import Capability, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
 from moe_core.weights import PackedWeights
+from moe_cuda.fp8_groups import quantize_groups_pass
 from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 
@@ -102,13 +104,17 @@ class SglangFp8BlockExperts(_GroupedExperts):
         limitations=(
             "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
             "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
-            "activation quantization, the activation and the top-k sum are torch ops around the two grouped GEMMs",
+            "the expert permutation and the top-k sum are torch ops around the two grouped GEMMs",
         ),
     )
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
         super().__init__(config, quant, device)
         self._workspace: torch.Tensor | None = None  # CUTLASS scratch, allocated on first call
+        # Per GEMM, the operator's bookkeeping tensors, allocated on the first GPU call: strides and the
+        # (n, k) columns of the problem sizes never change; each call writes the row counts and the
+        # operator fills the pointers and layouts (the two GEMMs of a call run one after the other).
+        self._gemm_args: dict[str, BlockwiseGemmArgs] = {}
 
     @classmethod
     def supports_extra(cls, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> Support:
@@ -116,19 +122,26 @@ class SglangFp8BlockExperts(_GroupedExperts):
             return Support.no(f"activation groups of {quant.activation.scale.group_size} (supported: {BLOCK})")
         return SGLANG_SM90_LIBRARY.availability()
 
-    def _grouped(self, x, packed: PackedWeights, name, offsets):
-        codes, scales_a = quantize_groups_fp8(x)
+    def _grouped(self, x, packed: PackedWeights, name, perm):
         w, w_scale = packed[name], packed[f"{name}_scale"]
         n, k = w.shape[1], w.shape[2]
-        counts = torch.diff(offsets, prepend=offsets.new_zeros(1))
-        args = blockwise_gemm_args(counts, offsets - counts, n, k)
         out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         b, scales_b = w.transpose(1, 2), w_scale.transpose(1, 2)
         if x.device.type == "cpu":  # no kernel on the CPU: the tests run the twin on the same arguments
-            return blockwise_grouped_mm_twin(codes, b, scales_a, scales_b, args, out)
+            codes, scales_a = quantize_groups_fp8(x)
+            return blockwise_grouped_mm_twin(codes, b, scales_a, scales_b,
+                                             blockwise_gemm_args(perm.counts, perm.starts, n, k), out)
         SGLANG_SM90_LIBRARY.load()
         if self._workspace is None or self._workspace.device != x.device:
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=x.device)
+            self._gemm_args.clear()
+        args = self._gemm_args.get(name)
+        if args is None:
+            args = self._gemm_args[name] = blockwise_gemm_args(perm.counts, perm.starts, n, k)
+        else:
+            args.problem_sizes[:, 0].copy_(perm.counts)
+            args.expert_offsets.copy_(perm.starts)
+        codes, scales_a = quantize_groups_pass(x)
         torch.ops.sgl_kernel.fp8_blockwise_scaled_grouped_mm(
             out, *args.pointers, codes, b, scales_a, scales_b, args.stride_a, args.stride_b, args.stride_c,
             *args.layouts, args.problem_sizes, args.expert_offsets, self._workspace)
