@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 from layer_timing import input_sets, time_layer
+from parity_common import call_by_schema, kernels
 
 from moe_core import FusedMoE
 from moe_core.presets import get_preset
@@ -46,20 +47,6 @@ def silu_and_mul(h: torch.Tensor, out: torch.Tensor) -> None:
     _silu_and_mul[(h.shape[0], triton.cdiv(n, 1024))](h, out, n, BLOCK=1024)
 
 
-def _call_by_schema(op, values: dict):
-    """Call a library operator whose argument list changed between vLLM versions, by argument name."""
-    schema = op.default._schema
-    args = []
-    for arg in schema.arguments:
-        if arg.name in values:
-            args.append(values[arg.name])
-        elif arg.has_default_value():
-            break
-        else:
-            raise RuntimeError(f"{schema}: no value for argument {arg.name!r}")
-    return op(*args)
-
-
 class VllmMarlinPipeline:
     """vLLM's fused_marlin_moe flow on a moe-cuda Marlin layer's packed weights."""
 
@@ -79,7 +66,7 @@ class VllmMarlinPipeline:
         weights = torch.empty(M, top_k, dtype=torch.float32, device=x.device)
         ids = torch.empty(M, top_k, dtype=torch.int32, device=x.device)
         token_expert = torch.empty(M, top_k, dtype=torch.int32, device=x.device)
-        _call_by_schema(torch.ops._moe_C.topk_softmax, {
+        call_by_schema(torch.ops._moe_C.topk_softmax, {
             "topk_weights": weights, "topk_indices": ids, "token_expert_indices": token_expert,
             "gating_output": logits, "renormalize": self.renormalize, "bias": None})
         blocks = self._align(ids, self._block_size_m(M, top_k, E), E)
@@ -92,18 +79,6 @@ class VllmMarlinPipeline:
         out = torch.empty(M, K, dtype=x.dtype, device=x.device)
         torch.ops._moe_C.moe_sum(y.view(M, top_k, K), out)
         return out
-
-
-def kernels(fn, x: torch.Tensor, logits: torch.Tensor) -> list[tuple[str, float]]:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(x, logits)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(x, logits)
-        torch.cuda.synchronize()
-    return [(e.name[:90], round(e.device_time_total, 2)) for e in prof.events() if e.device_type == DeviceType.CUDA]
 
 
 def main() -> int:
