@@ -3,8 +3,10 @@
 One process per (model, experts, mode), so each starts from a fresh GPU and a crash of one cannot hide
 another's numbers. experts: `transformers` (its default experts implementation) or a scheme that
 `fuse()` runs on the triton backend (bf16, int4, int8, fp8-block, fp8-channel, mxfp4). mode: `eager`
-(`generate` as it is), or `compiled` (static cache + `torch.compile(model.forward, mode=--compile-mode)`,
-"reduce-overhead" by default: inductor's CUDA graphs).
+(`generate` as it is), `compiled` (static cache + `torch.compile(model.forward, mode=--compile-mode)`,
+"reduce-overhead" by default: inductor's CUDA graphs), or `graphed` (no generate: a static cache and one
+decode step, forward + argmax, captured whole in a CUDA graph and replayed, as engines that graph
+their decode run it; the replayed step's logits are checked against the same step run eagerly).
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
@@ -51,11 +53,66 @@ def generate_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
                           do_sample=False, pad_token_id=0)
 
 
+def static_cache(model, batch: int, length: int):
+    """transformers' StaticCache for `batch` sequences of up to `length` tokens (its layers allocate on
+    the first update, with the batch's size)."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=length)
+
+
+def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
+    """One decode step (forward, greedy argmax, position + 1) captured whole in a CUDA graph over a
+    static cache, as engines that graph their decode run a model, then `new` steps timed as replays.
+
+    Checked first: the replayed step's logits against the same step run eagerly on the same cache
+    (relative L2). Returns ms per step and that error, or the reason the capture failed."""
+    batch, length = prompt.shape
+    dev = prompt.device
+    cache = static_cache(model, batch, length + new + 8)
+    with torch.inference_mode():
+        out = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(length, device=dev),
+                    use_cache=True)
+        ids = out.logits[:, -1:].argmax(-1)
+        position = torch.full((1,), length, dtype=torch.long, device=dev)
+
+        def step() -> torch.Tensor:
+            return model(input_ids=ids, past_key_values=cache, cache_position=position, use_cache=True).logits
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: kernels compiled, the fused blocks' first calls made
+            for _ in range(2):
+                ids.copy_(step()[:, -1:].argmax(-1))
+                position.add_(1)
+        torch.cuda.current_stream().wait_stream(side)
+        start_ids, start_position = ids.clone(), position.clone()
+        expected = step().float()  # this step run eagerly
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                logits = step()
+                ids.copy_(logits[:, -1:].argmax(-1))
+                position.add_(1)
+        except Exception as exc:  # say how it failed
+            return {"error": f"{type(exc).__name__}: {exc}"[:400]}
+        ids.copy_(start_ids)
+        position.copy_(start_position)
+        graph.replay()  # the same step again, replayed: the cache slot is rewritten with the same values
+        error = float((logits.float() - expected).norm() / expected.norm())
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(new):
+            graph.replay()
+        torch.cuda.synchronize()
+        return {"ms_per_step": round((time.perf_counter() - t0) / new * 1e3, 3), "replay_logits_rel_err": error}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--experts", required=True)
-    parser.add_argument("--mode", choices=["eager", "compiled"], default="eager")
+    parser.add_argument("--mode", choices=["eager", "compiled", "graphed"], default="eager")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the real model's)")
     parser.add_argument("--new", type=int, default=16, help="decode steps timed")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="decode batch sizes")
@@ -70,7 +127,7 @@ def main() -> int:
     import transformers
 
     row["transformers"] = transformers.__version__
-    mode = args.mode if args.mode == "eager" else f"compiled-{args.compile_mode}"
+    mode = args.mode if args.mode != "compiled" else f"compiled-{args.compile_mode}"
     row["mode"] = mode
     model_tag = args.model if args.layers is None else f"{args.model}-{args.layers}l"
     path = args.out / f"e2e-{model_tag}-{args.experts}-{mode}.json"
@@ -120,6 +177,13 @@ def main() -> int:
             save()
         for batch in args.batches:
             prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
+            if args.mode == "graphed":
+                result = graphed_decode(model, prompt, args.new)
+                row.update({f"decode_b{batch}_{k}": v for k, v in result.items()})
+                if "ms_per_step" in result:
+                    row[f"decode_b{batch}_tokens_per_s"] = round(batch / result["ms_per_step"] * 1e3, 1)
+                save()
+                continue
             try:
                 short = median_seconds(lambda p=prompt: generate_greedy(model, p, 2))
                 long = median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + args.new))
