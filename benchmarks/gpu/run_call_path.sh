@@ -8,6 +8,7 @@
 #   loaders-*    bench_checkpoint_loaders.py: fine-grained fp8 / MXFP4 checkpoints, from_pretrained against transformers
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
+#   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
@@ -55,6 +56,7 @@ e2e mixtral-8x7b transformers eager
 e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
+add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 add loaders-fp8 "python3 bench_checkpoint_loaders.py --format fp8 --dir /dev/shm/ckpt-fp8 --layers 16 --out $OUT/e2e/loaders-fp8"
 add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /dev/shm/ckpt-mxfp4 --layers 24 --out $OUT/e2e/loaders-mxfp4"

@@ -1,0 +1,110 @@
+"""The physical limit of decode-size layer calls under the benchmark protocol, beside the layer itself.
+
+For each preset, scheme and token count (default 1 and 8), under the same protocol as every cell (CUDA
+graphs, the L2 flushed before each replay, median; `moe_core.bench.time_cuda_layer`):
+
+- layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
+- read_us: one kernel reading as many bytes as the call must (the distinct experts the input sets'
+  routing selects, `moe_core.bench.routed_work`, times `expert_weight_bytes`) from a contiguous
+  buffer, the faster of a Triton read (16 KiB per program) and torch's sum: what streaming those
+  bytes costs after the flush, which at a few MB is latency, not bandwidth;
+- launch_us: a graph of one trivial kernel (the cost of a launch under the protocol);
+- floor_us: the roofline floor (`moe_core.bench.roofline_floor`, this run's ceilings);
+- limit_us = max(read_us, launch_us); layer_over_limit = layer_us / limit_us (a cell within 1.1 of its
+  measured limit is done, issue 60).
+
+    python3 decode_limits.py --out DIR [--presets ...] [--schemes ...] [--tokens 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from layer_timing import DTYPES, PRESETS, build_layer, correction_bias, input_sets, layer_quant
+
+from moe_core.bench import expert_weight_bytes, measure_ceilings, roofline_floor, routed_work, time_cuda_layer
+from moe_core.oracle import BackendUnavailableError
+from moe_core.presets import get_preset
+
+READ_BLOCK = 4096  # int32 words per program: 16 KiB
+
+
+@triton.jit
+def _read(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    words = tl.load(src_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + pid, tl.sum(words, 0))
+
+
+def protocol_us(fn) -> float:
+    """Median microseconds of `fn()` under the layer protocol (its arguments are ignored)."""
+    dummy = torch.empty(1, device="cuda")
+    samples, method = time_cuda_layer(lambda x, logits: fn(), [(dummy, dummy)])
+    if method != "cuda-graph":
+        raise RuntimeError(f"not captured: {method}")
+    return statistics.median(samples) * 1e6
+
+
+def read_us(nbytes: int) -> float:
+    words = max(1, nbytes // 4)
+    src = torch.ones(words, dtype=torch.int32, device="cuda")
+    programs = triton.cdiv(words, READ_BLOCK)
+    out = torch.empty(programs, dtype=torch.int32, device="cuda")
+    triton_read = protocol_us(lambda: _read[(programs,)](src, out, words, BLOCK=READ_BLOCK))
+    torch_read = protocol_us(src.sum)
+    return min(triton_read, torch_read)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--schemes", nargs="+", default=list(DTYPES))
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    ceilings = measure_ceilings(dev, torch.bfloat16)
+    tiny = torch.zeros(1, device=dev)
+    launch = protocol_us(lambda: tiny.add_(1))
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "launch_us": round(launch, 2), "memory_bytes_per_s": ceilings.memory_bytes_per_s, "rows": []}
+    path = args.out / "decode_limits.json"
+    print(f"one-kernel graph under the protocol: {launch:.2f} us", flush=True)
+    for name in args.presets:
+        preset = get_preset(name)
+        config = preset.config
+        for scheme in args.schemes:
+            quant = layer_quant(preset, scheme)
+            try:
+                layer = build_layer(preset, scheme, dev)
+            except BackendUnavailableError as exc:
+                print(f"{name} {scheme}: refused ({str(exc).splitlines()[0][:160]})", flush=True)
+                continue
+            for tokens in args.tokens:
+                inputs = input_sets(preset, tokens, dev)
+                work = routed_work(config, [logits for _, logits in inputs], correction_bias(preset, dev))
+                nbytes = int(work.experts * expert_weight_bytes(config, quant))
+                samples, _ = time_cuda_layer(layer, inputs)
+                row = {"preset": name, "scheme": scheme, "tokens": tokens, "experts": work.experts, "bytes": nbytes,
+                       "layer_us": round(statistics.median(samples) * 1e6, 2), "read_us": round(read_us(nbytes), 2),
+                       "floor_us": round(roofline_floor(config, quant, work, ceilings).seconds * 1e6, 2)}
+                row["limit_us"] = max(row["read_us"], round(launch, 2))
+                row["layer_over_limit"] = round(row["layer_us"] / row["limit_us"], 3)
+                result["rows"].append(row)
+                path.write_text(json.dumps(result, indent=1))
+                print(json.dumps(row), flush=True)
+            del layer
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
