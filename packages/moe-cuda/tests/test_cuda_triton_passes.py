@@ -105,3 +105,17 @@ def test_fp8_group_quantization_pass_matches_its_twin(dtype):
     assert codes.dtype == torch.float8_e4m3fn and scales.shape == (11, 3)
     torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
     assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 8])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_topk_sum_pass_matches_its_twin(top_k, dtype):
+    from moe_cuda.topk_sum import topk_sum_pass
+
+    gen = torch.Generator().manual_seed(top_k)
+    M, K = 5, 1100  # two column blocks, the second partial
+    y = (torch.randn(M * top_k, K, generator=gen) * 3).to(dtype).to(DEVICE)
+    out = topk_sum_pass(y, M, top_k)
+    ref = y.view(M, top_k, K).sum(1, dtype=torch.float32).to(dtype)
+    assert out.dtype == dtype and out.shape == (M, K)
+    torch.testing.assert_close(out, ref, rtol=0 if dtype == torch.float32 else 1e-2, atol=1e-5)

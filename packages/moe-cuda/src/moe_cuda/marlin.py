@@ -6,9 +6,9 @@ The layer routes (`moe_cuda.routing`: softmax top-k in one launch, else moe-core
 the library's `moe_align_block_size` (`align_blocks`, its torch twin, under an expert map) sorts the
 routed pairs by expert into blocks of `block_size_m` rows (the kernel's sorted-ids form); GEMM1
 writes one row per pair, the activation runs between the GEMMs (`moe_cuda.activation`, one pass),
-GEMM2 multiplies each row by its router weight, and the top-k rows of a token are summed. Weights
-are repacked into Marlin's tiles here (`moe_cuda.marlin_layout`), never by vLLM's
-`gptq_marlin_repack`, which lives in a second library.
+GEMM2 multiplies each row by its router weight, and the top-k rows of a token are summed
+(`moe_cuda.topk_sum`, one pass). Weights are repacked into Marlin's tiles here
+(`moe_cuda.marlin_layout`), never by vLLM's `gptq_marlin_repack`, which lives in a second library.
 
 `marlin_twin` computes what the kernel computes from the same arguments, in torch: the CPU tests run
 this class's whole path with it, so only the kernel itself is left for the GPU to prove.
@@ -40,6 +40,7 @@ from moe_cuda.marlin_layout import (
     marlin_zero_points_unpack,
     scalar_type_id,
 )
+from moe_cuda.topk_sum import topk_sum_pass
 from moe_cuda.vendor import MARLIN_LIBRARY, announce_first_compile
 
 __all__ = [
@@ -371,7 +372,6 @@ class MarlinExperts(Experts):
             "int8 only symmetric; zero points only int4 with groups (AWQ); act-order without zero points",
             "act-order gate and up halves grouped apart run GEMM1 as two kernel calls (checked on CPU through "
             "the kernel's twin only; the single-grouping act-order path ran on the GPU)",
-            "the top-k sum runs as a torch reduction after GEMM2",
         ),
     )
 
@@ -427,7 +427,9 @@ class MarlinExperts(Experts):
         rows = torch.zeros if self.expert_map is not None else torch.empty
         y = self._gemm(a, packed, "w2", blocks, topk_weights, 1, not on_input, K,
                        rows(M * top_k, K, dtype=x.dtype, device=x.device))
-        return y.view(M, top_k, K).sum(1, dtype=torch.float32).to(x.dtype)  # fp32 sum, no fp32 copy of y
+        if y.is_cuda:
+            return topk_sum_pass(y, M, top_k)
+        return y.view(M, top_k, K).sum(1, dtype=torch.float32).to(x.dtype)  # its twin: fp32 sum, no fp32 copy of y
 
     def _gemm(self, x: torch.Tensor, packed: PackedWeights, name: str, blocks: MarlinBlocks,
               topk_weights: torch.Tensor, top_k: int, mul_topk_weights: bool, size_n: int,
