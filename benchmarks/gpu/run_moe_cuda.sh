@@ -28,7 +28,9 @@
 #               built in the background while the other jobs run, then one job runs moe-cuda's FlashInfer
 #               tests, one `moe bench --backends all` job per preset and scheme (bf16, fp8-block) times it
 #               beside every other backend (bench/P-S-flashinfer), and flashinfer-explain prints the oracle's
-#               choice with FlashInfer installed (jobs/flashinfer-explain.log). Only these jobs can import FlashInfer.
+#               choice with FlashInfer installed (jobs/flashinfer-explain.log), and flashinfer-parity times the
+#               layer against FlashInfer's documented call (flashinfer_parity.py -> parity/flashinfer_parity.json).
+#               Only these jobs can import FlashInfer.
 #               A module built here comes back as $OUT/fused_moe_90-VARIANT.so.xz.part-*; put those parts in
 #               the bundle and a later call loads them instead of building (7-8 minutes on 64 CPUs).
 # flashinfer-mxfp4: the same for FlashInferCutlassMxfp4Experts (variant mxfp4: its own module, so its jobs
@@ -165,6 +167,8 @@ for phase in "${PHASES[@]}"; do
       # The oracle's choice with FlashInfer installed, in a cell the shipped ranking gives it and one it does not.
       printf 'flashinfer-explain\t%spython3 -m moe_core explain --device cuda --preset mixtral-8x7b --quant fp8-block --tokens 512 && python3 -m moe_core explain --device cuda --preset qwen3-30b-a3b --quant fp8-block --tokens 512\n' \
         "$(fi_wait bf16-fp8)" >> "$JOBS"
+      printf 'flashinfer-parity\t%spython3 %s --kernels --out %s\n' "$(fi_wait bf16-fp8)" \
+        "$HERE/flashinfer_parity.py" "$OUT/parity" >> "$JOBS"
       for p in "${presets[@]}"; do
         for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$(fi_wait bf16-fp8)"; done
       done ;;
