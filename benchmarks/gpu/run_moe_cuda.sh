@@ -43,8 +43,9 @@
 #               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
 #               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base).
 # parity:       moe-cuda's Marlin layer against vLLM's Marlin MoE pipeline over the same library
-#               (benchmarks/gpu/marlin_parity.py) and its SGLang fp8 block layer against SGLang's CUTLASS
-#               fp8 MoE flow (sglang_parity.py), one job each -> $OUT/parity/{marlin,sglang}_parity.json.
+#               (benchmarks/gpu/marlin_parity.py), its SGLang fp8 block layer against SGLang's CUTLASS
+#               fp8 MoE flow (sglang_parity.py) and its torch grouped GEMM layer against the tightest
+#               torch-only flow (grouped_mm_parity.py), one job each -> $OUT/parity/*_parity.json.
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
@@ -204,7 +205,8 @@ for phase in "${PHASES[@]}"; do
       done ;;
     parity)
       printf 'marlin-parity\tpython3 %s --kernels --out %s\n' "$HERE/marlin_parity.py" "$OUT/parity" >> "$JOBS"
-      printf 'sglang-parity\tpython3 %s --kernels --out %s\n' "$HERE/sglang_parity.py" "$OUT/parity" >> "$JOBS" ;;
+      printf 'sglang-parity\tpython3 %s --kernels --out %s\n' "$HERE/sglang_parity.py" "$OUT/parity" >> "$JOBS"
+      printf 'grouped-mm-parity\tpython3 %s --kernels --out %s\n' "$HERE/grouped_mm_parity.py" "$OUT/parity" >> "$JOBS" ;;
     "") ;;
     *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity)"; exit 2 ;;
   esac
