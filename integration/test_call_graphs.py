@@ -246,3 +246,41 @@ def test_a_fused_block_replays_as_one_graph(api):
             torch.testing.assert_close(torch.ops.moe_core.fused_moe(flat, logits, moe._op_key), moe._run(flat, logits),
                                        rtol=0, atol=0)
         assert len(moe._graphs) == 1
+
+
+def test_input_copies_are_repointed_only_where_a_source_moved():
+    """The function re-pointing a graph's input copies calls the driver for the inputs whose address
+    changed since the previous call, and for all of them on the first call."""
+    calls = []
+
+    def set_params(exec_, node, dst, src, nbytes, kind):
+        calls.append((node, dst, src, nbytes))
+        return 0
+
+    targets = (("node-x", 1000, 64), ("node-logits", 2000, 32))
+    point = _graphs._repointer(set_params, "exec", targets, lambda err: pytest.fail(f"error {err}"))
+    x, logits, other = torch.zeros(16), torch.zeros(8), torch.zeros(8)
+    point((x, logits))
+    assert calls == [("node-x", 1000, x.data_ptr(), 64), ("node-logits", 2000, logits.data_ptr(), 32)]
+    calls.clear()
+    point((x, logits))  # both where they were
+    assert calls == []
+    point((x, other))  # one moved
+    assert calls == [("node-logits", 2000, other.data_ptr(), 32)]
+    calls.clear()
+    point((x, logits))  # and back
+    assert calls == [("node-logits", 2000, logits.data_ptr(), 32)]
+
+
+def test_a_failed_repoint_raises_and_is_retried_on_the_next_call():
+    results = [5, 0]  # the driver's answers: an error, then success
+
+    def fail(err: int) -> None:
+        raise RuntimeError(f"driver error {err}")
+
+    point = _graphs._repointer(lambda *args: results.pop(0), "exec", (("node", 1000, 4),), fail)
+    x = torch.zeros(1)
+    with pytest.raises(RuntimeError, match="driver error 5"):
+        point((x,))
+    point((x,))  # the failed call did not count as pointed: the driver is called again
+    assert results == []

@@ -2,10 +2,11 @@
 through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
 torch launch for scale; then what a graphed layer call pays besides Python: the replay of a CUDA graph
 and the copy of a one-token call's two inputs into the graph's buffers (`_foreach_copy_` before the replay,
-against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does); and that
-re-point plus replay for a graph whose previous launch is still queued or running on the GPU against
-one whose previous launch has finished (bench_host_path drains the stream every 8 calls, so where
-kernels take longer than the host work most of its calls are of the first kind).
+against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does, for sources that
+move and for sources where they were); and that re-point plus replay for a graph whose previous launch
+is still queued or running on the GPU against one whose previous launch has finished (bench_host_path
+drains the stream every 8 calls, so where kernels take longer than the host work most of its calls are
+of the first kind).
 Prints microseconds per launch (median of 20 rounds of 200 launches; per call: median of 400 calls)."""
 
 from __future__ import annotations
@@ -87,7 +88,16 @@ def main() -> None:
     point = api.input_pointer(pointed, statics)
     foreach = per_launch_us(lambda: api.copy_inputs(statics, inputs))
     replay = per_launch_us(plain.replay)
-    repoint = per_launch_us(lambda: point(inputs))
+    # Sources that move on every call (two input sets in turn), and sources where they were (the
+    # re-pointing skips the driver then).
+    sets, calls = (inputs, tuple(t.clone() for t in inputs)), [0]
+
+    def next_set() -> tuple[torch.Tensor, ...]:
+        calls[0] += 1
+        return sets[calls[0] % 2]
+
+    moving = per_launch_us(lambda: point(next_set()))
+    unmoved = per_launch_us(lambda: point(inputs))
     fresh = tuple(t.clone() for t in inputs)
     point(fresh)
     pointed.replay()
@@ -95,7 +105,7 @@ def main() -> None:
     torch.testing.assert_close(statics[0], fresh[0] * 2, rtol=0, atol=0)
     torch.testing.assert_close(statics[1], fresh[1], rtol=0, atol=0)
     print(f"graphed call us: inputs copied in by _foreach_copy_ {foreach:.2f}  replay {replay:.2f}  "
-          f"the graph's own copies re-pointed {repoint:.2f}")
+          f"the graph's own copies re-pointed {moving:.2f} (sources where they were: {unmoved:.2f})")
 
     def copy_then_spin() -> None:  # a call whose kernels take ~100 us, longer than its host work
         for static, t in zip(statics, inputs):
@@ -106,7 +116,7 @@ def main() -> None:
     point_busy = api.input_pointer(busy, statics)
 
     def call() -> None:
-        point_busy(inputs)
+        point_busy(next_set())
         busy.replay()
 
     idle = per_call_us(call, drain_every=1)

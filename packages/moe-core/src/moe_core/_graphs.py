@@ -204,19 +204,32 @@ class _CudaGraphApi:
             raise RuntimeError(f"expected one copy into each static input in the captured graph, found "
                                f"{[len(f) for f in found]}")
         exec_ = torch.cuda.CUDAGraph.raw_cuda_graph_exec(graph)
-        set_params = cudart.cudaGraphExecMemcpyNodeSetParams1D
         targets = tuple((f[0], t.data_ptr(), t.numel() * t.element_size()) for f, t in zip(found, statics))
-
-        def point(tensors: tuple[torch.Tensor, ...]) -> None:
-            for (node, dst, nbytes), src in zip(targets, tensors):
-                err = set_params(exec_, node, dst, src.data_ptr(), nbytes, _MEMCPY_DEVICE_TO_DEVICE)
-                if err:
-                    _check(cudart, err, "cudaGraphExecMemcpyNodeSetParams1D")
-        return point
+        return _repointer(cudart.cudaGraphExecMemcpyNodeSetParams1D, exec_, targets,
+                          lambda err: _check(cudart, err, "cudaGraphExecMemcpyNodeSetParams1D"))
 
     @staticmethod
     def copy_inputs(statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> None:
         torch._foreach_copy_(list(statics), list(tensors))
+
+
+def _repointer(set_params: Callable[..., int], exec_: object, targets: tuple[tuple[object, int, int], ...],
+               fail: Callable[[int], None]) -> Callable[[tuple[torch.Tensor, ...]], None]:
+    """A function pointing the copy nodes `targets` ((node, static input address, bytes) each) of the
+    graph exec `exec_` at a call's tensors. A copy whose source is where the previous call's was keeps
+    its parameters: a decode loop's inputs often come back at the same address (the caching allocator
+    reuses a freed block of that size), and each driver call costs microseconds of host time."""
+    sources: list[int | None] = [None] * len(targets)
+
+    def point(tensors: tuple[torch.Tensor, ...]) -> None:
+        for i, ((node, dst, nbytes), src) in enumerate(zip(targets, tensors)):
+            address = src.data_ptr()
+            if address != sources[i]:
+                err = set_params(exec_, node, dst, address, nbytes, _MEMCPY_DEVICE_TO_DEVICE)
+                if err:
+                    fail(err)
+                sources[i] = address
+    return point
 
 
 def _check(cudart: ctypes.CDLL, err: int, call: str) -> None:
