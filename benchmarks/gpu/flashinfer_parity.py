@@ -15,18 +15,12 @@ FlashInfer module (run_moe_cuda.sh's flashinfer phase runs this as flashinfer-pa
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import torch
-import triton
-from layer_timing import input_sets, layer_quant, time_layer
-from parity_common import kernels
+from layer_timing import layer_quant
+from parity_common import parser, run_parity, write_result
 
 from moe_core import FusedMoE
 from moe_core.presets import get_preset
-from moe_core.weights.canonical import ExpertWeights
 
 
 class DocumentedCall:
@@ -53,50 +47,13 @@ class DocumentedCall:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b"])
-    parser.add_argument("--schemes", nargs="+", default=["bf16", "fp8-block"])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 2048])
-    parser.add_argument("--kernels", action="store_true", help="list each one's kernels per cell")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--schemes", nargs="+", default=["bf16", "fp8-block"])
+    args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
-    rows = []
-    for name in args.presets:
-        preset = get_preset(name)
-        for scheme in args.schemes:
-            quant = layer_quant(preset, scheme)
-            weights = ExpertWeights.random(preset.config, quant, seed=0, device=dev)
-            # Graphs off: the benchmark captures each layer itself, and the kernel lists need plain calls.
-            ours = FusedMoE(preset.config, quant, device=dev, prefer="flashinfer_cutlass", cuda_graphs=False)
-            ours.load_weights(weights)
-            triton_layer = FusedMoE(preset.config, quant, device=dev, prefer="triton", cuda_graphs=False)
-            triton_layer.load_weights(weights)
-            del weights
-            documented = DocumentedCall(ours)
-            for tokens in args.tokens:
-                inputs = input_sets(preset, tokens, dev)
-                x, logits = inputs[0]
-                with torch.inference_mode():
-                    a = ours(x, logits).float()  # the layer's first eager call tunes FlashInfer's tactics
-                    b = documented(x, logits).float()
-                row = {"preset": name, "scheme": scheme, "tokens": tokens,
-                       "output_rel_diff": float((a - b).norm() / b.norm())}
-                for label, fn in (("moe_cuda_us", ours), ("flashinfer_documented_us", documented),
-                                  ("triton_us", triton_layer)):
-                    row[label] = round(time_layer(fn, inputs)["us"], 2)
-                row["moe_cuda_over_flashinfer"] = round(row["moe_cuda_us"] / row["flashinfer_documented_us"], 3)
-                if args.kernels:
-                    row["kernels"] = {"moe_cuda": kernels(ours, x, logits),
-                                      "flashinfer_documented": kernels(documented, x, logits)}
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
-            del ours, triton_layer, documented
-            torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "rows": rows}
-    (args.out / "flashinfer_parity.json").write_text(json.dumps(result, indent=1))
+    cases = [(name, scheme, layer_quant(get_preset(name), scheme)) for name in args.presets for scheme in args.schemes]
+    rows = run_parity(args, cases, "flashinfer_cutlass", DocumentedCall, ("moe_cuda", "flashinfer_documented"))
+    write_result(args.out / "flashinfer_parity.json", rows)
     return 0
 
 

@@ -14,20 +14,12 @@ before every replay, median).
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
-import triton
-from layer_timing import input_sets, time_layer
-from parity_common import kernels
+from parity_common import parser, run_parity, write_result
 
 from moe_core import FusedMoE
-from moe_core.presets import get_preset
 from moe_core.quant import unquantized
-from moe_core.weights.canonical import ExpertWeights
 
 
 class TorchOnlyFlow:
@@ -57,44 +49,11 @@ class TorchOnlyFlow:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b"])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 2048])
-    parser.add_argument("--kernels", action="store_true", help="list each one's kernels per cell")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
-    rows = []
-    for name in args.presets:
-        preset = get_preset(name)
-        weights = ExpertWeights.random(preset.config, unquantized(), seed=0, device=dev)
-        # Graphs off: the benchmark captures each layer itself, and the kernel lists need plain calls.
-        ours = FusedMoE(preset.config, unquantized(), device=dev, prefer="torch_grouped_mm", cuda_graphs=False)
-        ours.load_weights(weights)
-        triton_layer = FusedMoE(preset.config, unquantized(), device=dev, prefer="triton", cuda_graphs=False)
-        triton_layer.load_weights(weights)
-        del weights
-        flow = TorchOnlyFlow(ours)
-        for tokens in args.tokens:
-            inputs = input_sets(preset, tokens, dev)
-            x, logits = inputs[0]
-            with torch.inference_mode():
-                a, b = ours(x, logits).float(), flow(x, logits).float()
-            row = {"preset": name, "scheme": "bf16", "tokens": tokens,
-                   "output_rel_diff": float((a - b).norm() / b.norm())}
-            for label, fn in (("moe_cuda_us", ours), ("torch_only_us", flow), ("triton_us", triton_layer)):
-                row[label] = round(time_layer(fn, inputs)["us"], 2)
-            row["moe_cuda_over_torch_only"] = round(row["moe_cuda_us"] / row["torch_only_us"], 3)
-            if args.kernels:
-                row["kernels"] = {"moe_cuda": kernels(ours, x, logits), "torch_only": kernels(flow, x, logits)}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
-        del ours, triton_layer, flow
-        torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "rows": rows}
-    (args.out / "grouped_mm_parity.json").write_text(json.dumps(result, indent=1))
+    cases = [(name, "bf16", unquantized()) for name in args.presets]
+    rows = run_parity(args, cases, "torch_grouped_mm", TorchOnlyFlow, ("moe_cuda", "torch_only"))
+    write_result(args.out / "grouped_mm_parity.json", rows)
     return 0
 
 

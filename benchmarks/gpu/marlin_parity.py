@@ -16,20 +16,16 @@ and, with --kernels, each one's kernels at that size from one profiled eager cal
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from layer_timing import input_sets, time_layer
-from parity_common import call_by_schema, kernels
+from parity_common import call_by_schema, parser, run_parity, write_result
 
 from moe_core import FusedMoE
 from moe_core.presets import get_preset
 from moe_core.quant import int4_w4a16
-from moe_core.weights.canonical import ExpertWeights
 
 
 @triton.jit
@@ -82,54 +78,18 @@ class VllmMarlinPipeline:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b"])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 2048])
-    parser.add_argument("--kernels", action="store_true", help="list each one's kernels per cell")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
     from moe_cuda.vendor import MARLIN_LIBRARY
 
     MARLIN_LIBRARY.load()
     schemas = {op: str(getattr(torch.ops._moe_C, op).default._schema)
                for op in ("topk_softmax", "moe_align_block_size", "moe_sum", "moe_wna16_marlin_gemm")}
     print(json.dumps(schemas, indent=1), flush=True)
-    rows = []
-    for name in args.presets:
-        preset = get_preset(name)
-        quant = int4_w4a16(preset.int4_group_size)
-        weights = ExpertWeights.random(preset.config, quant, seed=0, device=dev)
-        # Graphs off: the benchmark captures each layer itself, and the kernel lists need plain calls.
-        marlin = FusedMoE(preset.config, quant, device=dev, prefer="marlin", cuda_graphs=False)
-        marlin.load_weights(weights)
-        triton_layer = FusedMoE(preset.config, quant, device=dev, prefer="triton", cuda_graphs=False)
-        triton_layer.load_weights(weights)
-        del weights
-        vllm = VllmMarlinPipeline(marlin)
-        for tokens in args.tokens:
-            inputs = input_sets(preset, tokens, dev)
-            x, logits = inputs[0]
-            with torch.inference_mode():
-                ours, theirs = marlin(x, logits).float(), vllm(x, logits).float()
-            row = {"preset": name, "scheme": f"int4 g{preset.int4_group_size}", "tokens": tokens,
-                   "output_rel_diff": float((ours - theirs).norm() / theirs.norm())}
-            for label, fn in (("marlin_us", marlin), ("vllm_marlin_us", vllm), ("triton_us", triton_layer)):
-                row[label] = round(time_layer(fn, inputs)["us"], 2)
-            row["marlin_over_vllm"] = round(row["marlin_us"] / row["vllm_marlin_us"], 3)
-            if args.kernels:
-                row["kernels"] = {"marlin": kernels(marlin, x, logits), "vllm_marlin": kernels(vllm, x, logits)}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
-        del marlin, triton_layer, vllm
-        torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "library_schemas": schemas, "rows": rows}
-    (args.out / "marlin_parity.json").write_text(json.dumps(result, indent=1))
-    for row in rows:
-        for who, ks in row.get("kernels", {}).items():
-            print(f"{row['preset']} M={row['tokens']} {who}: " + "; ".join(f"{n} {us}" for n, us in ks))
+    cases = [(name, f"int4 g{get_preset(name).int4_group_size}", int4_w4a16(get_preset(name).int4_group_size))
+             for name in args.presets]
+    rows = run_parity(args, cases, "marlin", VllmMarlinPipeline, ("marlin", "vllm_marlin"))
+    write_result(args.out / "marlin_parity.json", rows, library_schemas=schemas)
     return 0
 
 

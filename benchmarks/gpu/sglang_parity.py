@@ -18,19 +18,13 @@ are printed first (the flow calls them by argument name).
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
 import torch
-import triton
-from layer_timing import input_sets, time_layer
-from parity_common import call_by_schema, kernels
+from parity_common import call_by_schema, parser, run_parity, write_result
 
 from moe_core import FusedMoE
-from moe_core.presets import get_preset
 from moe_core.quant import fp8_w8a8
-from moe_core.weights.canonical import ExpertWeights
 
 OPS = ("topk_softmax", "prepare_moe_input", "shuffle_rows", "apply_shuffle_mul_sum", "silu_and_mul",
        "fp8_blockwise_scaled_grouped_mm")
@@ -116,53 +110,16 @@ class SglangCutlassFp8Flow:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b"])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 512, 2048])
-    parser.add_argument("--kernels", action="store_true", help="list each one's kernels per cell")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser(__doc__).parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
     from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 
     SGLANG_SM90_LIBRARY.load()
     schemas = {name: str(_op(name).default._schema) for name in OPS + QUANT_OPS if hasattr(torch.ops.sgl_kernel, name)}
     print(json.dumps(schemas, indent=1), flush=True)
-    quant = fp8_w8a8("block")
-    rows = []
-    for name in args.presets:
-        preset = get_preset(name)
-        weights = ExpertWeights.random(preset.config, quant, seed=0, device=dev)
-        # Graphs off: the benchmark captures each layer itself, and the kernel lists need plain calls.
-        ours = FusedMoE(preset.config, quant, device=dev, prefer="sglang_fp8_block", cuda_graphs=False)
-        ours.load_weights(weights)
-        triton_layer = FusedMoE(preset.config, quant, device=dev, prefer="triton", cuda_graphs=False)
-        triton_layer.load_weights(weights)
-        del weights
-        flow = SglangCutlassFp8Flow(ours)
-        for tokens in args.tokens:
-            inputs = input_sets(preset, tokens, dev)
-            x, logits = inputs[0]
-            with torch.inference_mode():
-                a, b = ours(x, logits).float(), flow(x, logits).float()
-            row = {"preset": name, "scheme": "fp8-block", "tokens": tokens,
-                   "output_rel_diff": float((a - b).norm() / b.norm())}
-            for label, fn in (("moe_cuda_us", ours), ("sglang_flow_us", flow), ("triton_us", triton_layer)):
-                row[label] = round(time_layer(fn, inputs)["us"], 2)
-            row["moe_cuda_over_sglang"] = round(row["moe_cuda_us"] / row["sglang_flow_us"], 3)
-            if args.kernels:
-                row["kernels"] = {"moe_cuda": kernels(ours, x, logits), "sglang_flow": kernels(flow, x, logits)}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
-        del ours, triton_layer, flow
-        torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "library_schemas": schemas, "rows": rows}
-    (args.out / "sglang_parity.json").write_text(json.dumps(result, indent=1))
-    for row in rows:
-        for who, ks in row.get("kernels", {}).items():
-            print(f"{row['preset']} M={row['tokens']} {who}: " + "; ".join(f"{n} {us}" for n, us in ks))
+    cases = [(name, "fp8-block", fp8_w8a8("block")) for name in args.presets]
+    rows = run_parity(args, cases, "sglang_fp8_block", SglangCutlassFp8Flow, ("moe_cuda", "sglang_flow"))
+    write_result(args.out / "sglang_parity.json", rows, library_schemas=schemas)
     return 0
 
 
