@@ -26,7 +26,7 @@ DEVICE_PLUGINS = {"cuda": ("triton", "cuda"), "rocm": ("aiter", "triton"), "xpu"
 COMBINATIONS = {
     "core": ("moe-core",),
     "core+cpu": ("moe-core", "moe-cpu"),
-    "core+cuda": ("moe-core", "moe-cuda"),
+    "core+cuda": ("moe-core", "moe-triton", "moe-cuda"),  # moe-cuda runs moe-triton's row kernels
     "core+rocm": ("moe-core", "moe-rocm"),
     "core+xpu": ("moe-core", "moe-xpu"),
     "all": PACKAGES,

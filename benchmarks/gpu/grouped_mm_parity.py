@@ -5,7 +5,7 @@ softmax and top-k routing (renormalized where the model does), one stable sort o
 the per-expert row ends from a bincount's cumulative sum, the rows gathered, `torch._grouped_mm` for
 GEMM1, `silu(gate) * up`, `torch._grouped_mm` for GEMM2, the rows scaled by their router weights and
 added into the tokens with one `index_add_` (fp32). The layer differs in its one-launch router and
-activation (`moe_cuda.routing`, `moe_cuda.activation`) and its deterministic combine. moe-triton's
+activation (moe-triton's `routing` and `act_quant`) and its deterministic combine. moe-triton's
 layer on the same weights is timed beside them, under the benchmark protocol (CUDA graphs, L2 flushed
 before every replay, median).
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _cuda_helpers import cuda_device, layer, run_against_reference
+from _cuda_helpers import cuda_device, layer, rel_err, run_against_reference
 
 from moe_core.config import Activation, ParallelConfig
 from moe_core.layer import FusedMoE
@@ -147,10 +147,6 @@ def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.T
     return eager, out
 
 
-def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual.float() - expected.float()).norm() / expected.float().norm())
-
-
 @pytest.mark.parametrize("prefer,quant", [("marlin", int4_w4a16(128)), ("sglang_fp8_block", fp8_w8a8("block")),
                                           ("flashinfer_cutlass", unquantized()), ("torch_grouped_mm", unquantized())],
                          ids=["marlin-int4", "sglang-fp8-block", "flashinfer-bf16", "torch-grouped-mm-bf16"])
@@ -163,10 +159,10 @@ def test_eager_calls_replay_the_layers_graphs_and_compile_as_one_op(prefer, quan
     moe, x, logits = _layer_and_inputs(prefer, quant)
     plain = moe._run(x, logits)
     for call in range(3):  # eager, captured, replayed; each output dropped before the next call
-        assert _relative(moe(x, logits), plain) < 1e-3, f"call {call}"
+        assert rel_err(moe(x, logits), plain) < 1e-3, f"call {call}"
     assert len(moe._graphs) == 1
     torch._dynamo.reset()
-    assert _relative(torch.compile(moe, fullgraph=True)(x, logits), plain) < 1e-3
+    assert rel_err(torch.compile(moe, fullgraph=True)(x, logits), plain) < 1e-3
 
 
 def test_marlin_layer_is_captured_in_a_cuda_graph():

@@ -1,6 +1,8 @@
-"""moe-cuda's Triton passes against their torch twins: the softmax top-k router against moe-core's
-route_torch (infinite logits included) and the activation pass against apply_activation. On the CPU
-they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
+"""The moe-triton kernels moe-cuda runs around the vendor GEMMs, against moe-cuda's torch twins: its
+classes' router (moe-triton's) against moe-core's route_torch, infinite logits included; the
+activation (`moe_cuda.dispatch.activate` on CUDA) against apply_activation; the SGLang class's 1 x 128
+fp8 quantization against `quantize_groups_fp8`; Marlin's top-k sum against its torch form. On the
+CPU they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
 
 from __future__ import annotations
 
@@ -8,13 +10,20 @@ import pytest
 import torch
 
 from moe_core.config import Activation, ActivationKind, Routing
+from moe_core.oracle import router_of
 from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
-from moe_cuda.activation import activation_pass
-from moe_cuda.routing import route, softmax_topk, takes_softmax_topk
+from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
+from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
+from moe_cuda.marlin import MarlinExperts
+from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, quantize_groups_fp8
+from moe_triton.act_quant import QMode, act_quant
+from moe_triton.topk_sum import topk_sum
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INF = float("inf")
+CLASSES = (MarlinExperts, SglangFp8BlockExperts, TorchGroupedMmExperts, TorchFp8GroupedMmExperts,
+           FlashInferCutlassExperts, FlashInferTrtllmBf16Experts)
 
 
 def _logits(m: int, e: int, seed: int, dtype=torch.float32) -> torch.Tensor:
@@ -22,13 +31,19 @@ def _logits(m: int, e: int, seed: int, dtype=torch.float32) -> torch.Tensor:
     return (torch.randn(m, e, generator=gen) * 3).to(dtype).to(DEVICE)
 
 
+def test_every_class_routes_with_one_launch():
+    from moe_triton.routing import route
+
+    assert all(router_of(cls) is route for cls in CLASSES)
+
+
 @pytest.mark.parametrize("e,top_k", [(8, 2), (60, 4), (128, 8), (7, 1)])
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_softmax_topk_chooses_and_weighs_as_route_torch(e, top_k, renormalize, dtype):
+def test_the_router_chooses_and_weighs_as_route_torch(e, top_k, renormalize, dtype):
     routing = Routing(renormalize=renormalize, routed_scaling_factor=1.0 if renormalize else 2.5)
     logits = _logits(37, e, seed=e + top_k, dtype=dtype)
-    weights, ids = softmax_topk(logits, routing, top_k)
+    weights, ids = router_of(MarlinExperts)(logits, routing, top_k)
     ref_w, ref_ids = route_torch(logits, routing, top_k)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
     # bf16 logits tie often: the chosen set may differ only among equal logits, which then weigh the same
@@ -38,7 +53,7 @@ def test_softmax_topk_chooses_and_weighs_as_route_torch(e, top_k, renormalize, d
     torch.testing.assert_close(weights.sort(-1).values, ref_w.sort(-1).values, rtol=2e-6, atol=1e-7)
 
 
-def test_softmax_topk_infinite_logits_as_route_torch():
+def test_the_router_takes_infinite_logits_as_route_torch():
     routing = Routing(renormalize=True)
     logits = _logits(6, 16, seed=3)
     logits[0, 5] = INF  # one +Inf: all the weight
@@ -48,39 +63,31 @@ def test_softmax_topk_infinite_logits_as_route_torch():
     logits[4, 3:] = -INF  # fewer finite experts than k: -Inf ones follow, lower id first
     logits[5, [4, 7, 11]] = INF  # more +Inf experts than k
     for top_k in (1, 4):
-        weights, ids = softmax_topk(logits, routing, top_k)
+        weights, ids = router_of(MarlinExperts)(logits, routing, top_k)
         ref_w, ref_ids = route_torch(logits, routing, top_k)
         assert torch.equal(ids, ref_ids), (top_k, ids, ref_ids)
         torch.testing.assert_close(weights, ref_w, rtol=2e-6, atol=1e-7)
 
 
-def test_route_takes_the_kernel_only_where_it_computes_the_same_thing():
-    assert takes_softmax_topk(Routing(renormalize=True), None)
-    assert not takes_softmax_topk(Routing(scoring="sigmoid"), None)
-    grouped = Routing(renormalize=True, num_expert_groups=4, topk_groups=2)
-    assert not takes_softmax_topk(grouped, None)
-    biased = Routing(scoring="sigmoid", renormalize=True, has_correction_bias=True)
-    assert not takes_softmax_topk(biased, torch.zeros(8))
-    # Off CUDA `route` is route_torch itself.
-    logits = _logits(5, 8, seed=1).cpu()
-    for r in (Routing(renormalize=True), grouped):
-        got, ref = route(logits, r, 2), route_torch(logits, r, 2)
-        assert torch.equal(got[1], ref[1]) and torch.equal(got[0], ref[0])
-
-
-_ACTIVATIONS = [Activation.silu(), Activation(ActivationKind.SILU, clamp=1.5), Activation(ActivationKind.GELU),
+# Every kind the moe-cuda classes take (clamped SiLU is a feature none of them claims).
+_ACTIVATIONS = [Activation.silu(), Activation(ActivationKind.GELU),
                 Activation(ActivationKind.GELU_TANH), Activation(ActivationKind.SWIGLU_OAI, alpha=1.702, limit=7.0),
                 Activation(ActivationKind.RELU2)]
 
 
-@pytest.mark.parametrize("activation", _ACTIVATIONS, ids=lambda a: a.kind.value + ("-clamp" if a.clamp else ""))
+def _activate(h: torch.Tensor, activation: Activation) -> torch.Tensor:
+    """What `moe_cuda.dispatch.activate` runs on CUDA."""
+    return act_quant(h, activation, QMode.NONE, h.dtype, h.shape[0])[0]
+
+
+@pytest.mark.parametrize("activation", _ACTIVATIONS, ids=lambda a: a.kind.value)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_activation_pass_matches_apply_activation(activation, dtype):
+def test_the_activation_matches_apply_activation(activation, dtype):
     gen = torch.Generator().manual_seed(5)
-    n = 1100  # two column blocks, the second partial
+    n = 1100  # a width that is no power of two
     width = 2 * n if activation.kind.gated else n
     h = (torch.randn(9, width, generator=gen) * 4).to(dtype).to(DEVICE)
-    out = activation_pass(h, activation)
+    out = _activate(h, activation)
     ref = apply_activation(h.float(), activation)
     assert out.shape == (9, n) and out.dtype == dtype
     tol = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
@@ -88,19 +95,16 @@ def test_activation_pass_matches_apply_activation(activation, dtype):
     # rows strided as GEMM outputs can be: the pass reads rows through their stride
     wide = torch.zeros(9, width + 64, dtype=dtype, device=DEVICE)
     wide[:, :width] = h
-    torch.testing.assert_close(activation_pass(wide[:, :width], activation), out, rtol=0, atol=0)
+    torch.testing.assert_close(_activate(wide[:, :width], activation), out, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_fp8_group_quantization_pass_matches_its_twin(dtype):
-    from moe_cuda.fp8_groups import quantize_groups_pass
-    from moe_cuda.sglang_fp8 import quantize_groups_fp8
-
+def test_fp8_group_quantization_matches_its_twin(dtype):
     gen = torch.Generator().manual_seed(9)
     x = (torch.randn(11, 384, generator=gen) * torch.logspace(-3, 3, 11)[:, None]).to(dtype)
     x[3, 128:256] = 0  # an all-zero group: the smallest scale, zero codes
     x = x.to(DEVICE)
-    codes, scales = quantize_groups_pass(x)
+    codes, scales = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])  # as the SGLang class
     ref_codes, ref_scales = quantize_groups_fp8(x)
     assert codes.dtype == torch.float8_e4m3fn and scales.shape == (11, 3)
     torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
@@ -109,13 +113,11 @@ def test_fp8_group_quantization_pass_matches_its_twin(dtype):
 
 @pytest.mark.parametrize("top_k", [1, 2, 8])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_topk_sum_pass_matches_its_twin(top_k, dtype):
-    from moe_cuda.topk_sum import topk_sum_pass
-
+def test_the_topk_sum_matches_marlins_torch_form(top_k, dtype):
     gen = torch.Generator().manual_seed(top_k)
     M, K = 5, 1100  # two column blocks, the second partial
     y = (torch.randn(M * top_k, K, generator=gen) * 3).to(dtype).to(DEVICE)
-    out = topk_sum_pass(y, M, top_k)
+    out = topk_sum(y, top_k, dtype)
     ref = y.view(M, top_k, K).sum(1, dtype=torch.float32).to(dtype)
     assert out.dtype == dtype and out.shape == (M, K)
     torch.testing.assert_close(out, ref, rtol=0 if dtype == torch.float32 else 1e-2, atol=1e-5)

@@ -14,7 +14,7 @@ import torch
 
 from moe_core.config import MoEConfig
 from moe_core.reference import apply_activation
-from moe_cuda.activation import activation_pass
+from moe_triton.act_quant import QMode, act_quant
 
 __all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert"]
 
@@ -58,9 +58,9 @@ def permute_by_expert(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_lo
 
 def activate(h: torch.Tensor, config: MoEConfig) -> torch.Tensor:
     """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it
-    (on CUDA in one Triton pass, `moe_cuda.activation`; elsewhere as torch ops, its twin)."""
+    (on CUDA in one pass of moe-triton's `act_quant`; elsewhere as torch ops, its twin)."""
     if h.is_cuda:
-        return activation_pass(h, config.activation)
+        return act_quant(h, config.activation, QMode.NONE, h.dtype, h.shape[0])[0]
     return apply_activation(h.float(), config.activation).to(h.dtype)
 
 

@@ -2,13 +2,13 @@
 library, for weight-only int4/int8 (GPTQ, AWQ zero points, act-order), fp8 and MXFP4 weights with
 bf16/fp16 activations.
 
-The layer routes (`moe_cuda.routing`: softmax top-k in one launch, else moe-core's `route_torch`);
-the library's `moe_align_block_size` (`align_blocks`, its torch twin, under an expert map) sorts the
-routed pairs by expert into blocks of `block_size_m` rows (the kernel's sorted-ids form); GEMM1
-writes one row per pair, the activation runs between the GEMMs (`moe_cuda.activation`, one pass),
-GEMM2 multiplies each row by its router weight, and the top-k rows of a token are summed
-(`moe_cuda.topk_sum`, one pass). Weights are repacked into Marlin's tiles here
-(`moe_cuda.marlin_layout`), never by vLLM's `gptq_marlin_repack`, which lives in a second library.
+The layer routes with moe-triton's router (`moe_triton.routing`, one launch); the library's
+`moe_align_block_size` (`align_blocks`, its torch twin, under an expert map) sorts the routed pairs
+by expert into blocks of `block_size_m` rows (the kernel's sorted-ids form); GEMM1 writes one row per
+pair, the activation runs between the GEMMs (moe-triton's `act_quant`, one pass), GEMM2 multiplies
+each row by its router weight, and the top-k rows of a token are summed (moe-triton's `topk_sum`, one
+pass). Weights are repacked into Marlin's tiles here (`moe_cuda.marlin_layout`), never by vLLM's
+`gptq_marlin_repack`, which lives in a second library.
 
 `marlin_twin` computes what the kernel computes from the same arguments, in torch: the CPU tests run
 this class's whole path with it, so only the kernel itself is left for the GPU to prove.
@@ -40,8 +40,8 @@ from moe_cuda.marlin_layout import (
     marlin_zero_points_unpack,
     scalar_type_id,
 )
-from moe_cuda.topk_sum import topk_sum_pass
 from moe_cuda.vendor import MARLIN_LIBRARY, announce_first_compile
+from moe_triton.topk_sum import topk_sum
 
 __all__ = [
     "BLOCK_SIZES_M",
@@ -336,7 +336,7 @@ class MarlinExperts(Experts):
     """Weight-only quantized experts on Marlin's fused-MoE GEMM (vLLM 0.26.0's `_moe_C` library)."""
 
     backend = "marlin"
-    router = "moe_cuda.routing:route"
+    router = "moe_triton.routing:route"
     weight_processor = MarlinProcessor()
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),
@@ -428,7 +428,7 @@ class MarlinExperts(Experts):
         y = self._gemm(a, packed, "w2", blocks, topk_weights, 1, not on_input, K,
                        rows(M * top_k, K, dtype=x.dtype, device=x.device))
         if y.is_cuda:
-            return topk_sum_pass(y, M, top_k)
+            return topk_sum(y, top_k, x.dtype)
         return y.view(M, top_k, K).sum(1, dtype=torch.float32).to(x.dtype)  # its twin: fp32 sum, no fp32 copy of y
 
     def _gemm(self, x: torch.Tensor, packed: PackedWeights, name: str, blocks: MarlinBlocks,

@@ -1,7 +1,7 @@
 """fp8 128x128-block experts on SGLang's CUTLASS grouped GEMM (`fp8_blockwise_scaled_grouped_mm`,
 sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations quantized on the
-fly in 1x128 groups (`moe_cuda.fp8_groups`, one pass), one grouped call per GEMM over the
-expert-sorted rows (`moe_cuda.dispatch`).
+fly in 1x128 groups (on CUDA by moe-triton's `act_quant`, one pass; `quantize_groups_fp8` is its torch
+twin), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`).
 
 The operator's arguments, as SGLang's `cutlass_fused_experts_fp8` passes them: a [P, k] fp8 rows
 sorted by expert; b the canonical weights [E, n, k] seen as [E, k, n] (a transposed view: the kernel
@@ -23,9 +23,9 @@ from moe_core.config import MoEConfig
 from moe_core.experts import Capability, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
 from moe_core.weights import PackedWeights
-from moe_cuda.fp8_groups import quantize_groups_pass
 from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
+from moe_triton.act_quant import QMode, act_quant
 
 __all__ = ["BLOCK", "BlockwiseGemmArgs", "SglangFp8BlockExperts", "blockwise_gemm_args", "blockwise_grouped_mm_twin",
            "quantize_groups_fp8"]
@@ -141,7 +141,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
         else:
             args.problem_sizes[:, 0].copy_(perm.counts)
             args.expert_offsets.copy_(perm.starts)
-        codes, scales_a = quantize_groups_pass(x)
+        codes, scales_a = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
         torch.ops.sgl_kernel.fp8_blockwise_scaled_grouped_mm(
             out, *args.pointers, codes, b, scales_a, scales_b, args.stride_a, args.stride_b, args.stride_c,
             *args.layouts, args.problem_sizes, args.expert_offsets, self._workspace)

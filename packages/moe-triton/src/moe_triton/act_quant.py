@@ -39,9 +39,13 @@ class QMode(enum.IntEnum):
 def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
     if INTERPRET:
         # The CPU interpreter's fp32 -> e4m3 cast loses the carry when rounding up to the next
-        # power of two; round to 3 mantissa bits here (subnormal spacing 2**-9) so its cast is exact.
+        # power of two; round to 3 mantissa bits here (subnormal spacing 2**-9, ties to even as the
+        # GPU's cast and torch's) so its cast is exact.
         step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.abs(q))), -6.0) - 3.0)
-        r = tl.floor(tl.abs(q) / step + 0.5) * step
+        units = tl.abs(q) / step
+        r = tl.floor(units + 0.5)
+        odd = r - 2.0 * tl.floor(r * 0.5) == 1.0
+        r = tl.where((r - units == 0.5) & odd, r - 1.0, r) * step
         q = tl.where(q < 0, -r, r)
     return q.to(dtype, fp_downcast_rounding="rtne")
 
