@@ -1,12 +1,17 @@
 """A quantized checkpoint loaded by `moe_core.integrations.transformers.from_pretrained` against the
 same checkpoint loaded by transformers itself, end to end on the GPU.
 
-Formats transformers runs itself (on the GPU image: no compressed-tensors package there):
+Formats transformers runs itself:
 - `fp8`: fine-grained block FP8 (`weight_scale_inv`, 128x128 blocks, dynamic activations), the
   layout of Qwen/Qwen3-30B-A3B-FP8, at qwen3-30b-a3b's shape: attention linears and experts in fp8,
   router, norms, embeddings and lm_head in bf16;
 - `mxfp4`: gpt-oss's MXFP4 experts (`*_blocks`, `*_scales`, biases) at gpt-oss-20b's shape, the rest
-  in bf16 (transformers dequantizes MXFP4 experts to bf16 where its Triton kernels package is absent).
+  in bf16 (transformers dequantizes MXFP4 experts to bf16 where its Triton kernels package is absent);
+- `ct-w4a16`: compressed-tensors pack-quantized int4 (group 128, symmetric), the layout of
+  RedHatAI's Qwen3-30B-A3B W4A16, at qwen3-30b-a3b's shape, packed by compressed-tensors' own
+  compressor: attention linears and experts in int4, router, norms, embeddings and lm_head in bf16.
+  Needs the compressed-tensors package (not on the GPU image: run_call_path.sh installs the wheels
+  carried in .carry/ct-wheels for this job only).
 
 Phases: `write` (random weights drawn and quantized on --device, expert by expert, written as one
 safetensors shard per layer plus an index; skipped where DIR already holds config.json), then one
@@ -27,10 +32,35 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-PRESETS = {"fp8": "qwen3-30b-a3b", "mxfp4": "gpt-oss-20b"}
+if TYPE_CHECKING:
+    import torch
+
+PRESETS = {"fp8": "qwen3-30b-a3b", "ct-w4a16": "qwen3-30b-a3b", "mxfp4": "gpt-oss-20b"}
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 LOGIT_POSITIONS = 16
+CT_GROUP = 128
+CT_CONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+             "ignore": ["lm_head", "re:.*mlp.gate$"],
+             "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                 "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": CT_GROUP}}}}
+
+
+def ct_w4a16_tensors(weight: torch.Tensor, module: str) -> dict[str, torch.Tensor]:
+    """One linear quantized and packed by compressed-tensors' own pack-quantized compressor."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(**CT_CONFIG["config_groups"]["group_0"]["weights"])
+    w = weight.bfloat16()
+    blocks = w.float().view(w.shape[0], -1, CT_GROUP)
+    scale, zero = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args)
+    packed = PackedQuantizationCompressor.compress(
+        {"weight": w, "weight_scale": scale.bfloat16(), "weight_zero_point": zero},
+        QuantizationScheme(targets=["Linear"], weights=args))
+    return {f"{module}.{k}": v for k, v in packed.items()}
 
 
 def write(fmt: str, directory: Path, layers: int, device: str) -> None:
@@ -45,8 +75,9 @@ def write(fmt: str, directory: Path, layers: int, device: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = hf_config(PRESETS[fmt], layers)
     K = config.hidden_size
-    gated_n = config.moe_intermediate_size if fmt == "fp8" else config.intermediate_size
-    E = config.num_experts if fmt == "fp8" else config.num_local_experts
+    qwen3 = PRESETS[fmt] == "qwen3-30b-a3b"
+    gated_n = config.moe_intermediate_size if qwen3 else config.intermediate_size
+    E = config.num_experts if qwen3 else config.num_local_experts
     moe_config = MoEConfig(num_experts=E, top_k=config.num_experts_per_tok, hidden_size=K, intermediate_size=gated_n,
                            has_bias=fmt == "mxfp4")
     quant = fp8_w8a8("block") if fmt == "fp8" else mxfp4_w4a16()
@@ -76,15 +107,23 @@ def write(fmt: str, directory: Path, layers: int, device: str) -> None:
             module = f"{p}.self_attn.{proj}"
             if fmt == "fp8":
                 tensors.update(quantized_linear_tensors(w, module, "fp8", quant.weight))
+            elif fmt == "ct-w4a16":
+                tensors.update(ct_w4a16_tensors(w, module))
             else:  # gpt-oss: attention in bf16, with biases and sinks
                 tensors[f"{module}.weight"] = w.bfloat16()
                 tensors[f"{module}.bias"] = randn(out, std=0.01)
-        if fmt == "fp8":
+        if qwen3:
             tensors[f"{p}.self_attn.q_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
             tensors[f"{p}.self_attn.k_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
             tensors[f"{p}.mlp.gate.weight"] = randn(E, K, std=K**-0.5)
+        if fmt == "fp8":
             experts = ExpertWeights.random(moe_config, quant, seed=i, device=device)
             tensors.update(block_fp8_tensors(experts, f"{p}.mlp.experts"))
+        elif fmt == "ct-w4a16":  # per expert, as compressed-tensors producers write them
+            for e in range(E):
+                for proj, out, inp in (("gate_proj", gated_n, K), ("up_proj", gated_n, K), ("down_proj", K, gated_n)):
+                    w = torch.randn(out, inp, generator=gen, device=device) * inp**-0.5
+                    tensors.update(ct_w4a16_tensors(w, f"{p}.mlp.experts.{e}.{proj}"))
         else:
             tensors[f"{p}.self_attn.sinks"] = randn(heads, std=1.0)
             tensors[f"{p}.mlp.router.weight"] = randn(E, K, std=K**-0.5)
@@ -96,11 +135,11 @@ def write(fmt: str, directory: Path, layers: int, device: str) -> None:
     values = config.to_dict()
     values.pop("_attn_implementation", None)
     values["dtype"] = "bfloat16"
-    values["quantization_config"] = (
-        {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-        if fmt == "fp8" else
-        {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                             "model.embed_tokens", "lm_head"]})
+    values["quantization_config"] = {
+        "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+        "ct-w4a16": CT_CONFIG,
+        "mxfp4": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}[fmt]
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (directory / "config.json").write_text(json.dumps(values, indent=2))  # last: marks it complete
 

@@ -5,7 +5,8 @@
 #   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block
 #   e2e-*         bench_e2e.py: one process per model, experts and mode
 #   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
-#   loaders-*    bench_checkpoint_loaders.py: fine-grained fp8 / MXFP4 checkpoints, from_pretrained against transformers
+#   loaders-*    bench_checkpoint_loaders.py: fine-grained fp8 / MXFP4 / compressed-tensors W4A16 checkpoints,
+#                from_pretrained against transformers (loaders-ct: carry .carry/ct-wheels too)
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
@@ -60,6 +61,9 @@ add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 add loaders-fp8 "python3 bench_checkpoint_loaders.py --format fp8 --dir /dev/shm/ckpt-fp8 --layers 16 --out $OUT/e2e/loaders-fp8"
 add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /dev/shm/ckpt-mxfp4 --layers 24 --out $OUT/e2e/loaders-mxfp4"
+# compressed-tensors is not on the GPU image: its wheels (.carry/ct-wheels: compressed-tensors 0.20.0,
+# pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, loguru) go on this job's path only.
+add loaders-ct "python3 -m pip install -q --no-deps --no-index --target /tmp/ct-site $ROOT/.carry/ct-wheels/*.whl && PYTHONPATH=/tmp/ct-site:\$PYTHONPATH python3 bench_checkpoint_loaders.py --format ct-w4a16 --dir /dev/shm/ckpt-ct --layers 16 --out $OUT/e2e/loaders-ct"
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
 cat "$jobs"
 python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
