@@ -30,6 +30,8 @@ add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 add profile-decode "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts bf16 int4 mxfp4 --out $OUT/host/profile-decode"
+# gpt-oss-20b whole: its fused MXFP4 decode step at batch 1 was 1.45x its bf16 one (eager, 2026-11-29).
+add profile-decode-gpt-oss "python3 profile_decode.py --model gpt-oss-20b --layers 24 --experts bf16 mxfp4 --out $OUT/host/profile-decode"
 # The decode step captured whole in a CUDA graph (static cache): what each experts implementation costs
 # once the host is out of the step.
 for x in transformers bf16 int4 mxfp4; do e2e qwen3-30b-a3b $x graphed; done
