@@ -1,7 +1,7 @@
 """What one eager call costs on the host, against what its kernels need on the GPU.
 
-For each preset, scheme and token count: a `FusedMoE` on the triton backend (layer_timing.build_layer)
-or, with --block, the transformers MoE block of that preset after `fuse()` (router projection and
+For each preset, scheme and token count: a `FusedMoE` on the triton backend, or the one --backend
+names (layer_timing.build_layer; a backend that refuses the cell says so), or, with --block, the transformers MoE block of that preset after `fuse()` (router projection and
 shared experts included), called as `generate` calls it. Per cell:
 
 - host_us: median host time of one call (perf_counter around the call; the stream is drained every
@@ -14,7 +14,8 @@ shared experts included), called as `generate` calls it. Per cell:
 
 --profile writes cProfile statistics of 200 eager calls of each cell (DIR/profile-CELL.txt).
 
-    python3 bench_host_path.py --out DIR [--presets ...] [--schemes ...] [--tokens ...] [--block] [--profile]
+    python3 bench_host_path.py --out DIR [--presets ...] [--schemes ...] [--tokens ...] [--backend NAME]
+                               [--block] [--profile]
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def main() -> int:
     parser.add_argument("--schemes", nargs="+", default=["bf16", "int4", "int8", "fp8-channel", "fp8-block",
                                                           "mxfp4"], choices=DTYPES)
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 64, 512, 2048])
+    parser.add_argument("--backend", default="triton", help="the layer's backend (not with --block)")
     parser.add_argument("--block", action="store_true", help="time the fused transformers block instead")
     parser.add_argument("--profile", action="store_true", help="also write cProfile statistics per cell")
     args = parser.parse_args()
@@ -133,14 +135,17 @@ def main() -> int:
     dev = torch.device("cuda")
     what = "block" if args.block else "layer"
     rows = []
-    path = args.out / f"host-path-{what}-{'-'.join(args.presets)}.json"
+    if args.block and args.backend != "triton":
+        parser.error("--block times the triton block only")
+    tag = "" if args.backend == "triton" else f"-{args.backend}"
+    path = args.out / f"host-path-{what}{tag}-{'-'.join(args.presets)}.json"
     print(f"{'preset':<16} {'scheme':<12} {'M':>5} {'host us':>8} {'eager us':>9} {'graph us':>9} {'e/g':>6} ok",
           flush=True)
     for name in args.presets:
         preset = get_preset(name)
         for scheme in args.schemes:
             try:
-                call = BlockCall(name, scheme, dev) if args.block else build_layer(preset, scheme, dev)
+                call = BlockCall(name, scheme, dev) if args.block else build_layer(preset, scheme, dev, backend=args.backend)
             except Exception as exc:  # a scheme the backend refuses for this shape: say so, go on
                 rows.append({"preset": name, "scheme": scheme, "refused": f"{type(exc).__name__}: {exc}"[:300]})
                 print(f"{name:<16} {scheme:<12} refused: {rows[-1]['refused'][:120]}", flush=True)
@@ -155,7 +160,7 @@ def main() -> int:
                 if args.profile:
                     profile(call, inputs, args.out / f"profile-{what}-{name}-{scheme}-{M}.txt")
                 path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                            "what": what, "rows": rows}, indent=1))
+                                            "what": what, "backend": args.backend, "rows": rows}, indent=1))
             del call
             torch.cuda.empty_cache()
     return 0

@@ -61,10 +61,11 @@ def correction_bias(preset: Preset, device: torch.device) -> torch.Tensor | None
     return torch.randn(cfg.num_experts, device=device, generator=torch.Generator(device=device).manual_seed(0)) * 1e-3
 
 
-def build_layer(preset: Preset, dtype: str, device: torch.device, weights: ExpertWeights | None = None) -> FusedMoE:
-    """The preset's layer on the triton backend, loaded with `weights` (default: `random_weights`).
-    Raises moe_core.oracle.BackendUnavailableError where the triton backend cannot serve it."""
-    layer = FusedMoE(preset.config, layer_quant(preset, dtype), device=device, prefer="triton")
+def build_layer(preset: Preset, dtype: str, device: torch.device, weights: ExpertWeights | None = None,
+                backend: str = "triton") -> FusedMoE:
+    """The preset's layer on `backend`, loaded with `weights` (default: `random_weights`).
+    Raises moe_core.oracle.BackendUnavailableError where that backend cannot serve it."""
+    layer = FusedMoE(preset.config, layer_quant(preset, dtype), device=device, prefer=backend)
     layer.load_weights(weights if weights is not None else random_weights(preset, dtype, device),
                        correction_bias=correction_bias(preset, device))
     return layer

@@ -46,6 +46,9 @@
 #               (benchmarks/gpu/marlin_parity.py), its SGLang fp8 block layer against SGLang's CUTLASS
 #               fp8 MoE flow (sglang_parity.py) and its torch grouped GEMM layer against the tightest
 #               torch-only flow (grouped_mm_parity.py), one job each -> $OUT/parity/*_parity.json.
+# host:         host and GPU time per eager call of the Marlin (int4, int8), SGLang fp8 block and torch
+#               grouped GEMM layers, qwen3-30b-a3b and mixtral-8x7b (benchmarks/gpu/bench_host_path.py
+#               --backend), one job per backend -> $OUT/host/host-path-layer-BACKEND-*.json.
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
@@ -207,8 +210,14 @@ for phase in "${PHASES[@]}"; do
       printf 'marlin-parity\tpython3 %s --kernels --out %s\n' "$HERE/marlin_parity.py" "$OUT/parity" >> "$JOBS"
       printf 'sglang-parity\tpython3 %s --kernels --out %s\n' "$HERE/sglang_parity.py" "$OUT/parity" >> "$JOBS"
       printf 'grouped-mm-parity\tpython3 %s --kernels --out %s\n' "$HERE/grouped_mm_parity.py" "$OUT/parity" >> "$JOBS" ;;
+    host)
+      # Host and GPU time per eager call of each moe-cuda backend's layer (bench_host_path.py --backend).
+      for cell in "marlin:int4 int8" "sglang_fp8_block:fp8-block" "torch_grouped_mm:bf16"; do
+        printf 'host-%s\tpython3 %s --backend %s --schemes %s --presets qwen3-30b-a3b mixtral-8x7b --out %s\n' \
+          "${cell%%:*}" "$HERE/bench_host_path.py" "${cell%%:*}" "${cell#*:}" "$OUT/host" >> "$JOBS"
+      done ;;
     "") ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
