@@ -2,7 +2,7 @@
 
 The torch-only flow, on the weights moe-cuda's `torch_grouped_mm` layer packed (bf16, SiLU gated):
 softmax and top-k routing (renormalized where the model does), one stable sort of the pairs by expert,
-the per-expert row ends from a bincount's cumulative sum, the rows gathered, `torch._grouped_mm` for
+the per-expert row ends from a count's cumulative sum (no host sync), the rows gathered, `torch._grouped_mm` for
 GEMM1, `silu(gate) * up`, `torch._grouped_mm` for GEMM2, the rows scaled by their router weights and
 added into the tokens with one `index_add_` (fp32). The layer differs in its one-launch router and
 activation (moe-triton's `routing` and `act_quant`) and its deterministic combine. moe-triton's
@@ -38,7 +38,8 @@ class TorchOnlyFlow:
             weights = weights / weights.sum(-1, keepdim=True)
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
-        offsets = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+        counts = torch.zeros(E, dtype=torch.int32, device=x.device).index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # bincount would read its maximum on the host
         token = order // top_k
         h = torch._grouped_mm(x[token], self.w13, offs=offsets)
         gate, up = h.chunk(2, dim=-1)

@@ -95,7 +95,8 @@ class SglangCutlassFp8Flow:
         rep_a = torch.empty(M * top_k, K, dtype=a_q.dtype, device=x.device)
         rep_s = torch.empty(M * top_k, K // 128, dtype=a_s.dtype, device=x.device)
         for src, dst in ((a_q, rep_a), (a_s, rep_s)):
-            call_by_schema(_op("shuffle_rows"), {"input_tensor": src, "dst2src_map": a_map, "output_tensor": dst})
+            call_by_schema(_op("shuffle_rows"), {"input": src, "dst2src_map": a_map, "output": dst},
+                           aliases={"input_tensor": "input", "output_tensor": "output"})
         c1 = torch.empty(M * top_k, 2 * N, dtype=x.dtype, device=x.device)
         self._gemm(c1, rep_a, rep_s, self.w1, self.w1_scale, self.a1_strides, self.c1_strides, self.sizes1)
         h = torch.empty(M * top_k, N, dtype=x.dtype, device=x.device)

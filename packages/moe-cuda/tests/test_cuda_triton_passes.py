@@ -1,5 +1,5 @@
 """The moe-triton kernels moe-cuda runs around the vendor GEMMs, against moe-cuda's torch twins: its
-classes' router (moe-triton's) against moe-core's route_torch, infinite logits included; the
+classes' router on CUDA (moe-triton's) against moe-core's route_torch, infinite logits included; the
 activation (`moe_cuda.dispatch.activate` on CUDA) against apply_activation; the SGLang class's 1 x 128
 fp8 quantization against `quantize_groups_fp8`; Marlin's top-k sum against its torch form. On the
 CPU they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
@@ -13,11 +13,13 @@ from moe_core.config import Activation, ActivationKind, Routing
 from moe_core.oracle import router_of
 from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
+from moe_cuda import dispatch
 from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
 from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
 from moe_cuda.marlin import MarlinExperts
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, quantize_groups_fp8
 from moe_triton.act_quant import QMode, act_quant
+from moe_triton.routing import route as route_one_launch
 from moe_triton.topk_sum import topk_sum
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -31,10 +33,19 @@ def _logits(m: int, e: int, seed: int, dtype=torch.float32) -> torch.Tensor:
     return (torch.randn(m, e, generator=gen) * 3).to(dtype).to(DEVICE)
 
 
-def test_every_class_routes_with_one_launch():
-    from moe_triton.routing import route
-
-    assert all(router_of(cls) is route for cls in CLASSES)
+def test_every_class_routes_with_one_launch_on_cuda_and_its_twin_on_the_cpu(monkeypatch):
+    assert all(router_of(cls) is dispatch.route for cls in CLASSES)
+    logits, routing = _logits(5, 16, seed=1).cpu(), Routing(renormalize=True)
+    ref_w, ref_ids = route_torch(logits, routing, 4)
+    monkeypatch.setattr(dispatch, "route_one_launch", lambda *args: pytest.fail("a Triton launch on CPU tensors"))
+    weights, ids = dispatch.route(logits, routing, 4)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_w)
+    if torch.cuda.is_available():
+        monkeypatch.undo()
+        monkeypatch.setattr(dispatch, "route_torch", lambda *args: pytest.fail("route_torch ran on CUDA tensors"))
+        weights, ids = dispatch.route(logits.cuda(), routing, 4)
+        assert torch.equal(ids.cpu(), ref_ids)
+        torch.testing.assert_close(weights.cpu(), ref_w, rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("e,top_k", [(8, 2), (60, 4), (128, 8), (7, 1)])
@@ -43,7 +54,7 @@ def test_every_class_routes_with_one_launch():
 def test_the_router_chooses_and_weighs_as_route_torch(e, top_k, renormalize, dtype):
     routing = Routing(renormalize=renormalize, routed_scaling_factor=1.0 if renormalize else 2.5)
     logits = _logits(37, e, seed=e + top_k, dtype=dtype)
-    weights, ids = router_of(MarlinExperts)(logits, routing, top_k)
+    weights, ids = route_one_launch(logits, routing, top_k)
     ref_w, ref_ids = route_torch(logits, routing, top_k)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
     # bf16 logits tie often: the chosen set may differ only among equal logits, which then weigh the same
@@ -63,7 +74,7 @@ def test_the_router_takes_infinite_logits_as_route_torch():
     logits[4, 3:] = -INF  # fewer finite experts than k: -Inf ones follow, lower id first
     logits[5, [4, 7, 11]] = INF  # more +Inf experts than k
     for top_k in (1, 4):
-        weights, ids = router_of(MarlinExperts)(logits, routing, top_k)
+        weights, ids = route_one_launch(logits, routing, top_k)
         ref_w, ref_ids = route_torch(logits, routing, top_k)
         assert torch.equal(ids, ref_ids), (top_k, ids, ref_ids)
         torch.testing.assert_close(weights, ref_w, rtol=2e-6, atol=1e-7)

@@ -12,11 +12,22 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.config import MoEConfig
+from moe_core.config import MoEConfig, Routing
 from moe_core.reference import apply_activation
+from moe_core.routing import route_torch
 from moe_triton.act_quant import QMode, act_quant
+from moe_triton.routing import route as route_one_launch
 
-__all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert"]
+__all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert", "route"]
+
+
+def route(router_logits: torch.Tensor, routing: Routing, top_k: int,
+          correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router of every moe-cuda class: moe-triton's one-launch router on CUDA; on the CPU, where these
+    classes run only as the tests' twins of their vendor kernels, its torch twin `route_torch`."""
+    if router_logits.is_cuda:
+        return route_one_launch(router_logits, routing, top_k, correction_bias)
+    return route_torch(router_logits, routing, top_k, correction_bias)
 
 
 @dataclass(frozen=True, eq=False)

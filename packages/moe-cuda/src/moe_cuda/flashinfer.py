@@ -153,7 +153,7 @@ def announce_sm90_build() -> None:
 class _TunedOnFirstEagerCall(Experts):
     """`cutlass_fused_moe` callers: the first eager GPU call runs FlashInfer's tuning pass."""
 
-    router = "moe_triton.routing:route"
+    router = "moe_cuda.dispatch:route"
 
     def __init__(self, config: MoEConfig, quant: MoEQuantConfig, device: DeviceInfo) -> None:
         super().__init__(config, quant, device)
@@ -577,7 +577,7 @@ class FlashInferTrtllmBf16Experts(Experts):
     """FlashInfer's TRT-LLM-gen bf16 fused MoE with routing done by the layer (`trtllm_bf16_routed_moe`)."""
 
     backend = "flashinfer_trtllm"
-    router = "moe_triton.routing:route"
+    router = "moe_cuda.dispatch:route"
     weight_processor = FlashInferTrtllmBf16Processor()
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),

@@ -61,7 +61,7 @@ class GroupedMmProcessor:
 
 class _GroupedExperts(Experts):
     backend = "torch_grouped_mm"
-    router = "moe_triton.routing:route"
+    router = "moe_cuda.dispatch:route"
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:

@@ -336,7 +336,7 @@ class MarlinExperts(Experts):
     """Weight-only quantized experts on Marlin's fused-MoE GEMM (vLLM 0.26.0's `_moe_C` library)."""
 
     backend = "marlin"
-    router = "moe_triton.routing:route"
+    router = "moe_cuda.dispatch:route"
     weight_processor = MarlinProcessor()
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),
