@@ -9,6 +9,7 @@ from _cuda_helpers import layer, run_against_reference
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import Activation, ParallelConfig
 from moe_core.quant import fp8_w8a8
+from moe_cuda.dispatch import permute_by_expert
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, blockwise_gemm_args, quantize_groups_fp8
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 
@@ -32,6 +33,24 @@ def test_argument_builder():
     assert args.stride_a.dtype == args.stride_b.dtype == args.stride_c.dtype == torch.int64
     assert all(p.shape == (3,) and p.dtype == torch.int64 for p in args.pointers)
     assert all(t.shape == (3, 5) and t.dtype == torch.int32 for t in args.layouts)
+
+
+def test_gemm_bookkeeping_made_under_inference_mode_is_updated_outside_it():
+    """A layer first called under torch.inference_mode() (a benchmark, an engine's warm-up) and then
+    outside it (generate under no_grad) updates the same cached bookkeeping in place."""
+    experts = SglangFp8BlockExperts(layer(), fp8_w8a8("block"), DeviceInfo(Platform.CPU))
+    E = experts.config.num_local_experts
+    gen = torch.Generator().manual_seed(0)
+
+    def perm(tokens: int):
+        ids = torch.randint(0, E, (tokens, 2), generator=gen)
+        return permute_by_expert(torch.rand(tokens, 2, generator=gen), ids, E, None)
+
+    with torch.inference_mode():
+        first = experts._bookkeeping("w13", perm(5), n=256, k=384)
+    later = perm(9)
+    assert experts._bookkeeping("w13", later, n=256, k=384) is first
+    assert torch.equal(first.problem_sizes[:, 0], later.counts) and torch.equal(first.expert_offsets, later.starts)
 
 
 def test_group_quantization_round_trips_within_fp8_precision():

@@ -23,6 +23,7 @@ from moe_core.config import MoEConfig
 from moe_core.experts import Capability, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
 from moe_core.weights import PackedWeights
+from moe_cuda.dispatch import ExpertPermutation
 from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 from moe_triton.act_quant import QMode, act_quant
@@ -65,7 +66,7 @@ def blockwise_gemm_args(counts: torch.Tensor, starts: torch.Tensor, n: int, k: i
         stride_b=torch.full((E,), k, dtype=torch.int64, device=dev),
         stride_c=torch.full((E,), n, dtype=torch.int64, device=dev),
         problem_sizes=sizes.to(torch.int32).contiguous(),
-        expert_offsets=starts.to(torch.int32).contiguous(),
+        expert_offsets=starts.to(torch.int32, copy=True),
         pointers=tuple(torch.empty(E, dtype=torch.int64, device=dev) for _ in range(5)),
         layouts=(torch.empty(E, 5, dtype=torch.int32, device=dev), torch.empty(E, 5, dtype=torch.int32, device=dev)),
     )
@@ -122,6 +123,18 @@ class SglangFp8BlockExperts(_GroupedExperts):
             return Support.no(f"activation groups of {quant.activation.scale.group_size} (supported: {BLOCK})")
         return SGLANG_SM90_LIBRARY.availability()
 
+    def _bookkeeping(self, name: str, perm: ExpertPermutation, n: int, k: int) -> BlockwiseGemmArgs:
+        """GEMM `name`'s cached bookkeeping holding this call's row counts. Made outside inference mode:
+        a layer first called under torch.inference_mode() updates it in place outside it too."""
+        args = self._gemm_args.get(name)
+        if args is None:
+            with torch.inference_mode(False):
+                args = self._gemm_args[name] = blockwise_gemm_args(perm.counts, perm.starts, n, k)
+        else:
+            args.problem_sizes[:, 0].copy_(perm.counts)
+            args.expert_offsets.copy_(perm.starts)
+        return args
+
     def _grouped(self, x, packed: PackedWeights, name, perm):
         w, w_scale = packed[name], packed[f"{name}_scale"]
         n, k = w.shape[1], w.shape[2]
@@ -135,12 +148,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
         if self._workspace is None or self._workspace.device != x.device:
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=x.device)
             self._gemm_args.clear()
-        args = self._gemm_args.get(name)
-        if args is None:
-            args = self._gemm_args[name] = blockwise_gemm_args(perm.counts, perm.starts, n, k)
-        else:
-            args.problem_sizes[:, 0].copy_(perm.counts)
-            args.expert_offsets.copy_(perm.starts)
+        args = self._bookkeeping(name, perm, n, k)
         codes, scales_a = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
         torch.ops.sgl_kernel.fp8_blockwise_scaled_grouped_mm(
             out, *args.pointers, codes, b, scales_a, scales_b, args.stride_a, args.stride_b, args.stride_c,
