@@ -1,7 +1,8 @@
 """The moe-triton kernels moe-cuda runs around the vendor GEMMs, against moe-cuda's torch twins: its
 classes' router on CUDA (moe-triton's) against moe-core's route_torch, infinite logits included; the
 activation (`moe_cuda.dispatch.activate` on CUDA) against apply_activation; the SGLang class's 1 x 128
-fp8 quantization against `quantize_groups_fp8`; Marlin's top-k sum against its torch form. On the
+fp8 quantization against `quantize_groups_fp8`; Marlin's top-k sum against its torch form; the grouped
+classes' gathered top-k sum against the torch combine. On the
 CPU they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from moe_cuda.marlin import MarlinExperts
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, quantize_groups_fp8
 from moe_triton.act_quant import QMode, act_quant
 from moe_triton.routing import route as route_one_launch
-from moe_triton.topk_sum import topk_sum
+from moe_triton.topk_sum import gather_topk_sum, topk_sum
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 INF = float("inf")
@@ -132,3 +133,23 @@ def test_the_topk_sum_matches_marlins_torch_form(top_k, dtype):
     ref = y.view(M, top_k, K).sum(1, dtype=torch.float32).to(dtype)
     assert out.dtype == dtype and out.shape == (M, K)
     torch.testing.assert_close(out, ref, rtol=0 if dtype == torch.float32 else 1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("expert_map", [None, torch.tensor([-1, 0, 1, -1, 2])], ids=["all-local", "expert-parallel"])
+def test_the_gathered_combine_matches_the_torch_combine(weighted, expert_map):
+    """On CUDA `dispatch.combine` is one `gather_topk_sum` pass over the choices' slots; the torch
+    combine (its CPU form) is the reference, rows of other ranks' experts holding NaN."""
+    gen = torch.Generator().manual_seed(3)
+    M, top_k, K, E = 6, 3, 1100, 5
+    ids = torch.randint(0, E, (M, top_k), generator=gen)
+    weights = torch.rand(M, top_k, generator=gen)
+    local_experts = 3 if expert_map is not None else E
+    perm = dispatch.permute_by_expert(weights, ids, local_experts, expert_map)
+    y = torch.randn(M * top_k, K, generator=gen).to(torch.bfloat16)
+    y[~perm.local] = float("nan")
+    ref = dispatch.combine(y, perm, M, weighted)
+    gathered = gather_topk_sum(y.to(DEVICE), dispatch.choice_slots(perm).to(DEVICE), top_k, y.dtype,
+                               perm.weight.to(DEVICE) if weighted else None)
+    assert not ref.isnan().any()
+    torch.testing.assert_close(gathered.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)

@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from moe_triton._common.offline_compile import run_compiler_script
-from moe_triton.topk_sum import BLOCK_K, BLOCK_T, topk_sum, topk_sum_torch
+from moe_triton.topk_sum import (
+    BLOCK_K,
+    BLOCK_T,
+    gather_topk_sum,
+    gather_topk_sum_torch,
+    topk_sum,
+    topk_sum_torch,
+)
 
 
 @pytest.mark.parametrize(("M", "top_k", "K"), [
@@ -49,6 +56,51 @@ def test_rejects_rows_it_cannot_sum(device):
         topk_sum(rows, 0, torch.float32)
 
 
+def _sorted_rows(M: int, top_k: int, K: int, owned: float, seed: int, dtype=torch.float32):
+    """Rows in a random order (as a grouped GEMM leaves them), each choice's slot, some choices owned
+    elsewhere (slot -1, their rows filled with NaN: never to be read), and per-row weights."""
+    gen = torch.Generator().manual_seed(seed)
+    P = M * top_k
+    order = torch.randperm(P, generator=gen)  # sorted row i holds flat choice order[i]
+    rows = torch.randn(P, K, generator=gen).to(dtype)
+    weights = torch.rand(P, generator=gen)
+    local = torch.rand(P, generator=gen) < owned
+    slot = torch.full((P,), -1, dtype=torch.int32)
+    slot[order[local]] = torch.arange(P, dtype=torch.int32)[local]
+    rows[~local] = float("nan")
+    return rows, slot, weights, order, local
+
+
+@pytest.mark.parametrize(("M", "top_k", "K", "owned"), [
+    (1, 8, 64, 1.0), (BLOCK_T * 3 + 1, 4, BLOCK_K + 24, 0.7), (7, 2, 2880, 1.0), (5, 6, 8, 0.5), (4, 1, 100, 0.0),
+])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gathered_sum_matches_an_fp32_sum(M, top_k, K, owned, weighted, device):
+    rows, slot, weights, order, local = _sorted_rows(M, top_k, K, owned, seed=M * 13 + top_k + K)
+    w = weights if weighted else None
+    out = gather_topk_sum(rows.to(device), slot.to(device), top_k, torch.float32,
+                          w.to(device) if weighted else None)
+    # The fp64 sum of the same products, back in (token, choice) order, skipped choices adding 0.
+    flat = torch.zeros(M * top_k, K, dtype=torch.float64)
+    flat[order[local]] = rows[local].double() * (weights[local].double()[:, None] if weighted else 1.0)
+    assert out.shape == (M, K) and not out.isnan().any()
+    torch.testing.assert_close(out.cpu(), flat.view(M, top_k, K).sum(1).float(), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(out.cpu(), gather_topk_sum_torch(rows, slot, top_k, torch.float32, w),
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_gathered_sum_rejects_what_it_cannot_take(device):
+    rows = torch.randn(16, 32, device=device)
+    slot = torch.arange(16, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="int32"):
+        gather_topk_sum(rows, slot.long(), 8, torch.float32)
+    with pytest.raises(ValueError, match="divisor of the 16 slots"):
+        gather_topk_sum(rows, slot, 3, torch.float32)
+    with pytest.raises(ValueError, match=r"fp32 \[16\]"):
+        gather_topk_sum(rows, slot, 8, torch.float32, torch.ones(8, device=device))
+    assert gather_topk_sum(rows, slot[:0], 8, torch.bfloat16).shape == (0, 32)
+
+
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize(("M", "top_k", "K"), [(8192, 8, 2048), (2048, 4, 2880), (8192, 2, 4096)])
 def test_layer_shapes_on_gpu(M, top_k, K):
@@ -63,13 +115,16 @@ def test_layer_shapes_on_gpu(M, top_k, K):
 _COMPILE = """
 from moe_triton._common.offline_compile import compile_kernel
 from moe_triton.topk_sum import BLOCK_K, BLOCK_T, topk_sum_kernel
-compile_kernel(topk_sum_kernel, dict(TOP_K=8, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, PDL=True),
-               {"rows_ptr": "*bf16", "out_ptr": "*bf16"}, num_warps=4)
-print("built")
+for gather, weighted in ((False, False), (True, False), (True, True)):
+    compile_kernel(topk_sum_kernel, dict(TOP_K=8, BLOCK_T=BLOCK_T, BLOCK_K=BLOCK_K, GATHER=gather,
+                                         WEIGHTED=weighted, PDL=True),
+                   {"rows_ptr": "*bf16", "out_ptr": "*bf16", "slot_ptr": "*i32", "weights_ptr": "*fp32"},
+                   num_warps=4)
+    print("built")
 """
 
 
 def test_kernel_compiles_for_hopper():
-    """Triton's compiler on the reduce for sm_90 with its dependent-launch wait, which the
-    interpreter never runs (in a child process, since this module may interpret the kernel)."""
-    assert run_compiler_script(_COMPILE).split() == ["built"]
+    """Triton's compiler on the reduce (plain, gathered, gathered and weighted) for sm_90 with its
+    dependent-launch wait, which the interpreter never runs (in a child process, since this module may interpret the kernel)."""
+    assert run_compiler_script(_COMPILE).split() == ["built"] * 3

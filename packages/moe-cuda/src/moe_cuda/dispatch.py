@@ -17,8 +17,9 @@ from moe_core.reference import apply_activation
 from moe_core.routing import route_torch
 from moe_triton.act_quant import QMode, act_quant
 from moe_triton.routing import route as route_one_launch
+from moe_triton.topk_sum import gather_topk_sum
 
-__all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert", "route"]
+__all__ = ["ExpertPermutation", "activate", "choice_slots", "combine", "permute_by_expert", "route"]
 
 
 def route(router_logits: torch.Tensor, routing: Routing, top_k: int,
@@ -75,13 +76,24 @@ def activate(h: torch.Tensor, config: MoEConfig) -> torch.Tensor:
     return apply_activation(h.float(), config.activation).to(h.dtype)
 
 
+def choice_slots(perm: ExpertPermutation) -> torch.Tensor:
+    """int32 [P]: for each (token, choice) pair in flat order, its row among the sorted rows, or -1
+    where another rank owns its expert (what `gather_topk_sum` reads)."""
+    positions = torch.arange(perm.pair.numel(), dtype=torch.int32, device=perm.pair.device)
+    return torch.empty_like(positions).index_copy_(0, perm.pair, torch.where(perm.local, positions, -1))
+
+
 def combine(y: torch.Tensor, perm: ExpertPermutation, num_tokens: int, weighted: bool) -> torch.Tensor:
     """Sum the sorted rows y [P, K] back into tokens [M, K], times the router weights when `weighted`.
 
     Rows of experts owned elsewhere hold whatever the GEMM left there: they are masked, never multiplied.
-    The rows go back to (token, choice) order and are summed over the choices, never by atomic adds,
-    so the result is the same bits on every call.
+    Each token's choices are summed in choice order in fp32, never by atomic adds, so the result is the
+    same bits on every call: on CUDA by one gathering pass of moe-triton's `gather_topk_sum` (each
+    choice's sorted row found through its slot); elsewhere in torch, its twin.
     """
+    if y.is_cuda:
+        return gather_topk_sum(y, choice_slots(perm), perm.pair.numel() // max(num_tokens, 1) or 1, y.dtype,
+                               perm.weight if weighted else None)
     scale = torch.where(perm.local, perm.weight if weighted else torch.ones_like(perm.weight), 0.0)
     contrib = torch.where(perm.local[:, None], y.float(), 0.0) * scale[:, None]
     unsorted = torch.empty_like(contrib).index_copy_(0, perm.pair, contrib)

@@ -105,7 +105,8 @@ class SglangFp8BlockExperts(_GroupedExperts):
         limitations=(
             "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
             "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
-            "the expert permutation and the top-k sum are torch ops around the two grouped GEMMs",
+            "the expert permutation runs as torch ops around the two grouped GEMMs, and the activations are "
+            "quantized after the gather (per sorted row, not per token)",
         ),
     )
 
