@@ -9,6 +9,7 @@ from _cuda_helpers import layer, run_against_reference
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import Activation, ParallelConfig
 from moe_core.quant import fp8_w8a8
+from moe_core.weights.canonical import ExpertWeights
 from moe_cuda.dispatch import permute_by_expert
 from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, blockwise_gemm_args, quantize_groups_fp8
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
@@ -22,6 +23,26 @@ from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 def test_block_fp8_path_matches_reference_through_the_twin(config):
     err, _ = run_against_reference(SglangFp8BlockExperts, config, fp8_w8a8("block"))
     assert err < 2e-2, err
+
+
+@pytest.mark.parametrize("config", [layer(), layer(bias=True, activation=Activation.swiglu_oai(),
+                                                    parallel=ParallelConfig(ep_size=2, ep_rank=1))],
+                         ids=["silu", "bias-expert-parallel"])
+def test_gemm1_quantizes_tokens_before_the_gather_bit_for_bit(config):
+    """GEMM1 quantizes each token once and gathers its codes and scales for its pairs: the same bits as
+    quantizing every gathered pair row (the generic path), for fewer rows quantized."""
+    quant = fp8_w8a8("block")
+    experts = SglangFp8BlockExperts(config, quant, DeviceInfo(Platform.CPU))
+    experts.load_weights(ExpertWeights.random(config, quant, seed=2))
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(19, config.hidden_size, generator=gen).to(config.dtype)
+    ids = torch.randint(0, config.num_experts, (19, config.top_k), generator=gen)
+    perm = permute_by_expert(torch.rand(19, config.top_k, generator=gen), ids, config.num_local_experts,
+                             config.expert_map(torch.device("cpu")))
+    packed = experts._packed()
+    ours = experts._gemm1(x, packed, perm)
+    per_pair = super(SglangFp8BlockExperts, experts)._gemm1(x, packed, perm)
+    assert torch.equal(ours[perm.local], per_pair[perm.local])
 
 
 def test_argument_builder():

@@ -68,16 +68,20 @@ class _GroupedExperts(Experts):
         packed = self._packed()
         cfg = self.config
         perm = permute_by_expert(topk_weights, topk_ids, cfg.num_local_experts, self.expert_map)
-        x = hidden_states[perm.token]
-        on_input = cfg.routing.weight_on_input
-        if on_input:
-            x = (x.float() * perm.weight[:, None]).to(x.dtype)
-        h = self._gemm(x, packed, "w13", perm)
-        y = self._gemm(activate(h, cfg), packed, "w2", perm)
-        return combine(y, perm, hidden_states.shape[0], weighted=not on_input)
+        h = self._gemm1(hidden_states, packed, perm)
+        y = self._with_bias(self._grouped(activate(h, cfg), packed, "w2", perm), packed, "w2", perm)
+        return combine(y, perm, hidden_states.shape[0], weighted=not cfg.routing.weight_on_input)
 
-    def _gemm(self, x: torch.Tensor, packed: PackedWeights, name: str, perm: ExpertPermutation) -> torch.Tensor:
-        y = self._grouped(x, packed, name, perm)
+    def _gemm1(self, hidden_states: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
+        """GEMM1 over each sorted pair's token row, weighted by its router weight where the model weighs
+        the input (Llama4)."""
+        x = hidden_states[perm.token]
+        if self.config.routing.weight_on_input:
+            x = (x.float() * perm.weight[:, None]).to(x.dtype)
+        return self._with_bias(self._grouped(x, packed, "w13", perm), packed, "w13", perm)
+
+    @staticmethod
+    def _with_bias(y: torch.Tensor, packed: PackedWeights, name: str, perm: ExpertPermutation) -> torch.Tensor:
         bias = packed.get(f"{name}_bias")
         if bias is None:
             return y

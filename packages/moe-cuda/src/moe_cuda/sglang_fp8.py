@@ -1,7 +1,9 @@
 """fp8 128x128-block experts on SGLang's CUTLASS grouped GEMM (`fp8_blockwise_scaled_grouped_mm`,
 sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations quantized on the
 fly in 1x128 groups (on CUDA by moe-triton's `act_quant`, one pass; `quantize_groups_fp8` is its torch
-twin), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`).
+twin), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`). GEMM1's input is
+quantized per token before the gather, its codes and scales then gathered for each pair, as SGLang's
+own flow does: the top-k-fold larger gathered rows are never quantized.
 
 The operator's arguments, as SGLang's `cutlass_fused_experts_fp8` passes them: a [P, k] fp8 rows
 sorted by expert; b the canonical weights [E, n, k] seen as [E, k, n] (a transposed view: the kernel
@@ -105,8 +107,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
         limitations=(
             "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
             "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
-            "the expert permutation runs as torch ops around the two grouped GEMMs, and the activations are "
-            "quantized after the gather (per sorted row, not per token)",
+            "the expert permutation runs as torch ops around the two grouped GEMMs",
         ),
     )
 
@@ -136,21 +137,42 @@ class SglangFp8BlockExperts(_GroupedExperts):
             args.expert_offsets.copy_(perm.starts)
         return args
 
+    @staticmethod
+    def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """1x128 dynamic fp8 of x's rows: on CUDA one pass of moe-triton's `act_quant`, elsewhere its twin."""
+        if x.is_cuda:
+            return act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
+        return quantize_groups_fp8(x)
+
+    def _gemm1(self, hidden_states: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
+        """Each token quantized once, before the gather (a row's codes and scales do not depend on the
+        other rows, so gathering them equals quantizing the gathered rows), as SGLang's flow does; a model
+        that weighs the input (Llama4) has a row per pair to quantize."""
+        if self.config.routing.weight_on_input:
+            return super()._gemm1(hidden_states, packed, perm)
+        codes, scales = self._quantize(hidden_states)
+        codes = codes.view(torch.uint8)[perm.token].view(torch.float8_e4m3fn)  # index kernels take no fp8
+        y = self._blockwise(codes, scales[perm.token], packed, "w13", perm, hidden_states.dtype)
+        return self._with_bias(y, packed, "w13", perm)
+
     def _grouped(self, x, packed: PackedWeights, name, perm):
+        return self._blockwise(*self._quantize(x), packed, name, perm, x.dtype)
+
+    def _blockwise(self, codes: torch.Tensor, scales_a: torch.Tensor, packed: PackedWeights, name: str,
+                   perm: ExpertPermutation, out_dtype: torch.dtype) -> torch.Tensor:
+        """The grouped GEMM of fp8 rows (1x128 group scales) against weight `name`'s 128x128 blocks."""
         w, w_scale = packed[name], packed[f"{name}_scale"]
         n, k = w.shape[1], w.shape[2]
-        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        out = torch.empty(codes.shape[0], n, dtype=out_dtype, device=codes.device)
         b, scales_b = w.transpose(1, 2), w_scale.transpose(1, 2)
-        if x.device.type == "cpu":  # no kernel on the CPU: the tests run the twin on the same arguments
-            codes, scales_a = quantize_groups_fp8(x)
+        if codes.device.type == "cpu":  # no kernel on the CPU: the tests run the twin on the same arguments
             return blockwise_grouped_mm_twin(codes, b, scales_a, scales_b,
                                              blockwise_gemm_args(perm.counts, perm.starts, n, k), out)
         SGLANG_SM90_LIBRARY.load()
-        if self._workspace is None or self._workspace.device != x.device:
-            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=x.device)
+        if self._workspace is None or self._workspace.device != codes.device:
+            self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=codes.device)
             self._gemm_args.clear()
         args = self._bookkeeping(name, perm, n, k)
-        codes, scales_a = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
         torch.ops.sgl_kernel.fp8_blockwise_scaled_grouped_mm(
             out, *args.pointers, codes, b, scales_a, scales_b, args.stride_a, args.stride_b, args.stride_c,
             *args.layouts, args.problem_sizes, args.expert_offsets, self._workspace)
