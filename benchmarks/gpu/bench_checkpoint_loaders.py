@@ -15,11 +15,13 @@ Formats transformers runs itself:
 
 Phases: `write` (random weights drawn and quantized on --device, expert by expert, written as one
 safetensors shard per layer plus an index; skipped where DIR already holds config.json), then one
-fresh process per loader (`moe`, `transformers`): load time and peak GPU memory, prefill of one
---prefill-token sequence (tokens/s, median of 3), greedy decode at batch 1 and 16 (ms per step from
-two `generate` lengths, median of 3 each), the last 16 positions' logits saved beside the checkpoint; the parent compares the
-two loaders' logits (relative L2) and writes one JSON per format under --out. A loader that fails is
-reported with its error; the other still runs.
+fresh process per loader (`moe`, `transformers`, and for fp8 `transformers-dequantized`:
+`FineGrainedFP8Config(dequantize=True)`, the peer where transformers' fp8 kernels cannot load): load
+time and peak GPU memory, prefill of one --prefill-token sequence (tokens/s, median of 3), greedy
+decode at batch 1 and 16 (ms per step from two `generate` lengths, median of 3 each), the last 16
+positions' logits saved beside the checkpoint; the parent compares ours with the first transformers
+loader that ran (logits relative L2, speed ratios) and writes one JSON per format under --out. A
+loader that fails is reported with its error; the others still run.
 
     python3 bench_checkpoint_loaders.py --format fp8 --dir /tmp/ckpt-fp8 --layers 8 --out DIR
 """
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 PRESETS = {"fp8": "qwen3-30b-a3b", "ct-w4a16": "qwen3-30b-a3b", "mxfp4": "gpt-oss-20b"}
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 LOGIT_POSITIONS = 16
+# transformers' fine-grained fp8 path needs the `kernels` package, which fetches its kernels from the Hub;
+# where that cannot run (no network), the same checkpoint loaded dequantized to bf16 is the peer too.
+DEQUANTIZED = "transformers-dequantized"
 CT_GROUP = 128
 CT_CONFIG = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
              "ignore": ["lm_head", "re:.*mlp.gate$"],
@@ -159,9 +164,10 @@ def run(loader: str, directory: Path, prefill: int, new: int) -> dict:
         model = from_pretrained(directory, device="cuda", dtype=torch.bfloat16)
         row["backends"] = sorted({layer.backend for layer in model.fuse_report.layers})
     else:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
-        model = AutoModelForCausalLM.from_pretrained(directory, device_map="cuda", dtype=torch.bfloat16)
+        extra = {"quantization_config": FineGrainedFP8Config(dequantize=True)} if loader == DEQUANTIZED else {}
+        model = AutoModelForCausalLM.from_pretrained(directory, device_map="cuda", dtype=torch.bfloat16, **extra)
     torch.cuda.synchronize()
     row["load_s"] = round(time.perf_counter() - t0, 1)
     row["load_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -193,7 +199,7 @@ def main() -> int:
     parser.add_argument("--new", type=int, default=16, help="decode steps timed")
     parser.add_argument("--device", default="cuda", help="where the write phase draws and quantizes")
     parser.add_argument("--phase", choices=["all", "run"], default="all", help=argparse.SUPPRESS)
-    parser.add_argument("--loader", choices=["moe", "transformers"], help=argparse.SUPPRESS)
+    parser.add_argument("--loader", choices=["moe", "transformers", DEQUANTIZED], help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase == "run":  # the child: one loader, one fresh process
@@ -207,8 +213,9 @@ def main() -> int:
     import transformers
 
     result: dict = {"format": args.format, "preset": PRESETS[args.format], "layers": args.layers,
-                    "torch": torch.__version__, "transformers": transformers.__version__}
-    for loader in ("moe", "transformers"):
+                    "torch": torch.__version__, "transformers_version": transformers.__version__}
+    loaders = ("moe", "transformers") + ((DEQUANTIZED,) if args.format == "fp8" else ())
+    for loader in loaders:
         child = subprocess.run([sys.executable, __file__, "--phase", "run", "--loader", loader, "--format",
                                 args.format, "--dir", str(args.dir), "--layers", str(args.layers), "--out",
                                 str(args.out), "--prefill", str(args.prefill), "--new", str(args.new)],
@@ -217,15 +224,17 @@ def main() -> int:
         result[loader] = json.loads(lines[-1]) if child.returncode == 0 and lines else {
             "error": (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1][:400]}
         print(loader, result[loader], flush=True)
-    paths = [args.dir / f"logits-{loader}.pt" for loader in ("moe", "transformers")]
-    if all("error" not in result[loader] for loader in ("moe", "transformers")) and all(p.exists() for p in paths):
+    # The peer: transformers' own path, else (fp8 where it cannot run) its dequantizing one.
+    peer = next((name for name in loaders[1:] if "error" not in result[name]), None)
+    paths = [args.dir / f"logits-{loader}.pt" for loader in ("moe", peer)]
+    if peer and "error" not in result["moe"] and all(p.exists() for p in paths):
         ours, theirs = (torch.load(p) for p in paths)
+        result["peer"] = peer
         result["logits_rel_err"] = float((ours - theirs).norm() / theirs.norm())
         for key in ("prefill_tokens_per_s",):
-            result[f"{key}_ratio"] = round(result["moe"][key] / result["transformers"][key], 2)
+            result[f"{key}_ratio"] = round(result["moe"][key] / result[peer][key], 2)
         for key in ("decode_b1_ms_per_step", "decode_b16_ms_per_step"):
-            result[f"{key.removesuffix('_ms_per_step')}_speedup"] = round(
-                result["transformers"][key] / result["moe"][key], 2)
+            result[f"{key.removesuffix('_ms_per_step')}_speedup"] = round(result[peer][key] / result["moe"][key], 2)
     (args.out / f"checkpoint-loaders-{args.format}-{args.layers}l.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result), flush=True)
     return 0
