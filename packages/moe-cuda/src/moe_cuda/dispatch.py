@@ -92,8 +92,8 @@ def combine(y: torch.Tensor, perm: ExpertPermutation, num_tokens: int, weighted:
     choice's sorted row found through its slot); elsewhere in torch, its twin.
     """
     if y.is_cuda:
-        return gather_topk_sum(y, choice_slots(perm), perm.pair.numel() // max(num_tokens, 1) or 1, y.dtype,
-                               perm.weight if weighted else None)
+        top_k = perm.pair.numel() // num_tokens if num_tokens else 1
+        return gather_topk_sum(y, choice_slots(perm), top_k, y.dtype, perm.weight if weighted else None)
     scale = torch.where(perm.local, perm.weight if weighted else torch.ones_like(perm.weight), 0.0)
     contrib = torch.where(perm.local[:, None], y.float(), 0.0) * scale[:, None]
     unsorted = torch.empty_like(contrib).index_copy_(0, perm.pair, contrib)
