@@ -30,7 +30,7 @@ add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 add profile-decode "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts bf16 int4 mxfp4 --out $OUT/host/profile-decode"
-# gpt-oss-20b whole: its fused MXFP4 decode step at batch 1 was 1.45x its bf16 one (eager, 2026-11-29).
+# gpt-oss-20b, all 24 layers: its decode step with bf16 against MXFP4 experts.
 add profile-decode-gpt-oss "python3 profile_decode.py --model gpt-oss-20b --layers 24 --experts bf16 mxfp4 --out $OUT/host/profile-decode"
 # The decode step captured whole in a CUDA graph (static cache): what each experts implementation costs
 # once the host is out of the step.
@@ -63,8 +63,10 @@ add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 add loaders-fp8 "python3 bench_checkpoint_loaders.py --format fp8 --dir /dev/shm/ckpt-fp8 --layers 16 --out $OUT/e2e/loaders-fp8"
 add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /dev/shm/ckpt-mxfp4 --layers 24 --out $OUT/e2e/loaders-mxfp4"
-# compressed-tensors is not on the GPU image: its wheels (.carry/ct-wheels: compressed-tensors 0.20.0,
-# pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, loguru) go on this job's path only.
+# compressed-tensors is not on the GPU image: its wheels go on this job's path only. Fetched here with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     -d .carry/ct-wheels compressed-tensors==0.20.0 pydantic==2.14.3 pydantic-core==2.50.4 loguru==0.7.3 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 add loaders-ct "python3 -m pip install -q --no-deps --no-index --target /tmp/ct-site $ROOT/.carry/ct-wheels/*.whl && PYTHONPATH=/tmp/ct-site:\$PYTHONPATH python3 bench_checkpoint_loaders.py --format ct-w4a16 --dir /dev/shm/ckpt-ct --layers 16 --out $OUT/e2e/loaders-ct"
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
 cat "$jobs"
