@@ -69,7 +69,7 @@ class _GroupedExperts(Experts):
         cfg = self.config
         perm = permute_by_expert(topk_weights, topk_ids, cfg.num_local_experts, self.expert_map)
         h = self._gemm1(hidden_states, packed, perm)
-        y = self._with_bias(self._grouped(activate(h, cfg), packed, "w2", perm), packed, "w2", perm)
+        y = self._gemm2(h, packed, perm)
         return combine(y, perm, hidden_states.shape[0], weighted=not cfg.routing.weight_on_input)
 
     def _gemm1(self, hidden_states: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
@@ -79,6 +79,10 @@ class _GroupedExperts(Experts):
         if self.config.routing.weight_on_input:
             x = (x.float() * perm.weight[:, None]).to(x.dtype)
         return self._with_bias(self._grouped(x, packed, "w13", perm), packed, "w13", perm)
+
+    def _gemm2(self, h: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
+        """GEMM2 over GEMM1's rows after the activation."""
+        return self._with_bias(self._grouped(activate(h, self.config), packed, "w2", perm), packed, "w2", perm)
 
     @staticmethod
     def _with_bias(y: torch.Tensor, packed: PackedWeights, name: str, perm: ExpertPermutation) -> torch.Tensor:

@@ -3,7 +3,8 @@ sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations 
 fly in 1x128 groups (on CUDA by moe-triton's `act_quant`, one pass; `quantize_groups_fp8` is its torch
 twin), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`). GEMM1's input is
 quantized per token before the gather, its codes and scales then gathered for each pair, as SGLang's
-own flow does: the top-k-fold larger gathered rows are never quantized.
+own flow does: the top-k-fold larger gathered rows are never quantized. GEMM2's input is activated
+and quantized in one pass.
 
 The operator's arguments, as SGLang's `cutlass_fused_experts_fp8` passes them: a [P, k] fp8 rows
 sorted by expert; b the canonical weights [E, n, k] seen as [E, k, n] (a transposed view: the kernel
@@ -28,7 +29,7 @@ from moe_core.weights import PackedWeights
 from moe_cuda.dispatch import ExpertPermutation
 from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
-from moe_triton.act_quant import QMode, act_quant
+from moe_triton.act_quant import QMode, act_quant, act_quant_torch
 
 __all__ = ["BLOCK", "BlockwiseGemmArgs", "SglangFp8BlockExperts", "blockwise_gemm_args", "blockwise_grouped_mm_twin",
            "quantize_groups_fp8"]
@@ -154,6 +155,13 @@ class SglangFp8BlockExperts(_GroupedExperts):
         codes = codes.view(torch.uint8)[perm.token].view(torch.float8_e4m3fn)  # index kernels take no fp8
         y = self._blockwise(codes, scales[perm.token], packed, "w13", perm, hidden_states.dtype)
         return self._with_bias(y, packed, "w13", perm)
+
+    def _gemm2(self, h: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
+        """The activation and its 1x128 fp8 quantization in one pass (`act_quant`; elsewhere its twin): the
+        activated rows go to fp8 from fp32, never written in 16 bits in between."""
+        fused = act_quant if h.is_cuda else act_quant_torch
+        codes, scales = fused(h, self.config.activation, QMode.GROUP128, torch.float8_e4m3fn, h.shape[0])
+        return self._with_bias(self._blockwise(codes, scales, packed, "w2", perm, h.dtype), packed, "w2", perm)
 
     def _grouped(self, x, packed: PackedWeights, name, perm):
         return self._blockwise(*self._quantize(x), packed, name, perm, x.dtype)
