@@ -114,7 +114,7 @@ class TorchGroupedMmExperts(_GroupedExperts):
         validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             "bf16 only, sm90 and newer: elsewhere torch runs a per-expert loop with a host sync",
-            "the expert permutation runs as torch ops around the two grouped GEMMs; "
+            "the sorted rows' gathers and index steps run as torch ops around the two grouped GEMMs; "
             "measured 1.5-2x slower than the fused Triton kernels on an H200 (bf16)",
         ),
     )

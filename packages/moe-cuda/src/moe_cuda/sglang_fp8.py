@@ -108,7 +108,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
         limitations=(
             "sm90 only (the library's sm90 build); needs sglang-kernel 0.4.6's common_ops library "
             "(MOE_CUDA_SGLANG_LIB or an installed sglang-kernel==0.4.6)",
-            "the expert permutation runs as torch ops around the two grouped GEMMs",
+            "the sorted rows' gathers and index steps run as torch ops around the two grouped GEMMs",
         ),
     )
 
