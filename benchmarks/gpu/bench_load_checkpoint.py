@@ -9,7 +9,9 @@
    GPTQ checkpoint has them; one safetensors shard per layer plus an index;
 2. load, in a fresh process: `from_pretrained(dir, device="cuda", dtype=torch.bfloat16)`; wall time,
    peak host memory (peak anonymous RSS sampled every 20 ms: the process's own allocations; file pages
-   the memory-mapped shards leave resident are reported apart, the kernel reclaims them), peak GPU
+   the memory-mapped shards leave resident are reported apart, the kernel reclaims them), against the
+   RSS once loaded (what imports, compiled kernels and the CUDA libraries keep; peak - after is what
+   the load held only while loading), peak GPU
    memory (torch.cuda.max_memory_allocated) against the model's own size after loading, and the bound:
    the loaded model plus one layer's largest expert tensor in 16 bits (w13, 128 x 1536 x 2048 x 2 B);
 3. generate: greedy decoding from a random 16-token prompt, 1 and 33 new tokens, decode tokens/s from
@@ -142,6 +144,7 @@ def load(directory: Path, profile_to: Path | None) -> dict:
         model = from_pretrained(directory, device="cuda", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         load_s = time.perf_counter() - start
+        after = memory.sample()
     if profiler:
         profiler.disable()
         with open(profile_to, "w") as f:
@@ -169,7 +172,7 @@ def load(directory: Path, profile_to: Path | None) -> dict:
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": __import__("transformers").__version__, "layers": model.config.num_hidden_layers,
             "backends": backends, "load_s": load_s, "host_anon_before": before["RssAnon"],
-            "host_anon_peak": memory.peak["RssAnon"], "host_file_peak": memory.peak["RssFile"],
+            "host_anon_peak": memory.peak["RssAnon"], "host_anon_after": after["RssAnon"], "host_file_peak": memory.peak["RssFile"],
             "gpu_peak": gpu_peak, "gpu_model": gpu_model, "bound_16bit_expert_tensor": bound,
             "prefill_1_token_s": times[1], "first_decode_tokens_per_s": 32 / (times[33] - times[1]),
             "decode_tokens_per_s": 1 / warm_step_s,
@@ -208,9 +211,11 @@ def main() -> None:
         ("load time", f"{r['load_s']:.1f} s"),
         ("GPU: model after load", f"{r['gpu_model'] / gib:.2f} GiB"),
         ("GPU: peak during load", f"{r['gpu_peak'] / gib:.2f} GiB (bound {(r['gpu_model'] + r['bound_16bit_expert_tensor']) / gib:.2f})"),
-        ("host: anonymous RSS before / peak", f"{r['host_anon_before'] / gib:.2f} / {r['host_anon_peak'] / gib:.2f} GiB "
-                                              f"(peak - before {(r['host_anon_peak'] - r['host_anon_before']) / gib:.2f}; "
-                                              f"one 16-bit w13 {r['bound_16bit_expert_tensor'] / gib:.2f})"),
+        ("host: anonymous RSS before / peak / after", f"{r['host_anon_before'] / gib:.2f} / "
+                                                      f"{r['host_anon_peak'] / gib:.2f} / {r['host_anon_after'] / gib:.2f} GiB "
+                                                      f"(peak - after {(r['host_anon_peak'] - r['host_anon_after']) / gib:.2f}: "
+                                                      f"the load's transient; one 16-bit w13 "
+                                                      f"{r['bound_16bit_expert_tensor'] / gib:.2f})"),
         ("host: file-backed RSS peak (mmapped shards)", f"{r['host_file_peak'] / gib:.2f} GiB"),
         ("generate: 16-token prompt, 1 new token", f"{r['prefill_1_token_s'] * 1e3:.0f} ms"),
         ("generate: decode, first request", f"{r['first_decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
