@@ -1,7 +1,7 @@
 """A quantized checkpoint loaded by `moe_core.integrations.transformers.from_pretrained` against the
 same checkpoint loaded by transformers itself, end to end on the GPU.
 
-Formats transformers runs itself:
+The formats, each one transformers loads itself where its dependencies are present:
 - `fp8`: fine-grained block FP8 (`weight_scale_inv`, 128x128 blocks, dynamic activations), the
   layout of Qwen/Qwen3-30B-A3B-FP8, at qwen3-30b-a3b's shape: attention linears and experts in fp8,
   router, norms, embeddings and lm_head in bf16;
