@@ -49,6 +49,11 @@ CASES = {
     "multi-launch": (1100, 4, 32, 32),
     "multi-launch-many-experts": (600, 8, 256, 16),  # the offsets scan: 16 programs of 16 experts
     "multi-launch-long-scan": (4200, 8, 16, 16),  # 263 chunks: the scan takes two steps of 256
+    # One-row blocks (no padding: a stable sort by expert, as moe-cuda's grouped classes use it), each path
+    "one-row-pairwise": (32, 8, 128, 1),
+    "one-row-single-program": (150, 2, 8, 1),
+    "one-row-chunks": (700, 4, 32, 1),
+    "one-row-multi-launch": (1100, 4, 32, 1),
 }
 
 
