@@ -139,6 +139,21 @@ def test_int4_tinygemm(dtype, group, zero_point, act_order):
     assert err < (QUANTIZED_FP32_TOLERANCE if dtype == torch.float32 else TOLERANCE[dtype])
 
 
+def test_int4_packing_unpacks_one_expert_at_a_time(monkeypatch):
+    """The loader's memory bound is one 16-bit expert tensor of the layer: unpacking a whole layer's
+    codes (a byte per weight, and twice that during the unpack) would exceed it at real widths."""
+    from moe_cpu._details import packing
+
+    seen = []
+    unpack = packing.unpack_int4
+    monkeypatch.setattr(packing, "unpack_int4", lambda words: seen.append(tuple(words.shape)) or unpack(words))
+    config = _config()
+    experts = CpuInt4Experts(config, int4_w4a16(64, act_order=True), CPU)
+    experts.load_weights(ExpertWeights.random(config, int4_w4a16(64, act_order=True), seed=2))
+    E, N, K = config.num_experts, config.intermediate_size, config.hidden_size
+    assert seen == [(2 * N, K // 2)] * E + [(K, N // 2)] * E
+
+
 def _act_order_per_half(config: MoEConfig, quant: MoEQuantConfig, seed: int, agree: bool = False) -> ExpertWeights:
     """Act-order weights whose gate and up rows were calibrated apart (each half its own permutation,
     as GPTQ producers write them), in the per-half form w13_g_idx [E, 2, K]; `agree`: one permutation

@@ -43,14 +43,21 @@ def w13_halves(weights: ExpertWeights) -> tuple[ExpertWeights, ExpertWeights]:
 
 def int4_tinygemm(weights: ExpertWeights, name: str, dtype: torch.dtype, perm: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed uint8 [E, R, C/2], scale_and_zeros [E, C/g, R, 2] in `dtype`) for one GEMM's weights."""
+    """(packed uint8 [E, R, C/2], scale_and_zeros [E, C/g, R, 2] in `dtype`) for one GEMM's weights.
+
+    One expert at a time: the unpacked codes of a whole layer (a byte per weight, and twice that while
+    unpacking) would outgrow the loader's memory bound of one 16-bit expert tensor."""
     key = weights.key
-    codes = unpack_int4(getattr(weights, name))  # [E, R, C] uint8 0..15
-    E, R, C = codes.shape
-    if perm is not None:
-        codes = torch.gather(codes, 2, perm.unsqueeze(1).expand(E, R, C))
-    packed = torch.stack([torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[e].to(torch.int32), 1)
-                          for e in range(E)])
+    words = getattr(weights, name)  # [E, R, C/2] uint8, two codes a byte
+    packed = None
+    for e in range(words.shape[0]):
+        codes = unpack_int4(words[e])  # [R, C] uint8 0..15
+        if perm is not None:
+            codes = codes[:, perm[e]]
+        one = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        if packed is None:
+            packed = one.new_empty((words.shape[0], *one.shape))
+        packed[e] = one
     scale = getattr(weights, f"{name}_scale").float()  # [E, R, C/g]
     if key.zero_point is ZeroPoint.FLOAT:  # canonical (q - 8) * s + zero is tinygemm's own formula
         zero_f = getattr(weights, f"{name}_zero").float()
