@@ -1,13 +1,15 @@
 """Load a real-shape Qwen3-30B-A3B GPTQ int4 checkpoint with `from_pretrained`, then generate.
 
     python benchmarks/gpu/bench_load_checkpoint.py [--dir /tmp/qwen3-30b-a3b-gptq] [--layers 48] [--out DIR]
+                                                   [--device cuda|cpu] [--profile FILE]
 
 1. write (skipped where --dir already holds it): config.json of Qwen3-30B-A3B (48 layers, 128 experts,
    top-8, hidden 2048, expert width 768, vocab 151936) with GPTQ int4 (group 128, sym, v1 zeros), its
    experts drawn directly in GPTQ's packing (`moe_core.weights.writers.random_gptq_int4_tensors`), its
    attention linears quantized from random bf16 (`quantized_linear_tensors`), as the published
    GPTQ checkpoint has them; one safetensors shard per layer plus an index;
-2. load, in a fresh process: `from_pretrained(dir, device="cuda", dtype=torch.bfloat16)`; wall time,
+2. load, in a fresh process: `from_pretrained(dir, device="cuda", dtype=torch.bfloat16)` (or
+   `--device cpu`: the load's time and host memory only); wall time,
    peak host memory (peak anonymous RSS sampled every 20 ms: the process's own allocations; file pages
    the memory-mapped shards leave resident are reported apart, the kernel reclaims them), against the
    RSS once loaded (what imports, compiled kernels and the CUDA libraries keep; peak - after is what
@@ -119,38 +121,56 @@ class HostMemory:
         self._thread.join()
 
 
-def load(directory: Path, profile_to: Path | None) -> dict:
+def load(directory: Path, profile_to: Path | None, device: str) -> dict:
     import cProfile
     import logging
     import pstats
 
     import torch
-    from bench_e2e import generate_greedy, median_seconds
 
     from moe_core.integrations.transformers import from_pretrained
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")  # progress per layer
 
-    torch.cuda.init()
-    torch.empty(1, device="cuda")  # CUDA context outside the measured window
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # CUDA context outside the measured window
+        torch.cuda.reset_peak_memory_stats()
     memory = HostMemory()
     before = memory.sample()
-    torch.cuda.reset_peak_memory_stats()
     profiler = cProfile.Profile() if profile_to else None
     with memory:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
-        model = from_pretrained(directory, device="cuda", dtype=torch.bfloat16)
-        torch.cuda.synchronize()
+        model = from_pretrained(directory, device=device, dtype=torch.bfloat16)
+        if cuda:
+            torch.cuda.synchronize()
         load_s = time.perf_counter() - start
         after = memory.sample()
     if profiler:
         profiler.disable()
         with open(profile_to, "w") as f:
             pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(60)
-    gpu_peak, gpu_model = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-    backends = sorted({layer.backend + "/" + layer.plan.experts_cls.name() for layer in model.fuse_report.layers})
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "transformers": __import__("transformers").__version__, "layers": model.config.num_hidden_layers,
+              "backends": sorted({f"{layer.backend}/{layer.plan.experts_cls.name()}"
+                                  for layer in model.fuse_report.layers}),
+              "load_s": load_s, "host_anon_before": before["RssAnon"], "host_anon_peak": memory.peak["RssAnon"],
+              "host_anon_after": after["RssAnon"], "host_file_peak": memory.peak["RssFile"],
+              "bound_16bit_expert_tensor": E * 2 * N * K * 2}
+    if cuda:  # generate at real shapes is for the GPU; the CPU run measures the load's memory
+        result.update(gpu_peak=torch.cuda.max_memory_allocated(), gpu_model=torch.cuda.memory_allocated(),
+                      **generate_timings(model, profile_to is not None))
+    return result
+
+
+def generate_timings(model, profile: bool) -> dict:
+    """Decode of the loaded model at batch 1: the first request reaching new cache lengths, then warm."""
+    import torch
+    from bench_e2e import generate_greedy, median_seconds
+
     ids = torch.randint(0, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     times = {}
     with torch.inference_mode():
@@ -164,19 +184,12 @@ def load(directory: Path, profile_to: Path | None) -> dict:
         warm_step_s = (median_seconds(lambda: generate_greedy(model, ids, 33))
                        - median_seconds(lambda: generate_greedy(model, ids, 1))) / 32
     decode_profile = None
-    if profile_to:  # where the decode step's time goes (profile_decode.py's summary)
+    if profile:  # where the decode step's time goes (profile_decode.py's summary)
         from profile_decode import profile_generate
 
         decode_profile = profile_generate(model, ids, 8)
-    bound = E * 2 * N * K * 2
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__, "layers": model.config.num_hidden_layers,
-            "backends": backends, "load_s": load_s, "host_anon_before": before["RssAnon"],
-            "host_anon_peak": memory.peak["RssAnon"], "host_anon_after": after["RssAnon"], "host_file_peak": memory.peak["RssFile"],
-            "gpu_peak": gpu_peak, "gpu_model": gpu_model, "bound_16bit_expert_tensor": bound,
-            "prefill_1_token_s": times[1], "first_decode_tokens_per_s": 32 / (times[33] - times[1]),
-            "decode_tokens_per_s": 1 / warm_step_s,
-            "tokens": out[0, 16:].tolist(), "decode_profile": decode_profile}
+    return {"prefill_1_token_s": times[1], "first_decode_tokens_per_s": 32 / (times[33] - times[1]),
+            "decode_tokens_per_s": 1 / warm_step_s, "tokens": out[0, 16:].tolist(), "decode_profile": decode_profile}
 
 
 def main() -> None:
@@ -186,17 +199,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--profile", type=Path, default=None,
                         help="write cProfile statistics of the load here, and profile a decode step (in the JSON)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="where the model loads (cpu: the load's time and host memory only, no generate)")
     parser.add_argument("--phase", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "load":
-        print("RESULT " + json.dumps(load(args.dir, args.profile)), flush=True)
+        print("RESULT " + json.dumps(load(args.dir, args.profile, args.device)), flush=True)
         return
     if not (args.dir / "config.json").exists():
         write(args.dir, args.layers)
     # a fresh process: the writer's memory must not count in the loader's peak. Its log (progress per
     # layer) passes through as it comes, so a load stopped midway still says how far it got.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, __file__, "--dir", str(args.dir), "--phase", "load"]
+    command = [sys.executable, __file__, "--dir", str(args.dir), "--phase", "load", "--device", args.device]
     if args.profile:
         command += ["--profile", str(args.profile)]
     proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
@@ -205,22 +220,26 @@ def main() -> None:
         sys.exit(f"the load process failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
     r = json.loads(lines[-1].removeprefix("RESULT "))
     gib = 2**30
+    transient = r["host_anon_peak"] - r["host_anon_after"]
     rows = [
         ("device", r["device"]), ("torch / transformers", f"{r['torch']} / {r['transformers']}"),
         ("layers, backend", f"{r['layers']}, {', '.join(r['backends'])}"),
         ("load time", f"{r['load_s']:.1f} s"),
-        ("GPU: model after load", f"{r['gpu_model'] / gib:.2f} GiB"),
-        ("GPU: peak during load", f"{r['gpu_peak'] / gib:.2f} GiB (bound {(r['gpu_model'] + r['bound_16bit_expert_tensor']) / gib:.2f})"),
-        ("host: anonymous RSS before / peak / after", f"{r['host_anon_before'] / gib:.2f} / "
-                                                      f"{r['host_anon_peak'] / gib:.2f} / {r['host_anon_after'] / gib:.2f} GiB "
-                                                      f"(peak - after {(r['host_anon_peak'] - r['host_anon_after']) / gib:.2f}: "
-                                                      f"the load's transient; one 16-bit w13 "
-                                                      f"{r['bound_16bit_expert_tensor'] / gib:.2f})"),
+        ("host: anonymous RSS before / peak / after",
+         f"{r['host_anon_before'] / gib:.2f} / {r['host_anon_peak'] / gib:.2f} / {r['host_anon_after'] / gib:.2f} GiB "
+         f"(peak - after {transient / gib:.2f}: the load's transient; one 16-bit w13 "
+         f"{r['bound_16bit_expert_tensor'] / gib:.2f})"),
         ("host: file-backed RSS peak (mmapped shards)", f"{r['host_file_peak'] / gib:.2f} GiB"),
-        ("generate: 16-token prompt, 1 new token", f"{r['prefill_1_token_s'] * 1e3:.0f} ms"),
-        ("generate: decode, first request", f"{r['first_decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
-        ("generate: decode, warm", f"{r['decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
     ]
+    if "gpu_model" in r:
+        bound = (r["gpu_model"] + r["bound_16bit_expert_tensor"]) / gib
+        rows += [
+            ("GPU: model after load", f"{r['gpu_model'] / gib:.2f} GiB"),
+            ("GPU: peak during load", f"{r['gpu_peak'] / gib:.2f} GiB (bound {bound:.2f})"),
+            ("generate: 16-token prompt, 1 new token", f"{r['prefill_1_token_s'] * 1e3:.0f} ms"),
+            ("generate: decode, first request", f"{r['first_decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
+            ("generate: decode, warm", f"{r['decode_tokens_per_s']:.1f} tokens/s (batch 1)"),
+        ]
     width = max(len(name) for name, _ in rows)
     print("\n".join(f"{name.ljust(width)}  {value}" for name, value in rows))
     if args.out:
