@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -152,6 +154,17 @@ def test_int4_packing_unpacks_one_expert_at_a_time(monkeypatch):
     experts.load_weights(ExpertWeights.random(config, int4_w4a16(64, act_order=True), seed=2))
     E, N, K = config.num_experts, config.intermediate_size, config.hidden_size
     assert seen == [(2 * N, K // 2)] * E + [(K, N // 2)] * E
+
+
+def test_int8_codes_are_offset_by_128_for_every_byte():
+    from moe_cpu._details.packing import int8_per_channel
+
+    config = _config(E=1, k=1, K=256, N=128)
+    weights = ExpertWeights.random(config, int8_w8a16(-1), seed=1)
+    every = torch.arange(256, dtype=torch.uint8).repeat(2 * 128 * 256 // 256).view(1, 256, 256)
+    weights = dataclasses.replace(weights, w13=every)
+    codes, _, _ = int8_per_channel(weights, "w13", torch.bfloat16)
+    assert codes.dtype == torch.int8 and torch.equal(codes.int(), every.int() - 128)
 
 
 def _act_order_per_half(config: MoEConfig, quant: MoEQuantConfig, seed: int, agree: bool = False) -> ExpertWeights:

@@ -76,8 +76,9 @@ def int8_per_channel(weights: ExpertWeights, name: str, dtype: torch.dtype
     Zero points become a per-row constant c with value = (code - 128) * s + c (integer zeros:
     c = (128 - z) * s; float zeros: c = zero); c times the input's row sum is added after the GEMM.
     """
-    codes = getattr(weights, name)
-    int8 = (codes.to(torch.int16) - INT8_OFFSET).to(torch.int8)
+    # u ^ 0x80 read as two's complement is u - 128 for every byte u: one byte per weight of temporaries,
+    # where going through int16 takes three (more than the loader's bound of one 16-bit tensor).
+    int8 = (getattr(weights, name) ^ INT8_OFFSET).view(torch.int8)
     scale = getattr(weights, f"{name}_scale").float()
     correction = None
     if weights.key.zero_point is ZeroPoint.INTEGER:
