@@ -66,10 +66,10 @@ def int4_words_as_packed(words: torch.Tensor, dim: int, size: int) -> torch.Tens
     run along dim 0 (GPTQ's [in / 8, out])."""
     if sys.byteorder != "little" or size % 2:
         return None
-    as_bytes = words.contiguous().view(torch.uint8).view(*words.shape, 4)
-    if dim == 0:
-        as_bytes = as_bytes.permute(1, 0, 2)
-    return as_bytes.reshape(as_bytes.shape[0], -1)[:, :size // 2].contiguous()
+    # Words transposed as int32 (each keeps its four bytes in order), not as bytes: a 2-D transpose
+    # copies about twice as fast as a permute of [words, 4] byte runs.
+    as_bytes = (words.t() if dim == 0 else words).contiguous().view(torch.uint8)
+    return as_bytes[:, :size // 2].contiguous()
 
 
 def expert_projection_names(source: TensorSource, prefix: str, first_expert: int, suffix: str
