@@ -284,3 +284,17 @@ def test_a_failed_repoint_raises_and_is_retried_on_the_next_call():
         point((x,))
     point((x,))  # the failed call did not count as pointed: the driver is called again
     assert results == []
+
+
+def test_graphs_captured_under_inference_mode_replay_outside_it(api):
+    """A layer first called under torch.inference_mode() (a warm-up, a benchmark) and then outside it
+    (generate under no_grad) replays the same graph: its static inputs take the new call's values."""
+    fn = _Counted()
+    graphs = _graphs_of(fn)
+    with torch.inference_mode():
+        for seed in range(2):  # first sighting, then the capture
+            graphs(*_inputs(3, seed))
+    with torch.no_grad():
+        x, y = _inputs(3, 7)
+        torch.testing.assert_close(graphs(x, y), _want(x, y), rtol=0, atol=0)
+    assert api.captures == 1 and len(graphs) == 1

@@ -320,7 +320,9 @@ class CallGraphs:
                         del self._seen[next(iter(self._seen))]
                     with _graphing_call():
                         return self._fn(*tensors)
-                statics = tuple(t.clone() for t in tensors)
+                # Made outside inference mode, so calls outside it (after a first one inside) can copy into them.
+                with torch.inference_mode(False):
+                    statics = tuple(t.clone() for t in tensors)
                 sig = self._signatures[key] = _Signature(statics, _api.copies_in_graph(statics, tensors))
             if sig.failed:
                 return self._fn(*tensors)
@@ -350,7 +352,8 @@ class CallGraphs:
                 outs = (out,) if single else tuple(out)
                 if not all(isinstance(o, torch.Tensor) for o in outs):
                     raise TypeError(f"a graphed call must return tensors, got {[type(o).__name__ for o in outs]}")
-                buffers = tuple(torch.empty_like(o) for o in outs)
+                with torch.inference_mode(False):  # returned to callers in either mode, as the statics
+                    buffers = tuple(torch.empty_like(o) for o in outs)
 
                 def work() -> None:
                     if sig.copies_in_graph:  # the copies' sources are re-pointed at every call's tensors
