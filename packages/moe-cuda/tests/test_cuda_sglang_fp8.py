@@ -11,7 +11,7 @@ from moe_core.config import Activation, ParallelConfig
 from moe_core.quant import fp8_w8a8
 from moe_core.weights.canonical import ExpertWeights
 from moe_cuda.dispatch import permute_by_expert
-from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, blockwise_gemm_args, quantize_groups_fp8
+from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, blockwise_gemm_args
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
 
 
@@ -76,7 +76,7 @@ def test_gemm_bookkeeping_made_under_inference_mode_is_updated_outside_it():
 
 def test_group_quantization_round_trips_within_fp8_precision():
     x = torch.randn(5, 256) * torch.logspace(-3, 3, 256)
-    codes, scale = quantize_groups_fp8(x)
+    codes, scale = SglangFp8BlockExperts._quantize(x)
     assert codes.dtype == torch.float8_e4m3fn and scale.shape == (5, 2)
     back = (codes.float().view(5, 2, 128) * scale[..., None]).view(5, 256)
     assert float((back - x).norm() / x.norm()) < 0.04

@@ -1,7 +1,7 @@
 """The moe-triton kernels moe-cuda runs around the vendor GEMMs, against moe-cuda's torch twins: its
 classes' router on CUDA (moe-triton's) against moe-core's route_torch, infinite logits included; the
 activation (`moe_cuda.dispatch.activate` on CUDA) against apply_activation; the SGLang class's 1 x 128
-fp8 quantization against `quantize_groups_fp8`; Marlin's top-k sum against its torch form; the grouped
+fp8 quantization against moe-triton's twin `act_quant_torch`; Marlin's top-k sum against its torch form; the grouped
 classes' gathered top-k sum against the torch combine. On the
 CPU they run under TRITON_INTERPRET (conftest); on a GPU, on the GPU."""
 
@@ -18,8 +18,8 @@ from moe_cuda import dispatch
 from moe_cuda.flashinfer import FlashInferCutlassExperts, FlashInferTrtllmBf16Experts
 from moe_cuda.grouped_mm import TorchFp8GroupedMmExperts, TorchGroupedMmExperts
 from moe_cuda.marlin import MarlinExperts
-from moe_cuda.sglang_fp8 import SglangFp8BlockExperts, quantize_groups_fp8
-from moe_triton.act_quant import QMode, act_quant
+from moe_cuda.sglang_fp8 import SglangFp8BlockExperts
+from moe_triton.act_quant import QMode, act_quant, act_quant_torch
 from moe_triton.routing import route as route_one_launch
 from moe_triton.topk_sum import gather_topk_sum, topk_sum
 
@@ -117,7 +117,7 @@ def test_fp8_group_quantization_matches_its_twin(dtype):
     x[3, 128:256] = 0  # an all-zero group: the smallest scale, zero codes
     x = x.to(DEVICE)
     codes, scales = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])  # as the SGLang class
-    ref_codes, ref_scales = quantize_groups_fp8(x)
+    ref_codes, ref_scales = act_quant_torch(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
     assert codes.dtype == torch.float8_e4m3fn and scales.shape == (11, 3)
     torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
     assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))

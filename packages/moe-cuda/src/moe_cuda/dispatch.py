@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.config import MoEConfig, Routing
-from moe_core.reference import apply_activation
+from moe_core.config import Activation, MoEConfig, Routing
 from moe_core.routing import route_torch
-from moe_triton.act_quant import QMode, act_quant
+from moe_triton.act_quant import QMode, act_quant, act_quant_torch
 from moe_triton.align import align_block_size
 from moe_triton.routing import route as route_one_launch
 from moe_triton.topk_sum import gather_topk_sum
 
-__all__ = ["ExpertPermutation", "activate", "choice_slots", "combine", "permute_by_expert", "route", "sort_by_expert"]
+__all__ = ["ExpertPermutation", "activate", "choice_slots", "combine", "permute_by_expert", "route", "row_pass",
+           "sort_by_expert"]
 
 
 def route(router_logits: torch.Tensor, routing: Routing, top_k: int,
@@ -91,12 +91,17 @@ def sort_by_expert(ids: torch.Tensor, num_local_experts: int
     return sorted_pairs.long(), sorted_experts.long(), offsets, starts
 
 
+def row_pass(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """moe-triton's row pass over h's rows (the activation, then fp8 quantization as `qmode` says):
+    its one-launch kernel `act_quant` on CUDA, its torch twin `act_quant_torch` elsewhere."""
+    run = act_quant if h.is_cuda else act_quant_torch
+    return run(h, activation, qmode, out_dtype, h.shape[0])
+
+
 def activate(h: torch.Tensor, config: MoEConfig) -> torch.Tensor:
-    """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it
-    (on CUDA in one pass of moe-triton's `act_quant`; elsewhere as torch ops, its twin)."""
-    if h.is_cuda:
-        return act_quant(h, config.activation, QMode.NONE, h.dtype, h.shape[0])[0]
-    return apply_activation(h.float(), config.activation).to(h.dtype)
+    """GEMM1 output [P, R] -> [P, N] in h's dtype; the nonlinearity in fp32, as the reference computes it."""
+    return row_pass(h, config.activation, QMode.NONE, h.dtype)[0]
 
 
 def choice_slots(perm: ExpertPermutation) -> torch.Tensor:

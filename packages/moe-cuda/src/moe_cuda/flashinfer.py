@@ -32,7 +32,8 @@ from moe_core.reference import apply_activation
 from moe_core.weights import ExpertWeights, PackedWeights
 from moe_core.weights.packing import E2M1_VALUES, unpack_int4
 from moe_cuda.grouped_mm import ROUTED_BY_CORE
-from moe_cuda.sglang_fp8 import BLOCK, quantize_groups_fp8
+from moe_cuda.sglang_fp8 import BLOCK
+from moe_triton.act_quant import QMode, act_quant_torch
 
 __all__ = [
     "FlashInferCutlassExperts",
@@ -124,7 +125,7 @@ def flashinfer_cutlass_twin(x: torch.Tensor, topk_weights: torch.Tensor, topk_id
 
 
 def _fake_quantize_groups(a: torch.Tensor) -> torch.Tensor:
-    codes, scale = quantize_groups_fp8(a)
+    codes, scale = act_quant_torch(a, None, QMode.GROUP128, torch.float8_e4m3fn, a.shape[0])
     return (codes.float().view(a.shape[0], -1, BLOCK) * scale[..., None]).view_as(a)
 
 

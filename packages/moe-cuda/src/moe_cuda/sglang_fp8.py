@@ -1,7 +1,7 @@
 """fp8 128x128-block experts on SGLang's CUTLASS grouped GEMM (`fp8_blockwise_scaled_grouped_mm`,
 sglang-kernel 0.4.6's sm90 library): DeepSeek-V3-style fp8 weights, activations quantized on the
-fly in 1x128 groups (on CUDA by moe-triton's `act_quant`, one pass; `quantize_groups_fp8` is its torch
-twin), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`). GEMM1's input is
+fly in 1x128 groups (moe-triton's row pass, `dispatch.row_pass`: its kernel on CUDA, its torch twin
+elsewhere), one grouped call per GEMM over the expert-sorted rows (`moe_cuda.dispatch`). GEMM1's input is
 quantized per token before the gather, its codes and scales then gathered for each pair, as SGLang's
 own flow does: the top-k-fold larger gathered rows are never quantized. GEMM2's input is activated
 and quantized in one pass.
@@ -22,29 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import MoEConfig
+from moe_core.config import Activation, MoEConfig
 from moe_core.experts import Capability, SchemeSupport, Support
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType
 from moe_core.weights import PackedWeights
-from moe_cuda.dispatch import ExpertPermutation
-from moe_cuda.grouped_mm import ALL_ACTIVATIONS, FP8_MAX, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
+from moe_cuda.dispatch import ExpertPermutation, row_pass
+from moe_cuda.grouped_mm import ALL_ACTIVATIONS, ROUTED_BY_CORE, GroupedMmProcessor, _GroupedExperts
 from moe_cuda.vendor import SGLANG_SM90_LIBRARY
-from moe_triton.act_quant import QMode, act_quant, act_quant_torch
+from moe_triton.act_quant import QMode
 
-__all__ = ["BLOCK", "BlockwiseGemmArgs", "SglangFp8BlockExperts", "blockwise_gemm_args", "blockwise_grouped_mm_twin",
-           "quantize_groups_fp8"]
+__all__ = ["BLOCK", "BlockwiseGemmArgs", "SglangFp8BlockExperts", "blockwise_gemm_args", "blockwise_grouped_mm_twin"]
 
 BLOCK = 128
 WORKSPACE_BYTES = 8 << 20  # CUTLASS scratch: SGLang's benchmark allocates ~7 MiB for 256 experts
-
-
-def quantize_groups_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row, per-128-column dynamic fp8: (codes [P, k] float8_e4m3fn, fp32 scales [P, k/128])."""
-    P, k = x.shape
-    groups = x.float().view(P, k // BLOCK, BLOCK)
-    scale = groups.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
-    codes = (groups / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return codes.view(P, k), scale
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,11 +129,9 @@ class SglangFp8BlockExperts(_GroupedExperts):
         return args
 
     @staticmethod
-    def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """1x128 dynamic fp8 of x's rows: on CUDA one pass of moe-triton's `act_quant`, elsewhere its twin."""
-        if x.is_cuda:
-            return act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, x.shape[0])
-        return quantize_groups_fp8(x)
+    def _quantize(x: torch.Tensor, activation: Activation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x's rows (after `activation`) in 1x128 dynamic fp8 groups: (codes, fp32 scales [rows, n/128])."""
+        return row_pass(x, activation, QMode.GROUP128, torch.float8_e4m3fn)
 
     def _gemm1(self, hidden_states: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
         """Each token quantized once, before the gather (a row's codes and scales do not depend on the
@@ -159,8 +147,7 @@ class SglangFp8BlockExperts(_GroupedExperts):
     def _gemm2(self, h: torch.Tensor, packed: PackedWeights, perm: ExpertPermutation) -> torch.Tensor:
         """The activation and its 1x128 fp8 quantization in one pass (`act_quant`; elsewhere its twin): the
         activated rows go to fp8 from fp32, never written in 16 bits in between."""
-        fused = act_quant if h.is_cuda else act_quant_torch
-        codes, scales = fused(h, self.config.activation, QMode.GROUP128, torch.float8_e4m3fn, h.shape[0])
+        codes, scales = self._quantize(h, self.config.activation)
         return self._with_bias(self._blockwise(codes, scales, packed, "w2", perm, h.dtype), packed, "w2", perm)
 
     def _grouped(self, x, packed: PackedWeights, name, perm):
