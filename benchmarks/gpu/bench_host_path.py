@@ -5,7 +5,10 @@ names (layer_timing.build_layer; a backend that refuses the cell says so), or, w
 shared experts included), called as `generate` calls it. Per cell:
 
 - host_us: median host time of one call (perf_counter around the call; the stream is drained every
-  few calls, outside the timed calls, so a full launch queue never blocks the host);
+  8 calls, outside the timed calls, so a full launch queue never blocks the host); host_p10_us and
+  host_p90_us its spread; host_by_position_us the median at each place after a drain (0: the GPU
+  idle; later places: the previous calls still queued or running where they take longer than the
+  host); host_idle_us the median with the stream drained before every call;
 - eager_us: GPU time per call of back-to-back eager calls (CUDA events around a loop over rotating
   input sets; no L2 flush);
 - graph_us: the same loop replaying one CUDA graph per input set (same protocol, so eager_us / graph_us
@@ -39,10 +42,10 @@ CALLS = 200
 DRAIN_EVERY = 8
 
 
-def host_times(call, inputs) -> list[float]:
+def host_times(call, inputs, drain_every: int = DRAIN_EVERY) -> list[float]:
     samples = []
     for i in range(CALLS):
-        if i % DRAIN_EVERY == 0:
+        if i % drain_every == 0:
             torch.cuda.synchronize()
         x, logits = inputs[i % len(inputs)]
         t0 = time.perf_counter()
@@ -99,11 +102,16 @@ def measure(call, inputs, what: str) -> dict:
         for x, logits in inputs:  # compile every kernel this size needs
             call(x, logits)
         torch.cuda.synchronize()
-        host = statistics.median(host_times(call, inputs)) * 1e6
+        samples = [t * 1e6 for t in host_times(call, inputs)]
+        idle = statistics.median(host_times(call, inputs, drain_every=1)) * 1e6
         eager = gpu_us_per_call([lambda x=x, g=g: call(x, g) for x, g in inputs])
         graph = gpu_us_per_call(graphs(call, inputs))
-    return {"host_us": round(host, 1), "eager_us": round(eager, 1), "graph_us": round(graph, 1),
-            "eager_over_graph": round(eager / graph, 3),
+    host = statistics.median(samples)
+    deciles = statistics.quantiles(samples, n=10)
+    by_position = [round(statistics.median(samples[p::DRAIN_EVERY]), 1) for p in range(DRAIN_EVERY)]
+    return {"host_us": round(host, 1), "host_p10_us": round(deciles[0], 1), "host_p90_us": round(deciles[-1], 1),
+            "host_by_position_us": by_position, "host_idle_us": round(idle, 1),
+            "eager_us": round(eager, 1), "graph_us": round(graph, 1), "eager_over_graph": round(eager / graph, 3),
             "ok": bool(eager <= 1.1 * graph + 10 and host <= HOST_TARGET_US[what])}
 
 
@@ -139,8 +147,8 @@ def main() -> int:
         parser.error("--block times the triton block only")
     tag = "" if args.backend == "triton" else f"-{args.backend}"
     path = args.out / f"host-path-{what}{tag}-{'-'.join(args.presets)}.json"
-    print(f"{'preset':<16} {'scheme':<12} {'M':>5} {'host us':>8} {'eager us':>9} {'graph us':>9} {'e/g':>6} ok",
-          flush=True)
+    print(f"{'preset':<16} {'scheme':<12} {'M':>5} {'host us':>8} {'p10-p90':>11} {'idle':>6} {'eager us':>9} "
+          f"{'graph us':>9} {'e/g':>6} ok  host us by place after a drain", flush=True)
     for name in args.presets:
         preset = get_preset(name)
         for scheme in args.schemes:
@@ -154,9 +162,10 @@ def main() -> int:
                 inputs = input_sets(preset, M, dev, sets=4 if M <= 512 else 2)
                 row = {"preset": name, "scheme": scheme, "tokens": M, **measure(call, inputs, what)}
                 rows.append(row)
-                print(f"{name:<16} {scheme:<12} {M:>5} {row['host_us']:>8.1f} {row['eager_us']:>9.1f} "
-                      f"{row['graph_us']:>9.1f} {row['eager_over_graph']:>6.2f} {'yes' if row['ok'] else 'NO'}",
-                      flush=True)
+                spread = f"{row['host_p10_us']:.0f}-{row['host_p90_us']:.0f}"
+                print(f"{name:<16} {scheme:<12} {M:>5} {row['host_us']:>8.1f} {spread:>11} {row['host_idle_us']:>6.1f} "
+                      f"{row['eager_us']:>9.1f} {row['graph_us']:>9.1f} {row['eager_over_graph']:>6.2f} "
+                      f"{'yes' if row['ok'] else 'NO ':<3} {row['host_by_position_us']}", flush=True)
                 if args.profile:
                     profile(call, inputs, args.out / f"profile-{what}-{name}-{scheme}-{M}.txt")
                 path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
