@@ -1,8 +1,9 @@
 """The Python of one replayed layer call, without the device: what `FusedMoE.forward` costs the host
-beyond its two CUDA runtime calls (re-pointing the graph's input copies, launching the graph).
+beyond its two CUDA calls (re-pointing the graph's input copy, launching the graph).
 
-`moe_core._graphs`' device calls are replaced by stand-ins that do nothing (the replay) or read the
-inputs' addresses (the re-pointing), so on any machine this times the rest: `nn.Module.__call__`, the
+`moe_core._graphs`' device calls are replaced by stand-ins that do nothing (the replay) or run the real
+re-pointing with a driver call that does nothing (the inputs here never move), so on any machine this
+times the rest: `nn.Module.__call__`, the
 input checks, the lock, the signature key, the version, the liveness check and the output view. A
 qwen3-30b-a3b-shaped call at one token (hidden 2048, 128 experts, top-8, bf16) on the reference
 backend (its kernels never run: every call after the second is a replay). Prints the median of 20
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graphs
+from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graph_copy, _graphs
 
 
 class _Graph:
@@ -52,11 +53,13 @@ class _NoDeviceApi:
         work()
         return _Graph(pool)
 
-    def input_pointer(self, graph, statics):
-        def point(tensors) -> None:
-            for t in tensors:
-                t.data_ptr()
-        return point
+    @staticmethod
+    def copy_in_graph(statics, tensors) -> None:
+        for static, t in zip(statics, tensors):
+            static.copy_(t)
+
+    def input_pointer(self, graph, statics):  # the real one, its driver call a no-op
+        return _graph_copy.Repointer(lambda params: 0, _graph_copy._KernelNodeParams(), statics, print)
 
 
 def main() -> None:

@@ -7,12 +7,16 @@ capture failures, large calls, grad mode and nested captures stay eager."""
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import logging
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graphs
+from moe_core import ExpertWeights, FusedMoE, MoEConfig, Routing, _graph_copy, _graphs
 
 
 class _Graph:
@@ -248,28 +252,37 @@ def test_a_fused_block_replays_as_one_graph(api):
         assert len(moe._graphs) == 1
 
 
-def test_input_copies_are_repointed_only_where_a_source_moved():
-    """The function re-pointing a graph's input copies calls the driver for the inputs whose address
-    changed since the previous call, and for all of them on the first call."""
+def _node_arguments(by_reference, count: int) -> list[int]:
+    """The copy node's arguments as the driver reads them through the parameters it is handed."""
+    args = ctypes.cast(by_reference._obj.kernel_params, ctypes.POINTER(ctypes.c_void_p))
+    return [ctypes.c_uint64.from_address(args[k]).value for k in range(3 * count)]
+
+
+def test_the_input_copy_is_repointed_only_when_a_source_moved():
+    """One driver call points every input's copy at the call's tensors, made only when an input's
+    address changed since the previous call (and on the first call); destinations and sizes stay."""
+    statics = (torch.zeros(16), torch.zeros(8, dtype=torch.bfloat16))
     calls = []
 
-    def set_params(exec_, node, dst, src, nbytes, kind):
-        calls.append((node, dst, src, nbytes))
+    def set_params(by_reference) -> int:
+        calls.append(_node_arguments(by_reference, 2))
         return 0
 
-    targets = (("node-x", 1000, 64), ("node-logits", 2000, 32))
-    point = _graphs._repointer(set_params, "exec", targets, lambda err: pytest.fail(f"error {err}"))
-    x, logits, other = torch.zeros(16), torch.zeros(8), torch.zeros(8)
+    point = _graph_copy.Repointer(set_params, _graph_copy._KernelNodeParams(), statics,
+                                  lambda err: pytest.fail(f"error {err}"))
+    x, logits, other = torch.zeros(16), torch.zeros(8, dtype=torch.bfloat16), torch.zeros(8, dtype=torch.bfloat16)
+
+    def wanted(a, b):
+        return [a.data_ptr(), statics[0].data_ptr(), 64, b.data_ptr(), statics[1].data_ptr(), 16]
+
     point((x, logits))
-    assert calls == [("node-x", 1000, x.data_ptr(), 64), ("node-logits", 2000, logits.data_ptr(), 32)]
-    calls.clear()
+    assert calls == [wanted(x, logits)]
     point((x, logits))  # both where they were
-    assert calls == []
-    point((x, other))  # one moved
-    assert calls == [("node-logits", 2000, other.data_ptr(), 32)]
-    calls.clear()
+    assert calls == [wanted(x, logits)]
+    point((x, other))  # one moved: one call for the node
+    assert calls == [wanted(x, logits), wanted(x, other)]
     point((x, logits))  # and back
-    assert calls == [("node-logits", 2000, logits.data_ptr(), 32)]
+    assert calls[-1] == wanted(x, logits) and len(calls) == 3
 
 
 def test_a_failed_repoint_raises_and_is_retried_on_the_next_call():
@@ -278,12 +291,31 @@ def test_a_failed_repoint_raises_and_is_retried_on_the_next_call():
     def fail(err: int) -> None:
         raise RuntimeError(f"driver error {err}")
 
-    point = _graphs._repointer(lambda *args: results.pop(0), "exec", (("node", 1000, 4),), fail)
+    point = _graph_copy.Repointer(lambda by_reference: results.pop(0), _graph_copy._KernelNodeParams(),
+                                  (torch.zeros(1),), fail)
     x = torch.zeros(1)
     with pytest.raises(RuntimeError, match="driver error 5"):
         point((x,))
     point((x,))  # the failed call did not count as pointed: the driver is called again
     assert results == []
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_the_input_copy_kernel_assembles_for_sm_90(count, tmp_path):
+    """The copy kernel's PTX through ptxas for sm_90 (Triton's own, where Triton is installed): the
+    driver JIT-compiles the same text on the GPU; what it does there is integration/test_call_path.py's."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("needs Triton's ptxas")
+    ptxas = Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        pytest.skip(f"needs Triton's ptxas ({ptxas} missing)")
+    source = tmp_path / "copy.ptx"
+    source.write_bytes(_graph_copy._ptx(count).rstrip(b"\0"))
+    done = subprocess.run([str(ptxas), "-arch=sm_90", "-v", str(source), "-o", str(tmp_path / "copy.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 bytes spill" in done.stderr and "copy_inputs" in done.stderr
 
 
 def test_graphs_captured_under_inference_mode_replay_outside_it(api):

@@ -210,6 +210,50 @@ def test_eager_calls_replayed_from_graphs_equal_plain_calls(name):
 
 @pytest.mark.device("cuda")
 @torch.no_grad()
+def test_the_graph_input_copy_kernel_copies_every_byte_wherever_it_is_pointed():
+    """The copy node (`moe_core._graph_copy`) in a captured graph, re-pointed at other tensors between
+    replays: sizes that are whole 16-byte vectors and sizes that are not, sources 2 bytes off a
+    16-byte boundary (bytewise path), one input larger than the kernel's grid covers in one step."""
+    from moe_core._graph_copy import CopyKernels
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+
+    def fresh():
+        big = torch.randn(2048, 7168, generator=gen, device="cuda").bfloat16()  # 29 MB: grid-stride steps
+        odd = torch.randn(5, 7, generator=gen, device="cuda")  # 140 bytes: not whole vectors
+        flat = torch.randn(4097, generator=gen, device="cuda").bfloat16()
+        shifted = flat[1:]  # starts 2 bytes past its allocation: not 16-byte aligned
+        return big, odd, shifted
+
+    first = fresh()
+    statics = tuple(torch.empty_like(t) for t in first)
+    copies = CopyKernels()
+    assert copies.prepare(statics[0].device, len(statics))
+    sink = torch.empty(3, device="cuda")
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        copies.launch(statics, first)  # warm, outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        copies.launch(statics, first)
+        torch.stack([s.float().sum() for s in statics], out=sink)
+    graph.instantiate()
+    point = copies.pointer(graph, statics)
+    for inputs in (first, fresh(), fresh(), first):
+        for s in statics:
+            s.zero_()
+        point(inputs)
+        graph.replay()
+        torch.cuda.synchronize()
+        for static, t in zip(statics, inputs):
+            assert torch.equal(static, t)
+        torch.testing.assert_close(sink, torch.stack([t.float().sum() for t in inputs]))
+
+
+@pytest.mark.device("cuda")
+@torch.no_grad()
 def test_graphed_calls_of_strided_inputs_equal_plain_calls():
     """Inputs that are views with gaps are copied in before the replay, not by the graph."""
     graphed = _gpu_layer("triton-bf16")

@@ -2,8 +2,8 @@
 through the compiled kernel's handle (what `moe_triton._common.launch` does after the first call), and a
 torch launch for scale; then what a graphed layer call pays besides Python: the replay of a CUDA graph
 and the copy of a one-token call's two inputs into the graph's buffers (`_foreach_copy_` before the replay,
-against re-pointing copies that are the graph's own nodes, as `moe_core._graphs` does, for sources that
-move and for sources where they were); and that re-point plus replay for a graph whose previous launch
+against re-pointing the graph's own copy kernel, as `moe_core._graphs` does, for sources that move and
+for sources where they were, and against re-pointing one memcpy node per input); and that re-point plus replay for a graph whose previous launch
 is still queued or running on the GPU against one whose previous launch has finished (bench_host_path
 drains the stream every 8 calls, so where kernels take longer than the host work most of its calls are
 of the first kind).
@@ -11,6 +11,7 @@ Prints microseconds per launch (median of 20 rounds of 200 launches; per call: m
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 
@@ -80,8 +81,7 @@ def main() -> None:
     assert api.copies_in_graph(statics, inputs)
 
     def copy_then_work() -> None:
-        for static, t in zip(statics, inputs):
-            static.copy_(t)
+        api.copy_in_graph(statics, inputs)
         statics[0].mul_(2)
 
     pointed = api.capture(copy_then_work, None, (0, 0), keep_graph=True)
@@ -104,12 +104,13 @@ def main() -> None:
     torch.cuda.synchronize()
     torch.testing.assert_close(statics[0], fresh[0] * 2, rtol=0, atol=0)
     torch.testing.assert_close(statics[1], fresh[1], rtol=0, atol=0)
+    memcpy_nodes = memcpy_node_repoint_us(statics, sets)
     print(f"graphed call us: inputs copied in by _foreach_copy_ {foreach:.2f}  replay {replay:.2f}  "
-          f"the graph's own copies re-pointed {moving:.2f} (sources where they were: {unmoved:.2f})")
+          f"the graph's copy kernel re-pointed {moving:.2f} (sources where they were: {unmoved:.2f}); "
+          f"two memcpy nodes re-pointed instead {memcpy_nodes:.2f}")
 
     def copy_then_spin() -> None:  # a call whose kernels take ~100 us, longer than its host work
-        for static, t in zip(statics, inputs):
-            static.copy_(t)
+        api.copy_in_graph(statics, inputs)
         torch.cuda._sleep(200_000)
 
     busy = api.capture(copy_then_spin, None, (0, 0), keep_graph=True)
@@ -124,6 +125,53 @@ def main() -> None:
     replay_only = per_call_us(busy.replay, drain_every=8)
     print(f"re-point + replay of a ~100 us graph, us per call: previous launch finished {idle:.2f}  "
           f"drained every 8 calls {queued:.2f}  (replay alone, drained every 8: {replay_only:.2f})")
+
+
+class _PitchedPtr(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("pitch", ctypes.c_size_t), ("xsize", ctypes.c_size_t),
+                ("ysize", ctypes.c_size_t)]
+
+
+class _Memcpy3DParms(ctypes.Structure):  # cudaMemcpy3DParms
+    _fields_ = [("srcArray", ctypes.c_void_p), ("srcPos", ctypes.c_size_t * 3), ("srcPtr", _PitchedPtr),
+                ("dstArray", ctypes.c_void_p), ("dstPos", ctypes.c_size_t * 3), ("dstPtr", _PitchedPtr),
+                ("extent", ctypes.c_size_t * 3), ("kind", ctypes.c_int)]
+
+
+def memcpy_node_repoint_us(statics, sets) -> float:
+    """The alternative to one copy kernel: the inputs copied by one memcpy node each (`copy_`), every
+    node re-pointed by `cudaGraphExecMemcpyNodeSetParams1D` when its source moves."""
+    with open("/proc/self/maps") as maps:
+        (path,) = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    rt = ctypes.CDLL(path)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        for static, t in zip(statics, sets[0]):
+            static.copy_(t)
+    graph.instantiate()
+    count = ctypes.c_size_t(0)
+    raw = ctypes.c_void_p(torch.cuda.CUDAGraph.raw_cuda_graph(graph))
+    rt.cudaGraphGetNodes(raw, None, ctypes.byref(count))
+    nodes = (ctypes.c_void_p * count.value)()
+    rt.cudaGraphGetNodes(raw, nodes, ctypes.byref(count))
+    by_dst = {}
+    for node in nodes:
+        params = _Memcpy3DParms()
+        if rt.cudaGraphMemcpyNodeGetParams(ctypes.c_void_p(node), ctypes.byref(params)) == 0:
+            by_dst[params.dstPtr.ptr] = node
+    targets = [(ctypes.c_void_p(by_dst[s.data_ptr()]), ctypes.c_void_p(s.data_ptr()), s.numel() * s.element_size())
+               for s in statics]
+    exec_ = ctypes.c_void_p(torch.cuda.CUDAGraph.raw_cuda_graph_exec(graph))
+    set_params = rt.cudaGraphExecMemcpyNodeSetParams1D
+    set_params.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t, ctypes.c_int]
+    calls = [0]
+
+    def repoint() -> None:
+        calls[0] += 1
+        for (node, dst, nbytes), t in zip(targets, sets[calls[0] % 2]):
+            assert set_params(exec_, node, dst, t.data_ptr(), nbytes, 3) == 0  # cudaMemcpyDeviceToDevice
+
+    return per_launch_us(repoint)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ and keep nothing in the pool past their end (their outputs live outside it).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import threading
@@ -40,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from moe_core._graph_copy import CopyKernels
 
 __all__ = ["ENV_GRAPHS", "CallGraphs", "graphs_enabled"]
 
@@ -101,54 +102,18 @@ def _use_count(storage: int) -> int:
     return torch._C._storage_Use_Count(storage)
 
 
-class _PitchedPtr(ctypes.Structure):
-    _fields_ = [("ptr", ctypes.c_void_p), ("pitch", ctypes.c_size_t), ("xsize", ctypes.c_size_t),
-                ("ysize", ctypes.c_size_t)]
-
-
-class _Memcpy3DParms(ctypes.Structure):  # cudaMemcpy3DParms
-    _fields_ = [("srcArray", ctypes.c_void_p), ("srcPos", ctypes.c_size_t * 3), ("srcPtr", _PitchedPtr),
-                ("dstArray", ctypes.c_void_p), ("dstPos", ctypes.c_size_t * 3), ("dstPtr", _PitchedPtr),
-                ("extent", ctypes.c_size_t * 3), ("kind", ctypes.c_int)]
-
-
-_MEMCPY_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
-_NODE_TYPE_MEMCPY = 1  # cudaGraphNodeType
-
-
-def _load_cudart() -> ctypes.CDLL | None:
-    """The CUDA runtime library this process already loaded (torch's), or None where none is found."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
-    except OSError:
-        return None
-    if len(paths) != 1:
-        return None
-    lib = ctypes.CDLL(paths.pop())
-    vp, sz, i = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
-    for name, args in (("cudaGraphGetNodes", [vp, vp, ctypes.POINTER(sz)]),
-                       ("cudaGraphNodeGetType", [vp, ctypes.POINTER(i)]),
-                       ("cudaGraphMemcpyNodeGetParams", [vp, ctypes.POINTER(_Memcpy3DParms)]),
-                       ("cudaGraphExecMemcpyNodeSetParams1D", [vp, vp, vp, vp, sz, i])):
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, i
-    lib.cudaGetErrorString.argtypes, lib.cudaGetErrorString.restype = [i], ctypes.c_char_p
-    return lib
-
-
 class _CudaGraphApi:
     """The device calls `CallGraphs` makes (CUDA's; the tests put a CPU stand-in in their place).
 
     A graph's inputs: on a slow host one copy launch costs more than the replay itself (7-9 us on an
-    H200 host, against 5 for the graph launch), so where the CUDA runtime is reachable the copies of the
-    inputs into the static buffers are the graph's first nodes, and each call points their source at
-    its own tensors (`cudaGraphExecMemcpyNodeSetParams1D`, host work only) before the one launch."""
+    H200 host, against 5 for the graph launch), so where the CUDA driver is reachable the graph's first
+    node is one kernel copying every input into the static buffers (`moe_core._graph_copy`), and each
+    call points its sources at its own tensors (one driver call, host work only) before the launch."""
 
     device_type = "cuda"
 
     def __init__(self) -> None:
-        self._cudart: ctypes.CDLL | bool | None = False  # False: not looked up yet
+        self._copies = CopyKernels()
 
     @staticmethod
     def capturing() -> bool:
@@ -162,11 +127,13 @@ class _CudaGraphApi:
 
     def copies_in_graph(self, statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> bool:
         """Whether graphs of this signature copy their inputs themselves (dense inputs of one device)."""
-        if self._cudart is False:
-            self._cudart = _load_cudart()
         device = statics[0].device
-        return self._cudart is not None and all(
-            t.is_contiguous() and t.device == device and t.numel() > 0 for t in (*statics, *tensors))
+        return (all(t.is_contiguous() and t.device == device and t.numel() > 0 for t in (*statics, *tensors))
+                and self._copies.prepare(device, len(statics)))
+
+    def copy_in_graph(self, statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+        """While capturing a signature `copies_in_graph` accepted: the node copying `tensors` into `statics`."""
+        self._copies.launch(statics, tensors)
 
     @staticmethod
     def capture(work: Callable[[], None], pool: object | None, where: tuple[int, int],
@@ -180,61 +147,13 @@ class _CudaGraphApi:
 
     def input_pointer(self, graph: torch.cuda.CUDAGraph,
                       statics: tuple[torch.Tensor, ...]) -> Callable[[tuple[torch.Tensor, ...]], None]:
-        """For a graph captured with `keep_graph` whose work began by copying the inputs into `statics`:
-        a function pointing those copies at a call's tensors."""
-        cudart = self._cudart
-        nodes_of = torch.cuda.CUDAGraph.raw_cuda_graph(graph)
-        count = ctypes.c_size_t(0)
-        _check(cudart, cudart.cudaGraphGetNodes(nodes_of, None, ctypes.byref(count)), "cudaGraphGetNodes")
-        nodes = (ctypes.c_void_p * count.value)()
-        _check(cudart, cudart.cudaGraphGetNodes(nodes_of, nodes, ctypes.byref(count)), "cudaGraphGetNodes")
-        wanted = {t.data_ptr(): i for i, t in enumerate(statics)}
-        found: list[list[int]] = [[] for _ in statics]
-        for node in nodes:
-            kind = ctypes.c_int(-1)
-            _check(cudart, cudart.cudaGraphNodeGetType(node, ctypes.byref(kind)), "cudaGraphNodeGetType")
-            if kind.value != _NODE_TYPE_MEMCPY:
-                continue
-            params = _Memcpy3DParms()
-            _check(cudart, cudart.cudaGraphMemcpyNodeGetParams(node, ctypes.byref(params)),
-                   "cudaGraphMemcpyNodeGetParams")
-            if (index := wanted.get(params.dstPtr.ptr)) is not None:
-                found[index].append(node)
-        if any(len(f) != 1 for f in found):
-            raise RuntimeError(f"expected one copy into each static input in the captured graph, found "
-                               f"{[len(f) for f in found]}")
-        exec_ = torch.cuda.CUDAGraph.raw_cuda_graph_exec(graph)
-        targets = tuple((f[0], t.data_ptr(), t.numel() * t.element_size()) for f, t in zip(found, statics))
-        return _repointer(cudart.cudaGraphExecMemcpyNodeSetParams1D, exec_, targets,
-                          lambda err: _check(cudart, err, "cudaGraphExecMemcpyNodeSetParams1D"))
+        """For a graph captured with `keep_graph` whose work began with `copy_in_graph(statics, ...)`: a
+        function pointing that copy at a call's tensors."""
+        return self._copies.pointer(graph, statics)
 
     @staticmethod
     def copy_inputs(statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> None:
         torch._foreach_copy_(list(statics), list(tensors))
-
-
-def _repointer(set_params: Callable[..., int], exec_: object, targets: tuple[tuple[object, int, int], ...],
-               fail: Callable[[int], None]) -> Callable[[tuple[torch.Tensor, ...]], None]:
-    """A function pointing the copy nodes `targets` ((node, static input address, bytes) each) of the
-    graph exec `exec_` at a call's tensors. A copy whose source is where the previous call's was keeps
-    its parameters: a decode loop's inputs often come back at the same address (the caching allocator
-    reuses a freed block of that size), and each driver call costs microseconds of host time."""
-    sources: list[int | None] = [None] * len(targets)
-
-    def point(tensors: tuple[torch.Tensor, ...]) -> None:
-        for i, ((node, dst, nbytes), src) in enumerate(zip(targets, tensors)):
-            address = src.data_ptr()
-            if address != sources[i]:
-                err = set_params(exec_, node, dst, address, nbytes, _MEMCPY_DEVICE_TO_DEVICE)
-                if err:
-                    fail(err)
-                sources[i] = address
-    return point
-
-
-def _check(cudart: ctypes.CDLL, err: int, call: str) -> None:
-    if err:
-        raise RuntimeError(f"{call} failed: {cudart.cudaGetErrorString(err).decode()}")
 
 
 _api = _CudaGraphApi()
@@ -356,9 +275,8 @@ class CallGraphs:
                     buffers = tuple(torch.empty_like(o) for o in outs)
 
                 def work() -> None:
-                    if sig.copies_in_graph:  # the copies' sources are re-pointed at every call's tensors
-                        for static, t in zip(sig.inputs, tensors):
-                            static.copy_(t)
+                    if sig.copies_in_graph:  # the copy's sources are re-pointed at every call's tensors
+                        _api.copy_in_graph(sig.inputs, tensors)
                     result = self._fn(*sig.inputs)
                     for buffer, o in zip(buffers, (result,) if single else result):
                         buffer.copy_(o)
