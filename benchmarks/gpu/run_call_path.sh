@@ -10,6 +10,7 @@
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
+#   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
@@ -28,6 +29,7 @@ e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode 
 # Most wanted first: a job the deadline stops leaves those before it done.
 add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
+add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 add profile-decode "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts bf16 int4 mxfp4 --out $OUT/host/profile-decode"
 # gpt-oss-20b, all 24 layers: its decode step with bf16 against MXFP4 experts.
@@ -49,7 +51,7 @@ done
 add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b"
 # The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
 add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
-add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b mixtral-8x7b"
+add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
 e2e qwen3-30b-a3b transformers eager
 for s in bf16 int4 fp8-block mxfp4; do e2e qwen3-30b-a3b $s eager; done

@@ -30,3 +30,39 @@ def test_act_quant_matches_twin(qmode, chunk):
     if s is not None:
         torch.testing.assert_close(s[keep], st[keep], rtol=1e-6, atol=0)
     assert rel_l2(y.float()[keep], yt.float()[keep]) < 1e-3
+
+
+@pytest.mark.parametrize(("width", "activation"), [(384, None), (1536, Activation.silu())])
+def test_group128_rows_wider_than_their_groups_match_twin(width, activation):
+    """Group-128 rows whose width is no power of two (qwen3's 768, here 384): the kernel's last groups
+    are masked off, the stored codes and scales are exactly the twin's."""
+    rows = 5
+    h = torch.randn(rows, width, device=DEV) * 2
+    y, s = act_quant(h, activation, QMode.GROUP128, torch.float8_e4m3fn, rows)
+    yt, st = act_quant_torch(h, activation, QMode.GROUP128, torch.float8_e4m3fn, rows)
+    assert y.shape == yt.shape and s.shape == st.shape == (rows, y.shape[1] // 128)
+    torch.testing.assert_close(s, st, rtol=1e-6, atol=0)
+    assert rel_l2(y.float(), yt.float()) < 1e-3
+
+
+_COMPILE_STORES = """
+from moe_triton._common.offline_compile import compile_kernel
+from moe_triton.act_quant import _act_quant_kernel
+pointers = {"h_ptr": "*bf16", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "amax_ptr": "*fp32", "pexp_ptr": "*i32",
+            "alpha": "fp32", "limit": "fp32"}
+for act, block, warps in ((0, 2048, 4), (1, 1024, 2)):
+    ptx = compile_kernel(_act_quant_kernel, dict(ACT=act, QMODE=2, PHASE=0, GATE_UP_CHUNK=0, BLOCK=block,
+                                                 INTERPRET=False), pointers, num_warps=warps).asm["ptx"]
+    print(ptx.count("st.global.b8"), ptx.count("st.global.v4.b32"))
+"""
+
+
+def test_group128_codes_are_stored_in_vectors_on_hopper():
+    """Group-128 fp8 codes built for sm_90 by the installed Triton leave in 16-byte stores, not byte by
+    byte (Triton 3.6 stored single bytes 128 apart across a warp when the pointers were a reshaped 1D
+    tensor: 41 us for [2048, 2048] on the H200). In a child process: this module interprets kernels."""
+    from moe_triton._common.offline_compile import run_compiler_script
+
+    for line in run_compiler_script(_COMPILE_STORES).splitlines():
+        byte_stores, vector_stores = map(int, line.split())
+        assert byte_stores == 0 and vector_stores >= 1, line

@@ -85,9 +85,13 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
         yg = tl.reshape(y, (BLOCK // 128, 128))
         s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / _FP8_MAX
         q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -_FP8_MAX, _FP8_MAX)
-        tl.store(tl.reshape(dst, (BLOCK // 128, 128)), _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
-                 mask=tl.reshape(mask, (BLOCK // 128, 128)))
+        # Pointers built in 2D, not reshaped from `dst`: the compiler then sees each group's 128
+        # codes as contiguous and stores them in vectors (from a reshaped pointer tensor it stored
+        # single bytes 128 apart across a warp, ~8x slower per row on the H200).
         g_offs = tl.arange(0, BLOCK // 128)
+        cols = g_offs[:, None] * 128 + tl.arange(0, 128)[None, :]
+        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
+                 mask=cols < N)
         tl.store(s_ptr + row * stride_s + g_offs, s, mask=g_offs * 128 < N)
     else:
         e = tl.load(pexp_ptr + row)
