@@ -149,7 +149,7 @@ def test_the_gathered_combine_matches_the_torch_combine(weighted, expert_map):
     y = torch.randn(M * top_k, K, generator=gen).to(torch.bfloat16)
     y[~perm.local] = float("nan")
     ref = dispatch.combine(y, perm, M, weighted)
-    gathered = gather_topk_sum(y.to(DEVICE), dispatch.choice_slots(perm).to(DEVICE), top_k, y.dtype,
+    gathered = gather_topk_sum(y.to(DEVICE), perm.slot.to(DEVICE), top_k, y.dtype,
                                perm.weight.to(DEVICE) if weighted else None)
     assert not ref.isnan().any()
     torch.testing.assert_close(gathered.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)
