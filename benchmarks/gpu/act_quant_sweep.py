@@ -4,7 +4,8 @@ On the H200 its group-128 fp8 quantization of [2048, 2048] bf16 rows (no activat
 GEMM1 input) took 41 us, where [16384, 1536] gated rows to [16384, 768] took 40 us for six times the
 bytes (benchmarks/results/vendor_parity_2026-11-29.md). This times the kernel per shape and mode at
 its own launch shape and at other warp counts (the one launch parameter it picks per width), beside
-a torch copy of the same input bytes for the bandwidth this protocol reaches.
+a torch copy of the same input bytes for the bandwidth this protocol reaches. GPU time per launch:
+twenty launches in one CUDA graph, replayed (no L2 flush: the inputs of the larger cases exceed L2).
 
     python3 act_quant_sweep.py --out DIR      -> DIR/act_quant_sweep.json, one line per case printed
 """
@@ -34,17 +35,27 @@ CASES = [
 ]
 
 
-def time_us(fn, loops: int = 50) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
+def time_us(fn, launches: int = 20, replays: int = 10) -> float:
+    """GPU time per launch: `launches` launches captured in one CUDA graph, replayed (a Triton launch
+    from Python costs ~20 us of host time on the H200 host, more than these kernels take)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(loops):
-        fn()
+    for _ in range(replays):
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1e3 / loops
+    return start.elapsed_time(end) * 1e3 / (launches * replays)
 
 
 def sweep(rows: int, width: int, act_name: str | None, qmode: QMode) -> list[dict]:
@@ -64,7 +75,8 @@ def sweep(rows: int, width: int, act_name: str | None, qmode: QMode) -> list[dic
                                    ACT=int(kind), QMODE=int(qmode), PHASE=0, GATE_UP_CHUNK=0, BLOCK=block,
                                    INTERPRET=False, num_warps=warps)
 
-    copy = time_us(lambda: h.clone())
+    copy_out = torch.empty_like(h)
+    copy = time_us(lambda: copy_out.copy_(h))
     moved = h.numel() * 2 + y.numel() * y.element_size()
     out = []
     for warps in (1, 2, 4, 8, 16):

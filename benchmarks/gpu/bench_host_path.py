@@ -13,6 +13,7 @@ shared experts included), called as `generate` calls it. Per cell:
   input sets; no L2 flush);
 - graph_us: the same loop replaying one CUDA graph per input set (same protocol, so eager_us / graph_us
   is what the host path costs the GPU);
+- graph_nodes: the nodes of the graph the eager calls replay (the driver's work per launch);
 - ok: eager_us <= 1.1 * graph_us + 10 and host_us <= the target (30 us a layer, 45 a block).
 
 --profile writes cProfile statistics of 200 eager calls of each cell (DIR/profile-CELL.txt).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
 import io
 import json
 import pstats
@@ -115,6 +117,21 @@ def measure(call, inputs, what: str) -> dict:
             "ok": bool(eager <= 1.1 * graph + 10 and host <= HOST_TARGET_US[what])}
 
 
+def graph_nodes(call) -> int | None:
+    """Nodes of the first graph the layer's (or block's) CallGraphs captured, None where none was kept."""
+    from moe_core import _graph_copy
+
+    owner = call.block if isinstance(call, BlockCall) else call
+    graphs = [g for sig in owner._graphs._signatures.values() if sig.copies_in_graph for g in sig.graphs]
+    lib = _graph_copy._load_driver()
+    if not graphs or lib is None:
+        return None
+    count = ctypes.c_size_t(0)
+    if lib.cuGraphGetNodes(torch.cuda.CUDAGraph.raw_cuda_graph(graphs[0].graph), None, ctypes.byref(count)):
+        return None
+    return count.value
+
+
 def profile(call, inputs, path: Path) -> None:
     with torch.no_grad():
         prof = cProfile.Profile()
@@ -148,7 +165,7 @@ def main() -> int:
     tag = "" if args.backend == "triton" else f"-{args.backend}"
     path = args.out / f"host-path-{what}{tag}-{'-'.join(args.presets)}.json"
     print(f"{'preset':<16} {'scheme':<12} {'M':>5} {'host us':>8} {'p10-p90':>11} {'idle':>6} {'eager us':>9} "
-          f"{'graph us':>9} {'e/g':>6} ok  host us by place after a drain", flush=True)
+          f"{'graph us':>9} {'e/g':>6} ok  nodes host us by place after a drain", flush=True)
     for name in args.presets:
         preset = get_preset(name)
         for scheme in args.schemes:
@@ -160,12 +177,14 @@ def main() -> int:
                 continue
             for M in args.tokens:
                 inputs = input_sets(preset, M, dev, sets=4 if M <= 512 else 2)
-                row = {"preset": name, "scheme": scheme, "tokens": M, **measure(call, inputs, what)}
+                row = {"preset": name, "scheme": scheme, "tokens": M, **measure(call, inputs, what),
+                       "graph_nodes": graph_nodes(call)}
                 rows.append(row)
                 spread = f"{row['host_p10_us']:.0f}-{row['host_p90_us']:.0f}"
                 print(f"{name:<16} {scheme:<12} {M:>5} {row['host_us']:>8.1f} {spread:>11} {row['host_idle_us']:>6.1f} "
                       f"{row['eager_us']:>9.1f} {row['graph_us']:>9.1f} {row['eager_over_graph']:>6.2f} "
-                      f"{'yes' if row['ok'] else 'NO ':<3} {row['host_by_position_us']}", flush=True)
+                      f"{'yes' if row['ok'] else 'NO ':<3} {row['graph_nodes']!s:>5} {row['host_by_position_us']}",
+                      flush=True)
                 if args.profile:
                     profile(call, inputs, args.out / f"profile-{what}-{name}-{scheme}-{M}.txt")
                 path.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
