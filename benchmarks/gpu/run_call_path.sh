@@ -37,6 +37,9 @@ add profile-decode-gpt-oss "python3 profile_decode.py --model gpt-oss-20b --laye
 # The decode step captured whole in a CUDA graph (static cache): what each experts implementation costs
 # once the host is out of the step.
 for x in transformers bf16 int4 mxfp4; do e2e qwen3-30b-a3b $x graphed; done
+for x in transformers bf16 int4 mxfp4; do
+  add "e2e-qwen3-8l-$x-graphed" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode graphed --out $OUT/e2e"
+done
 # Compiled end to end at 8 of the 48 layers (compiling all 48 takes minutes per run), with eager at 8 beside it.
 for x in bf16 transformers; do
   add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
