@@ -14,6 +14,9 @@ shared experts included), called as `generate` calls it. Per cell:
 - graph_us: the same loop replaying one CUDA graph per input set (same protocol, so eager_us / graph_us
   is what the host path costs the GPU);
 - graph_nodes: the nodes of the graph the eager calls replay (the driver's work per launch);
+- host_state: the machine's 1-minute load average, the CPU the process last ran on and that CPU's
+  clock, read after the cell (a cell's host time can move by ~20 us for stretches of consecutive
+  cells, with the same code and graph: this tells host interference apart);
 - ok: eager_us <= 1.1 * graph_us + 10 and host_us <= the target (30 us a layer, 45 a block).
 
 --profile writes cProfile statistics of 200 eager calls of each cell (DIR/profile-CELL.txt).
@@ -132,6 +135,18 @@ def graph_nodes(call) -> int | None:
     return count.value
 
 
+def host_state() -> dict:
+    """Load average, the CPU this process last ran on and its current clock (Linux /proc)."""
+    try:
+        load = float(Path("/proc/loadavg").read_text().split()[0])
+        cpu = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
+        mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
+               if line.startswith("cpu MHz")]
+        return {"loadavg_1m": load, "cpu": cpu, "cpu_mhz": round(mhz[cpu], 0) if cpu < len(mhz) else None}
+    except (OSError, ValueError, IndexError):
+        return {}
+
+
 def profile(call, inputs, path: Path) -> None:
     with torch.no_grad():
         prof = cProfile.Profile()
@@ -178,7 +193,7 @@ def main() -> int:
             for M in args.tokens:
                 inputs = input_sets(preset, M, dev, sets=4 if M <= 512 else 2)
                 row = {"preset": name, "scheme": scheme, "tokens": M, **measure(call, inputs, what),
-                       "graph_nodes": graph_nodes(call)}
+                       "graph_nodes": graph_nodes(call), "host_state": host_state()}
                 rows.append(row)
                 spread = f"{row['host_p10_us']:.0f}-{row['host_p90_us']:.0f}"
                 print(f"{name:<16} {scheme:<12} {M:>5} {row['host_us']:>8.1f} {spread:>11} {row['host_idle_us']:>6.1f} "
