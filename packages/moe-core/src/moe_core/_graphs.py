@@ -175,10 +175,11 @@ class _Graph:
         return all(_use_count(s) == n for s, n in zip(self.storages, self.idle_counts))
 
     def result(self):
+        # New tensors sharing the buffers' storage, so the caller's references are counted by `idle`
+        # (`detach`: the cheapest such alias, ~0.25 us against 1.9 for `view(shape)`).
         if self.single:
-            out = self.outputs[0]
-            return out.view(out.shape)  # a view: the caller's reference is counted
-        return tuple(o.view(o.shape) for o in self.outputs)
+            return self.outputs[0].detach()
+        return tuple(o.detach() for o in self.outputs)
 
 
 @dataclass
