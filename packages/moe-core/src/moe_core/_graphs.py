@@ -10,7 +10,7 @@ and their launch shapes are exactly those of the eager call (the same Python ran
 so outputs are identical.
 
 Outputs: the graph ends by copying the call's result into output buffers of its own, allocated
-outside the graph memory pool, and the caller gets a view of them. A graph is replayed only while
+outside the graph memory pool, and the caller gets an alias of them (a tensor on the same storage). A graph is replayed only while
 nothing references its outputs any more (the storage's use count is back to the graph's own); a
 caller that keeps outputs gets another graph of the same signature (up to `_RING` per signature,
 sharing the static inputs), and past that an eager call. So no output a caller holds is ever
