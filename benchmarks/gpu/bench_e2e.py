@@ -87,6 +87,12 @@ def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
                 position.add_(1)
         torch.cuda.current_stream().wait_stream(side)
         start_ids, start_position = ids.clone(), position.clone()
+        # transformers' static cache layers place each update by a device counter of their own
+        # (`cumulative_length`, advanced in place), not by cache_position: the replay checked below
+        # must start from the counters this eager step starts from.
+        counters = [layer.cumulative_length for layer in cache.layers
+                    if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+        start_counters = [c.clone() for c in counters]
         expected = step().float()  # this step run eagerly
         graph = torch.cuda.CUDAGraph()
         try:
@@ -98,6 +104,8 @@ def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
             return {"error": f"{type(exc).__name__}: {exc}"[:400]}
         ids.copy_(start_ids)
         position.copy_(start_position)
+        for counter, start in zip(counters, start_counters):
+            counter.copy_(start)
         graph.replay()  # the same step again, replayed: the cache slot is rewritten with the same values
         error = float((logits.float() - expected).norm() / expected.norm())
         torch.cuda.synchronize()
