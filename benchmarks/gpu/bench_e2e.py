@@ -70,6 +70,10 @@ def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
     batch, length = prompt.shape
     dev = prompt.device
     cache = static_cache(model, batch, length + new + 8)
+    host_counted = [type(layer).__name__ for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
+    if host_counted:  # a captured step would replay the window decisions of the step it captured
+        return {"error": f"static cache layers {sorted(set(host_counted))} keep their length on the host "
+                         "(sliding windows): one captured step cannot serve later steps"}
     with torch.inference_mode():
         out = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(length, device=dev),
                     use_cache=True)
