@@ -34,6 +34,7 @@ import io
 import json
 import pstats
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -136,13 +137,15 @@ def graph_nodes(call) -> int | None:
 
 
 def host_state() -> dict:
-    """Load average, the CPU this process last ran on and its current clock (Linux /proc)."""
+    """Load average, the CPU this process last ran on and its current clock (Linux /proc), and the
+    process's Python threads."""
     try:
         load = float(Path("/proc/loadavg").read_text().split()[0])
         cpu = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
         mhz = [float(line.split(":")[1]) for line in Path("/proc/cpuinfo").read_text().splitlines()
                if line.startswith("cpu MHz")]
-        return {"loadavg_1m": load, "cpu": cpu, "cpu_mhz": round(mhz[cpu], 0) if cpu < len(mhz) else None}
+        return {"loadavg_1m": load, "cpu": cpu, "cpu_mhz": round(mhz[cpu], 0) if cpu < len(mhz) else None,
+                "python_threads": threading.active_count()}  # others may take the GIL a call releases
     except (OSError, ValueError, IndexError):
         return {}
 
