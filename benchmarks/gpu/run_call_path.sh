@@ -55,7 +55,7 @@ add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3
 # The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
 add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets mixtral-8x7b"
-add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3 gpt-oss-120b"
+add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3"
 add host-layer-gpt-oss "python3 bench_host_path.py --out $OUT/host --presets gpt-oss-120b"
 e2e qwen3-30b-a3b transformers eager
 for s in bf16 int4 fp8-block mxfp4; do e2e qwen3-30b-a3b $s eager; done
