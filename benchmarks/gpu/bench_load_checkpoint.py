@@ -2,6 +2,11 @@
 
     python benchmarks/gpu/bench_load_checkpoint.py [--dir /tmp/qwen3-30b-a3b-gptq] [--layers 48] [--out DIR]
                                                    [--device cuda|cpu] [--profile FILE]
+                                                   [--format gptq|fp8|ct-w4a16|mxfp4]
+
+--format other than gptq writes that format's checkpoint with bench_checkpoint_loaders.py's writer
+(fine-grained fp8 and compressed-tensors W4A16 at qwen3-30b-a3b's shape, MXFP4 at gpt-oss-20b's) and
+measures its load the same way; the bound's 16-bit expert tensor is that checkpoint's w13.
 
 1. write (skipped where --dir already holds it): config.json of Qwen3-30B-A3B (48 layers, 128 experts,
    top-8, hidden 2048, expert width 768, vocab 151936) with GPTQ int4 (group 128, sym, v1 zeros), its
@@ -159,11 +164,18 @@ def load(directory: Path, profile_to: Path | None, device: str) -> dict:
                                   for layer in model.fuse_report.layers}),
               "load_s": load_s, "host_anon_before": before["RssAnon"], "host_anon_peak": memory.peak["RssAnon"],
               "host_anon_after": after["RssAnon"], "host_file_peak": memory.peak["RssFile"],
-              "bound_16bit_expert_tensor": E * 2 * N * K * 2}
+              "bound_16bit_expert_tensor": w13_16bit_bytes(model.config)}
     if cuda:  # generate at real shapes is for the GPU; the CPU run measures the load's memory
         result.update(gpu_peak=torch.cuda.max_memory_allocated(), gpu_model=torch.cuda.memory_allocated(),
                       **generate_timings(model, profile_to is not None))
     return result
+
+
+def w13_16bit_bytes(config) -> int:
+    """One layer's gate/up expert tensor in 16 bits: experts x 2 x intermediate x hidden x 2 bytes."""
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return experts * 2 * width * config.hidden_size * 2
 
 
 def generate_timings(model, profile: bool) -> dict:
@@ -171,7 +183,8 @@ def generate_timings(model, profile: bool) -> dict:
     import torch
     from bench_e2e import generate_greedy, median_seconds
 
-    ids = torch.randint(0, VOCAB, (1, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (1, 16), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(0))
     times = {}
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=4, do_sample=False)  # warm-up: kernels compiled, graphs captured
@@ -201,13 +214,20 @@ def main() -> None:
                         help="write cProfile statistics of the load here, and profile a decode step (in the JSON)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="where the model loads (cpu: the load's time and host memory only, no generate)")
+    parser.add_argument("--format", choices=["gptq", "fp8", "ct-w4a16", "mxfp4"], default="gptq",
+                        help="the checkpoint written (default: GPTQ int4, written here)")
     parser.add_argument("--phase", choices=["all", "load"], default="all", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.phase == "load":
         print("RESULT " + json.dumps(load(args.dir, args.profile, args.device)), flush=True)
         return
     if not (args.dir / "config.json").exists():
-        write(args.dir, args.layers)
+        if args.format == "gptq":
+            write(args.dir, args.layers)
+        else:
+            from bench_checkpoint_loaders import write as write_format
+
+            write_format(args.format, args.dir, args.layers, "cuda" if args.device == "cuda" else "cpu")
     # a fresh process: the writer's memory must not count in the loader's peak. Its log (progress per
     # layer) passes through as it comes, so a load stopped midway still says how far it got.
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -245,7 +265,8 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         name = r["device"].replace(" ", "_")
-        (args.out / f"load_checkpoint_{name}.json").write_text(json.dumps(r, indent=2))
+        tag = "" if args.format == "gptq" else f"{args.format}_"
+        (args.out / f"load_checkpoint_{tag}{name}.json").write_text(json.dumps({"format": args.format, **r}, indent=2))
 
 
 if __name__ == "__main__":
