@@ -15,7 +15,7 @@ shared experts included), called as `generate` calls it. Per cell:
   is what the host path costs the GPU);
 - graph_nodes: the nodes of the graph the eager calls replay (the driver's work per launch);
 - host_state: the machine's 1-minute load average, the CPU the process last ran on and that CPU's
-  clock, read after the cell (a cell's host time can move by ~20 us for stretches of consecutive
+  clock, and the process's Python threads, read after the cell (a cell's host time can move by ~20 us for stretches of consecutive
   cells, with the same code and graph: this tells host interference apart);
 - ok: eager_us <= 1.1 * graph_us + 10 and host_us <= the target (30 us a layer, 45 a block).
 
