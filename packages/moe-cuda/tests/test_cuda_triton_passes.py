@@ -138,8 +138,9 @@ def test_the_topk_sum_matches_marlins_torch_form(top_k, dtype):
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("expert_map", [None, torch.tensor([-1, 0, 1, -1, 2])], ids=["all-local", "expert-parallel"])
 def test_the_gathered_combine_matches_the_torch_combine(weighted, expert_map):
-    """On CUDA `dispatch.combine` is one `gather_topk_sum` pass over the choices' slots; the torch
-    combine (its CPU form) is the reference, rows of other ranks' experts holding NaN."""
+    """`dispatch.combine` (on CUDA one `gather_topk_sum` pass over the choices' slots, elsewhere its
+    torch twin) against the sorted rows put back in (token, choice) order and summed, rows of other
+    ranks' experts holding NaN."""
     gen = torch.Generator().manual_seed(3)
     M, top_k, K, E = 6, 3, 1100, 5
     ids = torch.randint(0, E, (M, top_k), generator=gen)
@@ -148,8 +149,12 @@ def test_the_gathered_combine_matches_the_torch_combine(weighted, expert_map):
     perm = dispatch.permute_by_expert(weights, ids, local_experts, expert_map)
     y = torch.randn(M * top_k, K, generator=gen).to(torch.bfloat16)
     y[~perm.local] = float("nan")
-    ref = dispatch.combine(y, perm, M, weighted)
+    scale = torch.where(perm.local, perm.weight if weighted else torch.ones_like(perm.weight), 0.0)
+    contrib = torch.where(perm.local[:, None], y.float(), 0.0) * scale[:, None]
+    ref = torch.empty_like(contrib).index_copy_(0, perm.pair, contrib).view(M, top_k, K).sum(1).to(y.dtype)
+    twin = dispatch.combine(y, perm, M, weighted)
     gathered = gather_topk_sum(y.to(DEVICE), perm.slot.to(DEVICE), top_k, y.dtype,
                                perm.weight.to(DEVICE) if weighted else None)
     assert not ref.isnan().any()
+    torch.testing.assert_close(twin.float(), ref.float(), rtol=8e-3, atol=1e-5)
     torch.testing.assert_close(gathered.cpu().float(), ref.float(), rtol=8e-3, atol=1e-5)

@@ -171,11 +171,10 @@ class CopyKernels:
         """Copy `tensors` into `statics` on the current stream (called while capturing: the graph's node)."""
         lib = self._lib
         function = self._functions[(statics[0].device.index, len(statics))]
-        values = (ctypes.c_uint64 * (3 * len(statics)))(*_arguments(statics, tensors))
-        args = (ctypes.c_void_p * len(values))(*[ctypes.addressof(values) + 8 * k for k in range(len(values))])
+        arguments = _kernel_arguments(statics, tensors)  # held until the launch has copied the values
         blocks = _blocks(statics)
         stream = torch.cuda.current_stream(statics[0].device).cuda_stream
-        _check(lib, lib.cuLaunchKernel(function, blocks, 1, 1, _THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel")
+        _check(lib, lib.cuLaunchKernel(function, blocks, 1, 1, _THREADS, 1, 1, 0, stream, arguments[1], None), "cuLaunchKernel")
 
     def pointer(self, graph: torch.cuda.CUDAGraph,
                 statics: tuple[torch.Tensor, ...]) -> Callable[[tuple[torch.Tensor, ...]], None]:
@@ -206,8 +205,14 @@ class CopyKernels:
                          lambda err: _check(lib, err, "cuGraphExecKernelNodeSetParams"))
 
 
-def _arguments(statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]) -> list[int]:
-    return [v for s, t in zip(statics, tensors) for v in (t.data_ptr(), s.data_ptr(), s.numel() * s.element_size())]
+def _kernel_arguments(statics: tuple[torch.Tensor, ...], tensors: tuple[torch.Tensor, ...]
+                      ) -> tuple[ctypes.Array, ctypes.Array]:
+    """`copy_inputs`' arguments: their values (source, destination, bytes per input, u64) and the array
+    of pointers to each value that a launch or a node update takes; the values must outlive its use."""
+    values = (ctypes.c_uint64 * (3 * len(statics)))(
+        *[v for s, t in zip(statics, tensors) for v in (t.data_ptr(), s.data_ptr(), s.numel() * s.element_size())])
+    base = ctypes.addressof(values)
+    return values, (ctypes.c_void_p * len(values))(*[base + 8 * k for k in range(len(values))])
 
 
 def _blocks(statics: tuple[torch.Tensor, ...]) -> int:
@@ -226,12 +231,10 @@ class Repointer:
     def __init__(self, set_params: Callable[[object], int], params: _KernelNodeParams,
                  statics: tuple[torch.Tensor, ...], fail: Callable[[int], None]) -> None:
         # The node's arguments: the driver reads them through `params` on every update, so they live here.
-        self._values = (ctypes.c_uint64 * (3 * len(statics)))(*_arguments(statics, statics))
+        self._values, self._args = _kernel_arguments(statics, statics)
         self._sources = range(0, len(self._values), 3)
         for k in self._sources:
             self._values[k] = 0  # no source yet: the first call sets them all
-        base = ctypes.addressof(self._values)
-        self._args = (ctypes.c_void_p * len(self._values))(*[base + 8 * k for k in range(len(self._values))])
         params.kernel_params = ctypes.addressof(self._args)
         self._params = params
         self._by_reference = ctypes.byref(params)

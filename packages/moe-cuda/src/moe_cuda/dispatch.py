@@ -17,7 +17,7 @@ from moe_triton.act_quant import QMode, act_quant, act_quant_torch
 from moe_triton.expert_permutation import ExpertPermutation, permute_by_expert_torch
 from moe_triton.expert_permutation import permute_by_expert as permute_on_gpu
 from moe_triton.routing import route as route_one_launch
-from moe_triton.topk_sum import gather_topk_sum
+from moe_triton.topk_sum import gather_topk_sum, gather_topk_sum_torch
 
 __all__ = ["ExpertPermutation", "activate", "combine", "permute_by_expert", "route", "row_pass"]
 
@@ -68,10 +68,6 @@ def combine(y: torch.Tensor, perm: ExpertPermutation, num_tokens: int, weighted:
     same bits on every call: on CUDA by one gathering pass of moe-triton's `gather_topk_sum` (each
     choice's sorted row found through its slot); elsewhere in torch, its twin.
     """
-    if y.is_cuda:
-        top_k = perm.pair.numel() // num_tokens if num_tokens else 1
-        return gather_topk_sum(y, perm.slot, top_k, y.dtype, perm.weight if weighted else None)
-    scale = torch.where(perm.local, perm.weight if weighted else torch.ones_like(perm.weight), 0.0)
-    contrib = torch.where(perm.local[:, None], y.float(), 0.0) * scale[:, None]
-    unsorted = torch.empty_like(contrib).index_copy_(0, perm.pair, contrib)
-    return unsorted.view(num_tokens, -1, y.shape[1]).sum(1).to(y.dtype)
+    top_k = perm.pair.numel() // num_tokens if num_tokens else 1
+    run = gather_topk_sum if y.is_cuda else gather_topk_sum_torch
+    return run(y, perm.slot, top_k, y.dtype, perm.weight if weighted else None)
