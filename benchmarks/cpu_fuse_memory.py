@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -22,16 +21,9 @@ import torch
 GIB = 2**30
 
 
-def anon_rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
-
-
 def measure(scheme: str, layers: int) -> str:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    from bench_load_checkpoint import HostMemory
     from hf_models import build_model
     from layer_timing import layer_quant
 
@@ -41,23 +33,16 @@ def measure(scheme: str, layers: int) -> str:
     model = build_model("qwen3-30b-a3b", layers, torch.device("cpu"))
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     largest = max(sum(t.numel() * t.element_size() for t in layer.parameters()) for layer in model.model.layers)
-    peak, stop = [0], threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.005):
-            peak[0] = max(peak[0], anon_rss())
-
-    before = anon_rss()
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    memory = HostMemory(interval_s=0.005)
+    before = memory.sample()["RssAnon"]
     quant = None if scheme == "bf16" else layer_quant(get_preset("qwen3-30b-a3b"), scheme)
-    report = fuse(model, quant=quant, prefer="cpu")
-    stop.set()
-    sampler.join()
+    with memory:
+        report = fuse(model, quant=quant, prefer="cpu")
+    peak, after = memory.peak["RssAnon"], memory.sample()["RssAnon"]
     backends = sorted({layer.plan.experts_cls.name() for layer in report.layers})
     return (f"{scheme:<6} {', '.join(backends):<24} model {size / GIB:.2f} GiB, largest layer {largest / GIB:.2f}: "
-            f"RSS before {before / GIB:.2f}, peak {peak[0] / GIB:.2f}, after {anon_rss() / GIB:.2f}; "
-            f"peak - before {(peak[0] - before) / GIB:.2f} (bound 1.2 x largest layer: {1.2 * largest / GIB:.2f})")
+            f"RSS before {before / GIB:.2f}, peak {peak / GIB:.2f}, after {after / GIB:.2f}; "
+            f"peak - before {(peak - before) / GIB:.2f} (bound 1.2 x largest layer: {1.2 * largest / GIB:.2f})")
 
 
 def main() -> int:

@@ -96,9 +96,11 @@ def write(directory: Path, layers: int) -> None:
 
 
 class HostMemory:
-    """Peak RssAnon and RssFile of this process (/proc/self/status), sampled on a thread."""
+    """Peak RssAnon and RssFile of this process (/proc/self/status), sampled on a thread every
+    `interval_s` seconds while the context is open."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
         self.peak = {"RssAnon": 0, "RssFile": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -113,7 +115,7 @@ class HostMemory:
         return values
 
     def _run(self) -> None:
-        while not self._stop.wait(0.02):
+        while not self._stop.wait(self.interval_s):
             for name, v in self.sample().items():
                 self.peak[name] = max(self.peak[name], v)
 
