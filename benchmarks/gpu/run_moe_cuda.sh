@@ -49,6 +49,10 @@
 # host:         host and GPU time per eager call of the Marlin (int4, int8), SGLang fp8 block and torch
 #               grouped GEMM layers, qwen3-30b-a3b and mixtral-8x7b (benchmarks/gpu/bench_host_path.py
 #               --backend), one job per backend -> $OUT/host/host-path-layer-BACKEND-*.json.
+# base:         with BASE_WHEELS set, one job per preset and scheme: the triton layer alone timed with that
+#               build of the project (`moe bench --backends triton` -> $OUT/base/P-S), to set beside the
+#               bench phase's triton cells of this build (a before/after of a kernel change; kept out of
+#               the merged ranking).
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
@@ -216,8 +220,17 @@ for phase in "${PHASES[@]}"; do
         printf 'host-%s\tpython3 %s --backend %s --schemes %s --presets qwen3-30b-a3b mixtral-8x7b --out %s\n' \
           "${cell%%:*}" "$HERE/bench_host_path.py" "${cell%%:*}" "${cell#*:}" "$OUT/host" >> "$JOBS"
       done ;;
+    base)
+      [ -n "${BASE_SITE:-}" ] || { echo "the base phase needs BASE_WHEELS"; exit 2; }
+      for p in "${presets[@]}"; do
+        for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do
+          [ "$p-$s" = gpt-oss-120b-fp8-block ] && continue
+          printf 'base-%s-%s\tPYTHONPATH=%s python3 -m moe_core bench --device cuda --backends triton --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
+            "$p" "$s" "$BASE_SITE" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/base/$p-$s" >> "$JOBS"
+        done
+      done ;;
     "") ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host, base)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi

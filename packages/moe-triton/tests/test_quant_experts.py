@@ -187,7 +187,8 @@ def test_fused_layer_on_gpu(quant, routing):
 @pytest.mark.device("cuda")
 def test_one_token_split_layer_launches_on_gpu():
     """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
-    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth."""
+    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth.
+    Eager calls: a replayed CUDA graph would show its input copy and capture-time launches instead."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -196,7 +197,7 @@ def test_one_token_split_layer_launches_on_gpu():
 
     cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=512, intermediate_size=256, dtype=torch.bfloat16)
     quant = int4_w4a16(128)
-    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton")
+    layer = FusedMoE(cfg, quant, device="cuda", prefer="triton", cuda_graphs=False)
     layer.load_weights(ExpertWeights.random(cfg, quant, seed=5, device=DEV))
     layer.experts.config_override = _splits(2, 2)
     x = torch.randn(1, 512, device=DEV).to(torch.bfloat16)

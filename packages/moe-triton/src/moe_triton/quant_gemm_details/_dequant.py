@@ -44,6 +44,26 @@ lop3.b32 $3, t2, 0x000F000F, MAGIC, 0xEA;
 _QUAD_ASM_BF16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x43004300"))
 _QUAD_ASM_FP16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x64006400"))
 
+# int8 codes (uint8, zero point 128) -> bf16 code - 128, four codes of one register per instance,
+# without an integer -> float conversion (a quarter of the FMA rate): for each pair of codes placed in
+# 16-bit lanes (prmt), m = 0x4300 | (code & 0x7F) is 128 + its low seven bits and
+# n = 0x4380 ^ (code & 0x80) is 256, or 128 when its top bit is set, both exact in bf16, and
+# m - n = code - 128 exactly (an fma by -1: bf16 subtraction needs sm_90). lop3 0xEA is (a & b) | c,
+# 0x6A is (a & b) ^ c. `int8_centered_torch` checks the recipe on all 256 codes.
+INT8_M_AND, INT8_M_OR, INT8_N_AND, INT8_N_XOR = 0x007F, 0x4300, 0x0080, 0x4380
+_INT8_ASM_BF16 = tl.constexpr("""{
+.reg .b32 p, m, n, neg;
+mov.b32 neg, 0xBF80BF80;
+prmt.b32 p, $2, 0, 0x4140;
+lop3.b32 m, p, 0x007F007F, 0x43004300, 0xEA;
+lop3.b32 n, p, 0x00800080, 0x43804380, 0x6A;
+fma.rn.bf16x2 $0, n, neg, m;
+prmt.b32 p, $2, 0, 0x4342;
+lop3.b32 m, p, 0x007F007F, 0x43004300, 0xEA;
+lop3.b32 n, p, 0x00800080, 0x43804380, 0x6A;
+fma.rn.bf16x2 $1, n, neg, m;
+}""")
+
 
 @triton.constexpr_function
 def e2m1_quarter_ptx(j: int, out: str, src: str) -> str:
@@ -214,9 +234,9 @@ def int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CODE_OFFSET:
 
 @triton.jit
 def dequantize(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
-             CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr):
+             CODE_OFFSET: tl.constexpr, CT: tl.constexpr, N_AXIS: tl.constexpr, PTX: tl.constexpr):
     """INT4 (halves) / INT8 codes tile, N along axis N_AXIS -> values in CT; scale_ptrs/zero_ptrs
-    [BN]: the group's row."""
+    [BN]: the group's row. PTX: bf16 int8 codes of zero point 128 centered by `_INT8_ASM_BF16`."""
     if WTYPE == 0:
         tl.static_assert(N_AXIS == 0, "int4 runs swapped only")
         s, z = int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, codes.shape[0])
@@ -227,10 +247,21 @@ def dequantize(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP
         z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=0).to(CT), 1 - N_AXIS)
         # codes and zeros are small integers: exact in CT, so one rounding as in the reference.
         return (codes.to(CT) - z) * s
+    if PTX and CT == tl.bfloat16 and CODE_OFFSET == 128:  # noqa: SIM300
+        v = tl.inline_asm_elementwise(_INT8_ASM_BF16, "=r,=r,r", [codes], is_pure=True, pack=4, dtype=tl.bfloat16)
+        return v * s
     return (codes.to(CT) - CODE_OFFSET) * s
 
 
 # ---- torch -------------------------------------------------------------------------------------
+
+
+def int8_centered_torch(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes -> bf16 code - 128 by `_INT8_ASM_BF16`'s bit recipe (its lop3 and fma), in torch."""
+    c = codes.to(torch.int16)
+    m = ((c & INT8_M_AND) | INT8_M_OR).view(torch.bfloat16)
+    n = ((c & INT8_N_AND) ^ INT8_N_XOR).view(torch.bfloat16)
+    return m - n
 
 
 def dequantize_operand(w: WeightOperand) -> torch.Tensor:

@@ -416,8 +416,10 @@ def _wgemm_rows(
             g_lo = (k0 // GROUP) * stride_sk
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
             packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None], other=0)
-            w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
-            w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0)
+            w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0,
+                               PTX_UNPACK)
+            w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0,
+                               PTX_UNPACK)
             acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
             acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
         acc = tl.trans(acc_t)
@@ -430,7 +432,7 @@ def _wgemm_rows(
             a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
             if WTYPE == 1:
                 g = (k0 // GROUP) * stride_sk
-                w = dequantize(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1)
+                w = dequantize(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1, PTX_UNPACK)
                 acc = tl.dot(a.to(CT), w, acc)
             elif A_SCALE == 2:
                 # 128x128 weight blocks, 1x128 activation groups: BLOCK_K divides 128.
