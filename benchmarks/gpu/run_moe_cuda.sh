@@ -15,10 +15,11 @@
 # tests:        moe-cuda's tests (device-marked ones and moe-core's conformance suite), one job.
 # triton-tests: moe-triton's device-marked tests and its act-order tests, one job.
 # bench:        `moe bench --backends all`, one job per preset and scheme: every installed backend side
-#               by side on the same layers; each job writes $OUT/bench/P-S/bench-*.json and
-#               ranking-<device>.json after every measured cell (a job stopped by the deadline keeps
-#               what it measured); the rankings are merged into $OUT/bench/ranking-<device>.json (copy it
-#               into packages/moe-core/src/moe_core/rankings_data/).
+#               by side on the same layers; each job writes $OUT/bench/P-S/bench-*.json after every
+#               measured cell (a job stopped by the deadline keeps what it measured) and ranking-<device>.json
+#               once every backend has run (a stopped job ranks nothing: its backends run one after the
+#               other); the rankings are merged into $OUT/bench/ranking-<device>.json (copy it into
+#               packages/moe-core/src/moe_core/rankings_data/).
 # peers:        OpenAI triton_kernels' matmul_ogs MXFP4 layer (benchmarks/gpu/peer_matmul_ogs.py), one job
 #               per preset -> $OUT/peers/P/peer_matmul_ogs.json.
 # flashinfer:   FlashInfer's sm_90 fused MoE, from FLASHINFER_BUNDLE (default .carry/flashinfer: the pruned

@@ -223,6 +223,35 @@ def test_bench_records_a_backend_that_fails_and_goes_on(tmp_path, monkeypatch, r
                for r in payload["refused"])
 
 
+def test_an_interrupted_bench_ranks_only_schemes_every_backend_finished(tmp_path, monkeypatch, rankings_env):
+    """Backends are timed one after the other: a run stopped after the first backend of a scheme
+    (a deadline) keeps that backend's rows in its results but ranks none of that scheme's cells."""
+    import moe_core.bench.cli as bench_cli
+
+    timed = []
+    real = bench_cli._bench_layer
+
+    def stop_at_the_second_scheme_s_second_backend(preset, scheme, quant, layer, *args):
+        if scheme == "int8" and layer.plan.backend == "cpu":
+            raise KeyboardInterrupt  # not a backend's failure: the run ends here
+        timed.append((scheme, layer.plan.backend))
+        return real(preset, scheme, quant, layer, *args)
+
+    monkeypatch.setattr(bench_cli, "_bench_layer", stop_at_the_second_scheme_s_second_backend)
+    rc = moe_main(["bench", "--preset", "tiny", "--scheme", "bf16", "--scheme", "int8", "--tokens", "1", "4",
+                   "--backends", "reference,cpu", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path),
+                   "--no-plot", "--save-ranking"])
+    assert rc == 130
+    assert timed == [("bf16", "reference"), ("bf16", "cpu"), ("int8", "reference")]
+    payload = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert {(r["scheme"], r["backend"]) for r in payload["rows"]} == set(timed)
+    # --out's ranking file and the user's (--save-ranking); 4 tokens fall in the bucket of 8
+    for folder in (tmp_path, rankings_env / "cache" / "moe" / "rankings"):
+        entries = json.loads(next(folder.glob("ranking-*.json")).read_text())["entries"]
+        assert [(e["scheme"], e["tokens"], set(e["us"])) for e in entries] == [
+            ("unquantized", 1, {"reference", "cpu"}), ("unquantized", 8, {"reference", "cpu"})]
+
+
 def test_shipped_rankings_load_and_name_known_backends():
     from pathlib import Path
 

@@ -201,6 +201,7 @@ def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backend
             del layer
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        results.scheme_done()
         del weights
 
 
@@ -398,7 +399,7 @@ def main(args: argparse.Namespace) -> int:
         _note(f"moe bench: interrupted; the {len(results.payload['rows'])} points measured are in {json_path}")
         code = 130
     finally:
-        if args.save_ranking and results.payload["rows"]:
+        if args.save_ranking and results.ranking()["entries"]:
             _note(f"merged the measured ranking into {save_ranking(results.ranking())}")
     rows = results.rows
     if ceilings is not None:

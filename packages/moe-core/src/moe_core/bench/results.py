@@ -126,11 +126,15 @@ def claim_results_path(out: Path, stem: str) -> Path:
 class _Results:
     """The run's JSON, rewritten (atomically) after every measured point, and with several backends
     timed side by side the ranking its rows make, merged into the folder's ranking file (`save_ranking`)
-    after every point: an interrupted run keeps what it measured."""
+    each time a scheme's backends have all been timed or refused (`scheme_done`): an interrupted run
+    keeps what it measured, and its ranking never holds a cell that only some backends reached (the
+    backends are timed one after the other, so such a cell would rank the first ones ahead of the
+    rest for want of their times)."""
 
     def __init__(self, path: Path, payload: dict, ranking_folder: Path | None) -> None:
         self.path, self.ranking_folder = path, ranking_folder
         self.ranking_path: Path | None = None
+        self._ranked_rows = 0  # rows of the schemes every backend has finished: the ranking's rows
         self.payload = {**payload, "complete": False, "rows": [], "refused": []}
         self.save()
 
@@ -140,12 +144,17 @@ class _Results:
     def add_row(self, row: Row) -> None:
         self.payload["rows"].append(asdict(row))
         self.save()
-        if self.ranking_folder is not None:
+
+    def scheme_done(self) -> None:
+        """Every backend of the current scheme has been timed or refused: merge the ranking so far."""
+        self._ranked_rows = len(self.payload["rows"])
+        if self.ranking_folder is not None and self._ranked_rows:
             self.ranking_path = save_ranking(self.ranking(), self.ranking_folder)
 
     def ranking(self) -> dict:
+        """The ranking of the schemes finished so far (`scheme_done`)."""
         machine = self.payload["machine"]
-        return ranking_from_rows(self.payload["rows"], machine["device_name"],
+        return ranking_from_rows(self.payload["rows"][:self._ranked_rows], machine["device_name"],
                                  {"date": machine["date"], "torch": machine["torch"],
                                   "distributions": machine["distributions"]}, self.payload["method"])
 
