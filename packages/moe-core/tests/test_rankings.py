@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -267,6 +268,44 @@ def test_shipped_rankings_load_and_name_known_backends():
         for entry in ranking.entries:
             assert set(entry.backends) <= known, entry
             assert entry.us == tuple(sorted(entry.us, key=lambda bt: bt[1]))
+
+
+def test_shipped_h200_ranking_serves_the_measured_fastest_in_every_cell(rankings_env):
+    """The shipped H200 file (benchmarks/results/gpu-h200/matrix-2026-11-29/): every preset and scheme
+    the matrix measured resolves to its own cell, whose first backend was the fastest there; vendor
+    kernels lead where they were faster (SGLang's fp8 blocks at 2048+ tokens, Marlin's int8 at
+    512 tokens on the qwen3 presets), moe-triton elsewhere."""
+    import moe_core.rankings as rankings
+    from moe_core.presets import get_preset
+    from moe_core.quant import fp8_w8a8, parse_scheme
+
+    path = Path(rankings.__file__).with_name("rankings_data") / "ranking-nvidia-h200.json"
+    measured = {(e.scheme, e.shape, e.tokens): e for e in load_ranking(path).entries}
+    device = "NVIDIA H200"
+    cells = 0
+    for preset_name in ("deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b", "mixtral-8x7b", "qwen3-30b-a3b"):
+        preset = get_preset(preset_name)
+        # the schemes as `moe bench --scheme` names them (int4: the preset's group size)
+        for quant in [*map(parse_scheme, ("bf16", "fp8-block", "fp8-channel", "int8", "mxfp4")),
+                      int4_w4a16(preset.int4_group_size)]:
+            for tokens in TOKEN_BUCKETS:
+                entry = measured.get((quant.name, shape_key(preset.config), tokens))
+                if entry is None:
+                    continue
+                match = find_ranking(device, preset.config, quant, tokens)
+                assert match.basis.startswith("scheme and shape"), (preset_name, quant.name, tokens, match.basis)
+                assert match.order[0] == min(entry.us, key=lambda bt: bt[1])[0]
+                cells += 1
+    assert cells == 185
+
+    def first(preset_name: str, quant, tokens: int) -> str:
+        return find_ranking(device, get_preset(preset_name).config, quant, tokens).order[0]
+
+    assert first("qwen3-30b-a3b", fp8_w8a8("block"), 8192) == "sglang_fp8_block"
+    assert first("qwen3-30b-a3b", fp8_w8a8("block"), 512) == "triton"
+    assert first("qwen3-30b-a3b", int8_w8a16(), 512) == "marlin"
+    assert first("qwen3-30b-a3b", int8_w8a16(), 2048) == "triton"
+    assert first("mixtral-8x7b", int4_w4a16(128), 1) == "triton"
 
 
 def test_shipped_h100_ranking_orders_the_measured_fastest_first(rankings_env):
