@@ -188,3 +188,19 @@ def test_clock_sampler_reports_nothing_off_cuda():
     with bench.SmClockSampler(torch.device("cpu")) as clock:
         pass
     assert clock.median is None
+
+
+def test_each_read_ceiling_kernel_reads_every_byte():
+    """The read ceiling's kernels (`read_kernels`) each reduce over the whole buffer: one value set
+    anywhere in a zero buffer (the first, the last, and random places) shows in every kernel's result."""
+    from moe_core.bench.roofline import read_kernels
+
+    numel = 4 * 2 * 8192
+    assert set(read_kernels(torch.zeros(numel, dtype=torch.uint8))) == {"fp32 sum", "bf16 gemv", "bf16 gemm x16"}
+    gen = torch.Generator().manual_seed(3)
+    # the top byte of a float32 (and of the bf16 in its upper half): 0x3F there makes 0.5 or more
+    for position in [3, numel - 1, *(4 * torch.randint(0, numel // 4, (4,), generator=gen) + 3).tolist()]:
+        src = torch.zeros(numel, dtype=torch.uint8)
+        src[position] = 0x3F
+        for name, kernel in read_kernels(src).items():
+            assert kernel().float().abs().sum() >= 0.5, (name, position)

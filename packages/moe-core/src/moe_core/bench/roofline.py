@@ -48,7 +48,8 @@ class Ceilings:
     matmul_size: int  # n of the n x n x n matmuls
     matmul_sm_clock_mhz: float | None  # median SM clock while the matmuls ran (CUDA with NVML), else None
     method: str
-    # Bytes per second of a plain read (a sum) of the copied tensor: CUDA only, else None.
+    # Bytes per second of the fastest plain read of the copied tensor (`read_kernels`; `method` names
+    # it): CUDA only, else None.
     read_bytes_per_s: float | None = None
 
     @property
@@ -118,16 +119,35 @@ def _matmul(n: int, dtype: torch.dtype, device: torch.device) -> Callable[[], to
     return lambda: a @ b
 
 
-def _cuda_stream_seconds(device: torch.device) -> tuple[float, float]:
-    """Seconds of a device-to-device copy of CUDA_COPY_BYTES and of a plain read of them (a sum)."""
+# Columns of the bf16 matrix the read ceiling's GEMV and skinny GEMM stream through.
+_READ_COLUMNS = 8192
+
+
+def read_kernels(src: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """Kernels that each read all of `src` (bytes, a multiple of 2 * _READ_COLUMNS) once and write
+    next to nothing: a float32 sum, a bf16 matrix-vector product, and a bf16 GEMM with 16 columns
+    (the shape of a decode step's weight stream). No single torch kernel reads at the full rate on
+    every GPU (an H200's fp32 sum read 4.14 TB/s where a bf16 MoE layer streamed its weights at
+    4.37), so the read ceiling is the fastest of them."""
+    matrix = src.view(torch.bfloat16).view(-1, _READ_COLUMNS)
+    vector = torch.ones(_READ_COLUMNS, dtype=torch.bfloat16, device=src.device)
+    columns = torch.ones(_READ_COLUMNS, 16, dtype=torch.bfloat16, device=src.device)
+    return {"fp32 sum": src.view(torch.float32).sum, "bf16 gemv": lambda: torch.mv(matrix, vector),
+            "bf16 gemm x16": lambda: matrix @ columns}
+
+
+def _cuda_stream_seconds(device: torch.device) -> tuple[float, float, str]:
+    """Seconds of a device-to-device copy of CUDA_COPY_BYTES, and of the fastest plain read of them
+    (`read_kernels`) with its name."""
     src = torch.ones(CUDA_COPY_BYTES, device=device, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    values = src.view(torch.float32)
-    return _cuda_median_seconds(lambda: dst.copy_(src)), _cuda_median_seconds(values.sum)
+    reads = {name: _cuda_median_seconds(kernel) for name, kernel in read_kernels(src).items()}
+    fastest = min(reads, key=reads.get)
+    return _cuda_median_seconds(lambda: dst.copy_(src)), reads[fastest], fastest
 
 
 def _measure_cuda_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
-    copy_s, read_s = _cuda_stream_seconds(device)
+    copy_s, read_s, reader = _cuda_stream_seconds(device)
     n, fp8, note = CUDA_MATMUL_SIZE, torch.float8_e4m3fn, ""
     with SmClockSampler(device) as clock:
         rates = {_dtype_name(dtype): 2 * n**3 / _cuda_median_seconds(_matmul(n, dtype, device))}
@@ -140,8 +160,8 @@ def _measure_cuda_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings
     return Ceilings(copy_bytes_per_s=2 * CUDA_COPY_BYTES / copy_s, matmul_flop_per_s=rates,
                     matmul_dtype=_dtype_name(dtype), copy_bytes=CUDA_COPY_BYTES, matmul_size=n,
                     matmul_sm_clock_mhz=clock.median,
-                    method=f"CUDA events, median of {CUDA_SAMPLES} samples after dropping the first {CUDA_DROPPED}"
-                           + note, read_bytes_per_s=CUDA_COPY_BYTES / read_s)
+                    method=f"CUDA events, median of {CUDA_SAMPLES} samples after dropping the first {CUDA_DROPPED}; "
+                           f"read: {reader}" + note, read_bytes_per_s=CUDA_COPY_BYTES / read_s)
 
 
 def _measure_host_timed_ceilings(device: torch.device, dtype: torch.dtype, samples: int) -> Ceilings:
