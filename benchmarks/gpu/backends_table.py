@@ -4,7 +4,8 @@ and for MXFP4 the int4 layer of the same run and the matmul_ogs peer.
     python benchmarks/gpu/backends_table.py RESULTS_DIR OUT_DIR
 
 RESULTS_DIR is the unpacked results.tar.gz (bench/*/bench-*.json, peers/*/peer_matmul_ogs.json).
-Writes OUT_DIR/cells.json (one row per cell and backend, the fields the tables use) and prints the
+Writes OUT_DIR/cells.json (one row per cell and backend, the fields the tables use; a run the deadline
+stopped keeps only the cells all its backends reached) and prints the
 markdown tables: all cells; MXFP4 against int4 (issue 47's 1.1x target) and its peers; then the
 cells whose numbers cannot stand: above `moe_core.bench.IMPOSSIBLE_FRACTION` of their floor, or
 timed while the machine's quick ceilings moved more than `RECHECK_TOLERANCE` (files written since
@@ -17,6 +18,7 @@ import argparse
 import collections
 import glob
 import json
+import sys
 from pathlib import Path
 
 from moe_core.bench import IMPOSSIBLE_FRACTION, RECHECK_TOLERANCE
@@ -31,7 +33,8 @@ def load(results: Path) -> tuple[list[dict], dict, dict]:
     for path in sorted(glob.glob(str(results / "bench" / "*" / "bench-*.json"))):
         data = json.loads(Path(path).read_text())
         machine = data["machine"]
-        rows += [{f: r.get(f) for f in FIELDS} for r in data["rows"] if r.get("time_ms")]
+        timed = [{f: r.get(f) for f in FIELDS} for r in data["rows"] if r.get("time_ms")]
+        rows += timed if data.get("complete", True) else _reached_by_all(timed, path)
     peer = {}
     for path in sorted(glob.glob(str(results / "peers" / "*" / "peer_matmul_ogs.json"))):
         data = json.loads(Path(path).read_text())
@@ -39,6 +42,20 @@ def load(results: Path) -> tuple[list[dict], dict, dict]:
             if r.get("us"):
                 peer[(r["preset"], r["M"])] = r
     return rows, machine, peer
+
+
+def _reached_by_all(rows: list[dict], path: str) -> list[dict]:
+    """The rows of a run the deadline stopped (its backends run one after the other) at the cells
+    every backend it timed reached; the others would show the first backends alone."""
+    backends = {r["backend"] for r in rows}
+    cells = collections.defaultdict(set)
+    for r in rows:
+        cells[(r["preset"], r["scheme"], r["tokens"])].add(r["backend"])
+    kept = [r for r in rows if cells[(r["preset"], r["scheme"], r["tokens"])] == backends]
+    if len(kept) < len(rows):
+        print(f"{path}: stopped before every backend ran; {len(rows) - len(kept)} rows of cells only some "
+              "backends reached left out", file=sys.stderr)
+    return kept
 
 
 def main() -> int:
