@@ -2,11 +2,12 @@
 kernels one of moe-cuda's FlashInfer classes calls, then install it as FlashInfer's AOT module so
 later processes load it instead of compiling.
 
-    python3 flashinfer_sm90.py --workspace DIR [--variant bf16-fp8|mxfp4] [--jobs N]
+    python3 flashinfer_sm90.py --workspace DIR [--variant bf16-fp8|mxfp4] [--jobs N] [--whole-files]
 
 Variants (one module each; both do not fit one call's build together):
 - bf16-fp8 (`FlashInferCutlassExperts`): bf16 and fp16 grouped GEMMs, and fp8 128x128 blocks, whose
-  GEMMs DeepGEMM compiles at run time with NVRTC: 44 files.
+  GEMMs DeepGEMM compiles at run time (with the toolkit's nvcc: `$CUDA_HOME` must hold one where the
+  module runs): 44 files.
 - mxfp4 (`FlashInferCutlassMxfp4Experts`): the sm90 mixed-input grouped GEMMs of bf16 activations and
   MXFP4 weights (W4A16) and their runner: 38 files.
 
@@ -17,7 +18,9 @@ runners of every other input type. Their symbols stay undefined in the library; 
 modules lazily (RTLD_LAZY), so only a call into a dropped type would fail, and the undefined-symbol
 count is printed. Each generated file kept holds several kernel instantiations (8 CUTLASS grouped GEMMs),
 and nvcc compiles a file on one core: the mixed-input ones took over 8 minutes each, so this script
-writes each instantiation to a file of its own (same preamble), which the build compiles in parallel.
+writes each instantiation to a file of its own (same preamble), which the build compiles in parallel;
+--whole-files keeps FlashInfer's files whole, for a machine with few cores, where every split unit
+costs about a whole file's time (the preamble) and there is no core to run them side by side.
 Prints the build time; exits non-zero on failure.
 """
 
@@ -106,6 +109,8 @@ def main() -> int:
                         help="which class's kernels the module holds (default: bf16-fp8)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) * 3 // 4),
                         help="parallel nvcc processes (each takes up to ~8 GB)")
+    parser.add_argument("--whole-files", action="store_true",
+                        help="compile FlashInfer's generated files whole instead of one instantiation per unit")
     args = parser.parse_args()
     os.environ.update(FLASHINFER_WORKSPACE_BASE=str(args.workspace.resolve()), FLASHINFER_CUDA_ARCH_LIST="9.0a",
                       MAX_JOBS=str(args.jobs), FLASHINFER_JIT_VERBOSE="1",
@@ -121,9 +126,10 @@ def main() -> int:
     def narrowed(*a, **k):
         spec = full(*a, **k)
         kept = [s for s in spec.sources if wanted(Path(s), VARIANTS[args.variant])]
-        split = [p for s in kept for p in (split_instantiations(Path(s)) if "generated" in Path(s).name else [s])]
-        print(f"flashinfer_sm90: {len(kept)} of {len(spec.sources)} sources kept, {len(split)} translation units "
-              "with one instantiation per generated file", flush=True)
+        split = [p for s in kept for p in (split_instantiations(Path(s)) if "generated" in Path(s).name
+                                           and not args.whole_files else [s])]
+        print(f"flashinfer_sm90: {len(kept)} of {len(spec.sources)} sources kept, {len(split)} translation units"
+              + ("" if args.whole_files else " with one instantiation per generated file"), flush=True)
         spec.sources = split
         return spec
 
