@@ -116,15 +116,19 @@ def test_a_cell_above_its_floor_is_flagged_impossible(tmp_path, monkeypatch, cap
 
 def test_a_machine_that_slows_down_during_a_cell_is_flagged(tmp_path, fast, monkeypatch, capsys):
     """Issue 58: a run under load was 100x slow with no spread warning, every sample being as slow:
-    the quick ceilings re-measured after the cell show it."""
-    speeds = iter([bench.QuickCeilings(1e10, 1e11), bench.QuickCeilings(1e10, 1e11),
-                   bench.QuickCeilings(1e10, 1e9)])  # the run's start, after the first cell, after the second
+    the quick ceilings re-measured after the cell show it. The baseline is the better of the two
+    taken around the run's ceilings (here the copy before them, the matmul after)."""
+    speeds = iter([bench.QuickCeilings(1e10, 0.5e11), bench.QuickCeilings(0.8e10, 1e11),  # before, after the ceilings
+                   bench.QuickCeilings(1e10, 1e11), bench.QuickCeilings(1e10, 1e9)])  # after the first cell, the second
     monkeypatch.setattr(bench_cli, "quick_ceilings", lambda device, dtype: next(speeds))
     assert bench.main(bench_args(*_TINY, "--scheme", "bf16", "--out", str(tmp_path))) == 0
     captured = capsys.readouterr()
     (result,) = tmp_path.glob("bench-*.json")
-    rows = json.loads(result.read_text())["rows"]
+    payload = json.loads(result.read_text())
+    rows = payload["rows"]
     assert [(r["copy_recheck"], r["matmul_recheck"]) for r in rows] == [(1.0, 1.0), (1.0, 0.01)]
+    quick = payload["quick_ceilings"]
+    assert (quick["copy_bytes_per_s"], quick["matmul_flop_per_s"]) == (1e10, 1e11) and len(quick["measured"]) == 2
     assert "tiny: bf16: cpu: 2 tokens: the quick copy and matmul re-measured after it ran at 1.00x and 0.01x" \
         in captured.err
     assert "tiny: bf16: cpu: 1 tokens: the quick" not in captured.err
