@@ -145,13 +145,17 @@ add_flashinfer_tests() {  # add_flashinfer_tests VARIANT PYTEST_K
 
 JOBS=$OUT/jobs.txt
 : > "$JOBS"
+# bench_job JOB PREFIX BACKENDS OUT_DIR PRESET SCHEME: one `moe bench` job of those backends
+bench_job() {
+  # gpt-oss-120b's K = N = 2880 is no multiple of 128: every backend refuses its 128x128 fp8 blocks.
+  [ "$5-$6" = gpt-oss-120b-fp8-block ] && return
+  printf '%s\t%spython3 -m moe_core bench --device cuda --backends %s --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
+    "$1" "$2" "$3" "$5" "$6" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$4" >> "$JOBS"
+}
 # add_bench PRESET SCHEME [NAME_SUFFIX [PREFIX]]: one `moe bench --backends all` job -> $OUT/bench/PRESET-SCHEME[-SUFFIX]
 add_bench() {
-  # gpt-oss-120b's K = N = 2880 is no multiple of 128: every backend refuses its 128x128 fp8 blocks.
-  [ "$1-$2" = gpt-oss-120b-fp8-block ] && return
   local name=$1-$2${3:+-$3}
-  printf 'bench-%s\t%spython3 -m moe_core bench --device cuda --backends all --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
-    "$name" "${4:-}" "$1" "$2" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/bench/$name" >> "$JOBS"
+  bench_job "bench-$name" "${4:-}" all "$OUT/bench/$name" "$1" "$2"
 }
 if [[ " ${PHASES[*]} " == *" retune "* ]]; then PHASES=(retune "${PHASES[@]/retune/}"); fi
 for phase in "${PHASES[@]}"; do
@@ -225,9 +229,7 @@ for phase in "${PHASES[@]}"; do
       [ -n "${BASE_SITE:-}" ] || { echo "the base phase needs BASE_WHEELS"; exit 2; }
       for p in "${presets[@]}"; do
         for s in ${BENCH_SCHEMES:-bf16 fp8-block fp8-channel int8 int4 mxfp4}; do
-          [ "$p-$s" = gpt-oss-120b-fp8-block ] && continue
-          printf 'base-%s-%s\tPYTHONPATH=%s python3 -m moe_core bench --device cuda --backends triton --no-plot --preset %s --scheme %s --tokens %s --out %s\n' \
-            "$p" "$s" "$BASE_SITE" "$p" "$s" "${BENCH_TOKENS:-1 8 32 128 512 2048 8192}" "$OUT/base/$p-$s" >> "$JOBS"
+          bench_job "base-$p-$s" "PYTHONPATH=$BASE_SITE " triton "$OUT/base/$p-$s" "$p" "$s"
         done
       done ;;
     "") ;;

@@ -406,8 +406,9 @@ def main(args: argparse.Namespace) -> int:
         _note(f"moe bench: interrupted; the {len(results.payload['rows'])} points measured are in {json_path}")
         code = 130
     finally:
-        if args.save_ranking and results.ranking()["entries"]:
-            _note(f"merged the measured ranking into {save_ranking(results.ranking())}")
+        ranking = results.ranking() if args.save_ranking else None
+        if ranking is not None and ranking["entries"]:
+            _note(f"merged the measured ranking into {save_ranking(ranking)}")
     rows = results.rows
     if ceilings is not None:
         print(format_report(title, ceilings, rows, results.payload["refused"]), flush=True)

@@ -51,18 +51,11 @@ _QUAD_ASM_FP16 = tl.constexpr(_QUAD_ASM.replace("MAGIC", "0x64006400"))
 # m - n = code - 128 exactly (an fma by -1: bf16 subtraction needs sm_90). lop3 0xEA is (a & b) | c,
 # 0x6A is (a & b) ^ c. `int8_centered_torch` checks the recipe on all 256 codes.
 INT8_M_AND, INT8_M_OR, INT8_N_AND, INT8_N_XOR = 0x007F, 0x4300, 0x0080, 0x4380
-_INT8_ASM_BF16 = tl.constexpr("""{
-.reg .b32 p, m, n, neg;
-mov.b32 neg, 0xBF80BF80;
-prmt.b32 p, $2, 0, 0x4140;
-lop3.b32 m, p, 0x007F007F, 0x43004300, 0xEA;
-lop3.b32 n, p, 0x00800080, 0x43804380, 0x6A;
-fma.rn.bf16x2 $0, n, neg, m;
-prmt.b32 p, $2, 0, 0x4342;
-lop3.b32 m, p, 0x007F007F, 0x43004300, 0xEA;
-lop3.b32 n, p, 0x00800080, 0x43804380, 0x6A;
-fma.rn.bf16x2 $1, n, neg, m;
-}""")
+_INT8_CENTER = (f"lop3.b32 m, p, 0x{INT8_M_AND:04X}{INT8_M_AND:04X}, 0x{INT8_M_OR:04X}{INT8_M_OR:04X}, 0xEA;\n"
+                f"lop3.b32 n, p, 0x{INT8_N_AND:04X}{INT8_N_AND:04X}, 0x{INT8_N_XOR:04X}{INT8_N_XOR:04X}, 0x6A;\n")
+_INT8_ASM_BF16 = tl.constexpr("{\n.reg .b32 p, m, n, neg;\nmov.b32 neg, 0xBF80BF80;\n"
+                              + "".join(f"prmt.b32 p, $2, 0, {select};\n{_INT8_CENTER}fma.rn.bf16x2 ${out}, n, neg, m;\n"
+                                        for out, select in ((0, "0x4140"), (1, "0x4342"))) + "}")
 
 
 @triton.constexpr_function
