@@ -55,7 +55,15 @@ CASES = {
     "tl.dot BM16 x BN128, fp8 128x128 blocks": (
         "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
         FP8_PTRS, 128),
+    "tl.dot BM64 x BN128, int8 byte quads g128": (
+        "dot", dict(QUADS, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_M=64), {"b_ptr": "*i32"}, 128),
+    "tl.dot BM16 x BN128, int8 byte quads per channel (POST_SCALE)": (
+        "dot", dict(QUADS, GROUP=2048, WTYPE=1, CODE_OFFSET=128, POST_SCALE=True), {"b_ptr": "*i32"}, 128),
     "wgmma BM128 x BN256 per consumer, int4 g128": ("wgmma", {}, {}, 128),
+    "wgmma BM128 x BN256 per consumer, int8 byte quads per channel (3 stages, ROW_SCALE)": (
+        "wgmma", dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, STAGES=3, ROW_SCALE=True), {"b_ptr": "*i32"}, 128),
+    "wgmma BM128 x BN256 per consumer, int8 byte quads g128 (3 stages)": (
+        "wgmma", dict(WTYPE=1, CODE_OFFSET=128, GROUP=128, STAGES=3), {"b_ptr": "*i32"}, 128),
     "wgmma BM128 x BN256 per consumer, MXFP4 folded": (
         "wgmma", dict(MXFP4, FOLDED_SCALE=True), {"s_ptr": "*i32"}, 128),
 }

@@ -50,6 +50,18 @@ _SPECIALIZATIONS = {
                         FOLDED_SCALE=True), {"a_ptr": "*fp16", "b_ptr": "*i16", "s_ptr": "*i32"}),
     "int8-last-arrival": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, SINK=2, ACT=1,
                                GATE_UP_CHUNK=32, DIRECT=True, REDUCE_TOPK=4), {"b_ptr": "*u8"}),
+    # int8 byte quads (int32 words): per-channel GEMM1 with the activation; one token's GEMM2 scaled
+    # after its dots and prefetching its weights; zero points in groups of 64 with fp16; a taken-in tail
+    "int8-quads-gemm1-act": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=1,
+                                  GATE_UP_CHUNK=32, PDL=True), {"b_ptr": "*i32"}),
+    "int8-quads-direct-post-scale-prefetch": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
+                                                   POST_SCALE=True, SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True,
+                                                   HAS_MAP=True, SPLIT_K=2, PDL=True, PREFETCH_TILES=1),
+                                              {"b_ptr": "*i32"}),
+    "int8-quads-zp-g64-fp16": (dict(GROUP=64, WTYPE=1, CODE_OFFSET=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=1,
+                                    SPLIT_K=2), {"a_ptr": "*fp16", "s_ptr": "*fp16", "b_ptr": "*i32"}),
+    "int8-quads-tail": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=256,
+                             ACT=1, GATE_UP_CHUNK=32, N_FIRST=True, PDL=True, TAIL=16), {"b_ptr": "*i32"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
                               SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True, N_FIRST=True),
                          {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
@@ -68,7 +80,7 @@ from moe_triton._common.offline_compile import compile_quant_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
     print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, "0x81C081C0" in ptx,
-          flush=True)
+          "0x43804380" in ptx or "0x64806480" in ptx, "prmt.b32" in ptx, flush=True)
 """
 
 
@@ -80,12 +92,16 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
-        wgmma, waits, prefetches, e2m1_unpack = (flag == "True" for flag in built[name])
-        # The swapped 4-bit GEMMs feed Hopper's wgmma; int8 and fp8 may take unswapped tiles of 16 rows.
+        wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select = (flag == "True" for flag in built[name])
+        # The swapped GEMMs feed Hopper's wgmma; canonical int8 and fp8 may take unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name
         assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
         assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
         assert e2m1_unpack == (consts["WTYPE"] == 3), name  # MXFP4 quads unpacked by the PTX lop3s
+        # int8 centered by its bit recipe (bf16 or fp16), the byte quads' quarters selected by prmt
+        int8_quads = consts["WTYPE"] == 1 and consts.get("QUADS", False)
+        assert int8_centering == (int8_quads or (consts["WTYPE"] == 1 and consts.get("CODE_OFFSET") == 128)), name
+        assert byte_select or not int8_quads, name
 
 
 _WGMMA_SPECIALIZATIONS = {
@@ -111,16 +127,32 @@ _WGMMA_SPECIALIZATIONS = {
                                            ZERO_SIDE=False, STAGES=3), {"s_ptr": "*i32", "c_ptr": "*fp32"}),
     "mxfp4-fp16-producer": (dict(WTYPE=3, FOLDED_SCALE=True, GROUP=32, CODE_OFFSET=0, BLOCK_M=64, BLOCK_N=256,
                                  STAGES=3), {"a_ptr": "*fp16", "s_ptr": "*i32", "c_ptr": "*fp16"}),
+    # int8 byte quads (int32 words): per-channel GEMM1 scaled in its epilogue (three stages: the words'
+    # ring is twice int4's), a GEMM2 with a producer, groups of 128 scaled in the unpack's asm, zero points
+    # in groups of 32 with fp16 and a tail (128 rows: four scale and zero-point rows per stage beside a
+    # 256-row tile would not fit)
+    "int8-channel-gemm1": (dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, STAGES=3, ROW_SCALE=True), {"b_ptr": "*i32"}),
+    "int8-channel-gemm2-producer": (dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, ROW_SCALE=True, ATOMIC=True, ACT=0,
+                                         GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
+                                         ZERO_SIDE=False, STAGES=3, BLOCK_M=64), {"b_ptr": "*i32", "c_ptr": "*fp32"}),
+    "int8-g128-gemm1": (dict(WTYPE=1, CODE_OFFSET=128, GROUP=128, STAGES=3), {"b_ptr": "*i32"}),
+    "int8-g32-zp-fp16-tail16": (dict(WTYPE=1, CODE_OFFSET=0, HAS_ZP=True, GROUP=32, TAIL=16, STAGES=3, BLOCK_N=128),
+                                {"b_ptr": "*i32", "a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
 }
 
+
+# The shared memory one block may use on sm_90 (H100, H200: 227 KB).
+HOPPER_SHARED_BYTES = 232448
 
 _COMPILE_WGMMA = """
 import json, sys
 from moe_triton._common.offline_compile import compile_wgmma_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
-    ptx = compile_wgmma_gemm(consts, pointers).asm["ptx"]
+    kernel = compile_wgmma_gemm(consts, pointers)
+    ptx = kernel.asm["ptx"]
     print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
-          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), ptx.count("0x81C081C0"), flush=True)
+          ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), ptx.count("0x81C081C0"),
+          ptx.count("prmt.b32"), kernel.metadata.shared, flush=True)
 """
 
 
@@ -131,7 +163,7 @@ def test_wgmma_gemm_compiles_for_hopper():
     stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
-    for name, (mmas, waits, copy_arrivals, setmaxnreg, e2m1_masks) in built.items():
+    for name, (mmas, waits, copy_arrivals, setmaxnreg, e2m1_masks, byte_selects, shared) in built.items():
         # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
         # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs,
         # and with TAIL a third one, two MMAs per quarter (block and tail) that it waits for (wait 0).
@@ -141,3 +173,6 @@ def test_wgmma_gemm_compiles_for_hopper():
         assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)
         # Quarters 0 and 1 of each loop's unpack mask with 0x81C081C0.
         assert (e2m1_masks >= 2 * loops) == (_WGMMA_SPECIALIZATIONS[name][0].get("WTYPE", 0) == 3), (name, e2m1_masks)
+        # int8's four quarters each take their bytes by prmt
+        assert (byte_selects >= 4 * loops) == (_WGMMA_SPECIALIZATIONS[name][0].get("WTYPE", 0) == 1), (name, byte_selects)
+        assert shared <= HOPPER_SHARED_BYTES, (name, shared)  # launchable: within an sm_90 block's shared memory

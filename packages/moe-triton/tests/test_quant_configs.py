@@ -11,7 +11,7 @@ from _quant_support import DEV, RUN_ON, gemm1_operand, int4_bf16_layer, rel_l2, 
 from moe_core.backends import DeviceInfo, Platform
 from moe_core.config import MoEConfig
 from moe_core.presets import get_preset
-from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16
+from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
@@ -222,6 +222,50 @@ def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
         else:
             assert hit.source == "tuned" and hit.detail == f"{key.file_name()} at M={m}"
             assert (hit.config == borrowed_as_served(lender.config)) == (m not in own), m
+
+
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_int8_borrows_the_int4_configs_of_its_shape_three_stages_deep(preset, monkeypatch):
+    """Symmetric int8 (per channel) on an H200 takes the int4 file of its shape, every GEMM at most
+    BORROWED_MAX_STAGES deep (its words are twice int4's bytes per stage), as its layer serves it."""
+    from moe_triton import quantized
+    from moe_triton.quantized import BORROWED_INT8_DOT_MAX_N, BORROWED_MAX_STAGES
+
+    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)  # as on the H200 it names
+
+    p = get_preset(preset)
+    cfg = p.config
+    experts = TritonWna16Experts(cfg, int8_w8a16(-1), DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0)))
+    assert experts.config_key.kernel == "wna16-int8-channel"
+    int4_key = dataclasses.replace(experts.config_key, kernel=f"wna16-int4-g{p.int4_group_size}")
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        lender, hit = configs.lookup_exact(int4_key, m), experts.file_config(m)
+        assert hit.source == "borrowed" and hit.config == borrowed_as_served(lender.config, int8=True), m
+        assert all(g.num_stages <= BORROWED_MAX_STAGES for g in (hit.config.gemm1, hit.config.gemm2)), m
+        assert all(g.wgmma or g.block_m < 32 or g.block_n <= BORROWED_INT8_DOT_MAX_N
+                   for g in (hit.config.gemm1, hit.config.gemm2)), m
+    # int4's 32 x 256 tl.dot tiles at 512 tokens, served 128 wide (as int8 they spill); 16-pair ones
+    # keep their width.
+    for m in (1, 512):
+        lent = configs.lookup_exact(int4_key, m).config.gemm1
+        if not lent.wgmma and lent.block_n == 256:
+            served = experts.file_config(m).config.gemm1
+            assert served == dataclasses.replace(lent, block_n=128 if lent.block_m >= 32 else 256,
+                                                 num_stages=min(lent.num_stages, BORROWED_MAX_STAGES)), m
+
+
+def test_int8_on_canonical_codes_borrows_nothing(monkeypatch):
+    """gpt-oss-120b's K = N = 2880 is no multiple of 128: its int8 codes stay canonical (unswapped
+    tiles), so int4's launch shapes of the shape (swapped, taken-in tails, wgmma) are not borrowed."""
+    from moe_triton import quantized
+
+    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
+    p = get_preset("gpt-oss-120b")
+    experts = TritonWna16Experts(p.config, int8_w8a16(-1), DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0)))
+    int4_key = dataclasses.replace(experts.config_key, kernel=f"wna16-int4-g{p.int4_group_size}")
+    for m in (1, 512, 2048):
+        assert configs.lookup_exact(int4_key, m) is not None
+        assert experts.file_config(m) is None  # the layer then takes `pick_config`'s shapes
 
 
 def test_mxfp4_file_of_its_own_wins(tmp_path, monkeypatch):

@@ -41,6 +41,16 @@ def test_wna16_matches_reference(quant, activation, dtype):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("quant", [int8_w8a16(-1), int8_w8a16(128)])
+@pytest.mark.parametrize("M", [1, 7])  # 1: the direct launches (split K, last-arrival sums, GEMM2's L2 prefetch)
+def test_int8_byte_quads_layer(quant, M):
+    """int8 where 128 divides K runs on byte quads (int32 words) for both GEMMs; per channel with
+    K = 192, GEMM1 keeps canonical codes beside GEMM2's quads."""
+    for K in (256, 192) if quant.weight.group_size is None else (256,):
+        out, ref = run_layer(TritonWna16Experts, quant, Activation.silu(), torch.bfloat16, K=K, N=128, M=M)
+        assert rel_l2(out, ref) < 1e-2, K
+
+
 def test_int4_layer_with_both_layouts():
     # Per-channel scales, K = 192: GEMM1's weights take the halves layout, GEMM2's (K = N = 128) the quads.
     out, ref = run_layer(TritonWna16Experts, int4_w4a16(-1, zero_point=True), Activation.swiglu_oai(), torch.bfloat16,

@@ -19,7 +19,7 @@ from _quant_support import (
 )
 
 from moe_core.config import Activation, MoEConfig, ParallelConfig
-from moe_core.quant import fp8_w8a8, int4_w4a16, mxfp4_w4a16
+from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
@@ -170,6 +170,8 @@ def test_group_m_limits():
     (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles
     (int4_w4a16(128), 256, 64, 16, True),
     (mxfp4_w4a16(), 192, 32, 16, True),
+    (int8_w8a16(32), 256, 32, 16, True),  # byte quads; groups below the tile: scaled per weight with or without tails
+    (int8_w8a16(64, zero_point=True), 256, 64, 32, False),
 ])
 def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     """tl.dot kernel: a full block takes in its expert's last block when that holds at most `tail`
@@ -178,7 +180,7 @@ def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     `narrow`, the blocks not taken in that hold at most half a block run narrow)."""
     counts = [block_m + 1, block_m + tail, block_m + tail + 1, 0, 2 * block_m + tail, 5, block_m, 2 * block_m + 1]
     plain = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True, narrow=narrow)
-    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
     out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K, cls=cls)
     taking = dataclasses.replace(plain, tail=tail)
     taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K, cls=cls)
@@ -215,8 +217,8 @@ def test_tl_dot_tail_refuses_other_weights():
     ids = torch.zeros(40, 1, dtype=torch.int32, device=DEV)
     sorted_ids, expert_ids, num_post = align_block_size(ids, 32, w.num_experts)
     out = torch.zeros(40, w.n, dtype=torch.float32, device=DEV)
-    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of 4-bit weights in the "
-                                         r"quads layout, got INT4 torch.uint8"):
+    with pytest.raises(ValueError, match=r"taken-in tails \(GemmConfig.tail\) are an option of weights in a quads "
+                                         r"layout, got INT4 torch.uint8"):
         grouped_quant_gemm(torch.randn(40, 192, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
                  GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
 
@@ -280,6 +282,15 @@ def test_wgmma_gemm_is_refused_off_hopper():
                                    wgmma_launch(128, 128, 4, split=2)), id="mxfp4-tail-split"),
     pytest.param(mxfp4_w4a16(), torch.float16, 1024, 512, Activation.gelu(), False, 200,
                  QuantKernelConfig(wgmma_launch(64, 256, 3), wgmma_launch(64, 128, 3)), id="mxfp4-fp16"),
+    # int8 in int32 words (byte quads): per-channel scales (the common checkpoint), groups with zero
+    # points, fp16, a split and a taken-in tail
+    pytest.param(int8_w8a16(-1), torch.bfloat16, 2048, 768, Activation.silu(), False, 2048,
+                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 256, 3)), id="int8-channel-128x256"),
+    pytest.param(int8_w8a16(-1), torch.bfloat16, 2048, 768, Activation.silu(), False, 512,
+                 QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 256, 3, split=2)), id="int8-channel-split"),
+    pytest.param(int8_w8a16(32, zero_point=True), torch.float16, 1024, 512, Activation.gelu(), False, 300,
+                 QuantKernelConfig(dataclasses.replace(wgmma_launch(128, 128, 3), tail=16), wgmma_launch(128, 128, 3)),
+                 id="int8-g32-zp-fp16-tail"),
 ])
 def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
     cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
@@ -320,13 +331,14 @@ def test_wgmma_gemm_with_expert_parallel_on_gpu():
     assert rel_l2(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16())])
-def test_4bit_gemm_refuses_unswapped(cls, quant):
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16()),
+                                           (TritonWna16Experts, int8_w8a16(-1))])  # GEMM1's K = 128: byte quads
+def test_swapped_weights_refuse_unswapped(cls, quant):
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
     experts = cls(cfg, quant, RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=1, device=DEV))
     experts.config_override = QuantKernelConfig(GemmConfig(16, 64, 1, 4, 2), GemmConfig(16, 64, 1, 4, 2))
     x = torch.randn(3, 128, dtype=torch.float16, device=DEV)
     ids = torch.tensor([[0, 1], [2, 3], [1, 2]], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match="4-bit weights run swapped only"):
+    with pytest.raises(ValueError, match="4-bit weights and int8 quads run swapped only"):
         experts.apply(x, torch.rand(3, 2, device=DEV), ids)

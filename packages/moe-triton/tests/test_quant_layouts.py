@@ -29,6 +29,7 @@ from moe_triton.quant_gemm_details._dequant import (
 from moe_triton.quant_gemm_details._layouts import (
     E2M1_FIELDS,
     INT4_NIBBLES,
+    ByteQuadsLayout,
     GateUpInterleave,
     HalvesLayout,
     QuadsLayout,
@@ -142,6 +143,21 @@ def test_quad_packing_roundtrip(code_bits):
     assert held == [int(unpacked[1, 2, 128 + 32 * j + 5]) for j in range(4)]
     with pytest.raises(ValueError, match="16 bits of a word"):
         QuadsLayout(128, (*INT4_NIBBLES[:3], (12, 13, 14, 14)))
+
+
+def test_byte_quad_packing_roundtrip():
+    """int8: a round trip, tile-major, quarter j's code of k = t * 128 + 32 j + i in byte j (bits
+    8j..8j+7) of int32 word i of tile t; refused for a K that 128 does not divide."""
+    codes = torch.randint(0, 256, (2, 3, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    layout = ByteQuadsLayout(128)
+    words = layout.swizzle(codes)
+    assert words.shape == (2, 3, 2, 32) and words.dtype == torch.int32
+    assert words.stride() == (192, 32, 96, 1)  # tile-major: one K tile's rows are contiguous
+    assert torch.equal(layout.unswizzle(words), codes)
+    word = int(words[1, 2, 1, 5]) & 0xFFFFFFFF
+    assert [(word >> (8 * j)) & 0xFF for j in range(4)] == [int(codes[1, 2, 128 + 32 * j + 5]) for j in range(4)]
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        layout.swizzle(codes[..., :192])
 
 
 def test_gate_up_interleave_roundtrip():

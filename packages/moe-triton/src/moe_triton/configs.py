@@ -8,8 +8,8 @@ the returned `Lookup.source` always says which, so nothing degrades silently.
 Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16") and
 `QuantKernelConfig` for the quantized grouped GEMM (kernel names starting "wna16-", e.g.
 "wna16-int4-g128", "fp8-" by weight scale granularity, e.g. "fp8-block", and "mxfp4"). The
-quantized experts only take a file of their exact shape (`lookup_exact`; MXFP4 without a file of
-its shape for this device, the int4 one: `BORROWED_FAMILIES`);
+quantized experts only take a file of their exact shape (`lookup_exact`; MXFP4 and symmetric int8
+without a file of their shape for this device, the int4 one: `BORROWED_FAMILIES`);
 otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
 `TunedLaunch` is the experts classes' `config_for`.
 
@@ -353,8 +353,11 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
 
 # Quantized families that take another family's launch shapes where no file of their own covers the
 # shape on this device (`lookup_exact`): MXFP4 runs the int4 quads kernels (the same words, a scale
-# per 32 k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128.
-BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)")}
+# per 32 k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128;
+# symmetric int8 runs them on words of four bytes (`_layouts.ByteQuadsLayout`), the same tiles over
+# twice the bytes.
+BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)"),
+                     **{f"wna16-int8-{group}": re.compile(r"wna16-int4-g(\d+)") for group in ("channel", "g128")}}
 
 
 def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:

@@ -129,11 +129,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("a gated activation in the GEMM needs w's rows interleaved (gate_up_chunk > 0)")
     if (out.stride(1) if out.dim() == 2 else 1) != 1:
         raise ValueError("the GEMM output needs a unit column stride")
-    if w.wtype in (WType.INT4, WType.MXFP4) and not cfg.swap_ab:
-        raise ValueError("4-bit weights run swapped only (the weights are the MMA's register operand): "
-                         f"got {cfg}")
+    if _swapped(w) and not cfg.swap_ab:
+        raise ValueError("4-bit weights and int8 quads run swapped only (the weights are the MMA's register "
+                         f"operand): got {cfg}")
     if cfg.tail and not w.quads:
-        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of 4-bit weights in the quads layout, got "
+        raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of weights in a quads layout, got "
                          f"{w.wtype.name} {w.codes.dtype}")
     tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
     n_tiles = cdiv(w.n, cfg.block_n)
@@ -183,7 +183,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
             PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
-            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, num_warps=4, maxnreg=regs.maxnreg)
+            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.group >= w.k,
+            num_warps=4, maxnreg=regs.maxnreg)
         return
     s = w.scale
     if w.wtype is WType.FP8:
@@ -193,7 +194,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         sst = (s.stride(0), s.stride(1), s.stride(2))
     codes = w.codes
     # (expert, k within a tile, n, K tile) strides of the codes.
-    if w.wtype in (WType.INT4, WType.MXFP4):  # quads or halves: [E, N, K tiles, words per tile]
+    if _swapped(w):  # quads or halves: [E, N, K tiles, words per tile]
         bst = (codes.stride(0), codes.stride(3), codes.stride(1), codes.stride(2))
     else:  # canonical [E, N, K] (the K loop steps through stride_bk)
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
@@ -214,7 +215,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         REDUCE_TOPK=reduce_topk, SINK=int(sink), ACT=int(act_kind(activation)) if activation else 0,
         GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
-        SWAP_AB=cfg.swap_ab and w.wtype in (WType.INT4, WType.MXFP4),
+        SWAP_AB=cfg.swap_ab and _swapped(w),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE,
@@ -223,6 +224,12 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
+
+
+def _swapped(w: WeightOperand) -> bool:
+    """Weights the kernel runs swapped (as the MMA's register operand), in [E, N, K tiles, words]:
+    every quads layout (int4, MXFP4, int8) and int4's halves; canonical int8 and fp8 are [E, N, K]."""
+    return w.quads or w.wtype is WType.INT4
 
 
 def _prefetchable(w: WeightOperand) -> bool:
@@ -252,7 +259,8 @@ def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, d
                      + (f" (sm_{''.join(map(str, torch.cuda.get_device_capability(a.device)))})"
                         if a.is_cuda and not interpreting() else ""))
     if not (w.quads and w.block_k == 128):
-        wants.append(f"4-bit weights in the quads layout with 128-wide K tiles, got {w.wtype.name} "
+        wants.append(f"weights in a quads layout (int4 or MXFP4 in int16 words, int8 in int32 words) with 128-wide "
+                     f"K tiles, got {w.wtype.name} "
                      f"{w.codes.dtype} block_k={w.block_k}")
     if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
         wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")

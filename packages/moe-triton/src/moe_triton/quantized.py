@@ -17,8 +17,8 @@ of their own when the caller routed (`apply`). More tokens take a cast launch af
 reduce over stored rows from that many pairs (and the activation launch after a split GEMM1).
 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
-(programmatic dependent launch), so their launch latency hides behind it; for one token, a 4-bit
-(quads) GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
+(programmatic dependent launch), so their launch latency hides behind it; for one token, a quads
+GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
 The measurements behind the thresholds below: docs/design/triton-gemm-quantized.md.
 """
 
@@ -63,6 +63,7 @@ from moe_triton.quant_gemm_details._kernel import AScale
 from moe_triton.quant_gemm_details._layouts import (
     E2M1_FIELDS,
     INT4_NIBBLES,
+    ByteQuadsLayout,
     GateUpInterleave,
     HalvesLayout,
     QuadsLayout,
@@ -109,9 +110,11 @@ def _int4_quads(cols: int, group: int) -> bool:
 
 
 def _takes_quads(wtype: WType, cols: int, group: int) -> bool:
-    """4-bit weights in the quads layout: MXFP4 always (its groups of 32 divide any padded K), int4
-    where `_int4_quads`."""
-    return wtype is WType.MXFP4 or (wtype is WType.INT4 and _int4_quads(cols, group))
+    """Weights in a quads layout: MXFP4 always (its groups of 32 divide any padded K), int4 where
+    `_int4_quads`, int8 (`_layouts.ByteQuadsLayout`) where 128 divides K and each quarter lies in one
+    scale group (no padding: canonical int8 takes any K)."""
+    return (wtype is WType.MXFP4 or (wtype is WType.INT4 and _int4_quads(cols, group))
+            or (wtype is WType.INT8 and cols % 128 == 0 and group % 32 == 0))
 
 
 def _padded_k(cols: int) -> int:
@@ -266,7 +269,8 @@ class _Processor:
                     codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88 if wt is WType.INT4 else 0)
                     scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0)
                     zero = torch.nn.functional.pad(zero, (0, pad_k // group), value=8) if zero is not None else None
-                out[name] = QuadsLayout(bk, E2M1_FIELDS if wt is WType.MXFP4 else INT4_NIBBLES).swizzle(codes)
+                out[name] = (ByteQuadsLayout(bk).swizzle(codes) if wt is WType.INT8 else
+                             QuadsLayout(bk, E2M1_FIELDS if wt is WType.MXFP4 else INT4_NIBBLES).swizzle(codes))
                 if wt is WType.MXFP4:
                     # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
                     # reads it without waiting for the GPU.
@@ -321,7 +325,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def file_config(self, num_tokens: int) -> Lookup | None:
         """The launch shapes a file of this exact shape gives (`configs.lookup_exact`: this device's,
-        else another one's; MXFP4 the int4 file of its shape), as this layer runs them: off sm_90 wgmma
+        else another one's; MXFP4 and symmetric int8 the int4 file of its shape), as this layer runs them: off sm_90 wgmma
         GEMMs as tl.dot ones, borrowed ones `borrowed_as_served`; None without a file."""
         hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
         if hit is None:
@@ -332,10 +336,20 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
         if hit.source == "borrowed":
-            served = borrowed_as_served(hit.config)
+            int8 = self.quant.weight.dtype is QuantDType.INT8
+            if int8 and not self._int8_on_quads():
+                return None  # canonical int8 runs unswapped tiles: int4's launch shapes do not fit it
+            served = borrowed_as_served(hit.config, int8=int8)
             if served != hit.config:
-                hit = Lookup(served, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}")
+                hit = Lookup(served, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}"
+                             + (f", tl.dot tiles of 32+ pairs at most {BORROWED_INT8_DOT_MAX_N} wide" if int8 else ""))
         return hit
+
+    def _int8_on_quads(self) -> bool:
+        """Both GEMMs' int8 codes in byte quads (`_takes_quads`), as int4's borrowed launch shapes need."""
+        key, cfg = self.quant.weight, self.config
+        return all(_takes_quads(WType.INT8, cols, _group(key, cols))
+                   for cols in (cfg.hidden_size, cfg.intermediate_size_per_partition))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
@@ -567,15 +581,28 @@ def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:
 # A borrowed int4 wgmma launch shape's pipeline depth for MXFP4: its ring also holds each K tile's
 # e8m0 exponents (4 bytes per weight row), and int4's four-stage 128 x 256 wgmma tiles fill the H100's
 # shared memory to within 1 KB (233,540 bytes needed against 232,448 on qwen3-235b-a22b at 2048
-# tokens). The tl.dot tiles keep their depth: the deepest int4 one lent (32 x 256, five stages) needs
-# 128 KB with MXFP4's exponents.
+# tokens). MXFP4's tl.dot tiles keep their depth: the deepest int4 one lent (32 x 256, five stages)
+# needs 128 KB with MXFP4's exponents. int8's words are twice int4's bytes, so every GEMM is capped:
+# that tile at five stages would need about 200 KB (an A100 has 164).
 BORROWED_MAX_STAGES = 3
+# int8's tl.dot tiles of 32 or more pairs at most this many columns wide: 256 columns hold twice int4's
+# words in registers beside the larger accumulator and spill (sm_90 builds, four warps, three stages:
+# 32 x 256 308 bytes per thread, 64 x 256 428; 16 x 256, 32 x 128 and 64 x 128 none), where 128
+# columns carry the bytes of int4's 256.
+BORROWED_INT8_DOT_MAX_N = 128
 
 
-def borrowed_as_served(config: QuantKernelConfig) -> QuantKernelConfig:
-    """A borrowed int4 launch shape as MXFP4 runs it: wgmma GEMMs at most BORROWED_MAX_STAGES stages deep."""
-    return QuantKernelConfig(*(replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES)) if g.wgmma else g
-                               for g in (config.gemm1, config.gemm2)))
+def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> QuantKernelConfig:
+    """A borrowed int4 launch shape as MXFP4 (wgmma GEMMs) or int8 (every GEMM) runs it: at most
+    BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide."""
+    def served(g: GemmConfig) -> GemmConfig:
+        if g.wgmma or int8:
+            g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
+        if int8 and not g.wgmma and g.block_m >= 32:
+            g = replace(g, block_n=min(g.block_n, BORROWED_INT8_DOT_MAX_N))
+        return g
+
+    return QuantKernelConfig(served(config.gemm1), served(config.gemm2))
 
 
 def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:
@@ -609,7 +636,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor(f"triton.wna16.quads-k-padded-or-halves.gate-up-{GATE_UP_CHUNK}",
+    weight_processor = _Processor(f"triton.wna16.quads-k-padded-or-halves.int8-byte-quads.gate-up-{GATE_UP_CHUNK}",
                                   interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,

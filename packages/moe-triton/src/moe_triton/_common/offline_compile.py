@@ -47,7 +47,7 @@ _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr"
 WGMMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
     MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128,
-    BLOCK_N=256, STAGES=4, K_TAIL=False, TAIL=0)
+    BLOCK_N=256, STAGES=4, K_TAIL=False, TAIL=0, ROW_SCALE=False)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).
@@ -87,7 +87,8 @@ def compile_quant_gemm(constexprs: dict, pointers: dict[str, str] | None = None,
 
 def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None):
     """`compile_quant_gemm` for the Gluon wgmma kernel (sm_90), over WGMMA_CONSTEXPRS, launched as
-    `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16."""
+    `quant_gemm` does (4 warps, the register plan of its BLOCK_M); the quads words are int16 unless
+    `pointers` makes b_ptr "*i32" (int8's byte quads)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from moe_triton.quant_gemm_details._wgmma import moe_w4a16_wgmma_kernel

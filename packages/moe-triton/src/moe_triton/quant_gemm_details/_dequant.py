@@ -18,6 +18,7 @@ from moe_core.weights.packing import E2M1_VALUES
 from moe_triton.quant_gemm_details._layouts import (
     E2M1_FIELDS,
     INT4_NIBBLES,
+    ByteQuadsLayout,
     HalvesLayout,
     QuadsLayout,
     WeightOperand,
@@ -25,8 +26,9 @@ from moe_triton.quant_gemm_details._layouts import (
     unpack_e8m0_tiles,
 )
 
-__all__ = ["biased", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx", "e2m1_weights",
-           "e8m0_factors", "int4_group", "int4_zero", "quarter_e8m0_factors", "unpack_e2m1_quads", "unpack_quads"]
+__all__ = ["biased", "byte_quarter_ptx", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx",
+           "e2m1_weights", "e8m0_factors", "int4_group", "int4_zero", "int8_group", "quarter_e8m0_factors",
+           "unpack_byte_quads", "unpack_e2m1_quads", "unpack_quads"]
 
 # One 32-bit register = two int16 words of the INT4 layout. Output j: nibble j of each word ORed
 # into the mantissa of the 16-bit float 128 (bf16) or 1024 (fp16), whose ulp is 1: the pair
@@ -56,6 +58,38 @@ _INT8_CENTER = (f"lop3.b32 m, p, 0x{INT8_M_AND:04X}{INT8_M_AND:04X}, 0x{INT8_M_O
 _INT8_ASM_BF16 = tl.constexpr("{\n.reg .b32 p, m, n, neg;\nmov.b32 neg, 0xBF80BF80;\n"
                               + "".join(f"prmt.b32 p, $2, 0, {select};\n{_INT8_CENTER}fma.rn.bf16x2 ${out}, n, neg, m;\n"
                                         for out, select in ((0, "0x4140"), (1, "0x4342"))) + "}")
+
+
+@triton.constexpr_function
+def byte_quarter_ptx(j: int, out: str, lo: str, hi: str, fp16: bool, scale: str = "") -> str:
+    """PTX of quarter j of two neighbouring int32 words `lo`, `hi` of the int8 quads layout
+    (`_layouts.ByteQuadsLayout`): `out` gets byte j of each, code - 128 (zero point 128), as a 16-bit
+    float pair, exactly, times the 16-bit pair `scale` if one is named (one rounding). One `prmt`
+    puts byte j of lo in the low half and of hi in the high half (bytes 1 and 3 repeat them; the
+    masks below drop them); then bf16 `_INT8_ASM_BF16`'s recipe (m = 0x4300 | (c & 0x7F),
+    n = 0x4380 ^ (c & 0x80), m - n by an fma with -1), fp16 the code ORed into 1024's mantissa minus
+    1152. The scale is multiplied here because, multiplied outside, LLVM re-pairs the asm's 16-bit
+    halves (two PRMTs per pair in the SASS). A constexpr function: the kernels build their asm from it."""
+    select = f"0x{4 + j}{4 + j}{j}{j}"
+    v = "v" if scale else out
+    if fp16:
+        body = (f"mov.b32 c, 0x64806480; prmt.b32 p, {lo}, {hi}, {select}; "
+                f"lop3.b32 m, p, 0x00FF00FF, 0x64006400, 0xEA; sub.f16x2 {v}, m, c;")
+        regs, mul = "p, m, c", "mul.rn.f16x2"
+    else:
+        body = (f"mov.b32 c, 0xBF80BF80; prmt.b32 p, {lo}, {hi}, {select}; "
+                f"{_INT8_CENTER}"
+                f"fma.rn.bf16x2 {v}, n, c, m;")
+        regs, mul = "p, m, n, c", "mul.rn.bf16x2"
+    if scale:
+        return f"{{.reg .b32 {regs}, v; {body} {mul} {out}, v, {scale};}}"
+    return f"{{.reg .b32 {regs}; {body}}}"
+
+
+_BYTE_QUADS_ASM_BF16 = tl.constexpr("{" + " ".join(byte_quarter_ptx(j, f"${j}", "$4", "$5", False)
+                                                   for j in range(4)) + "}")
+_BYTE_QUADS_ASM_FP16 = tl.constexpr("{" + " ".join(byte_quarter_ptx(j, f"${j}", "$4", "$5", True)
+                                                   for j in range(4)) + "}")
 
 
 @triton.constexpr_function
@@ -189,6 +223,36 @@ def unpack_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
+def unpack_byte_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
+    """int32 words (int8 quads) -> four tensors, quarters 0-3: byte j of each word minus 128, exact,
+    in CT. PTX (NVIDIA, bf16 or fp16): `byte_quarter_ptx` on register pairs; else shifts and a
+    conversion (0..255 and their differences with 128 are exact in every CT)."""
+    if PTX:
+        if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+            vals = tl.inline_asm_elementwise(_BYTE_QUADS_ASM_BF16, "=r,=r,=r,=r,r,r", [words], is_pure=True, pack=2,
+                                             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16))
+        else:
+            vals = tl.inline_asm_elementwise(_BYTE_QUADS_ASM_FP16, "=r,=r,=r,=r,r,r", [words], is_pure=True, pack=2,
+                                             dtype=(tl.float16, tl.float16, tl.float16, tl.float16))
+        return vals
+    return (((words & 0xFF).to(CT) - 128), (((words >> 8) & 0xFF).to(CT) - 128),
+            (((words >> 16) & 0xFF).to(CT) - 128), (((words >> 24) & 0xFF).to(CT) - 128))
+
+
+@triton.jit
+def int8_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CT: tl.constexpr):
+    """(scale, zero point - 128) of one scale row of int8 quads, [BN, 1] in CT: a weight is
+    (`unpack_byte_quads` value - that zero) * scale, the subtraction exact (both within +-255)."""
+    # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
+    s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1)
+    if HAS_ZP:
+        z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=128).to(CT) - 128, 1)
+    else:
+        z = tl.zeros_like(s)
+    return s, z
+
+
+@triton.jit
 def biased(codes, CT: tl.constexpr):
     """Codes below 16 -> P + code in CT (P = 2^23 in fp32, 128 in bf16, 1024 in fp16: the power of
     two whose ulp is 1), by ORing the code into P's mantissa: exact, and cheaper than an integer
@@ -249,12 +313,25 @@ def dequantize(codes, scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP
 # ---- torch -------------------------------------------------------------------------------------
 
 
+def byte_quarter_torch(lo: torch.Tensor, hi: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`byte_quarter_ptx`'s bf16 path in torch, on int32 words: (code - 128 of byte j of lo, of hi).
+    Its prmt leaves byte j of lo in bits 0-7 and 8-15 of a register and byte j of hi in 16-23 and
+    24-31; each 16-bit lane then goes through `_INT8_ASM_BF16`'s lop3s and fma."""
+    p = (((lo >> (8 * j)) & 0xFF) * 0x0101) | ((((hi >> (8 * j)) & 0xFF) * 0x0101) << 16)
+    return _centered_lane(p & 0xFFFF), _centered_lane((p >> 16) & 0xFFFF)
+
+
+def _centered_lane(lane: torch.Tensor) -> torch.Tensor:
+    """`_INT8_ASM_BF16`'s lop3s and fma on 16-bit lanes held in int32 (the code in the low byte; the
+    masks drop the high byte), in torch."""
+    m = ((lane & INT8_M_AND) | INT8_M_OR).to(torch.int16).view(torch.bfloat16)
+    n = ((lane & INT8_N_AND) ^ INT8_N_XOR).to(torch.int16).view(torch.bfloat16)
+    return m - n
+
+
 def int8_centered_torch(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes -> bf16 code - 128 by `_INT8_ASM_BF16`'s bit recipe (its lop3 and fma), in torch."""
-    c = codes.to(torch.int16)
-    m = ((c & INT8_M_AND) | INT8_M_OR).view(torch.bfloat16)
-    n = ((c & INT8_N_AND) ^ INT8_N_XOR).view(torch.bfloat16)
-    return m - n
+    return _centered_lane(codes.to(torch.int32))
 
 
 def dequantize_operand(w: WeightOperand) -> torch.Tensor:
@@ -272,7 +349,9 @@ def dequantize_operand(w: WeightOperand) -> torch.Tensor:
 
 def dequantize_padded(w: WeightOperand) -> torch.Tensor:
     """fp32 [E, N, k_tiles * block_k] of a 4-bit or int8 operand, quads' K padding included."""
-    if w.quads:
+    if w.quads and w.wtype is WType.INT8:
+        codes = ByteQuadsLayout(w.block_k).unswizzle(w.codes)
+    elif w.quads:
         codes = QuadsLayout(w.block_k, E2M1_FIELDS if w.wtype is WType.MXFP4 else INT4_NIBBLES).unswizzle(w.codes)
     elif w.wtype is WType.INT4:
         codes = HalvesLayout(w.block_k).unswizzle(w.codes)

@@ -27,10 +27,10 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, sms: int) ->
     """Tile shape and split-K for one GEMM: memory-bound at small M (stream weights from many
     programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights.
 
-    4-bit weights run swapped (see the kernel's SWAP_AB): block_m is then the MMA's N side, so it
-    can stay at 16 for a handful of tokens per expert without wasting MMA rows."""
+    4-bit weights and int8 quads run swapped (see the kernel's SWAP_AB): block_m is then the MMA's
+    N side, so it can stay at 16 for a handful of tokens per expert without wasting MMA rows."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    swap = w.wtype in (WType.INT4, WType.MXFP4)
+    swap = w.quads or w.wtype is WType.INT4
     # 32-pair blocks from 9 pairs per expert; three stages (the tuner found one stage fewer than
     # four faster in nearly every cell).
     if per_expert <= 8:

@@ -46,7 +46,9 @@ from moe_triton.quant_gemm_details._dequant import (
     e2m1_weights,
     int4_group,
     int4_zero,
+    int8_group,
     quarter_e8m0_factors,
+    unpack_byte_quads,
     unpack_e2m1_quads,
     unpack_quads,
 )
@@ -98,9 +100,10 @@ def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, str
     tile-major, so one tile's rows are one run) and the scale (and zero-point) rows they use
     (N contiguous)."""
     QK: tl.constexpr = BLOCK_K // 4
+    word_bytes: tl.constexpr = b_ptr.dtype.element_ty.primitive_bitwidth // 8  # int16 or (int8 quads) int32
     rows = tl.minimum(N - n0, BLOCK_N)
     for kt in range(kt0, kt1):
-        _prefetch_l2(b_ptr + e * stride_be + kt * stride_bt + n0 * QK, rows * QK * 2)
+        _prefetch_l2(b_ptr + e * stride_be + kt * stride_bt + n0 * QK, rows * QK * word_bytes)
     scale_bytes: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
     for g in range(kt0 * BLOCK_K // GROUP, tl.cdiv(kt1 * BLOCK_K, GROUP)):
         _prefetch_l2(s_ptr + e * stride_se + g * stride_sk + n0, rows * scale_bytes)
@@ -293,6 +296,18 @@ def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
+def _int_group(scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr,
+               CT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(scale, zero) of one scale row of int4 quads (`int4_group`: the zero biased like the codes)
+    or int8 quads (`int8_group`: the zero centered like the codes), [BN, 1] in CT."""
+    if WTYPE == 1:
+        s, z = int8_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CT)
+    else:
+        s, z = int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+    return s, z
+
+
+@triton.jit
 def _wgemm_rows(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
     pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
@@ -354,36 +369,44 @@ def _wgemm_rows(
             if WTYPE == 3:
                 tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
                 values = unpack_e2m1_quads(words, UNPACK_T, PTX_UNPACK)
+            elif WTYPE == 1:
+                v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX_UNPACK)
             else:
                 v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
             k = k0 + offs_q
             a_ptrs = a_base + k[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
-                tl.static_assert(WTYPE == 0, "scaled after the dots: int4 tiles inside one scale group")
+                tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
-                z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                part = _dot_at(v0 - z, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT,
-                               K_TAIL)
-                part = _dot_at(v1 - z, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
-                part = _dot_at(v2 - z, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
-                part = _dot_at(v3 - z, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
+                if WTYPE == 1:
+                    _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
+                else:
+                    z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+                    d0, d1, d2, d3 = v0, v1, v2, v3
+                else:
+                    d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
+                part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
                 acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
             else:
-                if WTYPE == 0:
-                    s0, z0 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                if WTYPE == 0 or WTYPE == 1:
+                    s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                     if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
                         s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
                     else:
                         g = ((k0 + QK) // GROUP) * stride_sk
-                        s1, z1 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                         g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                        s2, z2 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                         g = ((k0 + 3 * QK) // GROUP) * stride_sk
-                        s3, z3 = int4_group(s_base + g, z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                    # Codes and zeros are below 16: the subtraction is exact in CT, so the only rounding is
-                    # the scale's multiply, as in the reference.
+                        s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
+                    # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
                     values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
                 if WTYPE == 3:
                     # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
@@ -394,6 +417,8 @@ def _wgemm_rows(
                     if WTYPE == 3:
                         lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
                         w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
+                    elif WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+                        w = values[j] * scales[j]
                     else:
                         w = (values[j] - zeros[j]) * scales[j]
                     acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)

@@ -20,7 +20,11 @@ their memory order is the one the kernels stream fastest (docs/design/triton-gem
   uint8 [E, N, K/block_k, block_k/2], stored K-major ([E, K tile, byte, N] in memory: a program's
   tile is block_k/2 runs of block_n bytes). Byte i of K tile t holds k = t*block_k + i in its low
   nibble and k = t*block_k + block_k/2 + i in its high nibble: two dots over K halves.
-- INT8 / FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
+- `ByteQuadsLayout` (int8 with 128-wide K tiles): int32 [E, N, K/block_k, block_k/4], stored
+  tile-major like the quads, byte j of word i holding the code of k = t*block_k + j*block_k/4 + i:
+  the same four quarters and the same register pairs (two neighbouring words, here two 32-bit
+  registers), from which one `prmt` per quarter takes byte j of both (`_dequant.unpack_byte_quads`).
+- INT8 that 128 does not divide, and FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
 
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8; MXFP4's e8m0 exponents are
 int32 [E, K tiles, N] (`pack_e8m0_tiles`: byte j holds quarter j's, so one 4-byte load per row and
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["E2M1_FIELDS", "INT4_NIBBLES", "GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType",
+__all__ = ["E2M1_FIELDS", "INT4_NIBBLES", "ByteQuadsLayout", "GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType",
            "WeightOperand", "pack_e8m0_tiles", "stored_k_major", "stored_tile_major", "unpack_e8m0_tiles"]
 
 
@@ -82,8 +86,10 @@ class WeightOperand:
 
     @property
     def quads(self) -> bool:
-        """4-bit codes in the quads layout (int16 words); the halves layout is uint8."""
-        return self.wtype in (WType.INT4, WType.MXFP4) and self.codes.dtype == torch.int16
+        """Codes four per word over a K tile's quarters: 4-bit ones in int16 words (the halves layout
+        is uint8), int8 ones in int32 words (`ByteQuadsLayout`; canonical int8 is uint8)."""
+        return ((self.wtype in (WType.INT4, WType.MXFP4) and self.codes.dtype == torch.int16)
+                or (self.wtype is WType.INT8 and self.codes.dtype == torch.int32))
 
     @property
     def k_tiles(self) -> int:
@@ -188,6 +194,30 @@ class QuadsLayout:
         w = words.to(torch.int32).unsqueeze(3) & 0xFFFF
         quarters = [sum(((w >> at) & 1) << b for b, at in enumerate(bits)) for bits in self.code_bits]
         return torch.cat(quarters, dim=3).reshape(E, R, T * 4 * Q).to(torch.uint8)
+
+
+@dataclass(frozen=True)
+class ByteQuadsLayout:
+    """int8 codes four per int32 word over the four quarters of each K tile, stored tile-major."""
+
+    block_k: int  # K per tile; a multiple of 4 dividing K
+
+    def swizzle(self, codes: torch.Tensor) -> torch.Tensor:
+        """Canonical uint8 [E, R, K] -> int32 [E, R, K/block_k, block_k/4], stored tile-major."""
+        E, R, K = codes.shape
+        if codes.dtype != torch.uint8 or K % self.block_k or self.block_k % 4:
+            raise ValueError(f"expected uint8 codes whose K={K} is a multiple of block_k={self.block_k} (a multiple "
+                             f"of 4), got {codes.dtype}")
+        T, Q = K // self.block_k, self.block_k // 4
+        out = torch.empty(E, T, R, 4 * Q, dtype=torch.uint8, device=codes.device)
+        for e in range(E):  # one expert at a time: a whole layer's permuted copy would double its size
+            out[e] = codes[e].view(R, T, 4, Q).permute(1, 0, 3, 2).reshape(T, R, 4 * Q)  # byte j of word i
+        return out.view(torch.int32).permute(0, 2, 1, 3)
+
+    def unswizzle(self, words: torch.Tensor) -> torch.Tensor:
+        """int32 [E, R, K tiles, block_k/4] (any strides) -> codes uint8 [E, R, K]."""
+        E, R, T, Q = words.shape
+        return words.contiguous().view(torch.uint8).view(E, R, T, Q, 4).transpose(3, 4).reshape(E, R, T * 4 * Q)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Same contract as `_kernel._moe_wgemm_kernel` for quads weights over align-sorted
 ATOMIC sinks, split-K, GEMM1's activation over interleaved gate/up chunks, bias, router weight,
 zeroing the next GEMM's sums on the side); its torch twin is `moe_triton.quant_gemm.quant_gemm_torch`.
 WTYPE picks the weights, a compile-time branch of the unpack only: int4 (nibble minus zero point,
-times the group's scale) or MXFP4 (e2m1 codes times their quarter's e8m0 factors, `_dequant`).
+times the group's scale), int8 (int32 words of `_layouts.ByteQuadsLayout`: byte minus 128, minus
+any zero point's offset from 128, times the group's scale) or MXFP4 (e2m1 codes times their
+quarter's e8m0 factors, `_dequant`).
 
 Why a second kernel: with `tl.dot`, Triton 3.6 waits for every dot whose operand was dequantized in
 registers (`wgmma.wait_group 0`), so unpacking never overlaps the tensor cores, and the warps that
@@ -59,7 +61,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from moe_triton._common.activation import activate
 from moe_triton._common.wgmma import EPILOGUE_LAYOUT, tail_role
-from moe_triton.quant_gemm_details._dequant import e2m1_quarter_ptx, e2m1_weights, quarter_e8m0_factors
+from moe_triton.quant_gemm_details._dequant import (
+    byte_quarter_ptx,
+    e2m1_quarter_ptx,
+    e2m1_weights,
+    quarter_e8m0_factors,
+)
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -86,6 +93,32 @@ def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
     else:
         v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
                                       dtype=gl.bfloat16)
+    return v
+
+
+@gluon.jit
+def _byte_quarter(words, j: gl.constexpr, CT: gl.constexpr):
+    """Byte j of each int32 word of int8 quads minus 128, exact, in CT (bf16 or fp16), in the
+    words' layout (`_dequant.byte_quarter_ptx` on each pair of neighbouring words)."""
+    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+        v = gl.inline_asm_elementwise(byte_quarter_ptx(j, "$0", "$1", "$2", True), "=r,r,r", [words], is_pure=True,
+                                      pack=2, dtype=gl.float16)
+    else:
+        v = gl.inline_asm_elementwise(byte_quarter_ptx(j, "$0", "$1", "$2", False), "=r,r,r", [words], is_pure=True,
+                                      pack=2, dtype=gl.bfloat16)
+    return v
+
+
+@gluon.jit
+def _scaled_byte_quarter(words, s, j: gl.constexpr, CT: gl.constexpr):
+    """`_byte_quarter` times the rows' scales s ([ROWS, 1] in CT), rounded once, in the asm
+    (`_dequant.byte_quarter_ptx`'s scale)."""
+    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+        v = gl.inline_asm_elementwise(byte_quarter_ptx(j, "$0", "$1", "$2", True, "$3"), "=r,r,r,r", [words, s],
+                                      is_pure=True, pack=2, dtype=gl.float16)
+    else:
+        v = gl.inline_asm_elementwise(byte_quarter_ptx(j, "$0", "$1", "$2", False, "$3"), "=r,r,r,r", [words, s],
+                                      is_pure=True, pack=2, dtype=gl.bfloat16)
     return v
 
 
@@ -139,7 +172,7 @@ def _issue_tile(x_rings, w_ring, s_ring, z_ring, stage, kt, x_ptrs, x_mask, w_pt
                 R0: gl.constexpr, ROWS: gl.constexpr):
     """cp.async of a copier's share (`_copy_share`) of K tile kt into ring stage `stage`: rows of
     the four [BLOCK_M, 32] activation quarters (one ring each, each a wgmma B operand), of the
-    [BLOCK_N, 32] int16 words and of the tile's GROUPS scale (and zero point) rows."""
+    [BLOCK_N, 32] words (int16, or int32 for int8) and of the tile's GROUPS scale (and zero point) rows."""
     k0 = kt * (4 * QUARTER)
     _async_load(w_ring.index(stage).slice(R0, ROWS), w_ptrs + kt * stride_bt, mask=w_mask)
     _issue_rows(x_rings, stage, kt, x_ptrs, x_mask, k_in_q, K, K_TAIL, X_R0, X_ROWS)
@@ -223,11 +256,15 @@ def _produce(x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr,
 
 @gluon.jit
 def _group_scales(s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS: gl.constexpr, GROUP: gl.constexpr,
-                  GROUPS: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
-                  layout: gl.constexpr):
-    """(scale, P + zero point) of ring rows [r0, r0 + ROWS) in quarter j's scale group, [ROWS, 1] in
-    CT and `layout`: quarter j's weights are (`_nibble` - z) * s."""
-    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+                  GROUPS: gl.constexpr, WTYPE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+                  CT: gl.constexpr, layout: gl.constexpr):
+    """(scale, zero) of ring rows [r0, r0 + ROWS) in quarter j's scale group, [ROWS, 1] in CT and
+    `layout`: quarter j's weights are (`_nibble` - z) * s for int4 (z = P + zero point) and, for
+    int8, (`_byte_quarter` - z) * s with zero points (z = zero point - 128), else
+    `_scaled_byte_quarter` (z unused)."""
+    if WTYPE == 1:  # int8: codes come centered on 128
+        P: gl.constexpr = -128.0
+    elif CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
         P: gl.constexpr = 1024.0
     else:
         P: gl.constexpr = 128.0
@@ -236,6 +273,8 @@ def _group_scales(s_ring, z_ring, stage, j: gl.constexpr, r0: gl.constexpr, ROWS
     s = gl.expand_dims(s_ring.index(row).slice(r0, ROWS).load(rows_l).to(gl.float32).to(CT), 1)
     if HAS_ZP:
         z = gl.expand_dims(z_ring.index(row).slice(r0, ROWS).load(rows_l).to(CT) + P, 1)
+    elif WTYPE == 1:
+        z = s  # unused: no zero point
     else:
         z = gl.full(s.shape, P + CODE_OFFSET, CT, layout=s.type.layout)
     return s, z
@@ -250,7 +289,7 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
              REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr, CHUNK: gl.constexpr,
              K_TAIL: gl.constexpr, A_ROWS_DIV: gl.constexpr,
              WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr,
-             TAIL: gl.constexpr):
+             TAIL: gl.constexpr, ROW_SCALE: gl.constexpr):
     """Consumer warpgroup WG: ring rows [WG_ROWS WG, WG_ROWS (WG + 1)), then its own epilogue. It
     waits on no other warpgroup: stages are handed back through `empty`. FOLDED: it also copies
     its share of each K tile (half the activation rows, its own weight and scale rows; warpgroup 0
@@ -281,19 +320,19 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
                         stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
                         CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
-                        BLOCK_M, TAIL, STAGES, FOLDED)
+                        BLOCK_M, TAIL, STAGES, FOLDED, s_ptr, stride_se, ROW_SCALE)
     elif FOLDED and narrow:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
                         stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
                         CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
-                        BLOCK_M // 2, 0, STAGES, FOLDED)
+                        BLOCK_M // 2, 0, STAGES, FOLDED, s_ptr, stride_se, ROW_SCALE)
     else:
         _mma_then_store(WG, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, bias_ptr, c_ptr, topk_w_ptr,
                         sorted_ids_ptr, e, n0, pid_m, kt0, kt1, N, K, num_valid, alpha, limit, stride_bt,
                         stride_sk, stride_biase, stride_cm, copy, tail_copy, GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP,
                         CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, K_TAIL, WG_ROWS, BLOCK_M,
-                        BLOCK_M, 0, STAGES, FOLDED)
+                        BLOCK_M, 0, STAGES, FOLDED, s_ptr, stride_se, ROW_SCALE)
 
 
 @gluon.jit
@@ -317,10 +356,12 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                     HAS_BIAS: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr,
                     ACT: gl.constexpr,
                     CHUNK: gl.constexpr, K_TAIL: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr):
+                    MMA_N: gl.constexpr, TAIL_N: gl.constexpr, STAGES: gl.constexpr, FOLDED: gl.constexpr, s_ptr,
+                    stride_se, ROW_SCALE: gl.constexpr):
     """The consumer's K loop over the block's first MMA_N rows (its MMA's N) and, with TAIL_N, the
     TAIL_N rows after the block (a second accumulator on the same dequantized weights), then its
-    epilogue for each."""
+    epilogue for each. ROW_SCALE (int8 with one scale per row): the weights go unscaled into the
+    MMAs, and the epilogue scales each output row once (`_store_tile`)."""
     CT: gl.constexpr = x_rings[0].dtype
     FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300 (MXFP4: `e8m0_factors`)
     X_ROWS: gl.constexpr = BLOCK_M // 2
@@ -357,11 +398,20 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                 if WTYPE == 3:  # the tile's exponent words: one ring row (GROUP is the whole tile)
                     exp_words = s_ring.index(stage).slice(r0, WG_ROWS).load(gl.SliceLayout(1, w_op))
                 else:
-                    s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, HAS_ZP, CODE_OFFSET,
-                                         CT, w_op)
+                    s, z = _group_scales(s_ring, z_ring, stage, j, r0, WG_ROWS, GROUP, GROUPS, WTYPE, HAS_ZP,
+                                         CODE_OFFSET, CT, w_op)
             if WTYPE == 3:
                 lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
                 w = e2m1_weights(_e2m1_quarter(words, j), lo, hi, FOLDED_SCALE, CT)
+            elif WTYPE == 1:
+                if HAS_ZP:
+                    w = _byte_quarter(words, j, CT) - z
+                    if not ROW_SCALE:
+                        w = w * s
+                elif ROW_SCALE:
+                    w = _byte_quarter(words, j, CT)
+                else:
+                    w = _scaled_byte_quarter(words, s, j, CT)
             else:
                 w = (_nibble(words, j, CT) - z) * s
             acc = warpgroup_mma(w, x_rings[j].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
@@ -396,21 +446,23 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
         _store_tile(WG, acc_t, BLOCK_M, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid,
                     alpha, limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK,
-                    WG_ROWS, BLOCK_M)
+                    WG_ROWS, BLOCK_M, s_ptr, stride_se, ROW_SCALE)
     else:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     _store_tile(WG, acc, 0, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, N, num_valid, alpha,
                 limit, stride_biase, stride_cm, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK, ATOMIC, ACT, CHUNK, WG_ROWS,
-                BLOCK_M)
+                BLOCK_M, s_ptr, stride_se, ROW_SCALE)
 
 
 @gluon.jit
 def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0,
                 pid_m, kt0, N, num_valid, alpha, limit, stride_biase, stride_cm, HAS_BIAS: gl.constexpr,
                 MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr, ATOMIC: gl.constexpr, ACT: gl.constexpr,
-                CHUNK: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr):
+                CHUNK: gl.constexpr, WG_ROWS: gl.constexpr, BLOCK_M: gl.constexpr, s_ptr, stride_se,
+                ROW_SCALE: gl.constexpr):
     """Epilogue of a consumer's accumulator [WG_ROWS, n] for the block's rows row_off .. row_off + n
-    (row_off BLOCK_M: the taken-in tail): bias, router weight, activation, then the sink."""
+    (row_off BLOCK_M: the taken-in tail): with ROW_SCALE each row's scale (row 0 of the scales
+    [E, 1, N]), then bias, router weight, activation, then the sink."""
     HALF: gl.constexpr = WG_ROWS // 2
     MMA_N: gl.constexpr = acc.shape[1]
     out_l: gl.constexpr = EPILOGUE_LAYOUT
@@ -421,6 +473,9 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
     out_rows = (ids // REDUCE_TOPK).to(gl.int64)
     n_0 = n0 + _ring_row(WG * WG_ROWS + rows, CHUNK, WG_ROWS)
     n_1 = n0 + _ring_row(WG * WG_ROWS + HALF + rows, CHUNK, WG_ROWS)
+    if ROW_SCALE:
+        res0 *= gl.load(s_ptr + e * stride_se + n_0, mask=n_0 < N, other=0.0).to(gl.float32)[:, None]
+        res1 *= gl.load(s_ptr + e * stride_se + n_1, mask=n_1 < N, other=0.0).to(gl.float32)[:, None]
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
         if kt0 == 0:  # once per output, not once per K-split
             res0 += gl.load(bias_ptr + e * stride_biase + n_0, mask=n_0 < N, other=0.0).to(gl.float32)[:, None]
@@ -460,6 +515,7 @@ def moe_w4a16_wgmma_kernel(
     STAGES: gl.constexpr, K_TAIL: gl.constexpr, PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     TAIL: gl.constexpr,  # 0, or 8 / 16 with FOLDED: a full block takes in its expert's last <= TAIL pairs
+    ROW_SCALE: gl.constexpr,  # int8 with one scale per row (per channel): scaled once per output, in the epilogue
 ):
     NW: gl.constexpr = gl.num_warps()
     CT: gl.constexpr = a_ptr.dtype.element_ty
@@ -519,10 +575,11 @@ def moe_w4a16_wgmma_kernel(
                    gl.allocate_shared_memory(CT, [STAGES, TAIL, QUARTER], t_sl))
     else:
         x_tails = x_rings  # unused
-    # Words rows are 64 bytes: unswizzled, the ldmatrix of 8 rows hit 4x its ideal wavefronts (16-way
-    # bank conflicts, Nsight Compute); wgmma's 64-byte swizzle spreads them.
-    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUARTER], gl.int16)
-    w_ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], w_sl)
+    # Words rows are 64 bytes (int16; int8 quads' int32 words: 128): unswizzled, the ldmatrix of 8 rows
+    # hit 4x its ideal wavefronts (16-way bank conflicts, Nsight Compute); wgmma's swizzle spreads them.
+    WORD: gl.constexpr = b_ptr.dtype.element_ty
+    w_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, QUARTER], WORD)
+    w_ring = gl.allocate_shared_memory(WORD, [STAGES, BLOCK_N, QUARTER], w_sl)
     rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * GROUPS, BLOCK_N], rows)
     z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * GROUPS if HAS_ZP else 1, BLOCK_N], rows)
@@ -540,12 +597,12 @@ def moe_w4a16_wgmma_kernel(
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
-                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL, ROW_SCALE)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
-                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL, ROW_SCALE)),
         ], [4], [CONSUMER_REGS])
     else:
         gl.warp_specialize([
@@ -553,12 +610,12 @@ def moe_w4a16_wgmma_kernel(
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
-                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL, ROW_SCALE)),
             (_consume, (1, x_rings, x_tails, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,
                         topk_w_ptr, sorted_ids_ptr, e, n0, pid_m, kt0, kt1, narrow, absorbs, N, K, num_valid, alpha, limit,
                         stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm,
                         RING_GROUP, GROUPS, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, HAS_BIAS, MUL_ROUTED, REDUCE_TOPK,
-                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL)),
+                        ATOMIC, ACT, GATE_UP_CHUNK, K_TAIL, A_ROWS_DIV, WG_ROWS, BLOCK_M, STAGES, FOLDED, TAIL, ROW_SCALE)),
             (_produce, (x_rings, w_ring, s_ring, z_ring, ready, empty, a_ptr, b_ptr, s_ptr, z_ptr, sorted_ids_ptr, e,
                         n0, pid_m, kt0, kt1, N, K, num_valid, stride_am, stride_be, stride_bn, stride_bt, stride_se,
                         stride_sk, RING_GROUP, GROUPS, HAS_ZP, K_TAIL, A_ROWS_DIV, GATE_UP_CHUNK, WG_ROWS, BLOCK_M,
