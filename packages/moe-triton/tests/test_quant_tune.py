@@ -8,11 +8,12 @@ import torch
 from _quant_support import DEV, RUN_ON
 
 from moe_core.config import MoEConfig
-from moe_core.quant import int4_w4a16, mxfp4_w4a16
+from moe_core.quant import int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quantized import (
+    BORROWED_MAX_STAGES,
     LAST_ARRIVAL_MAX_TOKENS,
     TritonMxfp4Experts,
     TritonWna16Experts,
@@ -21,11 +22,17 @@ from moe_triton.quantized import (
 from moe_triton.tune import _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
 
 
-def test_wgmma_grid_fits_hopper_shared_memory():
-    for name, cand in wgmma_grid().items():
+@pytest.mark.parametrize("int8", [False, True])
+def test_wgmma_grid_fits_hopper_shared_memory(int8):
+    """int4's ring per stage: the activations, the quads' words, a scale row; int8's words are twice
+    as wide, so its grid is at most BORROWED_MAX_STAGES deep."""
+    grid = wgmma_grid(BORROWED_MAX_STAGES if int8 else None)
+    assert len(grid) == len(wgmma_grid()) - (3 if int8 else 0)  # 32x256, 64x128 and 128x256 repeat at 3
+    for name, cand in grid.items():
         t = cand.gemm1
         assert cand.gemm2 == t and t.wgmma
-        ring = t.num_stages * (t.block_m * 128 * 2 + t.block_n * 32 * 2 + t.block_n * 2)  # x, words, scales
+        words = t.block_n * 128 if int8 else t.block_n * 32 * 2
+        ring = t.num_stages * (t.block_m * 128 * 2 + words + t.block_n * 2)
         assert ring <= 227 * 1024, name
 
 
@@ -114,6 +121,37 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
         assert getattr(cand, kept) == getattr(base, kept)
         tile, was = getattr(cand, changed), getattr(base, changed)
         assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
+
+
+def test_int8_tuner_times_the_borrowed_shapes_and_wgmma_tiles_three_stages_deep(monkeypatch):
+    """int8 on byte quads runs int4's kernels: the tuner times the int4 shape it borrows as served and
+    the wgmma tiles at most three stages deep; the layer's own output is checked on the way."""
+    import moe_triton.quantized as quantized
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int8_w8a16(), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int8_w8a16(), seed=9, device=DEV))
+    assert experts._int8_on_quads()
+    base = experts.heuristic_config(3)
+    lent = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=5),
+                             dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n, num_stages=6))
+    monkeypatch.setattr(quantized, "lookup_exact", lambda key, m: configs.Lookup(lent, "borrowed", "an int4 file"))
+    served = experts.file_config(3).config
+    assert served.gemm1.num_stages == served.gemm2.num_stages == BORROWED_MAX_STAGES
+    timed = []
+
+    def timer(layer, rep_ms):
+        if not experts.config_override.gemm1.wgmma:  # the interpreter cannot run the Gluon kernel
+            assert torch.isfinite(layer()).all()
+        timed.append(experts.config_override)
+        return 1.0 if experts.config_override == served else 2.0
+
+    many = LAST_ARRIVAL_MAX_TOKENS + 1
+    table, measured = _tune_quant_layer(experts, [3, many], 5, lambda s: None, timer=timer, wgmma=True)
+    assert table[3] == served and measured["3"]["shipped"] == "shipped"
+    wgmma_timed = [c for c in timed if c.gemm1.wgmma]
+    assert set(wgmma_timed) == set(wgmma_grid(BORROWED_MAX_STAGES).values())
+    assert all(c.gemm1.num_stages <= BORROWED_MAX_STAGES for c in wgmma_timed)
 
 
 def test_int4_tuner_times_wgmma_tiles_only_where_the_layer_can_run_them():

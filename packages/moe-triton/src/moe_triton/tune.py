@@ -1,6 +1,6 @@
 """Search launch configurations on the current GPU and write them as tuned-config JSON.
 
-    python -m moe_triton.tune [--quant none|int4|mxfp4|fp8-tensor|fp8-channel|fp8-block] [--preset NAME ...]
+    python -m moe_triton.tune [--quant none|int4|int8|mxfp4|fp8-tensor|fp8-channel|fp8-block] [--preset NAME ...]
                               [--shape E,N,K,TOPK ...]
                               [--m 1 8 ...] [--out DIR]
 
@@ -12,14 +12,17 @@ kernels compete per GEMM, charged for what they save: the alignment when both GE
 the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles join the list at 64
 and 128 rows per block (`candidates(..., wgmma=True)`).
 
-int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), MXFP4 (`--quant
+int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), int8 (`--quant int8`,
+the same class with per-channel symmetric int8, byte quads where 128 divides K), MXFP4 (`--quant
 mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`,
 `TritonFp8Experts` with dynamic per-token or per-group activation scales): the whole layer (routing
 included) is captured in a CUDA graph and timed the same way for the measured heuristic
 (`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if
-any; MXFP4 without a file of its own: the int4 one it borrows, as served), the heuristic's
-neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both GEMMs
-(`wgmma_grid`; above `LAST_ARRIVAL_MAX_TOKENS` tokens, where the layer's GEMMs can run on it), and then the best one's neighbours; with `--per-gemm`, then each GEMM's grid of
+any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), the
+heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
+GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRIVAL_MAX_TOKENS`
+tokens, where the layer's GEMMs can run on it), and then the best one's neighbours; with
+`--per-gemm`, then each GEMM's grid of
 split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
@@ -188,10 +191,12 @@ _WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128
                 (128, 128, 4), (128, 256, 3), (128, 256, 4))
 
 
-def wgmma_grid() -> dict[str, QuantKernelConfig]:
-    """Both GEMMs on the wgmma kernel (`quant_gemm_details._wgmma`), one candidate per tile of _WGMMA_TILES."""
+def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
+    """Both GEMMs on the wgmma kernel (`quant_gemm_details._wgmma`), one candidate per tile of
+    _WGMMA_TILES, at most `max_stages` deep (int8: its words are twice int4's bytes per stage)."""
     found = {}
     for bm, bn, stages in _WGMMA_TILES:
+        stages = min(stages, max_stages or stages)
         tile = GemmConfig(bm, bn, 1, 4, stages, swap_ab=True, wgmma=True)
         found[f"wgmma:{bm}x{bn},s{stages}"] = QuantKernelConfig(tile, tile)
     return found
@@ -217,7 +222,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
     one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
-    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
+    from moe_core.quant import QuantDType
+    from moe_triton.quantized import BORROWED_MAX_STAGES, LAST_ARRIVAL_MAX_TOKENS
     from moe_triton.routing import route
 
     cfg = experts.config
@@ -257,7 +263,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         if shipped is not None:
             time_all({"shipped": shipped.config})
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
-            time_all(wgmma_grid())
+            int8 = experts.quant.weight.dtype is QuantDType.INT8
+            time_all(wgmma_grid(BORROWED_MAX_STAGES if int8 else None))
         first = min(times, key=times.get)
         if first != "heuristic":
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
@@ -376,16 +383,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="bfloat16 (or bf16), float16 (or fp16)")
     p.add_argument("--out", type=Path, default=Path("moe-triton-configs"), help="folder for the JSON files")
     p.add_argument("--rep-ms", type=int, default=25, help="timing budget per candidate (ms)")
-    p.add_argument("--quant", "--scheme", dest="quant", default="none", choices=["none", "int4", "mxfp4", *FP8_SCHEMES],
+    p.add_argument("--quant", "--scheme", dest="quant", default="none",
+                   choices=["none", "int4", "int8", "mxfp4", *FP8_SCHEMES],
                    type=lambda text: "none" if text in _UNQUANTIZED_NAMES else text,
-                   help="none (or unquantized, bf16, fp16): the bf16/fp16 kernels; int4: TritonWna16Experts at each preset's int4 group size; "
+                   help="none (or unquantized, bf16, fp16): the bf16/fp16 kernels; int4: TritonWna16Experts at each "
+                        "preset's int4 group size; int8: the same class, per-channel symmetric int8; "
                         "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "(up to 48 more layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
-                   help="int4, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
+                   help="int4, int8, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
                         f"(tune.wgmma_grid, 10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -394,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(m < 1 for m in args.m):
         p.error("--m values must be positive token counts")
     if (args.wgmma or args.per_gemm) and args.quant == "none":
-        p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4, mxfp4 or fp8-*)")
+        p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4, int8, mxfp4 or fp8-*)")
     if args.wgmma and args.quant in FP8_SCHEMES:
-        p.error("--wgmma: the quantized wgmma kernel is for 4-bit weights (int4, mxfp4)")
+        p.error("--wgmma: the quantized wgmma kernel is for int4, int8 and mxfp4 weights")
     if args.quant != "none":
         if args.shape:
             p.error(f"--shape is for the bf16 kernels; {args.quant} tunes model presets (--preset)")
@@ -432,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main_quant(args) -> int:
     from moe_core.backends import detect_device
     from moe_core.presets import get_preset
-    from moe_core.quant import int4_w4a16, mxfp4_w4a16, parse_scheme
+    from moe_core.quant import int4_w4a16, int8_w8a16, mxfp4_w4a16, parse_scheme
     from moe_core.weights.canonical import ExpertWeights
     from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -445,6 +454,8 @@ def _main_quant(args) -> int:
         preset = get_preset(name)
         if args.quant == "int4":
             quant, cls = int4_w4a16(preset.int4_group_size), TritonWna16Experts
+        elif args.quant == "int8":
+            quant, cls = int8_w8a16(), TritonWna16Experts
         elif args.quant == "mxfp4":
             quant, cls = mxfp4_w4a16(), TritonMxfp4Experts
         else:
@@ -463,8 +474,8 @@ def _main_quant(args) -> int:
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
-               "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration (MXFP4: "
-               "the borrowed int4 one, as served), its "
+               "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration (MXFP4, "
+               "int8: the borrowed int4 one, as served), its "
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
                + " and the best one's neighbours"
                + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
