@@ -37,8 +37,8 @@
 # flashinfer-mxfp4: the same for FlashInferCutlassMxfp4Experts (variant mxfp4: its own module, so its jobs
 #               import another copy of FlashInfer): its tests and one mxfp4 bench job per preset
 #               (bench/P-mxfp4-flashinfer). Two modules do not build in one call: carry at least one built.
-# retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or fp8-tensor/-channel/-block): per preset,
-#               `moe tune --quant $RETUNE_QUANT` (MXFP4: with --wgmma) at those token counts
+# retune:       RETUNE="preset:M,M ...", RETUNE_QUANT (mxfp4, or int8, fp8-tensor/-channel/-block): per preset,
+#               `moe tune --quant $RETUNE_QUANT` (MXFP4 and int8: with --wgmma) at those token counts
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
 #               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
 #               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
@@ -54,6 +54,8 @@
 #               build of the project (`moe bench --backends triton` -> $OUT/base/P-S), to set beside the
 #               bench phase's triton cells of this build (a before/after of a kernel change; kept out of
 #               the merged ranking).
+# cells:        CELLS="preset/scheme/M,M/backends ...": one `moe bench` job per entry (backends a comma list, or
+#               all) -> $OUT/cells/P-S-BACKENDS, kept out of the merged ranking (a re-check of a few cells).
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
 # BENCH_SCHEMES (default: bf16 fp8-block fp8-channel int8 int4 mxfp4), BENCH_TOKENS (default:
@@ -182,8 +184,10 @@ for phase in "${PHASES[@]}"; do
         "$(fi_wait bf16-fp8)" >> "$JOBS"
       printf 'flashinfer-parity\t%spython3 %s --kernels --out %s\n' "$(fi_wait bf16-fp8)" \
         "$HERE/flashinfer_parity.py" "$OUT/parity" >> "$JOBS"
-      for p in "${presets[@]}"; do
-        for s in bf16 fp8-block; do add_bench "$p" "$s" flashinfer "$(fi_wait bf16-fp8)"; done
+      # fp8 blocks first: there FlashInfer's DeepGEMM kernels may win cells; its bf16 layer is 2-7x slower
+      # than moe-triton's in every cell of the parity run.
+      for s in fp8-block bf16; do
+        for p in "${presets[@]}"; do add_bench "$p" "$s" flashinfer "$(fi_wait bf16-fp8)"; done
       done ;;
     flashinfer-mxfp4)
       start_flashinfer mxfp4
@@ -206,6 +210,8 @@ for phase in "${PHASES[@]}"; do
         if [ "$q" = mxfp4 ]; then
           tune="--quant mxfp4 --wgmma"; before="--scheme mxfp4 --scheme int4"
           peer=" && python3 $HERE/peer_matmul_ogs.py --triton-kernels $VENDOR --preset $p --m $ms --out $d/peer"
+        elif [ "$q" = int8 ]; then
+          tune="--quant int8 --wgmma"; before="--scheme int8"; peer=""
         else
           tune="--quant $q"; before="--scheme $q"; peer=""
         fi
@@ -232,8 +238,13 @@ for phase in "${PHASES[@]}"; do
           bench_job "base-$p-$s" "PYTHONPATH=$BASE_SITE " triton "$OUT/base/$p-$s" "$p" "$s"
         done
       done ;;
+    cells)
+      for cell in ${CELLS:?cells needs CELLS=\"preset/scheme/M,M/backends ...\"}; do
+        IFS=/ read -r p s ms backends <<< "$cell"
+        BENCH_TOKENS=${ms//,/ } bench_job "cells-$p-$s-${backends//,/+}" "" "$backends" "$OUT/cells/$p-$s-${backends//,/+}" "$p" "$s"
+      done ;;
     "") ;;
-    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host, base)"; exit 2 ;;
+    *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host, base, cells)"; exit 2 ;;
   esac
 done
 if [ -n "${JOB_FILTER:-}" ]; then grep -E "^(${JOB_FILTER})"$'\t' "$JOBS" > "$JOBS.kept"; mv "$JOBS.kept" "$JOBS"; fi
