@@ -3,13 +3,13 @@ and for MXFP4 the int4 layer of the same run and the matmul_ogs peer.
 
     python benchmarks/gpu/backends_table.py RESULTS_DIR OUT_DIR
 
-RESULTS_DIR is the unpacked results.tar.gz (bench/*/bench-*.json, peers/*/peer_matmul_ogs.json).
-Writes OUT_DIR/cells.json (one row per cell and backend, the fields the tables use; a run the deadline
-stopped keeps only the cells all its backends reached) and prints the
-markdown tables: all cells; MXFP4 against int4 (issue 47's 1.1x target) and its peers; then the
-cells whose numbers cannot stand: above `moe_core.bench.IMPOSSIBLE_FRACTION` of their floor, or
-timed while the machine's quick ceilings moved more than `RECHECK_TOLERANCE` (files written since
-`moe bench` records the re-check).
+RESULTS_DIR is the unpacked results.tar.gz (bench/*/bench-*.json, peers/*/peer_matmul_ogs.json); a
+backend timed in one cell by several runs counts with the latest run's row. Writes OUT_DIR/cells.json
+(one row per cell and backend, the fields the tables use; a run the deadline stopped keeps only the
+cells all its backends reached) and prints the markdown tables: all cells; MXFP4 against int4
+(issue 47's 1.1x target) and its peers; then the cells whose numbers cannot stand: above
+`moe_core.bench.IMPOSSIBLE_FRACTION` of their floor, or timed while the machine's quick ceilings
+moved more than `RECHECK_TOLERANCE` (files written since `moe bench` records the re-check).
 """
 
 from __future__ import annotations
@@ -21,27 +21,36 @@ import json
 import sys
 from pathlib import Path
 
-from moe_core.bench import IMPOSSIBLE_FRACTION, RECHECK_TOLERANCE
+from moe_core.bench import IMPOSSIBLE_FRACTION, RECHECK_TOLERANCE, save_ranking
+from moe_core.rankings import ranking_from_rows
 
 PRESETS = ("deepseek-v3", "gpt-oss-120b", "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b")
-FIELDS = ("preset", "scheme", "tokens", "backend", "time_ms", "floor_fraction", "distinct_experts", "rel_diff",
-          "compared_with", "copy_recheck", "matmul_recheck")
+FIELDS = ("preset", "scheme", "quant", "family", "shape", "tokens", "backend", "time_ms", "floor_fraction",
+          "distinct_experts", "rel_diff", "compared_with", "copy_recheck", "matmul_recheck")
 
 
 def load(results: Path) -> tuple[list[dict], dict, dict]:
-    rows, machine = [], {}
+    """Every timed row, the latest run's file, the peers; where several runs timed one backend in one
+    cell (a re-check), the latest run's row."""
+    latest: dict[tuple, tuple[str, dict]] = {}
+    newest: dict = {}
     for path in sorted(glob.glob(str(results / "bench" / "*" / "bench-*.json"))):
         data = json.loads(Path(path).read_text())
-        machine = data["machine"]
+        date = data["machine"]["date"]
+        newest = max(newest, data, key=lambda d: d["machine"]["date"]) if newest else data
         timed = [{f: r.get(f) for f in FIELDS} for r in data["rows"] if r.get("time_ms")]
-        rows += timed if data.get("complete", True) else _reached_by_all(timed, path)
+        for r in timed if data.get("complete", True) else _reached_by_all(timed, path):
+            key = (r["preset"], r["scheme"], r["tokens"], r["backend"])
+            if key not in latest or latest[key][0] < date:
+                latest[key] = (date, r)
+    rows = [r for _, r in latest.values()]
     peer = {}
     for path in sorted(glob.glob(str(results / "peers" / "*" / "peer_matmul_ogs.json"))):
         data = json.loads(Path(path).read_text())
         for r in data["rows"] if isinstance(data, dict) else data:
             if r.get("us"):
                 peer[(r["preset"], r["M"])] = r
-    return rows, machine, peer
+    return rows, newest, peer
 
 
 def _reached_by_all(rows: list[dict], path: str) -> list[dict]:
@@ -62,10 +71,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--ranking", action="store_true",
+                        help="also write the ranking of these rows to OUT_DIR/ranking-<device>.json (merged into "
+                             "one there; its date, versions and protocol: the latest run's)")
     args = parser.parse_args()
-    rows, machine, peer = load(args.results)
+    rows, newest, peer = load(args.results)
+    machine = newest["machine"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cells.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=0) + "\n")
+    if args.ranking:
+        measured = {k: machine[k] for k in ("date", "torch", "distributions")}
+        ranking = ranking_from_rows(rows, machine["device_name"], measured, newest["method"])
+        print(f"ranking of {len(ranking['entries'])} cells: {save_ranking(ranking, args.out)}", file=sys.stderr)
     cells = collections.defaultdict(dict)
     for r in rows:
         cells[(r["preset"], r["scheme"], r["tokens"])][r["backend"]] = r
