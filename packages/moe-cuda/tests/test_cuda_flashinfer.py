@@ -92,8 +92,8 @@ def test_capabilities_state_their_hardware():
     b200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA B200", (10, 0))
     trtllm = FlashInferTrtllmBf16Experts.supports(layer(), unquantized(), h200)
     assert "compute capability" in trtllm.reason
-    # The CUTLASS bf16/fp8 class passed its device tests on an H100; the TRT-LLM one never ran.
-    assert FlashInferCutlassExperts.capability.validated_on == ("cuda: NVIDIA H100 80GB HBM3",)
+    # The CUTLASS bf16/fp8 class passed its device tests on an H100 and an H200; the TRT-LLM one never ran.
+    assert FlashInferCutlassExperts.capability.validated_on == ("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200")
     assert not any("NOT validated" in text for text in FlashInferCutlassExperts.capability.limitations)
     assert FlashInferTrtllmBf16Experts.capability.validated_on == ()
     assert FlashInferTrtllmBf16Experts.capability.limitations[0].startswith("NOT validated on real hardware")

@@ -195,7 +195,7 @@ class FlashInferCutlassExperts(_TunedOnFirstEagerCall):
         hidden_multiple=BLOCK,
         intermediate_multiple=BLOCK,
         requires=("flashinfer",),
-        validated_on=("cuda: NVIDIA H100 80GB HBM3",),
+        validated_on=("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200"),
         limitations=(
             f"FlashInfer has no prebuilt sm_90 MoE: the first call JIT-compiles its CUTLASS module ({SM90_BUILD_COST}); "
             "the 44 files this class calls took 7-8 minutes on a 64-CPU host "
