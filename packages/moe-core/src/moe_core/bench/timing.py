@@ -191,7 +191,8 @@ class SmClockSampler:
         return statistics.median(self.samples) if self._thread is not None else None
 
 
-def _cuda_median_seconds(fn: Callable[[], object]) -> float:
+def _cuda_seconds(fn: Callable[[], object]) -> list[float]:
+    """Seconds of CUDA_SAMPLES calls of `fn` (CUDA events around each), the first CUDA_DROPPED left out."""
     times = []
     for _ in range(CUDA_SAMPLES):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -200,7 +201,7 @@ def _cuda_median_seconds(fn: Callable[[], object]) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times[CUDA_DROPPED:])
+    return times[CUDA_DROPPED:]
 
 
 # The CUDA layer protocol: the L2 cache is flushed by writing this many bytes before every replay.
