@@ -71,6 +71,8 @@ e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
+# The one-launch decode path (moe_triton.fused_decode) against the layer and the measured limit.
+add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8
 # and 16): 16 layers measure it on the GPU path in a third of the 48-layer job's time.

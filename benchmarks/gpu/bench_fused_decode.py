@@ -1,0 +1,90 @@
+"""The one-launch decode path (`moe_triton.fused_decode`) against the triton layer and the cell's
+measured limit, under the benchmark protocol (CUDA graphs, the L2 flushed before each replay, median).
+
+For each preset, scheme (int4 at the preset's group size, int8 per channel) and token count:
+- layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
+- fused_us: moe-triton's router (`moe_triton.routing.route`) then `FusedDecode` on the same layer's
+  packed weights, for each launch option (num_warps x block_h), the fastest kept;
+- read_us: one kernel reading the bytes the call must read (decode_limits.read_us), the limit;
+- rel_diff: the fused output against the layer's on the first input set.
+
+    python3 bench_fused_decode.py --out DIR [--presets ...] [--schemes int4 int8] [--tokens 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+from decode_limits import read_us
+from layer_timing import build_layer, correction_bias, input_sets, layer_quant
+
+from moe_core.bench import expert_weight_bytes, routed_work, time_cuda_layer
+from moe_core.presets import get_preset
+from moe_triton.fused_decode import FusedDecode, unsupported_reason
+from moe_triton.routing import route
+
+OPTIONS = [(4, 128), (8, 128), (8, 256)]  # (num_warps, block_h)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b",
+                                                          "deepseek-v3"])
+    parser.add_argument("--schemes", nargs="+", default=["int4", "int8"])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "rows": []}
+    path = args.out / "fused_decode.json"
+    for name in args.presets:
+        preset = get_preset(name)
+        cfg = preset.config
+        bias = correction_bias(preset, dev)
+        for scheme in args.schemes:
+            layer = build_layer(preset, scheme, dev)
+            reason = unsupported_reason(layer.experts)
+            if reason is not None:
+                print(f"{name} {scheme}: {reason}", flush=True)
+                continue
+            for tokens in args.tokens:
+                inputs = input_sets(preset, tokens, dev)
+                work = routed_work(cfg, [logits for _, logits in inputs], bias)
+                nbytes = int(work.experts * expert_weight_bytes(cfg, layer_quant(preset, scheme)))
+                samples, _ = time_cuda_layer(layer, inputs)
+                row = {"preset": name, "scheme": scheme, "tokens": tokens, "bytes": nbytes,
+                       "layer_us": round(statistics.median(samples) * 1e6, 2), "fused_us": {}}
+                x0, logits0 = inputs[0]
+                expected = layer(x0, logits0).float()
+                for warps, block_h in OPTIONS:
+                    fused = FusedDecode(layer.experts, num_warps=warps, block_h=block_h)
+
+                    def call(x, logits, fused=fused, cfg=cfg, bias=bias):
+                        weights, ids = route(logits, cfg.routing, cfg.top_k, bias)
+                        return fused(x, weights, ids)
+
+                    samples, _ = time_cuda_layer(call, inputs)
+                    row["fused_us"][f"w{warps}-h{block_h}"] = round(statistics.median(samples) * 1e6, 2)
+                    got = call(x0, logits0).float()
+                    row.setdefault("rel_diff", float((got - expected).norm() / expected.norm()))
+                row["read_us"] = round(read_us(nbytes), 2)
+                best = min(row["fused_us"].values())
+                row["fused_over_layer"] = round(best / row["layer_us"], 3)
+                row["fused_over_limit"] = round(best / row["read_us"], 3)
+                result["rows"].append(row)
+                path.write_text(json.dumps(result, indent=1))
+                print(json.dumps(row), flush=True)
+            del layer
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""A decode step's MoE layer in one launch: both GEMMs, the activation and the weighted top-k sum.
+
+Experimental: a loaded `TritonWna16Experts` layer's packed weights, called directly; the oracle does
+not serve it. At one token the layer's path is a chain of dependent launches (router, GEMM1, GEMM2,
+the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
+decode_limits_2026-11-29.md`); here each program computes a slice of 128 intermediate channels of
+one routed pair through both GEMMs and adds its share of the output in fp32
+(`fused_decode_details._kernel`), so after the router one launch remains.
+
+    fused = FusedDecode(experts)                       # checks what the kernel serves, once
+    out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS
+
+Serves int4 and int8 weights in their quads layouts, symmetric, scale groups of 32, 64, 128 or one
+per channel, no act-order, SiLU-gated, no biases, intermediate size a multiple of 128. The sum's
+order across programs is not fixed (fp32 atomics), so outputs may differ in the last bits between
+calls. `fused_decode_torch` is its torch twin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_core.config import ActivationKind
+from moe_core.quant import ZeroPoint
+from moe_triton._common.target import interpreting
+from moe_triton.fused_decode_details._kernel import SLICE, fused_decode_launch
+from moe_triton.quant_gemm_details._dequant import dequantize_operand
+from moe_triton.quant_gemm_details._layouts import GateUpInterleave, WeightOperand, WType
+from moe_triton.quantized import GATE_UP_CHUNK, TritonWna16Experts
+
+__all__ = ["MAX_TOKENS", "FusedDecode", "fused_decode_torch", "unsupported_reason"]
+
+# Tokens per call: each (token, choice) pair reads its expert's weights itself, so beyond a few
+# tokens the layer's aligned GEMMs, which read an expert once for all its pairs, read less.
+MAX_TOKENS = 8
+
+
+def unsupported_reason(experts) -> str | None:
+    """Why `FusedDecode` cannot serve this loaded experts layer; None where it can."""
+    if not isinstance(experts, TritonWna16Experts):
+        return f"needs a TritonWna16Experts layer, got {type(experts).__name__}"
+    cfg, key = experts.config, experts.quant.weight
+    act = cfg.activation
+    if act.kind is not ActivationKind.SILU or act.clamp is not None:
+        return f"serves SiLU-gated experts without a clamp, got {act}"
+    if cfg.has_bias:
+        return "serves experts without biases"
+    if cfg.parallel.use_ep:
+        return "serves a layer holding every expert (no expert parallelism)"
+    if cfg.intermediate_size_per_partition % SLICE:
+        return f"needs the intermediate size to be a multiple of {SLICE}, got {cfg.intermediate_size_per_partition}"
+    if key.act_order or key.zero_point is not ZeroPoint.NONE:
+        return "serves symmetric weights without act-order"
+    w13, w2 = _operands(experts)
+    for w in (w13, w2):
+        if not w.quads or w.wtype not in (WType.INT4, WType.INT8):
+            return f"needs int4 or int8 weights in a quads layout (K a multiple of 128), got {w.wtype.name} of K={w.k}"
+        if w.group % 32:
+            return f"needs scale groups of 32, 64, 128 or one per channel, got {w.group}"
+    return None
+
+
+def _operands(experts) -> tuple[WeightOperand, WeightOperand]:
+    cfg = experts.config
+    return (experts._operand("w13", cfg.w13_rows, cfg.hidden_size),
+            experts._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition))
+
+
+class FusedDecode:
+    """One launch per call over a loaded `TritonWna16Experts` layer's weights (module docstring)."""
+
+    def __init__(self, experts, *, num_warps: int = 4, block_h: int = 128) -> None:
+        """num_warps, block_h (GEMM2's output rows per step): launch options, each a power of two."""
+        reason = unsupported_reason(experts)
+        if reason is not None:
+            raise ValueError(f"FusedDecode: {reason}")
+        for name, value in (("num_warps", num_warps), ("block_h", block_h)):
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"FusedDecode: {name} must be a power of two, got {value}")
+        self.experts, self.num_warps, self.block_h = experts, num_warps, block_h
+        # Per device: the fp32 sums [MAX_TOKENS * K] and the arrival count, zero between calls (the
+        # last program of each call leaves them so).
+        self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+                 ) -> torch.Tensor:
+        cfg = self.experts.config
+        M = hidden_states.shape[0]
+        if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size or hidden_states.dtype != cfg.dtype:
+            raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}] {cfg.dtype}, got "
+                             f"{list(hidden_states.shape)} {hidden_states.dtype}")
+        if not 1 <= M <= MAX_TOKENS:
+            raise ValueError(f"FusedDecode serves 1 to {MAX_TOKENS} tokens a call, got {M}")
+        if topk_ids.shape != (M, cfg.top_k) or topk_weights.shape != (M, cfg.top_k):
+            raise ValueError(f"topk_ids and topk_weights must be [{M}, {cfg.top_k}], got {list(topk_ids.shape)} "
+                             f"and {list(topk_weights.shape)}")
+        device = hidden_states.device
+        if device not in self._scratch:
+            self._scratch[device] = (torch.zeros(MAX_TOKENS * cfg.hidden_size, dtype=torch.float32, device=device),
+                                     torch.zeros(1, dtype=torch.int32, device=device))
+        sums, count = self._scratch[device]
+        w13, w2 = _operands(self.experts)
+        out = torch.empty_like(hidden_states)
+        fused_decode_launch(
+            hidden_states.contiguous(), topk_ids.to(torch.int32).contiguous(),
+            topk_weights.to(torch.float32).contiguous(), w13.codes, w13.scale, w2.codes, w2.scale, sums, out, count,
+            top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
+            slices=cfg.intermediate_size_per_partition // SLICE,
+            upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
+            ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
+            block_h=self.block_h, num_warps=self.num_warps)
+        return out
+
+
+def fused_decode_torch(experts, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+                       ) -> torch.Tensor:
+    """The kernel's math in torch, from the same packed weights: fp32 GEMMs, each pair's activation
+    times its routing weight rounded to the layer dtype, an fp32 sum over the pairs."""
+    cfg = experts.config
+    w13, w2 = (dequantize_operand(w) for w in _operands(experts))
+    gate_up = GateUpInterleave(GATE_UP_CHUNK)
+    x = hidden_states.float()
+    out = torch.zeros_like(x)
+    for m in range(x.shape[0]):
+        for j in range(cfg.top_k):
+            e = int(topk_ids[m, j])
+            gate, up = gate_up.unswizzle(w13[e] @ x[m]).chunk(2)
+            act = (torch.nn.functional.silu(gate) * up * topk_weights[m, j].float()).to(hidden_states.dtype)
+            out[m] += w2[e] @ act.float()
+    return out.to(hidden_states.dtype)

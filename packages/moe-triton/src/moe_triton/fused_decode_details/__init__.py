@@ -1,0 +1,1 @@
+"""The fused decode kernel (`_kernel`); `moe_triton.fused_decode` launches it."""

@@ -1,0 +1,151 @@
+"""The fused decode kernel: both GEMMs, the gated activation and the weighted top-k sum of a few
+tokens' routed experts in one launch.
+
+A program owns one (token, choice) pair and one slice of 128 intermediate channels: GEMM1 over those
+channels' gate and up rows (w13 rows 256 s .. 256 s + 255: four 32-row chunks of gate then up, the
+layer's `GateUpInterleave`) and all of K gives the slice's activation exactly, which times the
+matching 128 columns of w2 (K tile s of w2's quads) is the slice's share of the pair's output row.
+The shares are added in fp32 at L2 (`acc_ptr`); the program that arrives last casts the rows into
+`out_ptr` and zeroes the accumulator and the counter for the next call. No alignment, no
+intermediate tensor, no second launch: the weights are read once, as in the layer's two GEMMs.
+
+Weights are quads (`quant_gemm_details._layouts`): int4 in int16 words, int8 in int32 words,
+symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel. Each quarter of a
+K tile is one dot of 32 k against the pair's activations in column 0 of a 16-wide operand (the
+MMA's narrowest side), scaled by its group's scale after the dot.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from moe_triton.quant_gemm_details._dequant import int4_zero, unpack_byte_quads, unpack_quads
+
+__all__ = ["SLICE", "fused_decode_launch"]
+
+# Intermediate channels per program: one K tile of w2's quads.
+SLICE = 128
+
+
+@triton.jit
+def _quarters(words, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr, CT: tl.constexpr, PTX: tl.constexpr):
+    """The four quarters of a quads tile as centered code values (exact) in CT: int4 (WTYPE 0) codes
+    minus CODE_OFFSET, int8 (WTYPE 1) codes minus 128."""
+    if WTYPE == 0:
+        q0, q1, q2, q3 = unpack_quads(words, CT, PTX)
+        z = int4_zero(words, words, False, CODE_OFFSET, CT, words.shape[0])
+        return q0 - z, q1 - z, q2 - z, q3 - z
+    return unpack_byte_quads(words, CT, PTX)
+
+
+@triton.jit
+def _scaled_dot(acc, w, operand, s_ptrs, s_mask):
+    """acc + (w @ operand) * the rows' scales (one scale group per call)."""
+    s = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
+    return acc + tl.dot(w, operand) * s[:, None]
+
+
+@triton.jit
+def _column0(v, CT: tl.constexpr):
+    """[n] -> [n, 16] with v in column 0, zeros elsewhere: one pair as the dot's 16-wide operand."""
+    return tl.where(tl.arange(0, 16)[None, :] == 0, v.to(CT)[:, None], tl.zeros((v.shape[0], 16), CT))
+
+
+@triton.jit
+def _fused_decode_kernel(
+    x_ptr, ids_ptr, wts_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, acc_ptr, out_ptr, count_ptr,
+    M, K, k_tiles,
+    stride_xm, stride_om,
+    stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
+    stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g,
+    TOP_K: tl.constexpr, GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
+    BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    s = tl.program_id(1)
+    OUT_T: tl.constexpr = x_ptr.dtype.element_ty
+    CT: tl.constexpr = tl.float32 if UPCAST else OUT_T
+    m = pair // TOP_K
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    weight = tl.load(wts_ptr + pair).to(tl.float32)
+    q = tl.arange(0, 32)
+
+    # GEMM1: the slice's 256 w13 rows against the token over all K tiles. Scale rows are N-contiguous.
+    rows = s * 256 + tl.arange(0, 256)
+    w13 = w13_ptr + e * stride_w13e + rows[:, None] * stride_w13r + q[None, :]
+    s13 = s13_ptr + e * stride_s13e + rows
+    x_row = x_ptr + m * stride_xm
+    all_rows = rows >= 0
+    acc1 = tl.zeros((256, 16), tl.float32)
+    for t in range(0, k_tiles):
+        w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t), WTYPE, CODE_OFFSET, CT, PTX)
+        k0 = t * 128
+        xs = x_row + k0 + q
+        acc1 = _scaled_dot(acc1, w0, _column0(tl.load(xs, mask=k0 + q < K, other=0.0), CT),
+                           s13 + (k0 // GROUP1) * stride_s13g, all_rows)
+        acc1 = _scaled_dot(acc1, w1, _column0(tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0), CT),
+                           s13 + ((k0 + 32) // GROUP1) * stride_s13g, all_rows)
+        acc1 = _scaled_dot(acc1, w2, _column0(tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0), CT),
+                           s13 + ((k0 + 64) // GROUP1) * stride_s13g, all_rows)
+        acc1 = _scaled_dot(acc1, w3, _column0(tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0), CT),
+                           s13 + ((k0 + 96) // GROUP1) * stride_s13g, all_rows)
+    h = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc1, 0.0), axis=1)
+
+    # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
+    # layer's GEMM1 stores it: [4 quarters, 32 channels] = the slice's channels in order.
+    gate, up = tl.split(tl.permute(tl.reshape(h, (4, 2, 32)), (0, 2, 1)))
+    act = (gate / (1.0 + tl.exp(-gate)) * up * weight).to(OUT_T).to(CT)
+    quarter = tl.arange(0, 4)[:, None]
+    a0 = _column0(tl.sum(tl.where(quarter == 0, act, 0.0), axis=0), CT)
+    a1 = _column0(tl.sum(tl.where(quarter == 1, act, 0.0), axis=0), CT)
+    a2 = _column0(tl.sum(tl.where(quarter == 2, act, 0.0), axis=0), CT)
+    a3 = _column0(tl.sum(tl.where(quarter == 3, act, 0.0), axis=0), CT)
+
+    # GEMM2: K tile s of w2 (these 128 channels) for every output row, added to the pair's token row.
+    c0 = s * 128
+    for h0 in range(0, K, BLOCK_H):
+        out_rows = h0 + tl.arange(0, BLOCK_H)
+        valid = out_rows < K
+        words = tl.load(w2_ptr + e * stride_w2e + out_rows[:, None] * stride_w2r + s * stride_w2t + q[None, :],
+                        mask=valid[:, None], other=0)
+        v0, v1, v2, v3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
+        s2 = s2_ptr + e * stride_s2e + out_rows
+        acc2 = tl.zeros((BLOCK_H, 16), tl.float32)
+        acc2 = _scaled_dot(acc2, v0, a0, s2 + (c0 // GROUP2) * stride_s2g, valid)
+        acc2 = _scaled_dot(acc2, v1, a1, s2 + ((c0 + 32) // GROUP2) * stride_s2g, valid)
+        acc2 = _scaled_dot(acc2, v2, a2, s2 + ((c0 + 64) // GROUP2) * stride_s2g, valid)
+        acc2 = _scaled_dot(acc2, v3, a3, s2 + ((c0 + 96) // GROUP2) * stride_s2g, valid)
+        share = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc2, 0.0), axis=1)
+        tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid, sem="relaxed")
+
+    # Every thread's atomics are issued before the acquire-release count publishes them; the last
+    # program reads the sums at L2, stores the rows and leaves the scratch zeroed.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
+        for start in range(0, M * K, BLOCK_H):
+            offs = start + tl.arange(0, BLOCK_H)
+            inside = offs < M * K
+            sums = tl.load(acc_ptr + offs, mask=inside, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + (offs // K) * stride_om + offs % K, sums.to(OUT_T), mask=inside)
+            tl.store(acc_ptr + offs, tl.zeros_like(sums), mask=inside)
+        tl.atomic_xchg(count_ptr, 0)
+
+
+def fused_decode_launch(x, ids, weights, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int,
+                        group2: int, wtype: int, code_offset: int, slices: int, upcast: bool, ptx: bool,
+                        block_h: int = 128, num_warps: int = 4) -> None:
+    """One launch over (pairs, slices); see the module docstring for the operands."""
+    M, K = x.shape
+    grid = (M * top_k, slices)
+    _fused_decode_kernel[grid](
+        x, ids, weights, w13, s13, w2, s2, acc, out, count,
+        M, K, w13.shape[2],
+        x.stride(0), out.stride(0),
+        w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
+        w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1),
+        TOP_K=top_k, GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, BLOCK_H=block_h, UPCAST=upcast, PTX=ptx,
+        num_warps=num_warps,
+    )
+

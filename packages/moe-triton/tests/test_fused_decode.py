@@ -1,0 +1,113 @@
+"""The one-launch decode kernel (`moe_triton.fused_decode`) against its torch twin, the layer's own
+two-GEMM path and moe-core's fp32 reference, on fresh random weights and tokens."""
+
+import pytest
+import torch
+from _quant_support import DEV, RUN_ON, rel_l2
+
+from moe_core.config import Activation, MoEConfig
+from moe_core.quant import int4_w4a16, int8_w8a16, mxfp4_w4a16
+from moe_core.reference import reference_moe
+from moe_core.routing import route_torch
+from moe_core.weights.canonical import ExpertWeights
+from moe_triton._common.offline_compile import run_compiler_script
+from moe_triton.fused_decode import MAX_TOKENS, FusedDecode, fused_decode_torch, unsupported_reason
+from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
+
+
+def _layer(quant, dtype=torch.float16, K=256, N=256, E=4, topk=2, seed=0, cls=TritonWna16Experts, **cfg_extra):
+    cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=K, intermediate_size=N, dtype=dtype, **cfg_extra)
+    weights = ExpertWeights.random(cfg, quant, seed=seed, device=DEV)
+    experts = cls(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    return cfg, weights, experts
+
+
+def _tokens(cfg, M, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, cfg.hidden_size, generator=gen).to(cfg.dtype).to(DEV)
+    tw, ids = route_torch(torch.randn(M, cfg.num_experts, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    return x, tw, ids
+
+
+@pytest.mark.parametrize(("quant", "dtype", "M"), [
+    (int4_w4a16(128), torch.float16, 1),
+    (int4_w4a16(64), torch.bfloat16, 1),
+    (int4_w4a16(32), torch.float16, 3),
+    (int4_w4a16(-1), torch.float16, 1),
+    (int8_w8a16(), torch.bfloat16, 2),
+    (int8_w8a16(128), torch.float16, 1),
+])
+def test_fused_decode_matches_its_twin_the_layer_and_the_reference(quant, dtype, M):
+    cfg, weights, experts = _layer(quant, dtype=dtype, seed=M)
+    x, tw, ids = _tokens(cfg, M, seed=10 + M)
+    fused = FusedDecode(experts)
+    out = fused(x, tw, ids)
+    assert out.shape == (M, cfg.hidden_size) and out.dtype == dtype
+    # The CPU interpreter truncates fp32 -> bf16 casts (the kernel's activation and output) where the
+    # twin rounds to nearest: bf16 agrees to that rounding, fp16 bit for bit.
+    twin_tol = 1e-2 if dtype == torch.bfloat16 and DEV.type == "cpu" else 2e-3
+    assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < twin_tol
+    assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(out, ref) < 1e-2
+    # The scratch is left zeroed: a second call on other tokens is as exact as the first.
+    x2, tw2, ids2 = _tokens(cfg, M, seed=20 + M)
+    assert rel_l2(fused(x2, tw2, ids2), fused_decode_torch(experts, x2, tw2, ids2)) < twin_tol
+
+
+def test_fused_decode_sums_every_choice_of_every_token():
+    """Eight tokens, top-4 of 8 experts (K = 384: three K tiles), against the layer."""
+    cfg, _, experts = _layer(int4_w4a16(128), K=384, N=128, E=8, topk=4, seed=3)
+    x, tw, ids = _tokens(cfg, MAX_TOKENS, seed=4)
+    out = FusedDecode(experts)(x, tw, ids)
+    assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
+
+
+def test_unsupported_layers_are_refused_with_the_reason():
+    _, _, experts = _layer(int4_w4a16(64), N=192)
+    assert "multiple of 128" in unsupported_reason(experts)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        FusedDecode(experts)
+    _, _, experts = _layer(int4_w4a16(128, zero_point=True))
+    assert "symmetric" in unsupported_reason(experts)
+    _, _, experts = _layer(int4_w4a16(128), activation=Activation.gelu())
+    assert "SiLU" in unsupported_reason(experts)
+    _, _, experts = _layer(int8_w8a16(), K=192)
+    assert "quads" in unsupported_reason(experts)
+    _, _, experts = _layer(mxfp4_w4a16(), cls=TritonMxfp4Experts)
+    assert "TritonWna16Experts" in unsupported_reason(experts)
+
+
+def test_calls_outside_the_kernel_s_range_are_refused():
+    cfg, _, experts = _layer(int4_w4a16(128))
+    fused = FusedDecode(experts)
+    x, tw, ids = _tokens(cfg, MAX_TOKENS + 1, seed=1)
+    with pytest.raises(ValueError, match=f"1 to {MAX_TOKENS} tokens"):
+        fused(x, tw, ids)
+    with pytest.raises(ValueError, match="hidden_states must be"):
+        fused(x[:1].float(), tw[:1], ids[:1])
+    with pytest.raises(ValueError, match="topk_ids and topk_weights"):
+        fused(x[:2], tw[:1], ids[:1])
+
+
+_COMPILE_FUSED = """
+from moe_triton._common.offline_compile import compile_kernel
+from moe_triton.fused_decode_details._kernel import _fused_decode_kernel
+ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "s13_ptr": "*bf16", "s2_ptr": "*bf16",
+        "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32"}
+# qwen3-30b-a3b's shapes: int4 g128 (int16 words), int8 per channel (int32 words), the words' unit strides
+# specialized as at launch
+for wtype, words, group1, group2, warps in ((0, "*i16", 128, 128, 4), (1, "*i32", 2048, 768, 8)):
+    built = compile_kernel(_fused_decode_kernel, dict(TOP_K=8, GROUP1=group1, GROUP2=group2, WTYPE=wtype,
+                                                      CODE_OFFSET=8 if wtype == 0 else 128, BLOCK_H=128,
+                                                      UPCAST=False, PTX=True),
+                           dict(ptrs, w13_ptr=words, w2_ptr=words), num_warps=warps)
+    print(built.metadata.shared <= 232448)
+"""
+
+
+def test_kernel_compiles_for_hopper():
+    """Triton's compiler on the kernel for sm_90 (the interpreter runs none of its checks), in a
+    child process, since this module interprets the kernel."""
+    assert run_compiler_script(_COMPILE_FUSED).split() == ["True", "True"]
