@@ -117,7 +117,7 @@ def _fused_decode_kernel(
         acc2 = _scaled_dot(acc2, v2, a2, s2 + ((c0 + 64) // GROUP2) * stride_s2g, valid)
         acc2 = _scaled_dot(acc2, v3, a3, s2 + ((c0 + 96) // GROUP2) * stride_s2g, valid)
         share = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc2, 0.0), axis=1)
-        tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid, sem="relaxed")
+        tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid)
 
     # Every thread's atomics are issued before the acquire-release count publishes them; the last
     # program reads the sums at L2, stores the rows and leaves the scratch zeroed.
