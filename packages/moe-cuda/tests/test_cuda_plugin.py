@@ -34,10 +34,9 @@ def test_every_class_resolves_with_a_layout_and_claims_only_the_hardware_its_dev
         cls = getattr(importlib.import_module(module), name)
         assert cls.backend == ref.backend and cls.weight_processor.layout
         # Every class but FlashInfer's MXFP4 (its module never finished building) and TRT-LLM (Blackwell) ones
-        # passed test_cuda_device.py on an H100; all but FlashInfer's on an H200 too.
+        # passed test_cuda_device.py on an H100 and on an H200.
         never_ran = name in ("FlashInferCutlassMxfp4Experts", "FlashInferTrtllmBf16Experts")
-        h200 = ("cuda: NVIDIA H200",) if ref.backend != "flashinfer_cutlass" else ()
-        expected = () if never_ran else ("cuda: NVIDIA H100 80GB HBM3", *h200)
+        expected = () if never_ran else ("cuda: NVIDIA H100 80GB HBM3", "cuda: NVIDIA H200")
         assert cls.capability.validated_on == expected, cls.name()
 
 

@@ -27,7 +27,7 @@ def test_moe_tune_forwards_its_options(capsys):
 
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["tune", "--help"])
-    assert exit_info.value.code == 0 and "--quant {none,int4,mxfp4,fp8-tensor,fp8-channel,fp8-block}" in capsys.readouterr().out
+    assert exit_info.value.code == 0 and "--quant {none,int4,int8,mxfp4,fp8-tensor,fp8-channel,fp8-block}" in capsys.readouterr().out
     if not torch.cuda.is_available():
         assert cli.main(["tune", "--quant", "int4"]) == 2
         assert "torch sees no GPU" in capsys.readouterr().err
