@@ -5,7 +5,7 @@ import pytest
 import torch
 from _quant_support import DEV, RUN_ON, rel_l2
 
-from moe_core.config import Activation, MoEConfig
+from moe_core.config import Activation, MoEConfig, Routing, Scoring
 from moe_core.quant import int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
@@ -13,6 +13,7 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.offline_compile import run_compiler_script
 from moe_triton.fused_decode import MAX_TOKENS, FusedDecode, fused_decode_torch, unsupported_reason
 from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
+from moe_triton.routing import route
 
 
 def _layer(quant, dtype=torch.float16, K=256, N=256, E=4, topk=2, seed=0, cls=TritonWna16Experts, **cfg_extra):
@@ -64,6 +65,29 @@ def test_fused_decode_sums_every_choice_of_every_token():
     assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
 
 
+@pytest.mark.parametrize("routing", [
+    Routing.softmax_topk(renormalize=True),
+    Routing.softmax_topk(renormalize=False),
+    Routing(scoring=Scoring.SIGMOID, renormalize=True, renormalize_eps=1e-20, num_expert_groups=4, topk_groups=2,
+            has_correction_bias=True, routed_scaling_factor=2.5),
+])
+def test_routing_in_the_launch_is_the_router_s(routing):
+    """from_logits routes each token in the kernel with the router's own code: the same output, bit
+    for bit, as the router's weights and ids handed to the kernel (DeepSeek-V3's grouped sigmoid with
+    its correction bias and scaling among them)."""
+    cfg, _, experts = _layer(int4_w4a16(64), E=8, topk=2, seed=5, routing=routing)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(3, cfg.hidden_size, generator=gen).to(cfg.dtype).to(DEV)
+    logits = torch.randn(3, cfg.num_experts, generator=gen).to(DEV)
+    bias = torch.randn(cfg.num_experts, generator=gen).to(DEV) * 0.1 if routing.has_correction_bias else None
+    fused = FusedDecode(experts)
+    tw, ids = route(logits, routing, cfg.top_k, bias)
+    assert torch.equal(fused.from_logits(x, logits, bias), fused(x, tw, ids))
+    ref_w, ref_ids = route_torch(logits, routing, cfg.top_k, bias)
+    assert torch.equal(ids.long(), ref_ids.long())
+    assert rel_l2(fused.from_logits(x, logits, bias), experts.apply(x, ref_w, ref_ids)) < 1e-2
+
+
 def test_unsupported_layers_are_refused_with_the_reason():
     _, _, experts = _layer(int4_w4a16(64), N=192)
     assert "multiple of 128" in unsupported_reason(experts)
@@ -89,19 +113,28 @@ def test_calls_outside_the_kernel_s_range_are_refused():
         fused(x[:1].float(), tw[:1], ids[:1])
     with pytest.raises(ValueError, match="topk_ids and topk_weights"):
         fused(x[:2], tw[:1], ids[:1])
+    with pytest.raises(ValueError, match="router_logits must have the 2 rows"):
+        fused.from_logits(x[:2], torch.randn(1, cfg.num_experts, device=DEV))
 
 
 _COMPILE_FUSED = """
 from moe_triton._common.offline_compile import compile_kernel
 from moe_triton.fused_decode_details._kernel import _fused_decode_kernel
-ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "s13_ptr": "*bf16", "s2_ptr": "*bf16",
-        "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32"}
-# qwen3-30b-a3b's shapes: int4 g128 (int16 words), int8 per channel (int32 words), the words' unit strides
-# specialized as at launch
-for wtype, words, group1, group2, warps in ((0, "*i16", 128, 128, 4), (1, "*i32", 2048, 768, 8)):
-    built = compile_kernel(_fused_decode_kernel, dict(TOP_K=8, GROUP1=group1, GROUP2=group2, WTYPE=wtype,
+from moe_triton.routing_details._kernel import route_constexprs
+ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*fp32",
+        "s13_ptr": "*bf16", "s2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32",
+        "renormalize_eps": "fp32", "scaling": "fp32"}
+# qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
+# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling)
+cases = ((0, "*i16", 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
+                                                 renormalize=True, scaling=1.0)),
+         (1, "*i32", 2048, 768, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
+                                                renormalize=True, scaling=2.5)))
+for wtype, words, group1, group2, warps, route, kind in cases:
+    built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
                                                       CODE_OFFSET=8 if wtype == 0 else 128, BLOCK_H=128,
-                                                      UPCAST=False, PTX=True),
+                                                      UPCAST=False, PTX=True, ROUTE=route,
+                                                      **route_constexprs(128, 8, **kind)),
                            dict(ptrs, w13_ptr=words, w2_ptr=words), num_warps=warps)
     print(built.metadata.shared <= 232448)
 """

@@ -5,10 +5,12 @@ not serve it. At one token the layer's path is a chain of dependent launches (ro
 the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
 decode_limits_2026-11-29.md`); here each program computes a slice of 128 intermediate channels of
 one routed pair through both GEMMs and adds its share of the output in fp32
-(`fused_decode_details._kernel`), so after the router one launch remains.
+(`fused_decode_details._kernel`), so after the router one launch remains; `from_logits` routes in
+that launch too (each program takes its token's top-k with the router's code).
 
     fused = FusedDecode(experts)                       # checks what the kernel serves, once
-    out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS
+    out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS, routed by the caller
+    out = fused.from_logits(hidden_states, router_logits, correction_bias)  # routed in the same launch
 
 Serves int4 and int8 weights in their quads layouts, symmetric, scale groups of 32, 64, 128 or one
 per channel, no act-order, SiLU-gated, no biases, intermediate size a multiple of 128. The sum's
@@ -20,13 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from moe_core.config import ActivationKind
+from moe_core.config import ActivationKind, Scoring
 from moe_core.quant import ZeroPoint
+from moe_core.routing import check_router_inputs
 from moe_triton._common.target import interpreting
 from moe_triton.fused_decode_details._kernel import SLICE, fused_decode_launch
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave, WeightOperand, WType
 from moe_triton.quantized import GATE_UP_CHUNK, TritonWna16Experts
+from moe_triton.routing_details._kernel import route_constexprs
 
 __all__ = ["MAX_TOKENS", "FusedDecode", "fused_decode_torch", "unsupported_reason"]
 
@@ -84,16 +88,48 @@ class FusedDecode:
 
     def __call__(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
                  ) -> torch.Tensor:
+        """The layer's output for tokens the caller routed (topk_weights, topk_ids: [M, top_k])."""
+        M, top_k = self._check_tokens(hidden_states), self.experts.config.top_k
+        if topk_ids.shape != (M, top_k) or topk_weights.shape != (M, top_k):
+            raise ValueError(f"topk_ids and topk_weights must be [{M}, {top_k}], got {list(topk_ids.shape)} "
+                             f"and {list(topk_weights.shape)}")
+        return self._launch(hidden_states, routed=(topk_weights.to(torch.float32).contiguous(),
+                                                   topk_ids.to(torch.int32).contiguous()))
+
+    def from_logits(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+                    correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output routed in the same launch, by the layer's routing (as
+        `moe_triton.routing.route` would route these logits)."""
+        self._check_tokens(hidden_states)
         cfg = self.experts.config
-        M = hidden_states.shape[0]
+        routing = cfg.routing
+        if routing.weight_on_input:
+            raise ValueError("FusedDecode.from_logits: routings that weight the input (Llama4) are not served; "
+                             "route with moe_triton.routing.route and call the layer directly")
+        check_router_inputs(router_logits, routing, cfg.top_k, correction_bias)
+        if router_logits.shape[0] != hidden_states.shape[0]:
+            raise ValueError(f"router_logits must have the {hidden_states.shape[0]} rows of hidden_states, got "
+                             f"{router_logits.shape[0]}")
+        consts = route_constexprs(router_logits.shape[1], cfg.top_k, softmax=routing.scoring is Scoring.SOFTMAX,
+                                  has_bias=correction_bias is not None, groups=routing.num_expert_groups,
+                                  topk_groups=routing.topk_groups, renormalize=routing.renormalize,
+                                  scaling=routing.routed_scaling_factor)
+        bias = correction_bias.float().contiguous() if correction_bias is not None else None
+        return self._launch(hidden_states, router=(router_logits.contiguous(), bias, consts, routing.renormalize_eps,
+                                                   routing.routed_scaling_factor))
+
+    def _check_tokens(self, hidden_states: torch.Tensor) -> int:
+        cfg = self.experts.config
         if hidden_states.dim() != 2 or hidden_states.shape[1] != cfg.hidden_size or hidden_states.dtype != cfg.dtype:
             raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}] {cfg.dtype}, got "
                              f"{list(hidden_states.shape)} {hidden_states.dtype}")
+        M = hidden_states.shape[0]
         if not 1 <= M <= MAX_TOKENS:
             raise ValueError(f"FusedDecode serves 1 to {MAX_TOKENS} tokens a call, got {M}")
-        if topk_ids.shape != (M, cfg.top_k) or topk_weights.shape != (M, cfg.top_k):
-            raise ValueError(f"topk_ids and topk_weights must be [{M}, {cfg.top_k}], got {list(topk_ids.shape)} "
-                             f"and {list(topk_weights.shape)}")
+        return M
+
+    def _launch(self, hidden_states: torch.Tensor, **routing) -> torch.Tensor:
+        cfg = self.experts.config
         device = hidden_states.device
         if device not in self._scratch:
             self._scratch[device] = (torch.zeros(MAX_TOKENS * cfg.hidden_size, dtype=torch.float32, device=device),
@@ -102,13 +138,12 @@ class FusedDecode:
         w13, w2 = _operands(self.experts)
         out = torch.empty_like(hidden_states)
         fused_decode_launch(
-            hidden_states.contiguous(), topk_ids.to(torch.int32).contiguous(),
-            topk_weights.to(torch.float32).contiguous(), w13.codes, w13.scale, w2.codes, w2.scale, sums, out, count,
+            hidden_states.contiguous(), w13.codes, w13.scale, w2.codes, w2.scale, sums, out, count,
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
             slices=cfg.intermediate_size_per_partition // SLICE,
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
-            block_h=self.block_h, num_warps=self.num_warps)
+            block_h=self.block_h, num_warps=self.num_warps, **routing)
         return out
 
 

@@ -8,6 +8,8 @@ matching 128 columns of w2 (K tile s of w2's quads) is the slice's share of the 
 The shares are added in fp32 at L2 (`acc_ptr`); the program that arrives last casts the rows into
 `out_ptr` and zeroes the accumulator and the counter for the next call. No alignment, no
 intermediate tensor, no second launch: the weights are read once, as in the layer's two GEMMs.
+With ROUTE, each program also routes its token from the router logits (`routing_details`'
+`route_topk`: the router's own semantics), so the whole layer is this one launch.
 
 Weights are quads (`quant_gemm_details._layouts`): int4 in int16 words, int8 in int32 words,
 symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel. Each quarter of a
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 
 from moe_triton.quant_gemm_details._dequant import int4_zero, unpack_byte_quads, unpack_quads
+from moe_triton.routing_details._kernel import route_constexprs, route_topk
 
 __all__ = ["SLICE", "fused_decode_launch"]
 
@@ -54,21 +57,33 @@ def _column0(v, CT: tl.constexpr):
 
 @triton.jit
 def _fused_decode_kernel(
-    x_ptr, ids_ptr, wts_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, acc_ptr, out_ptr, count_ptr,
-    M, K, k_tiles,
-    stride_xm, stride_om,
+    x_ptr, ids_ptr, wts_ptr, logits_ptr, bias_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, acc_ptr, out_ptr, count_ptr,
+    M, K, k_tiles, renormalize_eps, scaling,
+    stride_xm, stride_om, stride_lm,
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
     stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g,
-    TOP_K: tl.constexpr, GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-    BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr,
+    GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
+    BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
+    TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
+    TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
 ):
     pair = tl.program_id(0)
     s = tl.program_id(1)
     OUT_T: tl.constexpr = x_ptr.dtype.element_ty
     CT: tl.constexpr = tl.float32 if UPCAST else OUT_T
     m = pair // TOP_K
-    e = tl.load(ids_ptr + pair).to(tl.int64)
-    weight = tl.load(wts_ptr + pair).to(tl.float32)
+    if ROUTE:
+        # The router's own top-k of the token's logits (a few hundred cycles), this pair's slot of it.
+        top_w, top_id = route_topk(logits_ptr, bias_ptr, m + tl.arange(0, 1), M, stride_lm, renormalize_eps, scaling,
+                                   TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS,
+                                   RENORMALIZE, SCALE, 1)
+        slot = tl.arange(0, K_P2)[None, :] == pair % TOP_K
+        e = tl.sum(tl.where(slot, top_id, 0)).to(tl.int64)
+        weight = tl.sum(tl.where(slot, top_w, 0.0))
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        weight = tl.load(wts_ptr + pair).to(tl.float32)
     q = tl.arange(0, 32)
 
     # GEMM1: the slice's 256 w13 rows against the token over all K tiles. Scale rows are N-contiguous.
@@ -133,19 +148,27 @@ def _fused_decode_kernel(
         tl.atomic_xchg(count_ptr, 0)
 
 
-def fused_decode_launch(x, ids, weights, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int,
-                        group2: int, wtype: int, code_offset: int, slices: int, upcast: bool, ptx: bool,
+def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
+                        code_offset: int, slices: int, upcast: bool, ptx: bool, routed=None, router=None,
                         block_h: int = 128, num_warps: int = 4) -> None:
-    """One launch over (pairs, slices); see the module docstring for the operands."""
+    """One launch over (pairs, slices); see the module docstring for the operands. routed: (topk
+    weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
+    or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel."""
     M, K = x.shape
-    grid = (M * top_k, slices)
-    _fused_decode_kernel[grid](
-        x, ids, weights, w13, s13, w2, s2, acc, out, count,
-        M, K, w13.shape[2],
-        x.stride(0), out.stride(0),
+    if router is not None:
+        logits, bias, route_consts, renormalize_eps, scaling = router
+        weights = ids = logits
+    else:
+        (weights, ids), logits, bias, renormalize_eps, scaling = routed, x, None, 0.0, 1.0
+        route_consts = route_constexprs(1, top_k, softmax=True, has_bias=False, groups=1, topk_groups=1,
+                                        renormalize=False, scaling=1.0)
+    _fused_decode_kernel[(M * top_k, slices)](
+        x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, acc, out, count,
+        M, K, w13.shape[2], float(renormalize_eps), float(scaling),
+        x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
         w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1),
-        TOP_K=top_k, GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, BLOCK_H=block_h, UPCAST=upcast, PTX=ptx,
-        num_warps=num_warps,
+        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, BLOCK_H=block_h, UPCAST=upcast,
+        PTX=ptx, ROUTE=router is not None, **route_consts, num_warps=num_warps,
     )
 

@@ -52,8 +52,25 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
                 GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                 TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's BLOCK_M rows of logits -> their top-k weights and ids."""
-    C: tl.constexpr = G_P2 * PG_P2
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    top_w, top_id = route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling, TOP_K, K_P2, SOFTMAX,
+                               HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS, RENORMALIZE, SCALE, BLOCK_M)
+    slots = tl.arange(0, K_P2)
+    out = rows[:, None] * TOP_K + slots[None, :]
+    out_ok = (rows < M)[:, None] & (slots[None, :] < TOP_K)
+    tl.store(weights_ptr + out, top_w, mask=out_ok)
+    tl.store(ids_ptr + out, top_id, mask=out_ok)
+
+
+@triton.jit
+def route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling,
+               TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+               GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
+               TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Top-k weights (fp32) and ids (int32) of the logits rows `rows` ([BLOCK_M]), [BLOCK_M, K_P2]
+    each, slot s < TOP_K holding the s-th choice: the router's whole semantics, for any kernel that
+    routes its own tokens."""
+    C: tl.constexpr = G_P2 * PG_P2
     cols = tl.arange(0, C)
     group = cols // PG_P2
     member = cols % PG_P2
@@ -150,10 +167,16 @@ def _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renorma
         top_w = top_w * scaling
     top_w = tl.where(no_expert[:, None], 0.0, top_w)
     top_id = tl.where(no_expert[:, None], slots[None, :], top_id)
-    out = rows[:, None] * TOP_K + slots[None, :]
-    out_ok = row_ok[:, None] & (slots[None, :] < TOP_K)
-    tl.store(weights_ptr + out, top_w, mask=out_ok)
-    tl.store(ids_ptr + out, top_id, mask=out_ok)
+    return top_w, top_id
+
+
+def route_constexprs(num_experts: int, top_k: int, *, softmax: bool, has_bias: bool, groups: int, topk_groups: int,
+                     renormalize: bool, scaling: float) -> dict:
+    """`route_topk`'s compile-time arguments for a router of this shape and kind."""
+    per_group = num_experts // groups
+    return dict(TOP_K=top_k, K_P2=next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=has_bias, GROUPS=groups,
+                G_P2=next_power_of_2(groups), PER_GROUP=per_group, PG_P2=next_power_of_2(per_group),
+                TOPK_GROUPS=topk_groups, RENORMALIZE=renormalize, SCALE=scaling != 1.0)
 
 
 def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, *,
@@ -168,14 +191,11 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
             raise ValueError(f"zero must be a contiguous int32 tensor on {logits.device}, got {zero.dtype} "
                              f"on {zero.device}, contiguous={zero.is_contiguous()}")
         zero_programs = cdiv(zero.numel(), _ZERO_BLOCK)
-    per_group = E // groups
-    g_p2, pg_p2 = next_power_of_2(groups), next_power_of_2(per_group)
-    cols = g_p2 * pg_p2
-    block_m = max(1, min(_WARP_SCORES // cols, next_power_of_2(M)))
+    consts = route_constexprs(E, top_k, softmax=softmax, has_bias=bias is not None, groups=groups,
+                              topk_groups=topk_groups, renormalize=renormalize, scaling=scaling)
+    block_m = max(1, min(_WARP_SCORES // (consts["G_P2"] * consts["PG_P2"]), next_power_of_2(M)))
     _route_kernel[(cdiv(M, block_m) + zero_programs,)](
         logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids, M,
         logits.stride(0), zero.numel() if zero is not None else 0, float(renormalize_eps), float(scaling),
-        TOP_K=top_k, K_P2=next_power_of_2(top_k), SOFTMAX=softmax, HAS_BIAS=bias is not None,
-        GROUPS=groups, G_P2=g_p2, PER_GROUP=per_group, PG_P2=pg_p2, TOPK_GROUPS=topk_groups,
-        RENORMALIZE=renormalize, SCALE=scaling != 1.0, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
+        **consts, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
         LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=1)
