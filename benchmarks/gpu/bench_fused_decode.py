@@ -1,7 +1,7 @@
 """The one-launch decode path (`moe_triton.fused_decode`) against the triton layer and the cell's
 measured limit, under the benchmark protocol (CUDA graphs, the L2 flushed before each replay, median).
 
-For each preset, scheme (int4 at the preset's group size, int8 per channel) and token count:
+For each preset, scheme (int4 at the preset's group size, int8 per channel, MXFP4) and token count:
 - layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
 - fused_us: `FusedDecode` on the same layer's packed weights for each launch option (num_warps x
   block_h), after moe-triton's router (`routed-...`: two launches) and routing in its own launch
@@ -9,7 +9,7 @@ For each preset, scheme (int4 at the preset's group size, int8 per channel) and 
 - read_us: one kernel reading the bytes the call must read (decode_limits.read_us), the limit;
 - rel_diff: the fused output against the layer's on the first input set.
 
-    python3 bench_fused_decode.py --out DIR [--presets ...] [--schemes int4 int8] [--tokens 1 8]
+    python3 bench_fused_decode.py --out DIR [--presets ...] [--schemes int4 int8 mxfp4] [--tokens 1 8]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b",
                                                           "deepseek-v3"])
-    parser.add_argument("--schemes", nargs="+", default=["int4", "int8"])
+    parser.add_argument("--schemes", nargs="+", default=["int4", "int8", "mxfp4"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

@@ -38,9 +38,12 @@ def _tokens(cfg, M, seed):
     (int4_w4a16(-1), torch.float16, 1),
     (int8_w8a16(), torch.bfloat16, 2),
     (int8_w8a16(128), torch.float16, 1),
+    (mxfp4_w4a16(), torch.bfloat16, 1),
+    (mxfp4_w4a16(), torch.bfloat16, 4),
 ])
 def test_fused_decode_matches_its_twin_the_layer_and_the_reference(quant, dtype, M):
-    cfg, weights, experts = _layer(quant, dtype=dtype, seed=M)
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    cfg, weights, experts = _layer(quant, dtype=dtype, seed=M, cls=cls)
     x, tw, ids = _tokens(cfg, M, seed=10 + M)
     fused = FusedDecode(experts)
     out = fused(x, tw, ids)
@@ -99,8 +102,8 @@ def test_unsupported_layers_are_refused_with_the_reason():
     assert "SiLU" in unsupported_reason(experts)
     _, _, experts = _layer(int8_w8a16(), K=192)
     assert "quads" in unsupported_reason(experts)
-    _, _, experts = _layer(mxfp4_w4a16(), cls=TritonMxfp4Experts)
-    assert "TritonWna16Experts" in unsupported_reason(experts)
+    _, _, experts = _layer(mxfp4_w4a16(), cls=TritonMxfp4Experts)  # fp16
+    assert "bf16 layers" in unsupported_reason(experts)
 
 
 def test_calls_outside_the_kernel_s_range_are_refused():
@@ -125,17 +128,21 @@ ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "
         "s13_ptr": "*bf16", "s2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32",
         "renormalize_eps": "fp32", "scaling": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
-# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling)
+# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling); MXFP4 routed
+# in the kernel by softmax
 cases = ((0, "*i16", 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                  renormalize=True, scaling=1.0)),
          (1, "*i32", 2048, 768, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
-                                                renormalize=True, scaling=2.5)))
+                                                renormalize=True, scaling=2.5)),
+         (3, "*i16", 32, 32, 4, True, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
+                                             renormalize=True, scaling=1.0)))
 for wtype, words, group1, group2, warps, route, kind in cases:
+    scales = {"s13_ptr": "*i32", "s2_ptr": "*i32"} if wtype == 3 else {}  # MXFP4: e8m0 exponent words
     built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
-                                                      CODE_OFFSET=8 if wtype == 0 else 128, BLOCK_H=128,
+                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], BLOCK_H=128,
                                                       UPCAST=False, PTX=True, ROUTE=route,
                                                       **route_constexprs(128, 8, **kind)),
-                           dict(ptrs, w13_ptr=words, w2_ptr=words), num_warps=warps)
+                           dict(ptrs, w13_ptr=words, w2_ptr=words, **scales), num_warps=warps)
     print(built.metadata.shared <= 232448)
 """
 
@@ -143,4 +150,4 @@ for wtype, words, group1, group2, warps, route, kind in cases:
 def test_kernel_compiles_for_hopper():
     """Triton's compiler on the kernel for sm_90 (the interpreter runs none of its checks), in a
     child process, since this module interprets the kernel."""
-    assert run_compiler_script(_COMPILE_FUSED).split() == ["True", "True"]
+    assert run_compiler_script(_COMPILE_FUSED).split() == ["True", "True", "True"]

@@ -12,8 +12,9 @@ that launch too (each program takes its token's top-k with the router's code).
     out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS, routed by the caller
     out = fused.from_logits(hidden_states, router_logits, correction_bias)  # routed in the same launch
 
-Serves int4 and int8 weights in their quads layouts, symmetric, scale groups of 32, 64, 128 or one
-per channel, no act-order, SiLU-gated, no biases, intermediate size a multiple of 128. The sum's
+Serves int4 and int8 weights in their quads layouts (`TritonWna16Experts`: symmetric, scale groups of
+32, 64, 128 or one per channel, no act-order) and MXFP4 (`TritonMxfp4Experts`, bf16 layers);
+SiLU-gated, no biases, intermediate size a multiple of 128. The sum's
 order across programs is not fixed (fp32 atomics), so outputs may differ in the last bits between
 calls. `fused_decode_torch` is its torch twin.
 """
@@ -29,7 +30,7 @@ from moe_triton._common.target import interpreting
 from moe_triton.fused_decode_details._kernel import SLICE, fused_decode_launch
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave, WeightOperand, WType
-from moe_triton.quantized import GATE_UP_CHUNK, TritonWna16Experts
+from moe_triton.quantized import GATE_UP_CHUNK, TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.routing_details._kernel import route_constexprs
 
 __all__ = ["MAX_TOKENS", "FusedDecode", "fused_decode_torch", "unsupported_reason"]
@@ -41,9 +42,11 @@ MAX_TOKENS = 8
 
 def unsupported_reason(experts) -> str | None:
     """Why `FusedDecode` cannot serve this loaded experts layer; None where it can."""
-    if not isinstance(experts, TritonWna16Experts):
-        return f"needs a TritonWna16Experts layer, got {type(experts).__name__}"
+    if not isinstance(experts, TritonWna16Experts | TritonMxfp4Experts):
+        return f"needs a TritonWna16Experts or TritonMxfp4Experts layer, got {type(experts).__name__}"
     cfg, key = experts.config, experts.quant.weight
+    if isinstance(experts, TritonMxfp4Experts) and cfg.dtype != torch.bfloat16:
+        return f"serves MXFP4 in bf16 layers (the e2m1 unpack yields bf16), got {cfg.dtype}"
     act = cfg.activation
     if act.kind is not ActivationKind.SILU or act.clamp is not None:
         return f"serves SiLU-gated experts without a clamp, got {act}"
@@ -57,8 +60,9 @@ def unsupported_reason(experts) -> str | None:
         return "serves symmetric weights without act-order"
     w13, w2 = _operands(experts)
     for w in (w13, w2):
-        if not w.quads or w.wtype not in (WType.INT4, WType.INT8):
-            return f"needs int4 or int8 weights in a quads layout (K a multiple of 128), got {w.wtype.name} of K={w.k}"
+        if not w.quads or w.wtype not in (WType.INT4, WType.INT8, WType.MXFP4):
+            return (f"needs int4, int8 or MXFP4 weights in a quads layout (int8: K a multiple of 128), got "
+                    f"{w.wtype.name} of K={w.k}")
         if w.group % 32:
             return f"needs scale groups of 32, 64, 128 or one per channel, got {w.group}"
     return None
@@ -71,7 +75,7 @@ def _operands(experts) -> tuple[WeightOperand, WeightOperand]:
 
 
 class FusedDecode:
-    """One launch per call over a loaded `TritonWna16Experts` layer's weights (module docstring)."""
+    """One launch per call over a loaded quantized layer's weights (module docstring)."""
 
     def __init__(self, experts, *, num_warps: int = 4, block_h: int = 128) -> None:
         """num_warps, block_h (GEMM2's output rows per step): launch options, each a power of two."""

@@ -12,7 +12,8 @@ With ROUTE, each program also routes its token from the router logits (`routing_
 `route_topk`: the router's own semantics), so the whole layer is this one launch.
 
 Weights are quads (`quant_gemm_details._layouts`): int4 in int16 words, int8 in int32 words,
-symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel. Each quarter of a
+symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel; MXFP4 e2m1 codes
+in int16 words, their e8m0 exponents int32 [E, K tiles, N] (byte j: quarter j's). Each quarter of a
 K tile is one dot of 32 k against the pair's activations in column 0 of a 16-wide operand (the
 MMA's narrowest side), scaled by its group's scale after the dot.
 """
@@ -22,7 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moe_triton.quant_gemm_details._dequant import int4_zero, unpack_byte_quads, unpack_quads
+from moe_triton.quant_gemm_details._dequant import (
+    int4_zero,
+    unpack_byte_quads,
+    unpack_e2m1_quads,
+    unpack_quads,
+)
 from moe_triton.routing_details._kernel import route_constexprs, route_topk
 
 __all__ = ["SLICE", "fused_decode_launch"]
@@ -33,20 +39,44 @@ SLICE = 128
 
 @triton.jit
 def _quarters(words, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr, CT: tl.constexpr, PTX: tl.constexpr):
-    """The four quarters of a quads tile as centered code values (exact) in CT: int4 (WTYPE 0) codes
-    minus CODE_OFFSET, int8 (WTYPE 1) codes minus 128."""
+    """The four quarters of a quads tile as code values (exact) in CT: int4 (WTYPE 0) codes minus
+    CODE_OFFSET, int8 (WTYPE 1) codes minus 128, MXFP4 (WTYPE 3) the e2m1 values themselves (the
+    unpack's 2^-126 undone by one exact multiply: at most 6 in magnitude)."""
     if WTYPE == 0:
         q0, q1, q2, q3 = unpack_quads(words, CT, PTX)
         z = int4_zero(words, words, False, CODE_OFFSET, CT, words.shape[0])
         return q0 - z, q1 - z, q2 - z, q3 - z
-    return unpack_byte_quads(words, CT, PTX)
+    if WTYPE == 1:
+        return unpack_byte_quads(words, CT, PTX)
+    q0, q1, q2, q3 = unpack_e2m1_quads(words, CT, PTX)
+    up = tl.full(q0.shape, 8.507059173023462e37, CT)  # 2^126
+    return q0 * up, q1 * up, q2 * up, q3 * up
 
 
 @triton.jit
-def _scaled_dot(acc, w, operand, s_ptrs, s_mask):
-    """acc + (w @ operand) * the rows' scales (one scale group per call)."""
-    s = tl.load(s_ptrs, mask=s_mask, other=0.0).to(tl.float32)
-    return acc + tl.dot(w, operand) * s[:, None]
+def _e8m0(words, j: tl.constexpr):
+    """2^(s - 127) in fp32 of byte j of e8m0 exponent words, exactly (s = 0: the subnormal 2^-127)."""
+    s = (words >> (8 * j)) & 0xFF
+    return tl.where(s > 0, (s << 23).to(tl.float32, bitcast=True), 5.877471754111438e-39)
+
+
+@triton.jit
+def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.constexpr):
+    """fp32 scales of the four quarters of the K tile at k0, one per row: int4/int8 rows of
+    [K / GROUP, N] scales; MXFP4 the bytes of one exponent word per row and tile ([K tiles, N])."""
+    if WTYPE == 3:
+        words = tl.load(s_ptrs + (k0 // 128) * stride_g, mask=mask, other=0)
+        return _e8m0(words, 0), _e8m0(words, 1), _e8m0(words, 2), _e8m0(words, 3)
+    return (tl.load(s_ptrs + (k0 // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
+            tl.load(s_ptrs + ((k0 + 32) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
+            tl.load(s_ptrs + ((k0 + 64) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
+            tl.load(s_ptrs + ((k0 + 96) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _scaled_dot(acc, w, operand, scale):
+    """acc + (w @ operand) * the rows' scale (one scale group per call)."""
+    return acc + tl.dot(w, operand) * scale[:, None]
 
 
 @triton.jit
@@ -96,15 +126,12 @@ def _fused_decode_kernel(
     for t in range(0, k_tiles):
         w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t), WTYPE, CODE_OFFSET, CT, PTX)
         k0 = t * 128
+        f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, all_rows, GROUP1, WTYPE)
         xs = x_row + k0 + q
-        acc1 = _scaled_dot(acc1, w0, _column0(tl.load(xs, mask=k0 + q < K, other=0.0), CT),
-                           s13 + (k0 // GROUP1) * stride_s13g, all_rows)
-        acc1 = _scaled_dot(acc1, w1, _column0(tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0), CT),
-                           s13 + ((k0 + 32) // GROUP1) * stride_s13g, all_rows)
-        acc1 = _scaled_dot(acc1, w2, _column0(tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0), CT),
-                           s13 + ((k0 + 64) // GROUP1) * stride_s13g, all_rows)
-        acc1 = _scaled_dot(acc1, w3, _column0(tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0), CT),
-                           s13 + ((k0 + 96) // GROUP1) * stride_s13g, all_rows)
+        acc1 = _scaled_dot(acc1, w0, _column0(tl.load(xs, mask=k0 + q < K, other=0.0), CT), f0)
+        acc1 = _scaled_dot(acc1, w1, _column0(tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0), CT), f1)
+        acc1 = _scaled_dot(acc1, w2, _column0(tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0), CT), f2)
+        acc1 = _scaled_dot(acc1, w3, _column0(tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0), CT), f3)
     h = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc1, 0.0), axis=1)
 
     # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
@@ -125,12 +152,12 @@ def _fused_decode_kernel(
         words = tl.load(w2_ptr + e * stride_w2e + out_rows[:, None] * stride_w2r + s * stride_w2t + q[None, :],
                         mask=valid[:, None], other=0)
         v0, v1, v2, v3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
-        s2 = s2_ptr + e * stride_s2e + out_rows
+        f0, f1, f2, f3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE)
         acc2 = tl.zeros((BLOCK_H, 16), tl.float32)
-        acc2 = _scaled_dot(acc2, v0, a0, s2 + (c0 // GROUP2) * stride_s2g, valid)
-        acc2 = _scaled_dot(acc2, v1, a1, s2 + ((c0 + 32) // GROUP2) * stride_s2g, valid)
-        acc2 = _scaled_dot(acc2, v2, a2, s2 + ((c0 + 64) // GROUP2) * stride_s2g, valid)
-        acc2 = _scaled_dot(acc2, v3, a3, s2 + ((c0 + 96) // GROUP2) * stride_s2g, valid)
+        acc2 = _scaled_dot(acc2, v0, a0, f0)
+        acc2 = _scaled_dot(acc2, v1, a1, f1)
+        acc2 = _scaled_dot(acc2, v2, a2, f2)
+        acc2 = _scaled_dot(acc2, v3, a3, f3)
         share = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc2, 0.0), axis=1)
         tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid)
 
