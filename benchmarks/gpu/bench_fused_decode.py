@@ -3,9 +3,9 @@ measured limit, under the benchmark protocol (CUDA graphs, the L2 flushed before
 
 For each preset, scheme (int4 at the preset's group size, int8 per channel, MXFP4) and token count:
 - layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
-- fused_us: `FusedDecode` on the same layer's packed weights for each launch option (num_warps x
-  block_h), after moe-triton's router (`routed-...`: two launches) and routing in its own launch
-  (`from_logits`, `one-...`);
+- fused_us: `FusedDecode` on the same layer's packed weights for each launch option (channels a
+  program, num_warps, block_h), after moe-triton's router (`routed-...`: two launches) and routing in
+  its own launch (`from_logits`, `one-...`);
 - read_us: one kernel reading the bytes the call must read (decode_limits.read_us), the limit;
 - rel_diff: the fused output against the layer's on the first input set.
 
@@ -29,7 +29,7 @@ from moe_core.presets import get_preset
 from moe_triton.fused_decode import FusedDecode, unsupported_reason
 from moe_triton.routing import route
 
-OPTIONS = [(4, 128), (8, 128), (8, 256)]  # (num_warps, block_h)
+OPTIONS = [(128, 4, 128), (128, 8, 128), (128, 8, 256), (64, 4, 128), (64, 8, 128)]  # (channels, num_warps, block_h)
 
 
 def main() -> int:
@@ -64,8 +64,8 @@ def main() -> int:
                        "layer_us": round(statistics.median(samples) * 1e6, 2), "fused_us": {}}
                 x0, logits0 = inputs[0]
                 expected = layer(x0, logits0).float()
-                for warps, block_h in OPTIONS:
-                    fused = FusedDecode(layer.experts, num_warps=warps, block_h=block_h)
+                for channels, warps, block_h in OPTIONS:
+                    fused = FusedDecode(layer.experts, channels=channels, num_warps=warps, block_h=block_h)
 
                     def routed(x, logits, fused=fused, cfg=cfg, bias=bias):
                         weights, ids = route(logits, cfg.routing, cfg.top_k, bias)
@@ -76,7 +76,8 @@ def main() -> int:
 
                     for kind, call in (("routed", routed), ("one", one)):
                         samples, _ = time_cuda_layer(call, inputs)
-                        row["fused_us"][f"{kind}-w{warps}-h{block_h}"] = round(statistics.median(samples) * 1e6, 2)
+                        name = f"{kind}-c{channels}-w{warps}-h{block_h}"
+                        row["fused_us"][name] = round(statistics.median(samples) * 1e6, 2)
                         got = call(x0, logits0).float()
                         diff = float((got - expected).norm() / expected.norm())
                         row["rel_diff"] = max(row.get("rel_diff", 0.0), diff)

@@ -60,6 +60,20 @@ def test_fused_decode_matches_its_twin_the_layer_and_the_reference(quant, dtype,
     assert rel_l2(fused(x2, tw2, ids2), fused_decode_torch(experts, x2, tw2, ids2)) < twin_tol
 
 
+@pytest.mark.parametrize(("quant", "dtype"), [(int4_w4a16(64), torch.float16), (int8_w8a16(), torch.float16),
+                                             (mxfp4_w4a16(), torch.bfloat16)])
+def test_slices_of_64_channels_give_the_same_output(quant, dtype):
+    """Programs of 64 intermediate channels (twice as many, each reading its whole w2 tile and
+    multiplying the other half by zeros) compute what programs of 128 do."""
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    cfg, _, experts = _layer(quant, dtype=dtype, seed=7, cls=cls)
+    x, tw, ids = _tokens(cfg, 2, seed=8)
+    narrow = FusedDecode(experts, channels=64, num_warps=8, block_h=64)(x, tw, ids)
+    twin_tol = 1e-2 if dtype == torch.bfloat16 and DEV.type == "cpu" else 2e-3
+    assert rel_l2(narrow, fused_decode_torch(experts, x, tw, ids)) < twin_tol
+    assert rel_l2(narrow, FusedDecode(experts)(x, tw, ids)) < twin_tol
+
+
 def test_fused_decode_sums_every_choice_of_every_token():
     """Eight tokens, top-4 of 8 experts (K = 384: three K tiles), against the layer."""
     cfg, _, experts = _layer(int4_w4a16(128), K=384, N=128, E=8, topk=4, seed=3)
@@ -96,6 +110,11 @@ def test_unsupported_layers_are_refused_with_the_reason():
     assert "multiple of 128" in unsupported_reason(experts)
     with pytest.raises(ValueError, match="multiple of 128"):
         FusedDecode(experts)
+    _, _, experts = _layer(int4_w4a16(64))
+    with pytest.raises(ValueError, match="channels must be 64 or 128"):
+        FusedDecode(experts, channels=32)
+    with pytest.raises(ValueError, match="block_h must be a power of two"):
+        FusedDecode(experts, block_h=96)
     _, _, experts = _layer(int4_w4a16(128, zero_point=True))
     assert "symmetric" in unsupported_reason(experts)
     _, _, experts = _layer(int4_w4a16(128), activation=Activation.gelu())
@@ -129,18 +148,18 @@ ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "
         "renormalize_eps": "fp32", "scaling": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
 # routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling); MXFP4 routed
-# in the kernel by softmax
-cases = ((0, "*i16", 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
-                                                 renormalize=True, scaling=1.0)),
-         (1, "*i32", 2048, 768, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
-                                                renormalize=True, scaling=2.5)),
-         (3, "*i16", 32, 32, 4, True, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
-                                             renormalize=True, scaling=1.0)))
-for wtype, words, group1, group2, warps, route, kind in cases:
+# in the kernel by softmax, 64 channels a program
+cases = ((0, "*i16", 128, 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
+                                                      renormalize=True, scaling=1.0)),
+         (1, "*i32", 2048, 768, 128, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
+                                                     renormalize=True, scaling=2.5)),
+         (3, "*i16", 32, 32, 64, 4, True, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
+                                                 renormalize=True, scaling=1.0)))
+for wtype, words, group1, group2, channels, warps, route, kind in cases:
     scales = {"s13_ptr": "*i32", "s2_ptr": "*i32"} if wtype == 3 else {}  # MXFP4: e8m0 exponent words
     built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
-                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], BLOCK_H=128,
-                                                      UPCAST=False, PTX=True, ROUTE=route,
+                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], CHANNELS=channels,
+                                                      BLOCK_H=128, UPCAST=False, PTX=True, ROUTE=route,
                                                       **route_constexprs(128, 8, **kind)),
                            dict(ptrs, w13_ptr=words, w2_ptr=words, **scales), num_warps=warps)
     print(built.metadata.shared <= 232448)

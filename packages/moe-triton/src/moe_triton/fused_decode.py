@@ -77,15 +77,18 @@ def _operands(experts) -> tuple[WeightOperand, WeightOperand]:
 class FusedDecode:
     """One launch per call over a loaded quantized layer's weights (module docstring)."""
 
-    def __init__(self, experts, *, num_warps: int = 4, block_h: int = 128) -> None:
-        """num_warps, block_h (GEMM2's output rows per step): launch options, each a power of two."""
+    def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 4, block_h: int = 128) -> None:
+        """channels (intermediate channels per program: 128, or 64 for twice the programs), num_warps,
+        block_h (GEMM2's output rows per step, a power of two): launch options."""
         reason = unsupported_reason(experts)
         if reason is not None:
             raise ValueError(f"FusedDecode: {reason}")
+        if channels not in (64, 128):
+            raise ValueError(f"FusedDecode: channels must be 64 or 128, got {channels}")
         for name, value in (("num_warps", num_warps), ("block_h", block_h)):
             if value < 1 or value & (value - 1):
                 raise ValueError(f"FusedDecode: {name} must be a power of two, got {value}")
-        self.experts, self.num_warps, self.block_h = experts, num_warps, block_h
+        self.experts, self.channels, self.num_warps, self.block_h = experts, channels, num_warps, block_h
         # Per device: the fp32 sums [MAX_TOKENS * K] and the arrival count, zero between calls (the
         # last program of each call leaves them so).
         self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -144,10 +147,9 @@ class FusedDecode:
         fused_decode_launch(
             hidden_states.contiguous(), w13.codes, w13.scale, w2.codes, w2.scale, sums, out, count,
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
-            slices=cfg.intermediate_size_per_partition // SLICE,
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
-            block_h=self.block_h, num_warps=self.num_warps, **routing)
+            channels=self.channels, block_h=self.block_h, num_warps=self.num_warps, **routing)
         return out
 
 

@@ -1,10 +1,11 @@
 """The fused decode kernel: both GEMMs, the gated activation and the weighted top-k sum of a few
 tokens' routed experts in one launch.
 
-A program owns one (token, choice) pair and one slice of 128 intermediate channels: GEMM1 over those
-channels' gate and up rows (w13 rows 256 s .. 256 s + 255: four 32-row chunks of gate then up, the
-layer's `GateUpInterleave`) and all of K gives the slice's activation exactly, which times the
-matching 128 columns of w2 (K tile s of w2's quads) is the slice's share of the pair's output row.
+A program owns one (token, choice) pair and one slice of CHANNELS (128 or 64) intermediate channels:
+GEMM1 over those channels' gate and up rows (w13 rows 2 CHANNELS s onwards: 32-row chunks of gate then
+up, the layer's `GateUpInterleave`) and all of K gives the slice's activation exactly, which times the
+matching columns of w2 (a K tile of w2's quads holds 128; a 64-channel slice reads the whole tile and
+multiplies the other half by zeros) is the slice's share of the pair's output row.
 The shares are added in fp32 at L2 (`acc_ptr`); the program that arrives last casts the rows into
 `out_ptr` and zeroes the accumulator and the counter for the next call. No alignment, no
 intermediate tensor, no second launch: the weights are read once, as in the layer's two GEMMs.
@@ -33,7 +34,7 @@ from moe_triton.routing_details._kernel import route_constexprs, route_topk
 
 __all__ = ["SLICE", "fused_decode_launch"]
 
-# Intermediate channels per program: one K tile of w2's quads.
+# Intermediate channels per program by default: one K tile of w2's quads (64 doubles the programs).
 SLICE = 128
 
 
@@ -93,7 +94,7 @@ def _fused_decode_kernel(
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
     stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g,
     GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-    BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
+    CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
     TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
@@ -116,13 +117,16 @@ def _fused_decode_kernel(
         weight = tl.load(wts_ptr + pair).to(tl.float32)
     q = tl.arange(0, 32)
 
-    # GEMM1: the slice's 256 w13 rows against the token over all K tiles. Scale rows are N-contiguous.
-    rows = s * 256 + tl.arange(0, 256)
+    # GEMM1: the slice's w13 rows (gate and up of its channels) against the token over all K tiles.
+    # Scale rows are N-contiguous.
+    ROWS: tl.constexpr = 2 * CHANNELS
+    QUARTERS: tl.constexpr = CHANNELS // 32  # of the w2 tile the slice's channels fill
+    rows = s * ROWS + tl.arange(0, ROWS)
     w13 = w13_ptr + e * stride_w13e + rows[:, None] * stride_w13r + q[None, :]
     s13 = s13_ptr + e * stride_s13e + rows
     x_row = x_ptr + m * stride_xm
     all_rows = rows >= 0
-    acc1 = tl.zeros((256, 16), tl.float32)
+    acc1 = tl.zeros((ROWS, 16), tl.float32)
     for t in range(0, k_tiles):
         w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t), WTYPE, CODE_OFFSET, CT, PTX)
         k0 = t * 128
@@ -135,21 +139,24 @@ def _fused_decode_kernel(
     h = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc1, 0.0), axis=1)
 
     # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
-    # layer's GEMM1 stores it: [4 quarters, 32 channels] = the slice's channels in order.
-    gate, up = tl.split(tl.permute(tl.reshape(h, (4, 2, 32)), (0, 2, 1)))
+    # layer's GEMM1 stores it: [QUARTERS, 32 channels] = the slice's channels in order, quarters
+    # `first` onwards of w2's K tile; the tile's other quarters (a slice of 64 channels) multiply zeros.
+    gate, up = tl.split(tl.permute(tl.reshape(h, (QUARTERS, 2, 32)), (0, 2, 1)))
     act = (gate / (1.0 + tl.exp(-gate)) * up * weight).to(OUT_T).to(CT)
-    quarter = tl.arange(0, 4)[:, None]
+    tile = s // (4 // QUARTERS)
+    first = (s % (4 // QUARTERS)) * QUARTERS
+    quarter = first + tl.arange(0, QUARTERS)[:, None]
     a0 = _column0(tl.sum(tl.where(quarter == 0, act, 0.0), axis=0), CT)
     a1 = _column0(tl.sum(tl.where(quarter == 1, act, 0.0), axis=0), CT)
     a2 = _column0(tl.sum(tl.where(quarter == 2, act, 0.0), axis=0), CT)
     a3 = _column0(tl.sum(tl.where(quarter == 3, act, 0.0), axis=0), CT)
 
-    # GEMM2: K tile s of w2 (these 128 channels) for every output row, added to the pair's token row.
-    c0 = s * 128
+    # GEMM2: the K tile of w2 holding these channels, for every output row, added to the pair's token row.
+    c0 = tile * 128
     for h0 in range(0, K, BLOCK_H):
         out_rows = h0 + tl.arange(0, BLOCK_H)
         valid = out_rows < K
-        words = tl.load(w2_ptr + e * stride_w2e + out_rows[:, None] * stride_w2r + s * stride_w2t + q[None, :],
+        words = tl.load(w2_ptr + e * stride_w2e + out_rows[:, None] * stride_w2r + tile * stride_w2t + q[None, :],
                         mask=valid[:, None], other=0)
         v0, v1, v2, v3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
         f0, f1, f2, f3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE)
@@ -176,7 +183,7 @@ def _fused_decode_kernel(
 
 
 def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
-                        code_offset: int, slices: int, upcast: bool, ptx: bool, routed=None, router=None,
+                        code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, channels: int = SLICE,
                         block_h: int = 128, num_warps: int = 4) -> None:
     """One launch over (pairs, slices); see the module docstring for the operands. routed: (topk
     weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
@@ -189,13 +196,14 @@ def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, gro
         (weights, ids), logits, bias, renormalize_eps, scaling = routed, x, None, 0.0, 1.0
         route_consts = route_constexprs(1, top_k, softmax=True, has_bias=False, groups=1, topk_groups=1,
                                         renormalize=False, scaling=1.0)
-    _fused_decode_kernel[(M * top_k, slices)](
+    _fused_decode_kernel[(M * top_k, w13.shape[1] // (2 * channels))](
         x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, acc, out, count,
         M, K, w13.shape[2], float(renormalize_eps), float(scaling),
         x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
         w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1),
-        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, BLOCK_H=block_h, UPCAST=upcast,
+        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, CHANNELS=channels, BLOCK_H=block_h,
+        UPCAST=upcast,
         PTX=ptx, ROUTE=router is not None, **route_consts, num_warps=num_warps,
     )
 
