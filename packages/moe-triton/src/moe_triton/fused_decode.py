@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from moe_core.config import ActivationKind, Scoring
+from moe_core.experts import check_routed_inputs, checking_ids_on_accelerators
 from moe_core.quant import ZeroPoint
 from moe_core.routing import check_router_inputs
 from moe_triton._common.target import interpreting
@@ -100,6 +101,8 @@ class FusedDecode:
         if topk_ids.shape != (M, top_k) or topk_weights.shape != (M, top_k):
             raise ValueError(f"topk_ids and topk_weights must be [{M}, {top_k}], got {list(topk_ids.shape)} "
                              f"and {list(topk_weights.shape)}")
+        if not hidden_states.is_cuda or checking_ids_on_accelerators():
+            check_routed_inputs(hidden_states, topk_weights, topk_ids, self.experts.config)  # ids in [0, E)
         return self._launch(hidden_states, routed=(topk_weights.to(torch.float32).contiguous(),
                                                    topk_ids.to(torch.int32).contiguous()))
 
@@ -133,6 +136,9 @@ class FusedDecode:
         M = hidden_states.shape[0]
         if not 1 <= M <= MAX_TOKENS:
             raise ValueError(f"FusedDecode serves 1 to {MAX_TOKENS} tokens a call, got {M}")
+        weights_on = _operands(self.experts)[0].codes.device
+        if hidden_states.device != weights_on:
+            raise ValueError(f"hidden_states are on {hidden_states.device}, the layer's weights on {weights_on}")
         return M
 
     def _launch(self, hidden_states: torch.Tensor, **routing) -> torch.Tensor:
