@@ -1,10 +1,10 @@
 """A decode step's MoE layer in one launch: both GEMMs, the activation and the weighted top-k sum.
 
-Experimental: a loaded `TritonWna16Experts` layer's packed weights, called directly; the oracle does
-not serve it. At one token the layer's path is a chain of dependent launches (router, GEMM1, GEMM2,
-the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
-decode_limits_2026-11-29.md`); here each program computes a slice of 128 intermediate channels of
-one routed pair through both GEMMs and adds its share of the output in fp32
+Experimental: called directly on a loaded quantized moe-triton layer's packed weights; the oracle
+does not serve it. At one token the layer's path is a chain of dependent launches (router, GEMM1,
+GEMM2, the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
+decode_limits_2026-11-29.md`); here each program takes one routed pair and a slice of 128 (or 64)
+intermediate channels through both GEMMs and adds its share of the output in fp32
 (`fused_decode_details._kernel`), so after the router one launch remains; `from_logits` routes in
 that launch too (each program takes its token's top-k with the router's code).
 
@@ -14,9 +14,10 @@ that launch too (each program takes its token's top-k with the router's code).
 
 Serves int4 and int8 weights in their quads layouts (`TritonWna16Experts`: symmetric, scale groups of
 32, 64, 128 or one per channel, no act-order) and MXFP4 (`TritonMxfp4Experts`, bf16 layers);
-SiLU-gated, no biases, intermediate size a multiple of 128. The sum's
-order across programs is not fixed (fp32 atomics), so outputs may differ in the last bits between
-calls. `fused_decode_torch` is its torch twin.
+SiLU-gated, no biases, intermediate size a multiple of 128. The sum's order across programs is not
+fixed (fp32 atomics), so outputs may differ in the last bits between calls; calls of one
+`FusedDecode` on one device share its scratch, so they run one after another (one stream).
+`fused_decode_torch` is its torch twin.
 """
 
 from __future__ import annotations
