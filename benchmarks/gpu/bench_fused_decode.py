@@ -34,8 +34,8 @@ OPTIONS = [(128, 4, 128), (128, 8, 128), (128, 8, 256), (64, 4, 128), (64, 8, 12
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "mixtral-8x7b", "qwen3-235b-a22b",
-                                                          "deepseek-v3"])
+    parser.add_argument("--presets", nargs="+", default=["qwen3-30b-a3b", "gpt-oss-120b", "mixtral-8x7b",
+                                                          "qwen3-235b-a22b", "deepseek-v3"])
     parser.add_argument("--schemes", nargs="+", default=["int4", "int8", "mxfp4"])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--out", type=Path, required=True)

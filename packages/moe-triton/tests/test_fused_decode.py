@@ -74,6 +74,24 @@ def test_slices_of_64_channels_give_the_same_output(quant, dtype):
     assert rel_l2(narrow, FusedDecode(experts)(x, tw, ids)) < twin_tol
 
 
+@pytest.mark.parametrize(("quant", "channels"), [(mxfp4_w4a16(), 128), (mxfp4_w4a16(), 64), (int4_w4a16(32), 128)])
+def test_gpt_oss_layers_with_biases_and_a_half_slice(quant, channels):
+    """gpt-oss's clamped SwiGLU with biases, K = 192 and N = 96 that 128 does not divide (K padded to
+    whole tiles; with 128 channels a program the one slice is half empty), against the twin, the layer
+    and the fp32 reference."""
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    cfg, weights, experts = _layer(quant, dtype=torch.bfloat16, K=192, N=96, seed=11, cls=cls, has_bias=True,
+                                   activation=Activation.swiglu_oai(alpha=1.702, limit=7.0))
+    assert unsupported_reason(experts) is None
+    x, tw, ids = _tokens(cfg, 2, seed=12)
+    out = FusedDecode(experts, channels=channels)(x, tw, ids)
+    twin_tol = 1e-2 if DEV.type == "cpu" else 2e-3  # bf16: the interpreter truncates its casts
+    assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < twin_tol
+    assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(out, ref) < 2e-2
+
+
 def test_fused_decode_sums_every_choice_of_every_token():
     """Eight tokens, top-4 of 8 experts (K = 384: three K tiles), against the layer."""
     cfg, _, experts = _layer(int4_w4a16(128), K=384, N=128, E=8, topk=4, seed=3)
@@ -106,9 +124,9 @@ def test_routing_in_the_launch_is_the_router_s(routing):
 
 
 def test_unsupported_layers_are_refused_with_the_reason():
-    _, _, experts = _layer(int4_w4a16(64), N=192)
-    assert "multiple of 128" in unsupported_reason(experts)
-    with pytest.raises(ValueError, match="multiple of 128"):
+    _, _, experts = _layer(int4_w4a16(-1), N=192)  # per channel, K of w2 not a multiple of 128: halves
+    assert "quads layout" in unsupported_reason(experts)
+    with pytest.raises(ValueError, match="quads layout"):
         FusedDecode(experts)
     _, _, experts = _layer(int4_w4a16(64))
     with pytest.raises(ValueError, match="channels must be 64 or 128"):
@@ -148,10 +166,11 @@ from moe_triton.fused_decode_details._kernel import _fused_decode_kernel
 from moe_triton.routing_details._kernel import route_constexprs
 ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*fp32",
         "s13_ptr": "*bf16", "s2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32",
-        "renormalize_eps": "fp32", "scaling": "fp32"}
+        "b13_ptr": "*fp32", "b2_ptr": "*fp32", "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32",
+        "limit": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
-# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling); MXFP4 routed
-# in the kernel by softmax, 64 channels a program
+# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling); MXFP4 as
+# gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program
 cases = ((0, "*i16", 128, 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                       renormalize=True, scaling=1.0)),
          (1, "*i32", 2048, 768, 128, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
@@ -160,9 +179,11 @@ cases = ((0, "*i16", 128, 128, 128, 4, False, dict(softmax=True, has_bias=False,
                                                  renormalize=True, scaling=1.0)))
 for wtype, words, group1, group2, channels, warps, route, kind in cases:
     scales = {"s13_ptr": "*i32", "s2_ptr": "*i32"} if wtype == 3 else {}  # MXFP4: e8m0 exponent words
+    gpt_oss = wtype == 3  # MXFP4 as gpt-oss: its SwiGLU and biases
     built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
-                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], CHANNELS=channels,
-                                                      BLOCK_H=128, UPCAST=False, PTX=True, ROUTE=route,
+                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], SWIGLU=gpt_oss,
+                                                      EXPERT_BIAS=gpt_oss, CHANNELS=channels, BLOCK_H=128,
+                                                      UPCAST=False, PTX=True, ROUTE=route,
                                                       **route_constexprs(128, 8, **kind)),
                            dict(ptrs, w13_ptr=words, w2_ptr=words, **scales), num_warps=warps)
     print(built.metadata.shared <= 232448)

@@ -13,8 +13,8 @@ that launch too (each program takes its token's top-k with the router's code).
     out = fused.from_logits(hidden_states, router_logits, correction_bias)  # routed in the same launch
 
 Serves int4 and int8 weights in their quads layouts (`TritonWna16Experts`: symmetric, scale groups of
-32, 64, 128 or one per channel, no act-order) and MXFP4 (`TritonMxfp4Experts`, bf16 layers);
-SiLU-gated, no biases, intermediate size a multiple of 128. The sum's order across programs is not
+32, 64, 128 or one per channel, no act-order) and MXFP4 (`TritonMxfp4Experts`, bf16 layers); SiLU
+or gpt-oss's clamped SwiGLU, with or without biases. The sum's order across programs is not
 fixed (fp32 atomics), so outputs may differ in the last bits between calls; calls of one
 `FusedDecode` on one device share its scratch, so they run one after another (one stream).
 `fused_decode_torch` is its torch twin.
@@ -27,6 +27,7 @@ import torch
 from moe_core.config import ActivationKind, Scoring
 from moe_core.experts import check_routed_inputs, checking_ids_on_accelerators
 from moe_core.quant import ZeroPoint
+from moe_core.reference import apply_activation
 from moe_core.routing import check_router_inputs
 from moe_triton._common.target import interpreting
 from moe_triton.fused_decode_details._kernel import SLICE, fused_decode_launch
@@ -50,14 +51,10 @@ def unsupported_reason(experts) -> str | None:
     if isinstance(experts, TritonMxfp4Experts) and cfg.dtype != torch.bfloat16:
         return f"serves MXFP4 in bf16 layers (the e2m1 unpack yields bf16), got {cfg.dtype}"
     act = cfg.activation
-    if act.kind is not ActivationKind.SILU or act.clamp is not None:
-        return f"serves SiLU-gated experts without a clamp, got {act}"
-    if cfg.has_bias:
-        return "serves experts without biases"
+    if not ((act.kind is ActivationKind.SILU and act.clamp is None) or act.kind is ActivationKind.SWIGLU_OAI):
+        return f"serves SiLU-gated experts without a clamp and gpt-oss's SwiGLU, got {act}"
     if cfg.parallel.use_ep:
         return "serves a layer holding every expert (no expert parallelism)"
-    if cfg.intermediate_size_per_partition % SLICE:
-        return f"needs the intermediate size to be a multiple of {SLICE}, got {cfg.intermediate_size_per_partition}"
     if key.act_order or key.zero_point is not ZeroPoint.NONE:
         return "serves symmetric weights without act-order"
     w13, w2 = _operands(experts)
@@ -151,8 +148,11 @@ class FusedDecode:
         sums, count = self._scratch[device]
         w13, w2 = _operands(self.experts)
         out = torch.empty_like(hidden_states)
+        packed, act = self.experts._packed(), cfg.activation
         fused_decode_launch(
             hidden_states.contiguous(), w13.codes, w13.scale, w2.codes, w2.scale, sums, out, count,
+            biases=(packed["w13_bias"], packed["w2_bias"]) if cfg.has_bias else None,
+            swiglu=(act.alpha, act.limit) if act.kind is ActivationKind.SWIGLU_OAI else None,
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
@@ -162,17 +162,18 @@ class FusedDecode:
 
 def fused_decode_torch(experts, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
                        ) -> torch.Tensor:
-    """The kernel's math in torch, from the same packed weights: fp32 GEMMs, each pair's activation
-    times its routing weight rounded to the layer dtype, an fp32 sum over the pairs."""
+    """The kernel's math in torch, from the same packed weights: fp32 GEMMs (and biases), each pair's
+    activation times its routing weight rounded to the layer dtype, an fp32 sum over the pairs."""
     cfg = experts.config
     w13, w2 = (dequantize_operand(w) for w in _operands(experts))
+    packed = experts._packed()
     gate_up = GateUpInterleave(GATE_UP_CHUNK)
     x = hidden_states.float()
     out = torch.zeros_like(x)
     for m in range(x.shape[0]):
         for j in range(cfg.top_k):
-            e = int(topk_ids[m, j])
-            gate, up = gate_up.unswizzle(w13[e] @ x[m]).chunk(2)
-            act = (torch.nn.functional.silu(gate) * up * topk_weights[m, j].float()).to(hidden_states.dtype)
-            out[m] += w2[e] @ act.float()
+            e, weight = int(topk_ids[m, j]), topk_weights[m, j].float()
+            h = w13[e] @ x[m] + (packed["w13_bias"][e] if cfg.has_bias else 0.0)
+            act = (apply_activation(gate_up.unswizzle(h), cfg.activation) * weight).to(hidden_states.dtype)
+            out[m] += w2[e] @ act.float() + (packed["w2_bias"][e] * weight if cfg.has_bias else 0.0)
     return out.to(hidden_states.dtype)

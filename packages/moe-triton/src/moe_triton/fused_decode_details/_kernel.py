@@ -88,12 +88,14 @@ def _column0(v, CT: tl.constexpr):
 
 @triton.jit
 def _fused_decode_kernel(
-    x_ptr, ids_ptr, wts_ptr, logits_ptr, bias_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, acc_ptr, out_ptr, count_ptr,
-    M, K, k_tiles, renormalize_eps, scaling,
+    x_ptr, ids_ptr, wts_ptr, logits_ptr, bias_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, b13_ptr, b2_ptr,
+    acc_ptr, out_ptr, count_ptr,
+    M, K, R1, k_tiles, renormalize_eps, scaling, alpha, limit,
     stride_xm, stride_om, stride_lm,
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
-    stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g,
+    stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g, stride_b13e, stride_b2e,
     GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
+    SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr,
     CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
@@ -122,27 +124,36 @@ def _fused_decode_kernel(
     ROWS: tl.constexpr = 2 * CHANNELS
     QUARTERS: tl.constexpr = CHANNELS // 32  # of the w2 tile the slice's channels fill
     rows = s * ROWS + tl.arange(0, ROWS)
+    in_rows = rows < R1  # the last slice of an intermediate size 128 does not divide (gpt-oss) is half one
     w13 = w13_ptr + e * stride_w13e + rows[:, None] * stride_w13r + q[None, :]
     s13 = s13_ptr + e * stride_s13e + rows
     x_row = x_ptr + m * stride_xm
-    all_rows = rows >= 0
     acc1 = tl.zeros((ROWS, 16), tl.float32)
     for t in range(0, k_tiles):
-        w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t), WTYPE, CODE_OFFSET, CT, PTX)
+        w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t, mask=in_rows[:, None], other=0), WTYPE,
+                                   CODE_OFFSET, CT, PTX)
         k0 = t * 128
-        f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, all_rows, GROUP1, WTYPE)
+        f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, in_rows, GROUP1, WTYPE)
         xs = x_row + k0 + q
         acc1 = _scaled_dot(acc1, w0, _column0(tl.load(xs, mask=k0 + q < K, other=0.0), CT), f0)
         acc1 = _scaled_dot(acc1, w1, _column0(tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0), CT), f1)
         acc1 = _scaled_dot(acc1, w2, _column0(tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0), CT), f2)
         acc1 = _scaled_dot(acc1, w3, _column0(tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0), CT), f3)
     h = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc1, 0.0), axis=1)
+    if EXPERT_BIAS:
+        h += tl.load(b13_ptr + e * stride_b13e + rows, mask=in_rows, other=0.0)
 
     # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
     # layer's GEMM1 stores it: [QUARTERS, 32 channels] = the slice's channels in order, quarters
     # `first` onwards of w2's K tile; the tile's other quarters (a slice of 64 channels) multiply zeros.
     gate, up = tl.split(tl.permute(tl.reshape(h, (QUARTERS, 2, 32)), (0, 2, 1)))
-    act = (gate / (1.0 + tl.exp(-gate)) * up * weight).to(OUT_T).to(CT)
+    if SWIGLU:  # gpt-oss: clamped, gate * sigmoid(alpha * gate) * (up + 1); channels past N give 0
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+    else:
+        act = gate / (1.0 + tl.exp(-gate)) * up
+    act = (act * weight).to(OUT_T).to(CT)
     tile = s // (4 // QUARTERS)
     first = (s % (4 // QUARTERS)) * QUARTERS
     quarter = first + tl.arange(0, QUARTERS)[:, None]
@@ -166,6 +177,9 @@ def _fused_decode_kernel(
         acc2 = _scaled_dot(acc2, v2, a2, f2)
         acc2 = _scaled_dot(acc2, v3, a3, f3)
         share = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc2, 0.0), axis=1)
+        if EXPERT_BIAS:  # noqa: SIM102 (a compile-time branch around a run-time one)
+            if s == 0:  # once per pair: by its first slice
+                share += tl.load(b2_ptr + e * stride_b2e + out_rows, mask=valid, other=0.0) * weight
         tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid)
 
     # Every thread's atomics are issued before the acquire-release count publishes them; the last
@@ -183,11 +197,14 @@ def _fused_decode_kernel(
 
 
 def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
-                        code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, channels: int = SLICE,
-                        block_h: int = 128, num_warps: int = 4) -> None:
+                        code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, biases=None,
+                        swiglu: tuple[float, float] | None = None, channels: int = SLICE, block_h: int = 128,
+                        num_warps: int = 4) -> None:
     """One launch over (pairs, slices); see the module docstring for the operands. routed: (topk
     weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
-    or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel."""
+    or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel.
+    biases: the experts' fp32 (w13 [E, 2N] in w13's row order, w2 [E, K]) or None; swiglu: gpt-oss's
+    (alpha, limit), else SiLU."""
     M, K = x.shape
     if router is not None:
         logits, bias, route_consts, renormalize_eps, scaling = router
@@ -196,14 +213,17 @@ def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, gro
         (weights, ids), logits, bias, renormalize_eps, scaling = routed, x, None, 0.0, 1.0
         route_consts = route_constexprs(1, top_k, softmax=True, has_bias=False, groups=1, topk_groups=1,
                                         renormalize=False, scaling=1.0)
-    _fused_decode_kernel[(M * top_k, w13.shape[1] // (2 * channels))](
-        x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, acc, out, count,
-        M, K, w13.shape[2], float(renormalize_eps), float(scaling),
+    b13, b2 = biases if biases is not None else (acc, acc)
+    alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
+    rows = w13.shape[1]
+    _fused_decode_kernel[(M * top_k, -(-rows // (2 * channels)))](
+        x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, b13, b2, acc, out, count,
+        M, K, rows, w13.shape[2], float(renormalize_eps), float(scaling), float(alpha), float(limit),
         x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
-        w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1),
-        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, CHANNELS=channels, BLOCK_H=block_h,
-        UPCAST=upcast,
+        w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1), b13.stride(0), b2.stride(0),
+        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, SWIGLU=swiglu is not None,
+        EXPERT_BIAS=biases is not None, CHANNELS=channels, BLOCK_H=block_h, UPCAST=upcast,
         PTX=ptx, ROUTE=router is not None, **route_consts, num_warps=num_warps,
     )
 
