@@ -1,6 +1,8 @@
 """The one-launch decode kernel (`moe_triton.fused_decode`) against its torch twin, the layer's own
 two-GEMM path and moe-core's fp32 reference, on fresh random weights and tokens."""
 
+import dataclasses
+
 import pytest
 import torch
 from _quant_support import DEV, RUN_ON, rel_l2
@@ -11,6 +13,7 @@ from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.offline_compile import run_compiler_script
+from moe_triton.configs import FusedDecodeConfig, GemmConfig, QuantKernelConfig
 from moe_triton.fused_decode import MAX_TOKENS, FusedDecode, fused_decode_torch, unsupported_reason
 from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.routing import route
@@ -194,3 +197,58 @@ def test_kernel_compiles_for_hopper():
     """Triton's compiler on the kernel for sm_90 (the interpreter runs none of its checks), in a
     child process, since this module interprets the kernel."""
     assert run_compiler_script(_COMPILE_FUSED).split() == ["True", "True", "True"]
+
+
+def test_a_launch_configuration_naming_it_runs_the_layer_in_one_launch():
+    """A configuration with `fused` set (a tuned file's choice) serves calls of up to MAX_TOKENS tokens
+    through `FusedDecode`, from the router logits (`apply_monolithic`, as FusedMoE calls it) and from
+    routed ids (`apply`); larger calls keep its GEMMs."""
+    cfg, _, experts = _layer(int4_w4a16(64), seed=13)
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(MAX_TOKENS + 1, cfg.hidden_size, generator=gen).to(cfg.dtype).to(DEV)
+    logits = torch.randn(MAX_TOKENS + 1, cfg.num_experts, generator=gen).to(DEV)
+    base = experts.config_for(2).config
+    options = FusedDecodeConfig(64, 8, 64)
+    fused_cfg = dataclasses.replace(base, fused=options)
+    direct = FusedDecode(experts, channels=64, num_warps=8, block_h=64)
+    tw, ids = route(logits, cfg.routing, cfg.top_k)
+    experts.config_override = fused_cfg
+    assert torch.equal(experts.apply_monolithic(x[:2], logits[:2], None), direct.from_logits(x[:2], logits[:2]))
+    assert torch.equal(experts.apply(x[:2], tw[:2], ids[:2]), direct(x[:2], tw[:2], ids[:2]))
+    large = experts.apply(x, tw, ids)
+    experts.config_override = dataclasses.replace(fused_cfg, fused=None)
+    assert torch.equal(large, experts.apply(x, tw, ids))  # the GEMMs past MAX_TOKENS
+    assert rel_l2(direct(x[:2], tw[:2], ids[:2]), experts.apply(x[:2], tw[:2], ids[:2])) < 2e-3
+    experts.config_override = None
+
+
+def test_fused_launch_options_round_trip_through_a_config_file_entry():
+    base = QuantKernelConfig(GemmConfig(16, 128, 2, 4, 3, swap_ab=True), GemmConfig(16, 128, 1, 4, 3, swap_ab=True))
+    fused = dataclasses.replace(base, fused=FusedDecodeConfig(128, 4, 128))
+    assert QuantKernelConfig.from_dict(fused.to_dict()) == fused
+    assert QuantKernelConfig.from_dict(base.to_dict()) == base and "fused" not in base.to_dict()
+    assert str(fused).endswith("| fused c128 w4 h128")
+    with pytest.raises(ValueError, match="channels 64 or 128"):
+        FusedDecodeConfig(32, 4, 128)
+
+
+def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_fastest():
+    """At up to MAX_TOKENS tokens the tuner times `tune.fused_decode_candidates` beside the GEMMs (the
+    layer as FusedMoE calls it) and keeps the fastest; above, none."""
+    from moe_triton.tune import FUSED_OPTIONS, _tune_quant_layer
+
+    _, _, experts = _layer(int4_w4a16(64), seed=15)
+    timed = []
+
+    def timer(layer, rep_ms):
+        cand = experts.config_override
+        timed.append(cand)
+        if cand.fused is not None and len([c for c in timed if c.fused is not None]) == 1:
+            assert torch.isfinite(layer()).all()  # the fused path itself runs, once
+        return 1.0 if cand.fused == FusedDecodeConfig(*FUSED_OPTIONS[2]) else 2.0
+
+    table, measured = _tune_quant_layer(experts, [1, MAX_TOKENS + 1], 5, lambda s: None, timer=timer)
+    assert table[1].fused == FusedDecodeConfig(*FUSED_OPTIONS[2])
+    assert measured["1"]["best"] == "fused:c{},w{},h{}".format(*FUSED_OPTIONS[2])
+    assert table[MAX_TOKENS + 1].fused is None
+    assert not any(k.startswith("fused:") for k in measured[str(MAX_TOKENS + 1)]["layer_us"])

@@ -268,6 +268,16 @@ def test_int8_on_canonical_codes_borrows_nothing(monkeypatch):
         assert experts.file_config(m) is None  # the layer then takes `pick_config`'s shapes
 
 
+def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options():
+    """The one-launch path's options were measured for the lender's weights: a borrower runs the GEMMs."""
+    from moe_triton.configs import FusedDecodeConfig
+
+    lent = QuantKernelConfig(GemmConfig(16, 128, 2, 4, 5, swap_ab=True), GemmConfig(16, 128, 1, 4, 3, swap_ab=True),
+                             FusedDecodeConfig(128, 4, 128))
+    for int8 in (False, True):
+        assert borrowed_as_served(lent, int8=int8).fused is None
+
+
 def test_mxfp4_file_of_its_own_wins(tmp_path, monkeypatch):
     """An MXFP4 file (a user's own tuning) is taken before the int4 file of the shape; another shape
     borrows nothing (the heuristic then), and int4 with zero points lends nothing."""

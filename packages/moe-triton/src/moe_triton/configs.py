@@ -11,7 +11,9 @@ Two families of entries: `KernelConfig` for the bf16/fp16 kernels (kernel "bf16"
 quantized experts only take a file of their exact shape (`lookup_exact`; MXFP4 and symmetric int8
 without a file of their shape for this device, the int4 one: `BORROWED_FAMILIES`);
 otherwise their own shape-aware heuristic (`quant_gemm_details._heuristics.pick_config`) applies.
-`TunedLaunch` is the experts classes' `config_for`.
+A quantized entry may also set `fused` (`FusedDecodeConfig`): calls of up to 8 tokens then run the
+one-launch decode path (`moe_triton.fused_decode`) instead of its GEMMs; a borrowed entry drops it
+(its options were measured for the lender's weights). `TunedLaunch` is the experts classes' `config_for`.
 
 A file holds only what the lookup reads: "key", "configs" (tuned M -> configuration) and the
 versions it was tuned under; the tuner's timings go to a side file (`write_configs`).
@@ -34,6 +36,7 @@ from pathlib import Path
 __all__ = [
     "BORROWED_FAMILIES",
     "ConfigKey",
+    "FusedDecodeConfig",
     "GemmConfig",
     "KernelConfig",
     "Lookup",
@@ -141,7 +144,7 @@ class KernelConfig:
         return f"BM{self.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
 
 
-def _set_fields(c: TileConfig | GemmConfig) -> dict:
+def _set_fields(c: TileConfig | GemmConfig | FusedDecodeConfig) -> dict:
     """A GEMM's fields without those at their default (`from_dict` restores them): what a file needs."""
     return {f.name: getattr(c, f.name) for f in fields(c)
             if f.default is MISSING or getattr(c, f.name) != f.default}
@@ -205,9 +208,26 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
+class FusedDecodeConfig:
+    """Launch options of the one-launch decode path (`moe_triton.fused_decode.FusedDecode`)."""
+
+    channels: int  # intermediate channels per program: 128 (one w2 K tile) or 64
+    num_warps: int  # pow2
+    block_h: int  # GEMM2's output rows per step; pow2 >= 16
+
+    def __post_init__(self) -> None:
+        if self.channels not in (64, 128) or not _pow2(self.num_warps) or self.block_h < 16 or not _pow2(self.block_h):
+            raise ValueError(f"FusedDecodeConfig: channels 64 or 128, num_warps a power of two, block_h a power of "
+                             f"two >= 16, got {self}")
+
+
+@dataclass(frozen=True)
 class QuantKernelConfig:
     gemm1: GemmConfig
     gemm2: GemmConfig  # same block_m as gemm1: both GEMMs read one alignment
+    # Set (by a tuned file, where it measured faster): calls of up to `fused_decode.MAX_TOKENS` tokens
+    # run the whole layer in one launch with these options; larger ones (a file's nearest entry) the GEMMs.
+    fused: FusedDecodeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.gemm1.block_m != self.gemm2.block_m:
@@ -215,18 +235,24 @@ class QuantKernelConfig:
                              f"and {self.gemm2.block_m}")
 
     def to_dict(self) -> dict:
-        return {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
+        d = {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
+        if self.fused is not None:
+            d["fused"] = _set_fields(self.fused)
+        return d
 
     @staticmethod
     def from_dict(d: dict) -> QuantKernelConfig:
-        return QuantKernelConfig(GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]))
+        fused = FusedDecodeConfig(**d["fused"]) if "fused" in d else None
+        return QuantKernelConfig(GemmConfig(**d["gemm1"]), GemmConfig(**d["gemm2"]), fused)
 
     def __str__(self) -> str:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}")
-        return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}"
+        fused = self.fused
+        one = f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h}" if fused is not None else ""
+        return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}{one}"
 
 
 def _entry_type(kernel: str) -> type[KernelConfig] | type[QuantKernelConfig]:

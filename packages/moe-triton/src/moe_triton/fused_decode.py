@@ -1,7 +1,9 @@
 """A decode step's MoE layer in one launch: both GEMMs, the activation and the weighted top-k sum.
 
-Experimental: called directly on a loaded quantized moe-triton layer's packed weights; the oracle
-does not serve it. At one token the layer's path is a chain of dependent launches (router, GEMM1,
+The quantized moe-triton layers run it where their launch configuration names it
+(`configs.QuantKernelConfig.fused`: a tuned file's choice, which `moe tune` makes where it measures
+faster; no shipped file names it yet, so until a GPU run measures it the layers run their GEMMs),
+and it can be called directly on a loaded layer. At one token the layer's path is a chain of dependent launches (router, GEMM1,
 GEMM2, the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
 decode_limits_2026-11-29.md`); here each program takes one routed pair and a slice of 128 (or 64)
 intermediate channels through both GEMMs and adds its share of the output in fp32
@@ -30,17 +32,13 @@ from moe_core.quant import ZeroPoint
 from moe_core.reference import apply_activation
 from moe_core.routing import check_router_inputs
 from moe_triton._common.target import interpreting
-from moe_triton.fused_decode_details._kernel import SLICE, fused_decode_launch
+from moe_triton.fused_decode_details._kernel import MAX_TOKENS, SLICE, fused_decode_launch
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave, WeightOperand, WType
 from moe_triton.quantized import GATE_UP_CHUNK, TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.routing_details._kernel import route_constexprs
 
 __all__ = ["MAX_TOKENS", "FusedDecode", "fused_decode_torch", "unsupported_reason"]
-
-# Tokens per call: each (token, choice) pair reads its expert's weights itself, so beyond a few
-# tokens the layer's aligned GEMMs, which read an expert once for all its pairs, read less.
-MAX_TOKENS = 8
 
 
 def unsupported_reason(experts) -> str | None:

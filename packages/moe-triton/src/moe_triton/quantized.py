@@ -50,6 +50,7 @@ from moe_triton.act_quant import QMode, act_quant
 from moe_triton.align import align_block_size
 from moe_triton.configs import (
     ConfigKey,
+    FusedDecodeConfig,
     GemmConfig,
     Lookup,
     QuantKernelConfig,
@@ -57,6 +58,7 @@ from moe_triton.configs import (
     device_tag,
     lookup_exact,
 )
+from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
 from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, zeroed_int32
 from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
 from moe_triton.quant_gemm_details._kernel import AScale
@@ -307,6 +309,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             family, config.num_local_experts, config.intermediate_size_per_partition, config.hidden_size,
             config.top_k, str(config.dtype).removeprefix("torch."), device_tag(device.name))
         self._lookups: dict[int, Lookup] = {}
+        self._fused_paths: dict[FusedDecodeConfig, object] = {}  # `_fused_decode`'s, by options
         # The GEMM operands of the loaded weights, built on first use (a call builds them several times).
         self._operands: tuple[PackedWeights | None, dict[tuple[str, int, int], WeightOperand]] = (None, {})
 
@@ -387,7 +390,24 @@ class _QuantTritonExperts(Experts, TunedLaunch):
               ) -> torch.Tensor:
         if checking_ids_on_accelerators():
             check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
+        fused = self._fused_decode(hidden_states.shape[0])
+        if fused is not None:
+            return fused(hidden_states, topk_weights, topk_ids)
         return self._apply(hidden_states, topk_weights, topk_ids, None)
+
+    def _fused_decode(self, num_tokens: int):
+        """The one-launch decode path (`moe_triton.fused_decode.FusedDecode`) where this call's launch
+        configuration names it and the call is small enough for it, else None; built once per options."""
+        options = self.config_for(num_tokens).config.fused
+        if options is None or num_tokens > FUSED_DECODE_MAX_TOKENS:
+            return None
+        fused = self._fused_paths.get(options)
+        if fused is None:
+            from moe_triton.fused_decode import FusedDecode  # imports this module
+
+            fused = self._fused_paths[options] = FusedDecode(self, channels=options.channels,
+                                                             num_warps=options.num_warps, block_h=options.block_h)
+        return fused
 
     def apply_monolithic(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
                          correction_bias: torch.Tensor | None) -> torch.Tensor:
@@ -398,6 +418,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if router_logits.dim() != 2 or router_logits.shape[0] != hidden_states.shape[0]:
             raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token "
                              f"of hidden_states), got {list(router_logits.shape)}")
+        fused = self._fused_decode(hidden_states.shape[0])
+        if fused is not None:
+            return fused.from_logits(hidden_states, router_logits, correction_bias)
         numel = self._gemm1_sums_numel(router_logits.shape[0])
         sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums)

@@ -21,9 +21,11 @@ included) is captured in a CUDA graph and timed the same way for the measured he
 any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), the
 heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
 GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRIVAL_MAX_TOKENS`
-tokens, where the layer's GEMMs can run on it), and then the best one's neighbours; with
-`--per-gemm`, then each GEMM's grid of
-split-K x block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far.
+tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
+one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
+one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
+block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far. The layer is timed
+as `FusedMoE` calls it (`apply_monolithic`: routing included).
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
 shows whether the winner beat what ships by more than noise.
@@ -45,6 +47,7 @@ import torch
 
 from moe_triton.configs import (
     ConfigKey,
+    FusedDecodeConfig,
     GemmConfig,
     KernelConfig,
     QuantKernelConfig,
@@ -55,8 +58,8 @@ from moe_triton.configs import (
 from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
 from moe_triton.topk_sum import topk_sum
 
-__all__ = ["block_m_for", "candidates", "direct_candidates", "main", "per_gemm_grid", "quant_candidates",
-           "wgmma_grid"]
+__all__ = ["block_m_for", "candidates", "direct_candidates", "fused_decode_candidates", "main", "per_gemm_grid",
+           "quant_candidates", "wgmma_grid"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -202,6 +205,17 @@ def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
     return found
 
 
+# (channels, num_warps, block_h) of the one-launch decode path the tuner times at decode sizes.
+FUSED_OPTIONS = ((128, 4, 128), (128, 8, 128), (64, 4, 128), (64, 8, 128))
+
+
+def fused_decode_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
+    """The one-launch decode path (`moe_triton.fused_decode`) with each of FUSED_OPTIONS; base's GEMMs
+    stay for calls too large for it."""
+    return {f"fused:c{c},w{w},h{h}": dataclasses.replace(base, fused=FusedDecodeConfig(c, w, h))
+            for c, w, h in FUSED_OPTIONS}
+
+
 def _graph_time_us(fn, rep_ms: int) -> float:
     """Median time of fn replayed from a CUDA graph, L2 flushed before each replay (do_bench)."""
     from triton.testing import do_bench
@@ -223,8 +237,9 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
     one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
     from moe_core.quant import QuantDType
+    from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
+    from moe_triton.fused_decode import unsupported_reason as fused_unsupported
     from moe_triton.quantized import BORROWED_MAX_STAGES, LAST_ARRIVAL_MAX_TOKENS
-    from moe_triton.routing import route
 
     cfg = experts.config
     dev = experts.device.torch_device
@@ -237,8 +252,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         logits = torch.randn(M, cfg.num_experts, device=dev, generator=gen)
 
         def layer(x=x, logits=logits):
-            tw, ti = route(logits, cfg.routing, cfg.top_k, bias)
-            return experts.apply(x, tw, ti)
+            return experts.apply_monolithic(x, logits, bias)  # as FusedMoE calls it: routing included
 
         cands: dict[str, QuantKernelConfig] = {}
         times: dict[str, float] = {}
@@ -265,11 +279,14 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
             int8 = experts.quant.weight.dtype is QuantDType.INT8
             time_all(wgmma_grid(BORROWED_MAX_STAGES if int8 else None))
+        if M <= FUSED_MAX_TOKENS and fused_unsupported(experts) is None:
+            time_all(fused_decode_candidates(cands["heuristic"]))
+        # A fused winner's GEMMs only serve larger calls (a file's nearest entry): no search around it.
         first = min(times, key=times.get)
-        if first != "heuristic":
+        if first != "heuristic" and cands[first].fused is None:
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
-        if per_gemm:
-            second = min(times, key=times.get)
+        second = min(times, key=times.get)
+        if per_gemm and cands[second].fused is None:
             time_all({f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()})
         experts.config_override = None
         best = min(times, key=times.get)
@@ -477,6 +494,7 @@ def _main_quant(args) -> int:
                "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration (MXFP4, "
                "int8: the borrowed int4 one, as served), its "
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
+               + ", at decode sizes the one-launch path (tune.fused_decode_candidates) where it serves the layer"
                + " and the best one's neighbours"
                + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
     return 0

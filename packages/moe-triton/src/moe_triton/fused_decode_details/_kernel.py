@@ -32,10 +32,13 @@ from moe_triton.quant_gemm_details._dequant import (
 )
 from moe_triton.routing_details._kernel import route_constexprs, route_topk
 
-__all__ = ["SLICE", "fused_decode_launch"]
+__all__ = ["MAX_TOKENS", "SLICE", "fused_decode_launch"]
 
 # Intermediate channels per program by default: one K tile of w2's quads (64 doubles the programs).
 SLICE = 128
+# Tokens per call: each (token, choice) pair reads its expert's weights itself, so beyond a few
+# tokens the layer's aligned GEMMs, which read an expert once for all its pairs, read less.
+MAX_TOKENS = 8
 
 
 @triton.jit
