@@ -156,8 +156,10 @@ def test_calls_outside_the_kernel_s_range_are_refused():
         fused(x[:1].float(), tw[:1], ids[:1])
     with pytest.raises(ValueError, match="topk_ids and topk_weights"):
         fused(x[:2], tw[:1], ids[:1])
-    with pytest.raises(ValueError, match="router_logits must have the 2 rows"):
+    with pytest.raises(ValueError, match=r"router_logits must be \[2, 4\]"):
         fused.from_logits(x[:2], torch.randn(1, cfg.num_experts, device=DEV))
+    with pytest.raises(ValueError, match=r"router_logits must be \[2, 4\]"):
+        fused.from_logits(x[:2], torch.randn(2, cfg.num_experts + 4, device=DEV))
     if DEV.type == "cpu":  # the range check costs no device sync here
         with pytest.raises(ValueError, match=r"\[0, 4\)"):
             fused(x[:1], tw[:1], torch.full_like(ids[:1], 4))
@@ -252,3 +254,31 @@ def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_
     assert measured["1"]["best"] == "fused:c{},w{},h{}".format(*FUSED_OPTIONS[2])
     assert table[MAX_TOKENS + 1].fused is None
     assert not any(k.startswith("fused:") for k in measured[str(MAX_TOKENS + 1)]["layer_us"])
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("quant", [int4_w4a16(128), int8_w8a16(), mxfp4_w4a16()])
+@pytest.mark.parametrize("M", [1, MAX_TOKENS])
+def test_fused_decode_on_gpu_eager_and_graph_replayed(quant, M):
+    """qwen3-30b-a3b's layer shape (128 experts, top-8, K = 2048, N = 768), bf16, on the GPU: against
+    the twin and the layer's GEMMs, routed in the kernel as by the router, and replayed from a CUDA
+    graph (the scratch the last program re-zeroes must leave every replay as exact as the first)."""
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    cfg, _, experts = _layer(quant, dtype=torch.bfloat16, K=2048, N=768, E=128, topk=8, seed=M, cls=cls)
+    gen = torch.Generator().manual_seed(30 + M)
+    x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(M, cfg.num_experts, generator=gen).to(DEV)
+    tw, ids = route(logits, cfg.routing, cfg.top_k)
+    for channels in (128, 64):
+        fused = FusedDecode(experts, channels=channels)
+        out = fused.from_logits(x, logits)
+        assert torch.equal(out, fused(x, tw, ids)) or rel_l2(out, fused(x, tw, ids)) < 1e-6  # atomics' order
+        assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < 5e-3
+        assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = fused.from_logits(x, logits)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_l2(replayed, out) < 1e-6

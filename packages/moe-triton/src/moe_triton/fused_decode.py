@@ -113,9 +113,9 @@ class FusedDecode:
             raise ValueError("FusedDecode.from_logits: routings that weight the input (Llama4) are not served; "
                              "route with moe_triton.routing.route and call the layer directly")
         check_router_inputs(router_logits, routing, cfg.top_k, correction_bias)
-        if router_logits.shape[0] != hidden_states.shape[0]:
-            raise ValueError(f"router_logits must have the {hidden_states.shape[0]} rows of hidden_states, got "
-                             f"{router_logits.shape[0]}")
+        if tuple(router_logits.shape) != (hidden_states.shape[0], cfg.num_experts):
+            raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token, "
+                             f"a column per expert), got {list(router_logits.shape)}")
         consts = route_constexprs(router_logits.shape[1], cfg.top_k, softmax=routing.scoring is Scoring.SOFTMAX,
                                   has_bias=correction_bias is not None, groups=routing.num_expert_groups,
                                   topk_groups=routing.topk_groups, renormalize=routing.renormalize,
