@@ -234,8 +234,9 @@ def _graph_time_us(fn, rep_ms: int) -> float:
 def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False,
                      wgmma: bool = False) -> tuple[dict[int, QuantKernelConfig], dict]:
     """Per token count, time the layer (routing included) with the heuristic, the shipped
-    configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too) and then the best
-    one's neighbours (and with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
+    configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too; at decode sizes the
+    one-launch path's options where it serves the layer) and then the best one's neighbours (and
+    with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                         "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
-                   help="int4, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
+                   help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "(up to 48 more layer timings per M)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4, int8, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
