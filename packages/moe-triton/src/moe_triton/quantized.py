@@ -19,6 +19,8 @@ reduce over stored rows from that many pairs (and the activation launch after a 
 On Hopper the GEMMs (and that zeroing) are launched before the kernel ahead of them ends
 (programmatic dependent launch), so their launch latency hides behind it; for one token, a quads
 GEMM2 asks L2 for its first weight tiles while GEMM1 still runs (`quant_gemm.direct_quant_gemm`).
+Where a call's launch configuration sets `fused` (a tuned file's choice), WNA16 and MXFP4 calls of
+up to 8 tokens are instead one launch, routing included (`moe_triton.fused_decode`).
 The measurements behind the thresholds below: docs/design/triton-gemm-quantized.md.
 """
 
