@@ -268,7 +268,7 @@ def test_int8_on_canonical_codes_borrows_nothing(monkeypatch):
         assert experts.file_config(m) is None  # the layer then takes `pick_config`'s shapes
 
 
-def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options():
+def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options(monkeypatch):
     """The one-launch path's options were measured for the lender's weights: a borrower runs the GEMMs."""
     from moe_triton.configs import FusedDecodeConfig
 
@@ -276,6 +276,13 @@ def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options():
                              FusedDecodeConfig(128, 4, 128))
     for int8 in (False, True):
         assert borrowed_as_served(lent, int8=int8).fused is None
+    from moe_triton import quantized
+
+    monkeypatch.setattr(quantized, "lookup_exact", lambda key, m: configs.Lookup(lent, "borrowed", "an int4 file"))
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.bfloat16)
+    hit = TritonMxfp4Experts(cfg, mxfp4_w4a16(), DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))).file_config(1)
+    assert hit.config.fused is None
+    assert hit.detail == "an int4 file, the lender's fused decode options dropped"  # its tl.dot GEMMs keep 5 stages
 
 
 def test_mxfp4_file_of_its_own_wins(tmp_path, monkeypatch):

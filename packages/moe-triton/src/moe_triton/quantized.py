@@ -346,8 +346,14 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                 return None  # canonical int8 runs unswapped tiles: int4's launch shapes do not fit it
             served = borrowed_as_served(hit.config, int8=int8)
             if served != hit.config:
-                hit = Lookup(served, hit.source, hit.detail + f", stages capped at {BORROWED_MAX_STAGES}"
-                             + (f", tl.dot tiles of 32+ pairs at most {BORROWED_INT8_DOT_MAX_N} wide" if int8 else ""))
+                lent, changes = hit.config, []
+                if any(g.num_stages != h.num_stages for g, h in ((served.gemm1, lent.gemm1), (served.gemm2, lent.gemm2))):
+                    changes.append(f"stages capped at {BORROWED_MAX_STAGES}")
+                if any(g.block_n != h.block_n for g, h in ((served.gemm1, lent.gemm1), (served.gemm2, lent.gemm2))):
+                    changes.append(f"tl.dot tiles of 32+ pairs at most {BORROWED_INT8_DOT_MAX_N} wide")
+                if lent.fused is not None:
+                    changes.append("the lender's fused decode options dropped")
+                hit = Lookup(served, hit.source, ", ".join([hit.detail, *changes]))
         return hit
 
     def _int8_on_quads(self) -> bool:
