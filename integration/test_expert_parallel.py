@@ -50,6 +50,7 @@ def _rank_main(rank: int, init_file: str) -> None:
     try:
         for prefer, scheme in (("reference", "bf16"), (None, "bf16"), (None, "int4")):
             _run_case(rank, prefer, scheme)
+        dist.barrier()  # no rank closes its connections while another still runs a collective
     finally:
         dist.destroy_process_group()
 
