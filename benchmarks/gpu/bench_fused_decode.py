@@ -28,8 +28,10 @@ from moe_core.bench import expert_weight_bytes, routed_work, time_cuda_layer
 from moe_core.presets import get_preset
 from moe_triton.fused_decode import FusedDecode, unsupported_reason
 from moe_triton.routing import route
+from moe_triton.tune import FUSED_OPTIONS
 
-OPTIONS = [(128, 4, 128), (128, 8, 128), (128, 8, 256), (64, 4, 128), (64, 8, 128)]  # (channels, num_warps, block_h)
+# (channels, num_warps, block_h): the tuner's, and 256 output rows a GEMM2 step
+OPTIONS = (*FUSED_OPTIONS, (128, 8, 256))
 
 
 def main() -> int:

@@ -230,7 +230,7 @@ def test_fused_launch_options_round_trip_through_a_config_file_entry():
     assert QuantKernelConfig.from_dict(fused.to_dict()) == fused
     assert QuantKernelConfig.from_dict(base.to_dict()) == base and "fused" not in base.to_dict()
     assert str(fused).endswith("| fused c128 w4 h128")
-    with pytest.raises(ValueError, match="channels 64 or 128"):
+    with pytest.raises(ValueError, match="channels must be 64 or 128"):
         FusedDecodeConfig(32, 4, 128)
 
 

@@ -216,9 +216,12 @@ class FusedDecodeConfig:
     block_h: int  # GEMM2's output rows per step; pow2 >= 16
 
     def __post_init__(self) -> None:
-        if self.channels not in (64, 128) or not _pow2(self.num_warps) or self.block_h < 16 or not _pow2(self.block_h):
-            raise ValueError(f"FusedDecodeConfig: channels 64 or 128, num_warps a power of two, block_h a power of "
-                             f"two >= 16, got {self}")
+        if self.channels not in (64, 128):
+            raise ValueError(f"FusedDecodeConfig: channels must be 64 or 128, got {self.channels}")
+        if not _pow2(self.num_warps):
+            raise ValueError(f"FusedDecodeConfig: num_warps must be a power of two, got {self.num_warps}")
+        if self.block_h < 16 or not _pow2(self.block_h):
+            raise ValueError(f"FusedDecodeConfig: block_h must be a power of two >= 16, got {self.block_h}")
 
 
 @dataclass(frozen=True)

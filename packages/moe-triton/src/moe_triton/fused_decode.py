@@ -1,14 +1,13 @@
 """A decode step's MoE layer in one launch: both GEMMs, the activation and the weighted top-k sum.
 
-The quantized moe-triton layers run it where their launch configuration names it
-(`configs.QuantKernelConfig.fused`: a tuned file's choice, which `moe tune` makes where it measures
-faster; no shipped file names it yet, so until a GPU run measures it the layers run their GEMMs),
-and it can be called directly on a loaded layer. At one token the layer's path is a chain of dependent launches (router, GEMM1,
-GEMM2, the sum) whose latencies, not the weight bytes, set its time (`benchmarks/results/
-decode_limits_2026-11-29.md`); here each program takes one routed pair and a slice of 128 (or 64)
-intermediate channels through both GEMMs and adds its share of the output in fp32
-(`fused_decode_details._kernel`), so after the router one launch remains; `from_logits` routes in
-that launch too (each program takes its token's top-k with the router's code).
+At one token the layer's GEMM path is a chain of dependent launches (router, GEMM1, GEMM2, the sum)
+whose latencies, not the weight bytes, set its time; here each program takes one routed pair and a
+slice of 128 (or 64) intermediate channels through both GEMMs and adds its share of the output in
+fp32 (`fused_decode_details._kernel`), so after the router one launch remains; `from_logits` routes
+in that launch too (each program takes its token's top-k with the router's code). The quantized
+moe-triton layers run it where their launch configuration names it (`configs.QuantKernelConfig.fused`,
+which `moe tune` writes where it measures faster); it can also be called on a loaded layer directly.
+docs/design/triton-gemm-quantized.md says more.
 
     fused = FusedDecode(experts)                       # checks what the kernel serves, once
     out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS, routed by the caller
@@ -32,6 +31,7 @@ from moe_core.quant import ZeroPoint
 from moe_core.reference import apply_activation
 from moe_core.routing import check_router_inputs
 from moe_triton._common.target import interpreting
+from moe_triton.configs import FusedDecodeConfig
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS, SLICE, fused_decode_launch
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave, WeightOperand, WType
@@ -75,17 +75,20 @@ class FusedDecode:
     """One launch per call over a loaded quantized layer's weights (module docstring)."""
 
     def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 4, block_h: int = 128) -> None:
-        """channels (intermediate channels per program: 128, or 64 for twice the programs), num_warps,
-        block_h (GEMM2's output rows per step, a power of two): launch options."""
+        """Launch options (`configs.FusedDecodeConfig`, which checks them): channels (intermediate
+        channels per program: 128, or 64 for twice the programs), num_warps, block_h (GEMM2's output
+        rows per step)."""
         reason = unsupported_reason(experts)
         if reason is not None:
             raise ValueError(f"FusedDecode: {reason}")
-        if channels not in (64, 128):
-            raise ValueError(f"FusedDecode: channels must be 64 or 128, got {channels}")
-        for name, value in (("num_warps", num_warps), ("block_h", block_h)):
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"FusedDecode: {name} must be a power of two, got {value}")
-        self.experts, self.channels, self.num_warps, self.block_h = experts, channels, num_warps, block_h
+        self.experts, self.options = experts, FusedDecodeConfig(channels, num_warps, block_h)
+        cfg = experts.config
+        routing = cfg.routing
+        # `from_logits`' routing kernel arguments: fixed by the layer (its logits are checked to match).
+        self._route_consts = route_constexprs(cfg.num_experts, cfg.top_k, softmax=routing.scoring is Scoring.SOFTMAX,
+                                              has_bias=routing.has_correction_bias, groups=routing.num_expert_groups,
+                                              topk_groups=routing.topk_groups, renormalize=routing.renormalize,
+                                              scaling=routing.routed_scaling_factor)
         # Per device: the fp32 sums [MAX_TOKENS * K] and the arrival count, zero between calls (the
         # last program of each call leaves them so).
         self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -116,13 +119,9 @@ class FusedDecode:
         if tuple(router_logits.shape) != (hidden_states.shape[0], cfg.num_experts):
             raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token, "
                              f"a column per expert), got {list(router_logits.shape)}")
-        consts = route_constexprs(router_logits.shape[1], cfg.top_k, softmax=routing.scoring is Scoring.SOFTMAX,
-                                  has_bias=correction_bias is not None, groups=routing.num_expert_groups,
-                                  topk_groups=routing.topk_groups, renormalize=routing.renormalize,
-                                  scaling=routing.routed_scaling_factor)
         bias = correction_bias.float().contiguous() if correction_bias is not None else None
-        return self._launch(hidden_states, router=(router_logits.contiguous(), bias, consts, routing.renormalize_eps,
-                                                   routing.routed_scaling_factor))
+        return self._launch(hidden_states, router=(router_logits.contiguous(), bias, self._route_consts,
+                                                   routing.renormalize_eps, routing.routed_scaling_factor))
 
     def _check_tokens(self, hidden_states: torch.Tensor) -> int:
         cfg = self.experts.config
@@ -132,19 +131,18 @@ class FusedDecode:
         M = hidden_states.shape[0]
         if not 1 <= M <= MAX_TOKENS:
             raise ValueError(f"FusedDecode serves 1 to {MAX_TOKENS} tokens a call, got {M}")
-        weights_on = _operands(self.experts)[0].codes.device
-        if hidden_states.device != weights_on:
-            raise ValueError(f"hidden_states are on {hidden_states.device}, the layer's weights on {weights_on}")
         return M
 
     def _launch(self, hidden_states: torch.Tensor, **routing) -> torch.Tensor:
         cfg = self.experts.config
+        w13, w2 = _operands(self.experts)
         device = hidden_states.device
+        if device != w13.codes.device:
+            raise ValueError(f"hidden_states are on {device}, the layer's weights on {w13.codes.device}")
         if device not in self._scratch:
             self._scratch[device] = (torch.zeros(MAX_TOKENS * cfg.hidden_size, dtype=torch.float32, device=device),
                                      torch.zeros(1, dtype=torch.int32, device=device))
         sums, count = self._scratch[device]
-        w13, w2 = _operands(self.experts)
         out = torch.empty_like(hidden_states)
         packed, act = self.experts._packed(), cfg.activation
         fused_decode_launch(
@@ -154,7 +152,8 @@ class FusedDecode:
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
-            channels=self.channels, block_h=self.block_h, num_warps=self.num_warps, **routing)
+            channels=self.options.channels, block_h=self.options.block_h, num_warps=self.options.num_warps,
+            **routing)
         return out
 
 

@@ -26,7 +26,7 @@ The measurements behind the thresholds below: docs/design/triton-gemm-quantized.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import ClassVar
 
@@ -413,8 +413,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if fused is None:
             from moe_triton.fused_decode import FusedDecode  # imports this module
 
-            fused = self._fused_paths[options] = FusedDecode(self, channels=options.channels,
-                                                             num_warps=options.num_warps, block_h=options.block_h)
+            fused = self._fused_paths[options] = FusedDecode(self, **asdict(options))
         return fused
 
     def apply_monolithic(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,

@@ -138,8 +138,8 @@ def read_kernels(src: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
 
 def _cuda_best_seconds(fn: Callable[[], object]) -> float:
     """The fastest of `fn`'s CUDA-event samples: a ceiling is what the machine can do, and a job's
-    first seconds may run below it (an H200's read ceiling, as a median at a job's start, ranged
-    4.17-4.30 TB/s over one session's jobs, while a layer streamed 4.30 in the job that measured 4.17)."""
+    first samples may run below it, below what the layers timed later in the job reach
+    (docs/design/validation.md, "The roofline floor")."""
     return min(_cuda_seconds(fn))
 
 

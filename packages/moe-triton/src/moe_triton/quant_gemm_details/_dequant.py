@@ -207,17 +207,25 @@ def e2m1_weights(v, lo, hi, FOLDED: tl.constexpr, CT: tl.constexpr):
 
 
 @triton.jit
+def _quarters_asm(words, ASM_BF16: tl.constexpr, ASM_FP16: tl.constexpr, CONSTRAINTS: tl.constexpr,
+                  CT: tl.constexpr):
+    """The four quarters of quads words from an asm on register pairs (two words per call), as
+    16-bit floats of CT (bf16 or fp16)."""
+    if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+        vals = tl.inline_asm_elementwise(ASM_BF16, CONSTRAINTS, [words], is_pure=True, pack=2,
+                                         dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16))
+    else:
+        vals = tl.inline_asm_elementwise(ASM_FP16, CONSTRAINTS, [words], is_pure=True, pack=2,
+                                         dtype=(tl.float16, tl.float16, tl.float16, tl.float16))
+    return vals
+
+
+@triton.jit
 def unpack_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
     """int16 words (quads) -> four tensors of P + code (P = 128 in bf16, 1024 in fp16, 2^23 in fp32):
     nibble j of each word, exact. PTX: lop3 on register pairs (NVIDIA); else portable shifts."""
     if PTX:
-        if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-            vals = tl.inline_asm_elementwise(_QUAD_ASM_BF16, "=r,=r,=r,=r,r", [words], is_pure=True, pack=2,
-                                             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16))
-        else:
-            vals = tl.inline_asm_elementwise(_QUAD_ASM_FP16, "=r,=r,=r,=r,r", [words], is_pure=True, pack=2,
-                                             dtype=(tl.float16, tl.float16, tl.float16, tl.float16))
-        return vals
+        return _quarters_asm(words, _QUAD_ASM_BF16, _QUAD_ASM_FP16, "=r,=r,=r,=r,r", CT)
     return (biased(words & 0xF, CT), biased((words >> 4) & 0xF, CT), biased((words >> 8) & 0xF, CT),
             biased((words >> 12) & 0xF, CT))
 
@@ -225,16 +233,11 @@ def unpack_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
 @triton.jit
 def unpack_byte_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
     """int32 words (int8 quads) -> four tensors, quarters 0-3: byte j of each word minus 128, exact,
-    in CT. PTX (NVIDIA, bf16 or fp16): `byte_quarter_ptx` on register pairs; else shifts and a
-    conversion (0..255 and their differences with 128 are exact in every CT)."""
+    in CT. PTX (NVIDIA, bf16 or fp16): `byte_quarter_ptx` on register pairs (two 32-bit words a
+    call: two input registers); else shifts and a conversion (0..255 and their differences with 128
+    are exact in every CT)."""
     if PTX:
-        if CT == tl.bfloat16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-            vals = tl.inline_asm_elementwise(_BYTE_QUADS_ASM_BF16, "=r,=r,=r,=r,r,r", [words], is_pure=True, pack=2,
-                                             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16))
-        else:
-            vals = tl.inline_asm_elementwise(_BYTE_QUADS_ASM_FP16, "=r,=r,=r,=r,r,r", [words], is_pure=True, pack=2,
-                                             dtype=(tl.float16, tl.float16, tl.float16, tl.float16))
-        return vals
+        return _quarters_asm(words, _BYTE_QUADS_ASM_BF16, _BYTE_QUADS_ASM_FP16, "=r,=r,=r,=r,r,r", CT)
     return (((words & 0xFF).to(CT) - 128), (((words >> 8) & 0xFF).to(CT) - 128),
             (((words >> 16) & 0xFF).to(CT) - 128), (((words >> 24) & 0xFF).to(CT) - 128))
 
