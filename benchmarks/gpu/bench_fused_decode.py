@@ -3,9 +3,9 @@ measured limit, under the benchmark protocol (CUDA graphs, the L2 flushed before
 
 For each preset, scheme (int4 at the preset's group size, int8 per channel, MXFP4) and token count:
 - layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
-- fused_us: `FusedDecode` on the same layer's packed weights for each launch option (channels a
-  program, num_warps, block_h), after moe-triton's router (`routed-...`: two launches) and routing in
-  its own launch (`from_logits`, `one-...`);
+- fused_us: `FusedDecode.from_logits` (routing in the same launch) on the same layer's packed weights
+  for each of the tuner's launch options (`tune.FUSED_OPTIONS`: channels a program, num_warps, block_h,
+  k_split);
 - read_us: one kernel reading the bytes the call must read (decode_limits.read_us), the limit;
 - rel_diff: the fused output against the layer's on the first input set.
 
@@ -27,11 +27,7 @@ from layer_timing import build_layer, correction_bias, input_sets, layer_quant
 from moe_core.bench import expert_weight_bytes, routed_work, time_cuda_layer
 from moe_core.presets import get_preset
 from moe_triton.fused_decode import FusedDecode, unsupported_reason
-from moe_triton.routing import route
 from moe_triton.tune import FUSED_OPTIONS
-
-# (channels, num_warps, block_h): the tuner's, and 256 output rows a GEMM2 step
-OPTIONS = (*FUSED_OPTIONS, (128, 8, 256))
 
 
 def main() -> int:
@@ -66,23 +62,18 @@ def main() -> int:
                        "layer_us": round(statistics.median(samples) * 1e6, 2), "fused_us": {}}
                 x0, logits0 = inputs[0]
                 expected = layer(x0, logits0).float()
-                for channels, warps, block_h in OPTIONS:
-                    fused = FusedDecode(layer.experts, channels=channels, num_warps=warps, block_h=block_h)
-
-                    def routed(x, logits, fused=fused, cfg=cfg, bias=bias):
-                        weights, ids = route(logits, cfg.routing, cfg.top_k, bias)
-                        return fused(x, weights, ids)
+                for channels, warps, block_h, k_split in FUSED_OPTIONS:
+                    fused = FusedDecode(layer.experts, channels=channels, num_warps=warps, block_h=block_h,
+                                        k_split=k_split)
 
                     def one(x, logits, fused=fused, bias=bias):
                         return fused.from_logits(x, logits, bias)
 
-                    for kind, call in (("routed", routed), ("one", one)):
-                        samples, _ = time_cuda_layer(call, inputs)
-                        name = f"{kind}-c{channels}-w{warps}-h{block_h}"
-                        row["fused_us"][name] = round(statistics.median(samples) * 1e6, 2)
-                        got = call(x0, logits0).float()
-                        diff = float((got - expected).norm() / expected.norm())
-                        row["rel_diff"] = max(row.get("rel_diff", 0.0), diff)
+                    samples, _ = time_cuda_layer(one, inputs)
+                    option = f"c{channels}-w{warps}-h{block_h}-k{k_split}"
+                    row["fused_us"][option] = round(statistics.median(samples) * 1e6, 2)
+                    got = one(x0, logits0).float()
+                    row["rel_diff"] = max(row.get("rel_diff", 0.0), float((got - expected).norm() / expected.norm()))
                 row["read_us"] = round(read_us(nbytes), 2)
                 best = min(row["fused_us"].values())
                 row["fused_over_layer"] = round(best / row["layer_us"], 3)

@@ -11,6 +11,7 @@
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
+#   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
@@ -29,6 +30,10 @@ add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs";
 e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
 # Most wanted first: a job the deadline stops leaves those before it done.
 add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
+# The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
+# the measured limit.
+add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
+add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
@@ -71,8 +76,6 @@ e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
-# The one-launch decode path (moe_triton.fused_decode) against the layer and the measured limit.
-add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8
 # and 16): 16 layers measure it on the GPU path in a third of the 48-layer job's time.

@@ -77,8 +77,33 @@ def test_slices_of_64_channels_give_the_same_output(quant, dtype):
     assert rel_l2(narrow, FusedDecode(experts)(x, tw, ids)) < twin_tol
 
 
-@pytest.mark.parametrize(("quant", "channels"), [(mxfp4_w4a16(), 128), (mxfp4_w4a16(), 64), (int4_w4a16(32), 128)])
-def test_gpt_oss_layers_with_biases_and_a_half_slice(quant, channels):
+@pytest.mark.parametrize(("quant", "dtype", "k_split", "channels"), [
+    (int4_w4a16(128), torch.float16, 2, 128),
+    (int4_w4a16(64), torch.float16, 4, 64),
+    (int8_w8a16(), torch.float16, 8, 128),
+    (mxfp4_w4a16(), torch.bfloat16, 4, 128),
+])
+def test_programs_sharing_a_slice_s_k_tiles_give_the_same_output(quant, dtype, k_split, channels):
+    """GEMM1 split over k_split programs a slice (K = 384: three K tiles, so with 4 or 8 some programs
+    get none), their partial sums met at L2 and finished by the last to arrive: the twin's output,
+    routed by the caller and in the launch, and again on other tokens (the scratch left zeroed)."""
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    cfg, _, experts = _layer(quant, dtype=dtype, K=384, E=8, topk=4, seed=9, cls=cls)
+    fused = FusedDecode(experts, channels=channels, k_split=k_split)
+    twin_tol = 1e-2 if dtype == torch.bfloat16 and DEV.type == "cpu" else 2e-3
+    for seed in (31, 32):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(3, cfg.hidden_size, generator=gen).to(dtype).to(DEV)
+        logits = torch.randn(3, cfg.num_experts, generator=gen).to(DEV)
+        tw, ids = route(logits, cfg.routing, cfg.top_k)
+        out = fused(x, tw, ids)
+        assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < twin_tol
+        assert rel_l2(fused.from_logits(x, logits), out) < 1e-3  # the sums' order may differ: bf16/fp16 ulps
+
+
+@pytest.mark.parametrize(("quant", "channels", "k_split"), [(mxfp4_w4a16(), 128, 1), (mxfp4_w4a16(), 64, 2),
+                                                         (int4_w4a16(32), 128, 1)])
+def test_gpt_oss_layers_with_biases_and_a_half_slice(quant, channels, k_split):
     """gpt-oss's clamped SwiGLU with biases, K = 192 and N = 96 that 128 does not divide (K padded to
     whole tiles; with 128 channels a program the one slice is half empty), against the twin, the layer
     and the fp32 reference."""
@@ -87,7 +112,7 @@ def test_gpt_oss_layers_with_biases_and_a_half_slice(quant, channels):
                                    activation=Activation.swiglu_oai(alpha=1.702, limit=7.0))
     assert unsupported_reason(experts) is None
     x, tw, ids = _tokens(cfg, 2, seed=12)
-    out = FusedDecode(experts, channels=channels)(x, tw, ids)
+    out = FusedDecode(experts, channels=channels, k_split=k_split)(x, tw, ids)
     twin_tol = 1e-2 if DEV.type == "cpu" else 2e-3  # bf16: the interpreter truncates its casts
     assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < twin_tol
     assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
@@ -171,24 +196,24 @@ from moe_triton.fused_decode_details._kernel import _fused_decode_kernel
 from moe_triton.routing_details._kernel import route_constexprs
 ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*fp32",
         "s13_ptr": "*bf16", "s2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32",
-        "b13_ptr": "*fp32", "b2_ptr": "*fp32", "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32",
+        "b13_ptr": "*fp32", "b2_ptr": "*fp32", "part_ptr": "*fp32", "group_count_ptr": "*i32", "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32",
         "limit": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
-# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling); MXFP4 as
-# gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program
+# routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling), GEMM1 split
+# over 4 programs; MXFP4 as gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program
 cases = ((0, "*i16", 128, 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                       renormalize=True, scaling=1.0)),
          (1, "*i32", 2048, 768, 128, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
                                                      renormalize=True, scaling=2.5)),
          (3, "*i16", 32, 32, 64, 4, True, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                  renormalize=True, scaling=1.0)))
-for wtype, words, group1, group2, channels, warps, route, kind in cases:
+for (wtype, words, group1, group2, channels, warps, route, kind), k_split in zip(cases, (1, 4, 2)):
     scales = {"s13_ptr": "*i32", "s2_ptr": "*i32"} if wtype == 3 else {}  # MXFP4: e8m0 exponent words
     gpt_oss = wtype == 3  # MXFP4 as gpt-oss: its SwiGLU and biases
     built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
                                                       CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], SWIGLU=gpt_oss,
                                                       EXPERT_BIAS=gpt_oss, CHANNELS=channels, BLOCK_H=128,
-                                                      UPCAST=False, PTX=True, ROUTE=route,
+                                                      K_SPLIT=k_split, UPCAST=False, PTX=True, ROUTE=route,
                                                       **route_constexprs(128, 8, **kind)),
                            dict(ptrs, w13_ptr=words, w2_ptr=words, **scales), num_warps=warps)
     print(built.metadata.shared <= 232448)
@@ -227,11 +252,15 @@ def test_a_launch_configuration_naming_it_runs_the_layer_in_one_launch():
 def test_fused_launch_options_round_trip_through_a_config_file_entry():
     base = QuantKernelConfig(GemmConfig(16, 128, 2, 4, 3, swap_ab=True), GemmConfig(16, 128, 1, 4, 3, swap_ab=True))
     fused = dataclasses.replace(base, fused=FusedDecodeConfig(128, 4, 128))
-    assert QuantKernelConfig.from_dict(fused.to_dict()) == fused
+    assert QuantKernelConfig.from_dict(fused.to_dict()) == fused and "k_split" not in fused.to_dict()["fused"]
+    split = dataclasses.replace(base, fused=FusedDecodeConfig(64, 8, 128, k_split=4))
+    assert QuantKernelConfig.from_dict(split.to_dict()) == split
     assert QuantKernelConfig.from_dict(base.to_dict()) == base and "fused" not in base.to_dict()
-    assert str(fused).endswith("| fused c128 w4 h128")
+    assert str(fused).endswith("| fused c128 w4 h128 k1")
     with pytest.raises(ValueError, match="channels must be 64 or 128"):
         FusedDecodeConfig(32, 4, 128)
+    with pytest.raises(ValueError, match="k_split must be 1, 2, 4 or 8"):
+        FusedDecodeConfig(128, 4, 128, k_split=3)
 
 
 def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_fastest():
@@ -251,7 +280,7 @@ def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_
 
     table, measured = _tune_quant_layer(experts, [1, MAX_TOKENS + 1], 5, lambda s: None, timer=timer)
     assert table[1].fused == FusedDecodeConfig(*FUSED_OPTIONS[2])
-    assert measured["1"]["best"] == "fused:c{},w{},h{}".format(*FUSED_OPTIONS[2])
+    assert measured["1"]["best"] == "fused:c{},w{},h{},k{}".format(*FUSED_OPTIONS[2])
     assert table[MAX_TOKENS + 1].fused is None
     assert not any(k.startswith("fused:") for k in measured[str(MAX_TOKENS + 1)]["layer_us"])
 
@@ -262,17 +291,17 @@ def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_
 def test_fused_decode_on_gpu_eager_and_graph_replayed(quant, M):
     """qwen3-30b-a3b's layer shape (128 experts, top-8, K = 2048, N = 768), bf16, on the GPU: against
     the twin and the layer's GEMMs, routed in the kernel as by the router, and replayed from a CUDA
-    graph (the scratch the last program re-zeroes must leave every replay as exact as the first)."""
+    graph (the scratch the last programs re-zero must leave every replay as exact as the first)."""
     cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
     cfg, _, experts = _layer(quant, dtype=torch.bfloat16, K=2048, N=768, E=128, topk=8, seed=M, cls=cls)
     gen = torch.Generator().manual_seed(30 + M)
     x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
     logits = torch.randn(M, cfg.num_experts, generator=gen).to(DEV)
     tw, ids = route(logits, cfg.routing, cfg.top_k)
-    for channels in (128, 64):
-        fused = FusedDecode(experts, channels=channels)
+    for channels, k_split in ((128, 1), (64, 1), (128, 4)):
+        fused = FusedDecode(experts, channels=channels, k_split=k_split)
         out = fused.from_logits(x, logits)
-        assert torch.equal(out, fused(x, tw, ids)) or rel_l2(out, fused(x, tw, ids)) < 1e-6  # atomics' order
+        assert rel_l2(out, fused(x, tw, ids)) < 1e-3  # the fp32 sums' order varies: bf16 ulps of a few outputs
         assert rel_l2(out, fused_decode_torch(experts, x, tw, ids)) < 5e-3
         assert rel_l2(out, experts.apply(x, tw, ids)) < 1e-2
         graph = torch.cuda.CUDAGraph()
@@ -281,4 +310,4 @@ def test_fused_decode_on_gpu_eager_and_graph_replayed(quant, M):
         for _ in range(3):
             graph.replay()
             torch.cuda.synchronize()
-            assert rel_l2(replayed, out) < 1e-6
+            assert rel_l2(replayed, out) < 1e-3

@@ -214,8 +214,13 @@ class FusedDecodeConfig:
     channels: int  # intermediate channels per program: 128 (one w2 K tile) or 64
     num_warps: int  # pow2
     block_h: int  # GEMM2's output rows per step; pow2 >= 16
+    # Programs sharing one slice's K tiles in GEMM1 (1, 2, 4 or 8): their partial sums meet at L2 and
+    # the last to arrive runs the activation and GEMM2, so GEMM1 spreads over k_split x the programs.
+    k_split: int = 1
 
     def __post_init__(self) -> None:
+        if self.k_split not in (1, 2, 4, 8):
+            raise ValueError(f"FusedDecodeConfig: k_split must be 1, 2, 4 or 8, got {self.k_split}")
         if self.channels not in (64, 128):
             raise ValueError(f"FusedDecodeConfig: channels must be 64 or 128, got {self.channels}")
         if not _pow2(self.num_warps):
@@ -254,7 +259,8 @@ class QuantKernelConfig:
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}")
         fused = self.fused
-        one = f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h}" if fused is not None else ""
+        one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
+               if fused is not None else "")
         return f"BM{self.gemm1.block_m} | gemm1 {t(self.gemm1)} | gemm2 {t(self.gemm2)}{one}"
 
 

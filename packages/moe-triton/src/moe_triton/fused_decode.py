@@ -74,14 +74,15 @@ def _operands(experts) -> tuple[WeightOperand, WeightOperand]:
 class FusedDecode:
     """One launch per call over a loaded quantized layer's weights (module docstring)."""
 
-    def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 4, block_h: int = 128) -> None:
+    def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 4, block_h: int = 128,
+                 k_split: int = 1) -> None:
         """Launch options (`configs.FusedDecodeConfig`, which checks them): channels (intermediate
         channels per program: 128, or 64 for twice the programs), num_warps, block_h (GEMM2's output
-        rows per step)."""
+        rows per step), k_split (programs sharing a slice's GEMM1)."""
         reason = unsupported_reason(experts)
         if reason is not None:
             raise ValueError(f"FusedDecode: {reason}")
-        self.experts, self.options = experts, FusedDecodeConfig(channels, num_warps, block_h)
+        self.experts, self.options = experts, FusedDecodeConfig(channels, num_warps, block_h, k_split)
         cfg = experts.config
         routing = cfg.routing
         # `from_logits`' routing kernel arguments: fixed by the layer (its logits are checked to match).
@@ -89,9 +90,10 @@ class FusedDecode:
                                               has_bias=routing.has_correction_bias, groups=routing.num_expert_groups,
                                               topk_groups=routing.topk_groups, renormalize=routing.renormalize,
                                               scaling=routing.routed_scaling_factor)
-        # Per device: the fp32 sums [MAX_TOKENS * K] and the arrival count, zero between calls (the
-        # last program of each call leaves them so).
-        self._scratch: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Per device, zero between calls (the programs of each call leave them so): the fp32 output sums
+        # [MAX_TOKENS * K] and their arrival count; with k_split, GEMM1's fp32 partial sums
+        # [MAX_TOKENS * top_k * w13 rows] and one arrival count per (pair, slice).
+        self._scratch: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     def __call__(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
                  ) -> torch.Tensor:
@@ -140,9 +142,14 @@ class FusedDecode:
         if device != w13.codes.device:
             raise ValueError(f"hidden_states are on {device}, the layer's weights on {w13.codes.device}")
         if device not in self._scratch:
-            self._scratch[device] = (torch.zeros(MAX_TOKENS * cfg.hidden_size, dtype=torch.float32, device=device),
-                                     torch.zeros(1, dtype=torch.int32, device=device))
-        sums, count = self._scratch[device]
+            pairs, rows = MAX_TOKENS * cfg.top_k, w13.codes.shape[1]
+            self._scratch[device] = (
+                torch.zeros(MAX_TOKENS * cfg.hidden_size, dtype=torch.float32, device=device),
+                torch.zeros(1, dtype=torch.int32, device=device),
+                torch.zeros(pairs * rows if self.options.k_split > 1 else 0, dtype=torch.float32, device=device),
+                torch.zeros(pairs * -(-rows // (2 * self.options.channels)) if self.options.k_split > 1 else 0,
+                            dtype=torch.int32, device=device))
+        sums, count, *partials = self._scratch[device]
         out = torch.empty_like(hidden_states)
         packed, act = self.experts._packed(), cfg.activation
         fused_decode_launch(
@@ -152,8 +159,8 @@ class FusedDecode:
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
-            channels=self.options.channels, block_h=self.options.block_h, num_warps=self.options.num_warps,
-            **routing)
+            channels=self.options.channels, block_h=self.options.block_h, k_split=self.options.k_split,
+            partials=partials, num_warps=self.options.num_warps, **routing)
         return out
 
 

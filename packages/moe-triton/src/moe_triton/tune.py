@@ -205,15 +205,20 @@ def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
     return found
 
 
-# (channels, num_warps, block_h) of the one-launch decode path the tuner times at decode sizes.
-FUSED_OPTIONS = ((128, 4, 128), (128, 8, 128), (64, 4, 128), (64, 8, 128))
+# (channels, num_warps, block_h, k_split) of the one-launch decode path the tuner times at decode sizes
+# (128 channels on 4 warps spill: each thread would hold 64 fp32 partial sums besides the next tile).
+FUSED_OPTIONS = (*((c, 8, 128, k) for c in (128, 64) for k in (1, 2, 4)), (64, 4, 128, 4), (128, 16, 128, 2))
 
 
 def fused_decode_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
     """The one-launch decode path (`moe_triton.fused_decode`) with each of FUSED_OPTIONS; base's GEMMs
     stay for calls too large for it."""
-    return {f"fused:c{c},w{w},h{h}": dataclasses.replace(base, fused=FusedDecodeConfig(c, w, h))
-            for c, w, h in FUSED_OPTIONS}
+    return {_fused_option_name(*option): dataclasses.replace(base, fused=FusedDecodeConfig(*option))
+            for option in FUSED_OPTIONS}
+
+
+def _fused_option_name(channels: int, num_warps: int, block_h: int, k_split: int) -> str:
+    return f"fused:c{channels},w{num_warps},h{block_h},k{k_split}"
 
 
 def _graph_time_us(fn, rep_ms: int) -> float:

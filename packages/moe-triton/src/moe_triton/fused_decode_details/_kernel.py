@@ -14,9 +14,11 @@ With ROUTE, each program also routes its token from the router logits (`routing_
 
 Weights are quads (`quant_gemm_details._layouts`): int4 in int16 words, int8 in int32 words,
 symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel; MXFP4 e2m1 codes
-in int16 words, their e8m0 exponents int32 [E, K tiles, N] (byte j: quarter j's). Each quarter of a
-K tile is one dot of 32 k against the pair's activations in column 0 of a 16-wide operand (the
-MMA's narrowest side), scaled by its group's scale after the dot.
+in int16 words, their e8m0 exponents int32 [E, K tiles, N] (byte j: quarter j's). A pair is one
+token, so both GEMMs are matrix-vector products on the CUDA cores: each thread multiplies its codes
+by the token's values in fp32 and keeps [rows, 32] partial sums, reduced over k once at the end (GEMM1)
+or once per block of output rows (GEMM2). A tensor-core dot would pad the token to 16 columns and,
+scaled per group, wait on each dot in turn: a chain of dependent latencies, not a stream of bytes.
 """
 
 from __future__ import annotations
@@ -71,41 +73,48 @@ def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.cons
     if WTYPE == 3:
         words = tl.load(s_ptrs + (k0 // 128) * stride_g, mask=mask, other=0)
         return _e8m0(words, 0), _e8m0(words, 1), _e8m0(words, 2), _e8m0(words, 3)
-    return (tl.load(s_ptrs + (k0 // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
-            tl.load(s_ptrs + ((k0 + 32) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
-            tl.load(s_ptrs + ((k0 + 64) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
-            tl.load(s_ptrs + ((k0 + 96) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32))
+    f0 = tl.load(s_ptrs + (k0 // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32)
+    if GROUP % 128 == 0:  # one group (or a whole channel) spans the tile: one load
+        return f0, f0, f0, f0
+    f2 = tl.load(s_ptrs + ((k0 + 64) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32)
+    if GROUP == 64:
+        return f0, f0, f2, f2
+    return (f0, tl.load(s_ptrs + ((k0 + 32) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32),
+            f2, tl.load(s_ptrs + ((k0 + 96) // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32))
 
 
 @triton.jit
-def _scaled_dot(acc, w, operand, scale):
-    """acc + (w @ operand) * the rows' scale (one scale group per call)."""
-    return acc + tl.dot(w, operand) * scale[:, None]
-
-
-@triton.jit
-def _column0(v, CT: tl.constexpr):
-    """[n] -> [n, 16] with v in column 0, zeros elsewhere: one pair as the dot's 16-wide operand."""
-    return tl.where(tl.arange(0, 16)[None, :] == 0, v.to(CT)[:, None], tl.zeros((v.shape[0], 16), CT))
+def _tile_products(w0, w1, w2, w3, v0, v1, v2, v3, f0, f1, f2, f3, ONE_SCALE: tl.constexpr):
+    """[rows, 32] fp32: a K tile's four quarters of codes times the vector's matching values ([32]
+    fp32 each), each quarter times its rows' scale (ONE_SCALE: one scale spans the tile, applied once)."""
+    p0 = w0.to(tl.float32) * v0[None, :]
+    p1 = w1.to(tl.float32) * v1[None, :]
+    p2 = w2.to(tl.float32) * v2[None, :]
+    p3 = w3.to(tl.float32) * v3[None, :]
+    if ONE_SCALE:
+        return (p0 + p1 + p2 + p3) * f0[:, None]
+    return p0 * f0[:, None] + p1 * f1[:, None] + p2 * f2[:, None] + p3 * f3[:, None]
 
 
 @triton.jit
 def _fused_decode_kernel(
     x_ptr, ids_ptr, wts_ptr, logits_ptr, bias_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, b13_ptr, b2_ptr,
-    acc_ptr, out_ptr, count_ptr,
-    M, K, R1, k_tiles, renormalize_eps, scaling, alpha, limit,
+    acc_ptr, out_ptr, count_ptr, part_ptr, group_count_ptr,
+    M, K, R1, k_tiles, tiles_per, renormalize_eps, scaling, alpha, limit,
     stride_xm, stride_om, stride_lm,
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
     stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g, stride_b13e, stride_b2e,
     GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
     SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr,
-    CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
+    CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr, K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
     TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
 ):
     pair = tl.program_id(0)
     s = tl.program_id(1)
+    t_begin = tl.program_id(2) * tiles_per  # this program's K tiles: [t_begin, t_end), maybe none
+    t_end = tl.minimum(k_tiles, t_begin + tiles_per)
     OUT_T: tl.constexpr = x_ptr.dtype.element_ty
     CT: tl.constexpr = tl.float32 if UPCAST else OUT_T
     m = pair // TOP_K
@@ -122,8 +131,8 @@ def _fused_decode_kernel(
         weight = tl.load(wts_ptr + pair).to(tl.float32)
     q = tl.arange(0, 32)
 
-    # GEMM1: the slice's w13 rows (gate and up of its channels) against the token over all K tiles.
-    # Scale rows are N-contiguous.
+    # GEMM1: the slice's w13 rows (gate and up of its channels) against the token over the program's
+    # K tiles. Scale rows are N-contiguous.
     ROWS: tl.constexpr = 2 * CHANNELS
     QUARTERS: tl.constexpr = CHANNELS // 32  # of the w2 tile the slice's channels fill
     rows = s * ROWS + tl.arange(0, ROWS)
@@ -131,83 +140,107 @@ def _fused_decode_kernel(
     w13 = w13_ptr + e * stride_w13e + rows[:, None] * stride_w13r + q[None, :]
     s13 = s13_ptr + e * stride_s13e + rows
     x_row = x_ptr + m * stride_xm
-    acc1 = tl.zeros((ROWS, 16), tl.float32)
-    for t in range(0, k_tiles):
-        w0, w1, w2, w3 = _quarters(tl.load(w13 + t * stride_w13t, mask=in_rows[:, None], other=0), WTYPE,
-                                   CODE_OFFSET, CT, PTX)
+    acc1 = tl.zeros((ROWS, 32), tl.float32)
+    # Each step issues the next tile's load before it unpacks and multiplies this one, so a program
+    # keeps two tiles of weights in flight (the loads feed inline asm, which Triton does not pipeline);
+    # the last step re-reads its own tile (cached) rather than branch.
+    ahead = tl.load(w13 + tl.minimum(t_begin, k_tiles - 1) * stride_w13t, mask=in_rows[:, None], other=0)
+    for t in range(t_begin, t_end):
+        words = ahead
+        ahead = tl.load(w13 + tl.minimum(t + 1, t_end - 1) * stride_w13t, mask=in_rows[:, None], other=0)
+        w0, w1, w2, w3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
         k0 = t * 128
         f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, in_rows, GROUP1, WTYPE)
         xs = x_row + k0 + q
-        acc1 = _scaled_dot(acc1, w0, _column0(tl.load(xs, mask=k0 + q < K, other=0.0), CT), f0)
-        acc1 = _scaled_dot(acc1, w1, _column0(tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0), CT), f1)
-        acc1 = _scaled_dot(acc1, w2, _column0(tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0), CT), f2)
-        acc1 = _scaled_dot(acc1, w3, _column0(tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0), CT), f3)
-    h = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc1, 0.0), axis=1)
-    if EXPERT_BIAS:
-        h += tl.load(b13_ptr + e * stride_b13e + rows, mask=in_rows, other=0.0)
-
-    # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
-    # layer's GEMM1 stores it: [QUARTERS, 32 channels] = the slice's channels in order, quarters
-    # `first` onwards of w2's K tile; the tile's other quarters (a slice of 64 channels) multiply zeros.
-    gate, up = tl.split(tl.permute(tl.reshape(h, (QUARTERS, 2, 32)), (0, 2, 1)))
-    if SWIGLU:  # gpt-oss: clamped, gate * sigmoid(alpha * gate) * (up + 1); channels past N give 0
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+        acc1 += _tile_products(w0, w1, w2, w3,
+                               tl.load(xs, mask=k0 + q < K, other=0.0).to(tl.float32),
+                               tl.load(xs + 32, mask=k0 + 32 + q < K, other=0.0).to(tl.float32),
+                               tl.load(xs + 64, mask=k0 + 64 + q < K, other=0.0).to(tl.float32),
+                               tl.load(xs + 96, mask=k0 + 96 + q < K, other=0.0).to(tl.float32),
+                               f0, f1, f2, f3, WTYPE != 3 and GROUP1 % 128 == 0)
+    h = tl.sum(acc1, axis=1)
+    if K_SPLIT > 1:
+        # The slice's K_SPLIT partial sums meet at L2 (relaxed adds, published by the acquire-release
+        # count); the last to arrive goes on with the whole of them and leaves that scratch zeroed.
+        group = pair * tl.num_programs(1) + s
+        part = part_ptr + pair * R1 + rows
+        tl.atomic_add(part, h, mask=in_rows, sem="relaxed")
+        tl.debug_barrier()
+        arrived = tl.atomic_add(group_count_ptr + group, 1, sem="acq_rel")
     else:
-        act = gate / (1.0 + tl.exp(-gate)) * up
-    act = (act * weight).to(OUT_T).to(CT)
-    tile = s // (4 // QUARTERS)
-    first = (s % (4 // QUARTERS)) * QUARTERS
-    quarter = first + tl.arange(0, QUARTERS)[:, None]
-    a0 = _column0(tl.sum(tl.where(quarter == 0, act, 0.0), axis=0), CT)
-    a1 = _column0(tl.sum(tl.where(quarter == 1, act, 0.0), axis=0), CT)
-    a2 = _column0(tl.sum(tl.where(quarter == 2, act, 0.0), axis=0), CT)
-    a3 = _column0(tl.sum(tl.where(quarter == 3, act, 0.0), axis=0), CT)
+        arrived = 0
+    if arrived == K_SPLIT - 1:
+        if K_SPLIT > 1:
+            h = tl.load(part, mask=in_rows, other=0.0, cache_modifier=".cg")
+            tl.store(part, tl.zeros_like(h), mask=in_rows)
+            tl.atomic_xchg(group_count_ptr + group, 0)
+        if EXPERT_BIAS:
+            h += tl.load(b13_ptr + e * stride_b13e + rows, mask=in_rows, other=0.0)
 
-    # GEMM2: the K tile of w2 holding these channels, for every output row, added to the pair's token row.
-    c0 = tile * 128
-    for h0 in range(0, K, BLOCK_H):
-        out_rows = h0 + tl.arange(0, BLOCK_H)
-        valid = out_rows < K
-        words = tl.load(w2_ptr + e * stride_w2e + out_rows[:, None] * stride_w2r + tile * stride_w2t + q[None, :],
-                        mask=valid[:, None], other=0)
-        v0, v1, v2, v3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
-        f0, f1, f2, f3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE)
-        acc2 = tl.zeros((BLOCK_H, 16), tl.float32)
-        acc2 = _scaled_dot(acc2, v0, a0, f0)
-        acc2 = _scaled_dot(acc2, v1, a1, f1)
-        acc2 = _scaled_dot(acc2, v2, a2, f2)
-        acc2 = _scaled_dot(acc2, v3, a3, f3)
-        share = tl.sum(tl.where(tl.arange(0, 16)[None, :] == 0, acc2, 0.0), axis=1)
-        if EXPERT_BIAS:  # noqa: SIM102 (a compile-time branch around a run-time one)
-            if s == 0:  # once per pair: by its first slice
-                share += tl.load(b2_ptr + e * stride_b2e + out_rows, mask=valid, other=0.0) * weight
-        tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid)
+        # SiLU(gate) * up per channel, times the pair's routing weight, rounded to the layer dtype as the
+        # layer's GEMM1 stores it: [QUARTERS, 32 channels] = the slice's channels in order, quarters
+        # `first` onwards of w2's K tile; the tile's other quarters (a slice of 64 channels) multiply zeros.
+        gate, up = tl.split(tl.permute(tl.reshape(h, (QUARTERS, 2, 32)), (0, 2, 1)))
+        if SWIGLU:  # gpt-oss: clamped, gate * sigmoid(alpha * gate) * (up + 1); channels past N give 0
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            act = gate / (1.0 + tl.exp(-alpha * gate)) * (up + 1.0)
+        else:
+            act = gate / (1.0 + tl.exp(-gate)) * up
+        act = (act * weight).to(OUT_T).to(tl.float32)
+        tile = s // (4 // QUARTERS)
+        first = (s % (4 // QUARTERS)) * QUARTERS
+        quarter = first + tl.arange(0, QUARTERS)[:, None]
+        a0 = tl.sum(tl.where(quarter == 0, act, 0.0), axis=0)
+        a1 = tl.sum(tl.where(quarter == 1, act, 0.0), axis=0)
+        a2 = tl.sum(tl.where(quarter == 2, act, 0.0), axis=0)
+        a3 = tl.sum(tl.where(quarter == 3, act, 0.0), axis=0)
 
-    # Every thread's atomics are issued before the acquire-release count publishes them; the last
-    # program reads the sums at L2, stores the rows and leaves the scratch zeroed.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-    if arrived == tl.num_programs(0) * tl.num_programs(1) - 1:
-        for start in range(0, M * K, BLOCK_H):
-            offs = start + tl.arange(0, BLOCK_H)
-            inside = offs < M * K
-            sums = tl.load(acc_ptr + offs, mask=inside, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + (offs // K) * stride_om + offs % K, sums.to(OUT_T), mask=inside)
-            tl.store(acc_ptr + offs, tl.zeros_like(sums), mask=inside)
-        tl.atomic_xchg(count_ptr, 0)
+        # GEMM2: the K tile of w2 holding these channels, for every output row, added to the pair's token row.
+        c0 = tile * 128
+        w2_tile = w2_ptr + e * stride_w2e + tile * stride_w2t + q[None, :]
+        first_rows = tl.arange(0, BLOCK_H)[:, None]
+        w2_ahead = tl.load(w2_tile + first_rows * stride_w2r, mask=first_rows < K, other=0)
+        for h0 in range(0, K, BLOCK_H):
+            out_rows = h0 + tl.arange(0, BLOCK_H)
+            valid = out_rows < K
+            w2_words = w2_ahead
+            next_rows = out_rows[:, None] + BLOCK_H
+            w2_ahead = tl.load(w2_tile + next_rows * stride_w2r, mask=next_rows < K, other=0)
+            v0, v1, v2, v3 = _quarters(w2_words, WTYPE, CODE_OFFSET, CT, PTX)
+            g0, g1, g2, g3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE)
+            share = tl.sum(_tile_products(v0, v1, v2, v3, a0, a1, a2, a3, g0, g1, g2, g3,
+                                          WTYPE != 3 and GROUP2 % 128 == 0), axis=1)
+            if EXPERT_BIAS:  # noqa: SIM102 (a compile-time branch around a run-time one)
+                if s == 0:  # once per pair: by its first slice
+                    share += tl.load(b2_ptr + e * stride_b2e + out_rows, mask=valid, other=0.0) * weight
+            tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid, sem="relaxed")
+
+        # The shares' adds are relaxed (no fence each); every thread's are issued before the barrier, and
+        # the acquire-release count publishes them all; the last slice to finish reads the sums at L2,
+        # stores the rows and leaves the scratch zeroed.
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+        if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+            for start in range(0, M * K, BLOCK_H):
+                offs = start + tl.arange(0, BLOCK_H)
+                inside = offs < M * K
+                sums = tl.load(acc_ptr + offs, mask=inside, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + (offs // K) * stride_om + offs % K, sums.to(OUT_T), mask=inside)
+                tl.store(acc_ptr + offs, tl.zeros_like(sums), mask=inside)
+            tl.atomic_xchg(count_ptr, 0)
 
 
 def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
                         code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, biases=None,
                         swiglu: tuple[float, float] | None = None, channels: int = SLICE, block_h: int = 128,
-                        num_warps: int = 4) -> None:
-    """One launch over (pairs, slices); see the module docstring for the operands. routed: (topk
+                        k_split: int = 1, partials=None, num_warps: int = 4) -> None:
+    """One launch over (pairs, slices, k_split); see the module docstring for the operands. routed: (topk
     weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
     or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel.
     biases: the experts' fp32 (w13 [E, 2N] in w13's row order, w2 [E, K]) or None; swiglu: gpt-oss's
-    (alpha, limit), else SiLU."""
+    (alpha, limit), else SiLU. partials (k_split > 1): zeroed fp32 [M * top_k * w13 rows] for GEMM1's
+    partial sums and int32 [M * top_k * slices] arrival counts, left zeroed."""
     M, K = x.shape
     if router is not None:
         logits, bias, route_consts, renormalize_eps, scaling = router
@@ -218,15 +251,16 @@ def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, gro
                                         renormalize=False, scaling=1.0)
     b13, b2 = biases if biases is not None else (acc, acc)
     alpha, limit = swiglu if swiglu is not None else (0.0, 0.0)
-    rows = w13.shape[1]
-    _fused_decode_kernel[(M * top_k, -(-rows // (2 * channels)))](
+    rows, k_tiles = w13.shape[1], w13.shape[2]
+    part, group_count = partials if k_split > 1 else (acc, count)
+    _fused_decode_kernel[(M * top_k, -(-rows // (2 * channels)), k_split)](
         x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, b13, b2, acc, out, count,
-        M, K, rows, w13.shape[2], float(renormalize_eps), float(scaling), float(alpha), float(limit),
+        part, group_count, M, K, rows, k_tiles, -(-k_tiles // k_split), float(renormalize_eps), float(scaling), float(alpha), float(limit),
         x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
         w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1), b13.stride(0), b2.stride(0),
         GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, SWIGLU=swiglu is not None,
-        EXPERT_BIAS=biases is not None, CHANNELS=channels, BLOCK_H=block_h, UPCAST=upcast,
+        EXPERT_BIAS=biases is not None, CHANNELS=channels, BLOCK_H=block_h, K_SPLIT=k_split, UPCAST=upcast,
         PTX=ptx, ROUTE=router is not None, **route_consts, num_warps=num_warps,
     )
 
