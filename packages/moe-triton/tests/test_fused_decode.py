@@ -17,6 +17,7 @@ from moe_triton.configs import FusedDecodeConfig, GemmConfig, QuantKernelConfig
 from moe_triton.fused_decode import MAX_TOKENS, FusedDecode, fused_decode_torch, unsupported_reason
 from moe_triton.quantized import TritonMxfp4Experts, TritonWna16Experts
 from moe_triton.routing import route
+from moe_triton.tune import FUSED_OPTIONS
 
 
 def _layer(quant, dtype=torch.float16, K=256, N=256, E=4, topk=2, seed=0, cls=TritonWna16Experts, **cfg_extra):
@@ -266,7 +267,7 @@ def test_fused_launch_options_round_trip_through_a_config_file_entry():
 def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_fastest():
     """At up to MAX_TOKENS tokens the tuner times `tune.fused_decode_candidates` beside the GEMMs (the
     layer as FusedMoE calls it) and keeps the fastest; above, none."""
-    from moe_triton.tune import FUSED_OPTIONS, _tune_quant_layer
+    from moe_triton.tune import _tune_quant_layer
 
     _, _, experts = _layer(int4_w4a16(64), seed=15)
     timed = []
@@ -283,6 +284,25 @@ def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_
     assert measured["1"]["best"] == "fused:c{},w{},h{},k{}".format(*FUSED_OPTIONS[2])
     assert table[MAX_TOKENS + 1].fused is None
     assert not any(k.startswith("fused:") for k in measured[str(MAX_TOKENS + 1)]["layer_us"])
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("option", FUSED_OPTIONS)
+def test_every_tuner_option_on_gpu_stays_exact_over_many_calls(option):
+    """qwen3-30b-a3b's int4 layer shape at one token with each of the tuner's launch options: against
+    the twin on the first call, and twenty calls later (each call must leave the scratch zeroed, or
+    the sums drift call by call)."""
+    cfg, _, experts = _layer(int4_w4a16(128), dtype=torch.bfloat16, K=2048, N=768, E=128, topk=8, seed=40)
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(1, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(1, cfg.num_experts, generator=gen).to(DEV)
+    tw, ids = route(logits, cfg.routing, cfg.top_k)
+    fused = FusedDecode(experts, **dataclasses.asdict(FusedDecodeConfig(*option)))
+    first = fused.from_logits(x, logits)
+    assert rel_l2(first, fused_decode_torch(experts, x, tw, ids)) < 5e-3
+    for _ in range(20):
+        later = fused.from_logits(x, logits)
+    assert rel_l2(later, first) < 1e-3
 
 
 @pytest.mark.device("cuda")

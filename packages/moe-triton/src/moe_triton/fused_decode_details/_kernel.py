@@ -84,6 +84,16 @@ def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.cons
 
 
 @triton.jit
+def _publish(PTX: tl.constexpr):
+    """A gpu-scope fence in every thread: its relaxed atomics are performed before the barrier that
+    follows, so the one thread's acquire-release count after it publishes every thread's adds, not
+    only its own (NVIDIA; the interpreter runs programs one at a time)."""
+    if PTX:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.full([1], 0, tl.int32)],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _tile_products(w0, w1, w2, w3, v0, v1, v2, v3, f0, f1, f2, f3, ONE_SCALE: tl.constexpr):
     """[rows, 32] fp32: a K tile's four quarters of codes times the vector's matching values ([32]
     fp32 each), each quarter times its rows' scale (ONE_SCALE: one scale spans the tile, applied once)."""
@@ -160,11 +170,12 @@ def _fused_decode_kernel(
                                f0, f1, f2, f3, WTYPE != 3 and GROUP1 % 128 == 0)
     h = tl.sum(acc1, axis=1)
     if K_SPLIT > 1:
-        # The slice's K_SPLIT partial sums meet at L2 (relaxed adds, published by the acquire-release
-        # count); the last to arrive goes on with the whole of them and leaves that scratch zeroed.
+        # The slice's K_SPLIT partial sums meet at L2 (relaxed adds, fenced, then published by the
+        # acquire-release count); the last to arrive goes on with the whole of them and leaves that scratch zeroed.
         group = pair * tl.num_programs(1) + s
         part = part_ptr + pair * R1 + rows
         tl.atomic_add(part, h, mask=in_rows, sem="relaxed")
+        _publish(PTX)
         tl.debug_barrier()
         arrived = tl.atomic_add(group_count_ptr + group, 1, sem="acq_rel")
     else:
@@ -216,9 +227,10 @@ def _fused_decode_kernel(
                     share += tl.load(b2_ptr + e * stride_b2e + out_rows, mask=valid, other=0.0) * weight
             tl.atomic_add(acc_ptr + m * K + out_rows, share, mask=valid, sem="relaxed")
 
-        # The shares' adds are relaxed (no fence each); every thread's are issued before the barrier, and
-        # the acquire-release count publishes them all; the last slice to finish reads the sums at L2,
-        # stores the rows and leaves the scratch zeroed.
+        # The shares' adds are relaxed (no fence each); every thread's are performed before the barrier,
+        # and the acquire-release count publishes them all; the last slice to finish reads the sums at
+        # L2, stores the rows and leaves the scratch zeroed.
+        _publish(PTX)
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
         if done == tl.num_programs(0) * tl.num_programs(1) - 1:
