@@ -183,6 +183,7 @@ def _fused_decode_kernel(
     if arrived == K_SPLIT - 1:
         if K_SPLIT > 1:
             h = tl.load(part, mask=in_rows, other=0.0, cache_modifier=".cg")
+            tl.debug_barrier()  # threads holding the same rows: every load before any zeroing store
             tl.store(part, tl.zeros_like(h), mask=in_rows)
             tl.atomic_xchg(group_count_ptr + group, 0)
         if EXPERT_BIAS:
@@ -238,6 +239,7 @@ def _fused_decode_kernel(
                 offs = start + tl.arange(0, BLOCK_H)
                 inside = offs < M * K
                 sums = tl.load(acc_ptr + offs, mask=inside, other=0.0, cache_modifier=".cg")
+                tl.debug_barrier()  # as above: every load of these sums before any zeroing store
                 tl.store(out_ptr + (offs // K) * stride_om + offs % K, sums.to(OUT_T), mask=inside)
                 tl.store(acc_ptr + offs, tl.zeros_like(sums), mask=inside)
             tl.atomic_xchg(count_ptr, 0)
