@@ -287,11 +287,12 @@ def test_the_tuner_times_the_one_launch_path_at_decode_sizes_and_keeps_it_where_
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize("option", FUSED_OPTIONS)
+@pytest.mark.parametrize("option", [*FUSED_OPTIONS, (64, 8, 128, 2)])
 def test_every_tuner_option_on_gpu_stays_exact_over_many_calls(option):
-    """qwen3-30b-a3b's int4 layer shape at one token with each of the tuner's launch options: against
-    the twin on the first call, and twenty calls later (each call must leave the scratch zeroed, or
-    the sums drift call by call)."""
+    """qwen3-30b-a3b's int4 layer shape at one token with each of the tuner's launch options, and 64
+    channels on 8 warps split in two (more threads than a slice's rows: threads holding the same
+    rows must all read the sums before any zeroes them): against the twin on the first call, and
+    twenty calls later (each call must leave the scratch zeroed, or the sums drift call by call)."""
     cfg, _, experts = _layer(int4_w4a16(128), dtype=torch.bfloat16, K=2048, N=768, E=128, topk=8, seed=40)
     gen = torch.Generator().manual_seed(41)
     x = torch.randn(1, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)

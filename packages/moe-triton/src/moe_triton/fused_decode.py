@@ -1,12 +1,13 @@
 """A decode step's MoE layer in one launch: both GEMMs, the activation and the weighted top-k sum.
 
-At one token the layer's GEMM path is a chain of dependent launches (router, GEMM1, GEMM2, the sum)
-whose latencies, not the weight bytes, set its time; here each program takes one routed pair and a
-slice of 128 (or 64) intermediate channels through both GEMMs and adds its share of the output in
-fp32 (`fused_decode_details._kernel`), so after the router one launch remains; `from_logits` routes
-in that launch too (each program takes its token's top-k with the router's code). The quantized
-moe-triton layers run it where their launch configuration names it (`configs.QuantKernelConfig.fused`,
-which `moe tune` writes where it measures faster); it can also be called on a loaded layer directly.
+At one token the layer's GEMM path is a chain of dependent launches (router, GEMM1, GEMM2, the sum);
+here each program takes one routed pair and a slice of 128 (or 64) intermediate channels through
+both GEMMs and adds its share of the output in fp32 (`fused_decode_details._kernel`), and
+`from_logits` routes in the same launch (each program takes its token's top-k with the router's
+code). The quantized moe-triton layers run it where their launch configuration names it
+(`configs.QuantKernelConfig.fused`, which `moe tune` writes where it measures faster); on the H200
+it measured slower than the GEMM chain in every cell (benchmarks/results/fused_decode_2026-11-29.md),
+so no shipped configuration names it. It can also be called on a loaded layer directly.
 docs/design/triton-gemm-quantized.md says more.
 
     fused = FusedDecode(experts)                       # checks what the kernel serves, once

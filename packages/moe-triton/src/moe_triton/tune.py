@@ -205,9 +205,10 @@ def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
     return found
 
 
-# (channels, num_warps, block_h, k_split) of the one-launch decode path the tuner times at decode sizes
-# (128 channels on 4 warps spill: each thread would hold 64 fp32 partial sums besides the next tile).
-FUSED_OPTIONS = (*((c, 8, 128, k) for c in (128, 64) for k in (1, 2, 4)), (64, 4, 128, 4), (128, 16, 128, 2))
+# (channels, num_warps, block_h, k_split) of the one-launch decode path the tuner times at decode sizes:
+# the fastest of the options run on the H200 (benchmarks/results/fused_decode_2026-11-29.md). 128
+# channels on 4 warps spill (each thread would hold 64 fp32 partial sums besides the next tile).
+FUSED_OPTIONS = ((128, 8, 128, 1), (128, 8, 128, 2), (64, 8, 128, 1), (64, 4, 128, 4))
 
 
 def fused_decode_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
