@@ -202,7 +202,7 @@ ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
 # routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling), GEMM1 split
 # over 4 programs; MXFP4 as gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program
-cases = ((0, "*i16", 128, 128, 128, 4, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
+cases = ((0, "*i16", 128, 128, 128, 8, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                       renormalize=True, scaling=1.0)),
          (1, "*i32", 2048, 768, 128, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
                                                      renormalize=True, scaling=2.5)),

@@ -75,7 +75,7 @@ def _operands(experts) -> tuple[WeightOperand, WeightOperand]:
 class FusedDecode:
     """One launch per call over a loaded quantized layer's weights (module docstring)."""
 
-    def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 4, block_h: int = 128,
+    def __init__(self, experts, *, channels: int = SLICE, num_warps: int = 8, block_h: int = 128,
                  k_split: int = 1) -> None:
         """Launch options (`configs.FusedDecodeConfig`, which checks them): channels (intermediate
         channels per program: 128, or 64 for twice the programs), num_warps, block_h (GEMM2's output

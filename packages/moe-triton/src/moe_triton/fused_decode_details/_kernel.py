@@ -5,10 +5,12 @@ A program owns one (token, choice) pair and one slice of CHANNELS (128 or 64) in
 GEMM1 over those channels' gate and up rows (w13 rows 2 CHANNELS s onwards: 32-row chunks of gate then
 up, the layer's `GateUpInterleave`) and all of K gives the slice's activation exactly, which times the
 matching columns of w2 (a K tile of w2's quads holds 128; a 64-channel slice reads the whole tile and
-multiplies the other half by zeros) is the slice's share of the pair's output row.
+multiplies the other half by zeros) is the slice's share of the pair's output row. With K_SPLIT > 1,
+that many programs share a slice's K tiles: their GEMM1 partial sums meet in fp32 at L2 (`part_ptr`)
+and the last to arrive goes on alone.
 The shares are added in fp32 at L2 (`acc_ptr`); the program that arrives last casts the rows into
 `out_ptr` and zeroes the accumulator and the counter for the next call. No alignment, no
-intermediate tensor, no second launch: the weights are read once, as in the layer's two GEMMs.
+intermediate tensor, no second launch; each pair reads its expert's weights once.
 With ROUTE, each program also routes its token from the router logits (`routing_details`'
 `route_topk`: the router's own semantics), so the whole layer is this one launch.
 
@@ -248,7 +250,7 @@ def _fused_decode_kernel(
 def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
                         code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, biases=None,
                         swiglu: tuple[float, float] | None = None, channels: int = SLICE, block_h: int = 128,
-                        k_split: int = 1, partials=None, num_warps: int = 4) -> None:
+                        k_split: int = 1, partials=None, num_warps: int = 8) -> None:
     """One launch over (pairs, slices, k_split); see the module docstring for the operands. routed: (topk
     weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
     or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel.
