@@ -197,8 +197,8 @@ from moe_triton.fused_decode_details._kernel import _fused_decode_kernel
 from moe_triton.routing_details._kernel import route_constexprs
 ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "*fp32", "bias_ptr": "*fp32",
         "s13_ptr": "*bf16", "s2_ptr": "*bf16", "acc_ptr": "*fp32", "out_ptr": "*bf16", "count_ptr": "*i32",
-        "b13_ptr": "*fp32", "b2_ptr": "*fp32", "part_ptr": "*fp32", "group_count_ptr": "*i32", "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32",
-        "limit": "fp32"}
+        "b13_ptr": "*fp32", "b2_ptr": "*fp32", "part_ptr": "*fp32", "group_count_ptr": "*i32",
+        "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32", "limit": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
 # routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling), GEMM1 split
 # over 4 programs; MXFP4 as gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program

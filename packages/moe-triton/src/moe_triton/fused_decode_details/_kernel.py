@@ -89,7 +89,8 @@ def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.cons
 def _publish(PTX: tl.constexpr):
     """A gpu-scope fence in every thread: its relaxed atomics are performed before the barrier that
     follows, so the one thread's acquire-release count after it publishes every thread's adds, not
-    only its own (NVIDIA; the interpreter runs programs one at a time)."""
+    only its own. PTX only: the interpreter runs programs one at a time; other GPUs rely on the
+    barrier and the count alone, as the GEMMs' last-arrival sums do."""
     if PTX:
         tl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r,r", [tl.full([1], 0, tl.int32)],
                                   dtype=tl.int32, is_pure=False, pack=1)
@@ -117,8 +118,8 @@ def _fused_decode_kernel(
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
     stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g, stride_b13e, stride_b2e,
     GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-    SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr,
-    CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr, K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
+    SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr, CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr,
+    K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
     TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
@@ -173,7 +174,8 @@ def _fused_decode_kernel(
     h = tl.sum(acc1, axis=1)
     if K_SPLIT > 1:
         # The slice's K_SPLIT partial sums meet at L2 (relaxed adds, fenced, then published by the
-        # acquire-release count); the last to arrive goes on with the whole of them and leaves that scratch zeroed.
+        # acquire-release count); the last to arrive goes on with the whole of them and leaves that
+        # scratch zeroed.
         group = pair * tl.num_programs(1) + s
         part = part_ptr + pair * R1 + rows
         tl.atomic_add(part, h, mask=in_rows, sem="relaxed")
@@ -271,7 +273,8 @@ def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, gro
     part, group_count = partials if k_split > 1 else (acc, count)
     _fused_decode_kernel[(M * top_k, -(-rows // (2 * channels)), k_split)](
         x, ids, weights, logits, bias if bias is not None else logits, w13, s13, w2, s2, b13, b2, acc, out, count,
-        part, group_count, M, K, rows, k_tiles, -(-k_tiles // k_split), float(renormalize_eps), float(scaling), float(alpha), float(limit),
+        part, group_count, M, K, rows, k_tiles, -(-k_tiles // k_split),
+        float(renormalize_eps), float(scaling), float(alpha), float(limit),
         x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
         w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1), b13.stride(0), b2.stride(0),
