@@ -15,16 +15,15 @@ For each preset, scheme (int4 at the preset's group size, int8 per channel, MXFP
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import torch
 import triton
-from decode_limits import read_us
-from layer_timing import build_layer, correction_bias, input_sets, layer_quant
+from decode_limits import layer_cell, read_us, record
+from layer_timing import build_layer, correction_bias, layer_quant
 
-from moe_core.bench import expert_weight_bytes, routed_work, time_cuda_layer
+from moe_core.bench import time_cuda_layer
 from moe_core.presets import get_preset
 from moe_triton.fused_decode import FusedDecode, unsupported_reason
 from moe_triton.tune import FUSED_OPTIONS
@@ -45,7 +44,6 @@ def main() -> int:
     path = args.out / "fused_decode.json"
     for name in args.presets:
         preset = get_preset(name)
-        cfg = preset.config
         bias = correction_bias(preset, dev)
         for scheme in args.schemes:
             layer = build_layer(preset, scheme, dev)
@@ -54,12 +52,9 @@ def main() -> int:
                 print(f"{name} {scheme}: {reason}", flush=True)
                 continue
             for tokens in args.tokens:
-                inputs = input_sets(preset, tokens, dev)
-                work = routed_work(cfg, [logits for _, logits in inputs], bias)
-                nbytes = int(work.experts * expert_weight_bytes(cfg, layer_quant(preset, scheme)))
-                samples, _ = time_cuda_layer(layer, inputs)
-                row = {"preset": name, "scheme": scheme, "tokens": tokens, "bytes": nbytes,
-                       "layer_us": round(statistics.median(samples) * 1e6, 2), "fused_us": {}, "rel_diff": {}}
+                inputs, _, nbytes, layer_us = layer_cell(preset, layer, layer_quant(preset, scheme), tokens, dev)
+                row = {"preset": name, "scheme": scheme, "tokens": tokens, "bytes": nbytes, "layer_us": layer_us,
+                       "fused_us": {}, "rel_diff": {}}
                 x0, logits0 = inputs[0]
                 expected = layer(x0, logits0).float()
                 for channels, warps, block_h, k_split in FUSED_OPTIONS:
@@ -78,9 +73,7 @@ def main() -> int:
                 best = min(row["fused_us"].values())
                 row["fused_over_layer"] = round(best / row["layer_us"], 3)
                 row["fused_over_limit"] = round(best / row["read_us"], 3)
-                result["rows"].append(row)
-                path.write_text(json.dumps(result, indent=1))
-                print(json.dumps(row), flush=True)
+                record(result, path, row)
             del layer
             torch.cuda.empty_cache()
     return 0

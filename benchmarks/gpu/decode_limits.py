@@ -62,6 +62,24 @@ def read_us(nbytes: int) -> float:
     return min(triton_read, torch_read)
 
 
+def layer_cell(preset, layer, quant, tokens: int, dev: torch.device):
+    """A decode cell's input sets, the routed work they select, the bytes the call must read and the
+    layer's median time on them (us)."""
+    inputs = input_sets(preset, tokens, dev)
+    work = routed_work(preset.config, [logits for _, logits in inputs], correction_bias(preset, dev))
+    nbytes = int(work.experts * expert_weight_bytes(preset.config, quant))
+    samples, _ = time_cuda_layer(layer, inputs)
+    return inputs, work, nbytes, round(statistics.median(samples) * 1e6, 2)
+
+
+def record(result: dict, path: Path, row: dict) -> None:
+    """Adds a measured row to the result, rewrites the JSON (a stopped run keeps what it measured)
+    and prints the row."""
+    result["rows"].append(row)
+    path.write_text(json.dumps(result, indent=1))
+    print(json.dumps(row), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
@@ -89,18 +107,13 @@ def main() -> int:
                 print(f"{name} {scheme}: refused ({str(exc).splitlines()[0][:160]})", flush=True)
                 continue
             for tokens in args.tokens:
-                inputs = input_sets(preset, tokens, dev)
-                work = routed_work(config, [logits for _, logits in inputs], correction_bias(preset, dev))
-                nbytes = int(work.experts * expert_weight_bytes(config, quant))
-                samples, _ = time_cuda_layer(layer, inputs)
+                _, work, nbytes, layer_us = layer_cell(preset, layer, quant, tokens, dev)
                 row = {"preset": name, "scheme": scheme, "tokens": tokens, "experts": work.experts, "bytes": nbytes,
-                       "layer_us": round(statistics.median(samples) * 1e6, 2), "read_us": round(read_us(nbytes), 2),
+                       "layer_us": layer_us, "read_us": round(read_us(nbytes), 2),
                        "floor_us": round(roofline_floor(config, quant, work, ceilings).seconds * 1e6, 2)}
                 row["limit_us"] = max(row["read_us"], round(launch, 2))
                 row["layer_over_limit"] = round(row["layer_us"] / row["limit_us"], 3)
-                result["rows"].append(row)
-                path.write_text(json.dumps(result, indent=1))
-                print(json.dumps(row), flush=True)
+                record(result, path, row)
             del layer
             torch.cuda.empty_cache()
     return 0

@@ -5,10 +5,9 @@ here each program takes one routed pair and a slice of 128 (or 64) intermediate 
 both GEMMs and adds its share of the output in fp32 (`fused_decode_details._kernel`), and
 `from_logits` routes in the same launch (each program takes its token's top-k with the router's
 code). The quantized moe-triton layers run it where their launch configuration names it
-(`configs.QuantKernelConfig.fused`, which `moe tune` writes where it measures faster); on the H200
-it measured slower than the GEMM chain in every cell (benchmarks/results/fused_decode_2026-11-29.md),
-so no shipped configuration names it. It can also be called on a loaded layer directly.
-docs/design/triton-gemm-quantized.md says more.
+(`configs.QuantKernelConfig.fused`, which `moe tune` writes only where it times faster than the
+layer's GEMMs); it can also be called on a loaded layer directly.
+docs/design/triton-gemm-quantized.md says more, and how it compares with the GEMMs.
 
     fused = FusedDecode(experts)                       # checks what the kernel serves, once
     out = fused(hidden_states, topk_weights, topk_ids)  # M <= MAX_TOKENS, routed by the caller
@@ -105,6 +104,11 @@ class FusedDecode:
                              f"and {list(topk_weights.shape)}")
         if not hidden_states.is_cuda or checking_ids_on_accelerators():
             check_routed_inputs(hidden_states, topk_weights, topk_ids, self.experts.config)  # ids in [0, E)
+        return self.launch_routed(hidden_states, topk_weights, topk_ids)
+
+    def launch_routed(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+                      ) -> torch.Tensor:
+        """`__call__` without its checks, for a caller that made them (the layer's `apply`)."""
         return self._launch(hidden_states, routed=(topk_weights.to(torch.float32).contiguous(),
                                                    topk_ids.to(torch.int32).contiguous()))
 

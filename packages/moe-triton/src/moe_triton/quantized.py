@@ -400,14 +400,17 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         fused = self._fused_decode(hidden_states.shape[0])
         if fused is not None:
-            return fused(hidden_states, topk_weights, topk_ids)
+            _check_inputs(hidden_states, topk_weights, topk_ids, self.config)  # what `_apply` checks
+            return fused.launch_routed(hidden_states, topk_weights, topk_ids)
         return self._apply(hidden_states, topk_weights, topk_ids, None)
 
     def _fused_decode(self, num_tokens: int):
         """The one-launch decode path (`moe_triton.fused_decode.FusedDecode`) where this call's launch
         configuration names it and the call is small enough for it, else None; built once per options."""
+        if not 0 < num_tokens <= FUSED_DECODE_MAX_TOKENS:
+            return None
         options = self.config_for(num_tokens).config.fused
-        if options is None or num_tokens > FUSED_DECODE_MAX_TOKENS:
+        if options is None:
             return None
         fused = self._fused_paths.get(options)
         if fused is None:

@@ -205,9 +205,9 @@ def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
     return found
 
 
-# (channels, num_warps, block_h, k_split) of the one-launch decode path the tuner times at decode sizes:
-# the fastest of the options run on the H200 (benchmarks/results/fused_decode_2026-11-29.md). 128
-# channels on 4 warps spill (each thread would hold 64 fp32 partial sums besides the next tile).
+# (channels, num_warps, block_h, k_split) of the one-launch decode path the tuner times at decode sizes.
+# 128 channels take 8 warps (on 4 each thread would hold 64 fp32 partial sums besides the next tile
+# and spill); docs/design/triton-gemm-quantized.md says why these four.
 FUSED_OPTIONS = ((128, 8, 128, 1), (128, 8, 128, 2), (64, 8, 128, 1), (64, 4, 128, 4))
 
 
