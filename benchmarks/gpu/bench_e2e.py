@@ -3,8 +3,8 @@
 One process per (model, experts, mode), so each starts from a fresh GPU and a crash of one cannot hide
 another's numbers. experts: `transformers` (its default experts implementation) or a scheme that
 `fuse()` runs on the triton backend (bf16, int4, int8, fp8-block, fp8-channel, mxfp4). mode: `eager`
-(`generate` as it is), `compiled` (static cache + `torch.compile(model.forward, mode=--compile-mode)`,
-"reduce-overhead" by default: inductor's CUDA graphs), or `graphed` (no generate: a static cache and one
+(`generate` as it is), `compiled` (a static cache, and `generate` compiling the model's call in
+--compile-mode, as transformers compiles decode: `compile_for_generate`), or `graphed` (no generate: a static cache and one
 decode step, forward + argmax, captured whole in a CUDA graph and replayed, as engines that graph
 their decode run it; the replayed step's logits are checked against the same step run eagerly).
 
@@ -59,6 +59,16 @@ def static_cache(model, batch: int, length: int):
     from transformers import StaticCache
 
     return StaticCache(config=model.config, max_cache_len=length)
+
+
+def compile_for_generate(model, mode: str) -> None:
+    """Decode compiled the way transformers compiles it: with a static cache, `generate` compiles the
+    model's call itself (`GenerationConfig.compile_config`, once). Compiling `model.forward` by hand as
+    well would nest a second compile inside generate's."""
+    from transformers import CompileConfig
+
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.compile_config = CompileConfig(mode=mode)
 
 
 def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
@@ -168,8 +178,7 @@ def main() -> int:
         row["fused_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)
         row["backend"] = report.layers[0].plan.backend
     if args.mode == "compiled":
-        model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode=args.compile_mode)
+        compile_for_generate(model, args.compile_mode)
     save()
     torch.cuda.reset_peak_memory_stats()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -199,6 +208,8 @@ def main() -> int:
             try:
                 short = median_seconds(lambda p=prompt: generate_greedy(model, p, 2))
                 long = median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + args.new))
+                if args.mode == "compiled":
+                    row["generate_compiled_its_call"] = hasattr(model, "_compiled_call")
             except Exception as exc:  # say how it failed, measure the rest
                 row[f"decode_b{batch}_error"] = f"{type(exc).__name__}: {exc}"[:400]
                 save()

@@ -6,6 +6,11 @@ the step time, the top GPU kernels by total time, the host-side CUDA API calls (
 against kernel launches: a layer replaying its graphs makes one graph launch per block and step), and
 each fused block's graph state (signatures captured, signatures whose capture failed).
 
+With --compile-mode, decode runs compiled the way transformers compiles it: a static cache, and
+`generate` compiling the model's call itself (`GenerationConfig.compile_config`, one compile); the
+row adds dynamo's counters (graphs, graph breaks, recompiles) and the host events that took the most
+time (the compiled regions, the fused op, generate's own work between them).
+
     python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts int4 mxfp4 --batch 1 --out DIR
 """
 
@@ -51,6 +56,13 @@ def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
     api = [e for e in events if e.key.startswith(("cuda", "cu"))]
     row["cuda_api"] = {e.key: {"count": e.count, "total_us": round(e.cpu_time_total, 1)}
                        for e in sorted(api, key=lambda e: -e.cpu_time_total)[:12]}
+    host = sorted((e for e in events if e.cpu_time_total > 0), key=lambda e: -e.cpu_time_total)
+    row["host_events_top"] = [{"name": e.key[:120], "count": e.count, "total_us": round(e.cpu_time_total, 1),
+                               "self_us": round(e.self_cpu_time_total, 1)} for e in host[:30]]
+    from torch._dynamo.utils import counters
+
+    row["dynamo"] = {k: dict(counters[k]) for k in ("stats", "frames", "graph_break", "recompiles") if k in counters}
+    row["generate_compiled_its_call"] = hasattr(model, "_compiled_call")
     blocks = [m for m in model.modules() if isinstance(m, FusedMoEBlock)]
     graphs = [b._graphs for b in blocks if b._graphs is not None]
     row["blocks"] = len(blocks)
@@ -60,8 +72,8 @@ def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
     return row
 
 
-def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int) -> dict:
-    from bench_e2e import PROMPT
+def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int, compile_mode: str | None) -> dict:
+    from bench_e2e import PROMPT, compile_for_generate
     from hf_models import build_model
     from layer_timing import layer_quant
 
@@ -73,9 +85,11 @@ def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int
     if experts != "transformers":
         preset = get_preset(model_name if model_name != "gpt-oss-20b" else "gpt-oss-120b")
         fuse(model, quant=layer_quant(preset, experts), prefer="triton")
+    if compile_mode is not None:
+        compile_for_generate(model, compile_mode)
     gen = torch.Generator(device=dev).manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device=dev, generator=gen)
-    return {"model": model_name, "layers": layers, "experts": experts, "batch": batch,
+    return {"model": model_name, "layers": layers, "experts": experts, "batch": batch, "compile_mode": compile_mode,
             **profile_generate(model, prompt, new)}
 
 
@@ -86,26 +100,30 @@ def main() -> int:
     parser.add_argument("--experts", nargs="+", default=["int4", "mxfp4"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--new", type=int, default=8)
+    parser.add_argument("--compile-mode", default=None, help="decode compiled by generate in this torch.compile mode")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
-        row = profile_one(args.model, args.layers, args.experts[0], args.batch, args.new)
+        row = profile_one(args.model, args.layers, args.experts[0], args.batch, args.new, args.compile_mode)
         print("RESULT " + json.dumps(row), flush=True)
         return 0
     rows = []
     for experts in args.experts:  # one process each: a fresh GPU, and one crash hides nothing else
         proc = subprocess.run([sys.executable, __file__, "--one", "--model", args.model, "--layers", str(args.layers),
                                "--experts", experts, "--batch", str(args.batch), "--new", str(args.new),
-                               "--out", str(args.out)], capture_output=True, text=True)
+                               "--out", str(args.out),
+                               *(["--compile-mode", args.compile_mode] if args.compile_mode else [])],
+                              capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
             print(f"{experts}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}", flush=True)
             continue
         rows.append(json.loads(lines[-1].removeprefix("RESULT ")))
         print(json.dumps(rows[-1], indent=1), flush=True)
-    path = args.out / f"profile-decode-{args.model}-{args.layers}l-b{args.batch}.json"
+    mode = f"-compiled-{args.compile_mode}" if args.compile_mode else ""
+    path = args.out / f"profile-decode-{args.model}-{args.layers}l-b{args.batch}{mode}.json"
     path.write_text(json.dumps(rows, indent=1))
     return 0 if len(rows) == len(args.experts) else 1
 

@@ -37,6 +37,8 @@ add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
+# The compiled decode step (generate's own compile, static cache) under the profiler: where its host time goes.
+add profile-decode-compiled "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts transformers bf16 --compile-mode ${COMPILE_MODE:-default} --out $OUT/host/profile-decode"
 add profile-decode "python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts bf16 int4 mxfp4 --out $OUT/host/profile-decode"
 # gpt-oss-20b, all 24 layers: its decode step with bf16 against MXFP4 experts.
 add profile-decode-gpt-oss "python3 profile_decode.py --model gpt-oss-20b --layers 24 --experts bf16 mxfp4 --out $OUT/host/profile-decode"
