@@ -347,6 +347,41 @@ def test_fused_model_compiles_and_replays_on_gpu():
 
 @pytest.mark.device("cuda")
 @torch.no_grad()
+def test_generate_compiled_in_reduce_overhead_mode_on_gpu():
+    """transformers' compiled decode: a static cache, and generate compiling the model's call in
+    mode="reduce-overhead" (inductor's CUDA graph trees, whose warm-ups allocate from their own pool).
+    The layers' ops run plain while the trees warm up and record (no graph of their own), and the
+    replayed decode matches eager decode."""
+    from test_transformers_models import build_model
+    from transformers import CompileConfig
+
+    from moe_core.integrations.transformers import fuse
+
+    model = build_model("qwen3_moe", torch.bfloat16, seed=0).cuda()
+    fuse(model, prefer="triton")
+    ids = torch.randint(0, 100, (1, 6), device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+
+    def generate():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
+                              do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+
+    eager = generate()
+    model.generation_config.cache_implementation = "static"
+    model.generation_config.compile_config = CompileConfig(mode="reduce-overhead")
+    torch._dynamo.reset()
+    for _ in range(3):  # the trees warm up and record over the first calls, then replay
+        compiled = generate()
+    assert hasattr(model, "_compiled_call")  # generate compiled its decode
+    blocks = [m for m in model.modules() if type(m).__name__ == "FusedMoEBlock"]
+    assert blocks and all(len(b.moe._graphs) == 0 for b in blocks)
+    for ours, theirs in zip(compiled.logits, eager.logits):  # up to the first token a near-tie turns
+        torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)
+        if not torch.equal(ours.argmax(-1), theirs.argmax(-1)):
+            break
+
+
+@pytest.mark.device("cuda")
+@torch.no_grad()
 def test_graphs_capture_again_after_every_earlier_graph_is_gone(caplog):
     """A graph memory pool dies with its last graph; the next capture must not reuse it."""
     import gc

@@ -52,8 +52,9 @@ done
 for x in bf16 transformers; do
   add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
 done
-# The same in mode="reduce-overhead" (inductor captures the step in CUDA graphs; our op is captured in them).
-for x in bf16 transformers; do
+# The same in mode="reduce-overhead", transformers' own default for compiled decode (inductor's CUDA graph
+# trees capture the step; the layers' ops run inside their graph).
+for x in bf16 transformers int4 mxfp4; do
   add "e2e-qwen3-8l-$x-compiled-ro" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode reduce-overhead --out $OUT/e2e"
 done
 for x in transformers bf16; do

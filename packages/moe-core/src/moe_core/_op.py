@@ -9,11 +9,17 @@ layer's prefix), and finds the layer in a registry of live layers; its fake impl
 the output's shape and dtype ([M, K] in the input's dtype) without running anything. Eager calls do
 not go through the dispatcher (a few microseconds a call): they run the same implementation
 directly.
+
+Under `mode="reduce-overhead"` inductor calls the op only to warm up and record its own CUDA graph
+(CUDA graph trees), with every allocation of the warm-up going to that graph's memory pool; a graph of
+the layer's own (`moe_core._graphs`: static inputs and outputs kept past the call) must not be made
+there, so those calls run the layer plain. Other compiled calls replay the layer's graphs.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING
@@ -53,8 +59,18 @@ _lib = torch.library.Library("moe_core", "FRAGMENT")
 _lib.define("fused_moe(Tensor hidden_states, Tensor router_logits, str layer) -> Tensor")
 
 
+def _inductor_graph_trees_warming_up(device: torch.device) -> bool:
+    """Whether inductor's CUDA graph trees are warming up or recording a graph on this thread and device."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None or device.type != "cuda":
+        return False
+    manager = trees.get_manager(device.index, create_if_none_exists=False)
+    return manager is not None and (manager.in_warmup or manager.in_recording)
+
+
 def _fused_moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, layer: str) -> torch.Tensor:
-    return registered_layer(layer).call_eager(hidden_states, router_logits)
+    graphs = not _inductor_graph_trees_warming_up(hidden_states.device)
+    return registered_layer(layer).call_eager(hidden_states, router_logits, graphs=graphs)
 
 
 def _fused_moe_fake(hidden_states: torch.Tensor, router_logits: torch.Tensor, layer: str) -> torch.Tensor:

@@ -202,16 +202,18 @@ class FusedMoE(torch.nn.Module):
             return torch.ops.moe_core.fused_moe(hidden_states, router_logits, self._op_key)
         return self.call_eager(hidden_states, router_logits)
 
-    def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """One call without the input checks of `forward` (the custom op's implementation)."""
+    def call_eager(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+                   graphs: bool = True) -> torch.Tensor:
+        """One call without the input checks of `forward` (the custom op's implementation); `graphs=False`
+        runs it plain, never from or into a graph of the layer's own."""
         with self._state_lock:
             if self._cuda_index is not None and torch._C._cuda_getDevice() != self._cuda_index:
                 with torch.cuda.device(self._cuda_index):
-                    return self._call(hidden_states, router_logits)
-            return self._call(hidden_states, router_logits)
+                    return self._call(hidden_states, router_logits, graphs)
+            return self._call(hidden_states, router_logits, graphs)
 
-    def _call(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        if self._graphs is not None:
+    def _call(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, graphs: bool) -> torch.Tensor:
+        if graphs and self._graphs is not None:
             return self._graphs(hidden_states, router_logits)
         return self._run(hidden_states, router_logits)
 
