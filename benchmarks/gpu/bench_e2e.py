@@ -10,7 +10,8 @@ their decode run it; the replayed step's logits are checked against the same ste
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
-different lengths, median of 3 each, so the prompt's prefill cancels); peak GPU memory of the whole run
+different lengths, median of 3 each, so the prompt's prefill cancels; compiled, both into one static
+cache); peak GPU memory of the whole run
 and of `fuse()`; the relative L2 error of the prefill's last 16 positions' logits against the transformers run of the
 same model (same seed, same weights), when that run saved them (in /tmp/moe-e2e, on the same machine).
 
@@ -48,9 +49,12 @@ def median_seconds(fn, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def generate_greedy(model, ids: torch.Tensor, new: int) -> torch.Tensor:
+def generate_greedy(model, ids: torch.Tensor, new: int, cache=None) -> torch.Tensor:
+    """Greedy decode of `new` tokens; into `cache` (reset first) where given."""
+    if cache is not None:
+        cache.reset()
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                          do_sample=False, pad_token_id=0)
+                          do_sample=False, pad_token_id=0, past_key_values=cache)
 
 
 def static_cache(model, batch: int, length: int):
@@ -62,12 +66,11 @@ def static_cache(model, batch: int, length: int):
 
 
 def compile_for_generate(model, mode: str) -> None:
-    """Decode compiled the way transformers compiles it: with a static cache, `generate` compiles the
+    """Decode compiled the way transformers compiles it: given a static cache, `generate` compiles the
     model's call itself (`GenerationConfig.compile_config`, once). Compiling `model.forward` by hand as
     well would nest a second compile inside generate's."""
     from transformers import CompileConfig
 
-    model.generation_config.cache_implementation = "static"
     model.generation_config.compile_config = CompileConfig(mode=mode)
 
 
@@ -205,9 +208,12 @@ def main() -> int:
                     row[f"decode_b{batch}_tokens_per_s"] = round(batch / result["ms_per_step"] * 1e3, 1)
                 save()
                 continue
+            # Compiled: one static cache of one length for both runs, so they replay the same compiled
+            # step (a cache per generate call, of its own length, would compile or record anew).
+            cache = static_cache(model, batch, PROMPT + 2 + args.new) if args.mode == "compiled" else None
             try:
-                short = median_seconds(lambda p=prompt: generate_greedy(model, p, 2))
-                long = median_seconds(lambda p=prompt: generate_greedy(model, p, 2 + args.new))
+                short = median_seconds(lambda p=prompt, c=cache: generate_greedy(model, p, 2, c))
+                long = median_seconds(lambda p=prompt, c=cache: generate_greedy(model, p, 2 + args.new, c))
                 if args.mode == "compiled":
                     row["generate_compiled_its_call"] = hasattr(model, "_compiled_call")
             except Exception as exc:  # say how it failed, measure the rest

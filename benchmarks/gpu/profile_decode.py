@@ -6,8 +6,8 @@ the step time, the top GPU kernels by total time, the host-side CUDA API calls (
 against kernel launches: a layer replaying its graphs makes one graph launch per block and step), and
 each fused block's graph state (signatures captured, signatures whose capture failed).
 
-With --compile-mode, decode runs compiled the way transformers compiles it: a static cache, and
-`generate` compiling the model's call itself (`GenerationConfig.compile_config`, one compile); the
+With --compile-mode, decode runs compiled the way transformers compiles it: into a static cache (one
+for every call), with `generate` compiling the model's call itself (`GenerationConfig.compile_config`, one compile); the
 row adds dynamo's counters (graphs, graph breaks, recompiles) and the host events that took the most
 time (the compiled regions, the fused op, generate's own work between them).
 
@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 
 
-def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
-    """ms/step of greedy decode after two warm-up calls, then one profiled `generate` of `new` tokens:
-    the top GPU kernels, the host's CUDA API calls, and each fused block's graph state."""
+def profile_generate(model, prompt: torch.Tensor, new: int, cache=None) -> dict:
+    """ms/step of greedy decode after two warm-up calls, then one profiled `generate` of `new` tokens
+    (into `cache` where given): the top GPU kernels, the host's CUDA API calls, and each fused block's
+    graph state."""
     from bench_e2e import generate_greedy
     from torch.profiler import ProfilerActivity, profile
 
@@ -36,19 +37,19 @@ def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
 
     row: dict = {}
     with torch.inference_mode():
-        for _ in range(2):  # kernels compiled, graphs captured (a static cache's length is its generate's)
+        for _ in range(2):  # kernels compiled, graphs captured
             for n in (2, 2 + new):
-                generate_greedy(model, prompt, n)
+                generate_greedy(model, prompt, n, cache)
         times = {}
         for n in (2, 2 + new):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            generate_greedy(model, prompt, n)
+            generate_greedy(model, prompt, n, cache)
             torch.cuda.synchronize()
             times[n] = time.perf_counter() - t0
         row["ms_per_step"] = round((times[2 + new] - times[2]) / new * 1e3, 3)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            generate_greedy(model, prompt, 2 + new)
+            generate_greedy(model, prompt, 2 + new, cache)
             torch.cuda.synchronize()
     events = prof.key_averages()
     gpu = sorted((e for e in events if e.device_time_total > 0), key=lambda e: -e.device_time_total)
@@ -74,7 +75,7 @@ def profile_generate(model, prompt: torch.Tensor, new: int) -> dict:
 
 
 def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int, compile_mode: str | None) -> dict:
-    from bench_e2e import PROMPT, compile_for_generate
+    from bench_e2e import PROMPT, compile_for_generate, static_cache
     from hf_models import build_model
     from layer_timing import layer_quant
 
@@ -86,12 +87,14 @@ def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int
     if experts != "transformers":
         preset = get_preset(model_name if model_name != "gpt-oss-20b" else "gpt-oss-120b")
         fuse(model, quant=layer_quant(preset, experts), prefer="triton")
+    cache = None
     if compile_mode is not None:
         compile_for_generate(model, compile_mode)
+        cache = static_cache(model, batch, PROMPT + 2 + new)
     gen = torch.Generator(device=dev).manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device=dev, generator=gen)
     return {"model": model_name, "layers": layers, "experts": experts, "batch": batch, "compile_mode": compile_mode,
-            **profile_generate(model, prompt, new)}
+            **profile_generate(model, prompt, new, cache)}
 
 
 def main() -> int:

@@ -48,14 +48,14 @@ for x in transformers bf16 int4 mxfp4; do e2e qwen3-30b-a3b $x graphed; done
 for x in transformers bf16 int4 mxfp4; do
   add "e2e-qwen3-8l-$x-graphed" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode graphed --out $OUT/e2e"
 done
-# Compiled end to end at 8 of the 48 layers (compiling all 48 takes minutes per run), with eager at 8 beside it.
-for x in bf16 transformers; do
-  add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
-done
-# The same in mode="reduce-overhead", transformers' own default for compiled decode (inductor's CUDA graph
-# trees capture the step; the layers' ops run inside their graph).
+# Compiled end to end at 8 of the 48 layers (compiling all 48 takes minutes per run), in mode="reduce-overhead",
+# transformers' own default for compiled decode (inductor's CUDA graph trees capture the step; the layers'
+# ops run inside their graph), then in mode="default" (COMPILE_MODE), with eager at 8 beside them.
 for x in bf16 transformers int4 mxfp4; do
   add "e2e-qwen3-8l-$x-compiled-ro" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode reduce-overhead --out $OUT/e2e"
+done
+for x in bf16 transformers; do
+  add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
 done
 for x in transformers bf16; do
   add "e2e-qwen3-8l-$x-eager" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode eager --batches 1 64 --out $OUT/e2e"
