@@ -54,7 +54,7 @@ done
 for x in bf16 transformers int4 mxfp4; do
   add "e2e-qwen3-8l-$x-compiled-ro" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode reduce-overhead --out $OUT/e2e"
 done
-for x in bf16 transformers; do
+for x in bf16 transformers int4 mxfp4; do
   add "e2e-qwen3-8l-$x-compiled" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode compiled --batches 1 64 --compile-mode ${COMPILE_MODE:-default} --out $OUT/e2e"
 done
 for x in transformers bf16; do
