@@ -152,8 +152,10 @@ def _eager_and_graph_replay(prefer: str, quant: MoEQuantConfig) -> tuple[torch.T
                          ids=["marlin-int4", "sglang-fp8-block", "flashinfer-bf16", "torch-grouped-mm-bf16"])
 @torch.no_grad()
 def test_eager_calls_replay_the_layers_graphs_and_compile_as_one_op(prefer, quant):
-    """Where users call the layer: repeated eager calls replay its own CUDA graph (moe_core._graphs), and
-    torch.compile(fullgraph=True) traces it as the custom op (moe_core._op); both equal a plain call."""
+    """Where users call the layer: repeated eager calls replay its own CUDA graph (moe_core._graphs),
+    torch.compile(fullgraph=True) traces it as the custom op (moe_core._op), in mode "default" and in
+    "reduce-overhead" (inductor's CUDA graphs, recorded on a later call), and the caller's own CUDA
+    graph captures it; all equal a plain call."""
     if prefer == "flashinfer_cutlass":
         pytest.importorskip("flashinfer")
     moe, x, logits = _layer_and_inputs(prefer, quant)
@@ -161,8 +163,16 @@ def test_eager_calls_replay_the_layers_graphs_and_compile_as_one_op(prefer, quan
     for call in range(3):  # eager, captured, replayed; each output dropped before the next call
         assert rel_err(moe(x, logits), plain) < 1e-3, f"call {call}"
     assert len(moe._graphs) == 1
-    torch._dynamo.reset()
-    assert rel_err(torch.compile(moe, fullgraph=True)(x, logits), plain) < 1e-3
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        compiled = torch.compile(moe, fullgraph=True, mode=mode)
+        for call in range(3):
+            assert rel_err(compiled(x, logits), plain) < 1e-3, f"{mode}, call {call}"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe(x, logits)
+    graph.replay()
+    assert rel_err(captured, plain) < 1e-3
 
 
 def test_marlin_layer_is_captured_in_a_cuda_graph():
