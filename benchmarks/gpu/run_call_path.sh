@@ -4,6 +4,7 @@
 #   tests         integration/test_call_path.py and the transformers parity tests on the GPU
 #   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block
 #   e2e-*         bench_e2e.py: one process per model, experts and mode
+#                 (e2e-interleaved-*: bench_e2e_interleaved.py, several variants in one process)
 #   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
 #                (load-checkpoint-16: 16 of its layers, for the load's host transient)
 #   loaders-*    bench_checkpoint_loaders.py: fine-grained fp8 / MXFP4 / compressed-tensors W4A16 checkpoints,
@@ -34,6 +35,11 @@ add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
 add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
+# Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
+# the 48-layer eager targets against transformers, the schemes against fused bf16, compiled decode.
+add e2e-interleaved-qwen3 "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts transformers bf16 --out $OUT/e2e"
+add e2e-interleaved-qwen3-schemes "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts bf16 int4 fp8-block mxfp4 --out $OUT/e2e/schemes"
+add e2e-interleaved-qwen3-8l-compiled "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 int4 mxfp4 --batches 1 16 64 --out $OUT/e2e"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
