@@ -6,7 +6,8 @@ in an order that rotates from round to round, so the host's drift over a run rea
 alike: eager steps are host-bound, and separate processes of the same variant have differed by 1.3-2x
 (`benchmarks/results/call_path_2026-11-29.md`). Per variant: the median over rounds of prefill
 tokens/s and of ms per decode step, and the median (and range) over rounds of its speed-up against the
-first variant named, each round's numbers against that round's.
+first variant named, each round's numbers against that round's; the memory `fuse()` held above the
+unfused model at its peak.
 
 Decode at batch B: greedy decode of 2 and of 2 + NEW tokens after a 16-token prompt, the difference
 divided by NEW (the prompt's prefill cancels). Mode `compiled`: a static cache per variant and batch,
@@ -82,16 +83,23 @@ def main() -> int:
                  "transformers": transformers.__version__,
                  "device": torch.cuda.get_device_name() if dev.type == "cuda" else args.device}
     models = {}
+    cuda = dev.type == "cuda"
     for name in args.experts:
-        allocated = torch.cuda.memory_allocated() if dev.type == "cuda" else 0
+        before = torch.cuda.memory_allocated() if cuda else 0
         model = build_model(args.model, args.layers, dev)
         if name != "transformers":
+            built = torch.cuda.memory_allocated() if cuda else 0
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             fuse(model, quant=layer_quant(preset, name), prefer=args.prefer)
+            if cuda:  # what fuse() held above the unfused model at its peak (issue: 1.2x the largest layer)
+                row.setdefault("fuse_above_model_gib", {})[name] = round(
+                    (torch.cuda.max_memory_allocated() - built) / 2**30, 2)
         if args.mode == "compiled":
             compile_for_generate(model, args.compile_mode)
         models[name] = model
-        if dev.type == "cuda":
-            row.setdefault("model_gib", {})[name] = round((torch.cuda.memory_allocated() - allocated) / 2**30, 2)
+        if cuda:
+            row.setdefault("model_gib", {})[name] = round((torch.cuda.memory_allocated() - before) / 2**30, 2)
     row["layers"] = next(iter(models.values())).config.num_hidden_layers
     names = list(models)
     path = args.out / f"e2e-interleaved-{args.model}-{row['layers']}l-{row['mode']}.json"
@@ -133,7 +141,7 @@ def main() -> int:
                     steps[name].append((long - short) / args.new * 1e3)
             row[f"decode_b{batch}_ms_per_step"] = summarize(steps, higher_is_faster=False)
             path.write_text(json.dumps(row, indent=1))
-    if dev.type == "cuda":
+    if cuda:
         row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     path.write_text(json.dumps(row, indent=1))
     base = names[0]
