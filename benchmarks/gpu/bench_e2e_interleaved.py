@@ -84,7 +84,9 @@ def main() -> int:
                  "device": torch.cuda.get_device_name() if dev.type == "cuda" else args.device}
     models = {}
     cuda = dev.type == "cuda"
-    for name in args.experts:
+    # Built smallest-kept first: each variant is built whole in bf16 before fuse() shrinks it, so the
+    # quantized ones go first and the 16-bit ones (which keep that size) last.
+    for name in sorted(args.experts, key=lambda n: n in ("transformers", "bf16")):
         before = torch.cuda.memory_allocated() if cuda else 0
         model = build_model(args.model, args.layers, dev)
         if name != "transformers":
@@ -99,7 +101,9 @@ def main() -> int:
             compile_for_generate(model, args.compile_mode)
         models[name] = model
         if cuda:
+            torch.cuda.empty_cache()
             row.setdefault("model_gib", {})[name] = round((torch.cuda.memory_allocated() - before) / 2**30, 2)
+    models = {name: models[name] for name in args.experts}
     row["layers"] = next(iter(models.values())).config.num_hidden_layers
     names = list(models)
     path = args.out / f"e2e-interleaved-{args.model}-{row['layers']}l-{row['mode']}.json"
