@@ -60,12 +60,15 @@ _lib.define("fused_moe(Tensor hidden_states, Tensor router_logits, str layer) ->
 
 
 def _inductor_graph_trees_warming_up(device: torch.device) -> bool:
-    """Whether inductor's CUDA graph trees are warming up or recording a graph on this thread and device."""
+    """Whether inductor's CUDA graph trees are warming up or recording a graph on this thread and device.
+    Their manager is private API: where it is missing this says no, so only reduce-overhead mode would
+    fail (on the trees' own pool check), never a plain compiled call."""
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
-    if trees is None or device.type != "cuda":
+    get_manager = getattr(trees, "get_manager", None)
+    if get_manager is None or device.type != "cuda":
         return False
-    manager = trees.get_manager(device.index, create_if_none_exists=False)
-    return manager is not None and (manager.in_warmup or manager.in_recording)
+    manager = get_manager(device.index, create_if_none_exists=False)
+    return manager is not None and bool(getattr(manager, "in_warmup", False) or getattr(manager, "in_recording", False))
 
 
 def _fused_moe(hidden_states: torch.Tensor, router_logits: torch.Tensor, layer: str) -> torch.Tensor:
