@@ -4,9 +4,10 @@ One process per (model, experts, mode), so each starts from a fresh GPU and a cr
 another's numbers. experts: `transformers` (its default experts implementation) or a scheme that
 `fuse()` runs on the triton backend (bf16, int4, int8, fp8-block, fp8-channel, mxfp4). mode: `eager`
 (`generate` as it is), `compiled` (a static cache, and `generate` compiling the model's call in
---compile-mode, as transformers compiles decode: `compile_for_generate`), or `graphed` (no generate: a static cache and one
-decode step, forward + argmax, captured whole in a CUDA graph and replayed, as engines that graph
-their decode run it; the replayed step's logits are checked against the same step run eagerly).
+--compile-mode, "reduce-overhead" by default, as transformers compiles decode: `compile_for_generate`),
+or `graphed` (no generate: a static cache and one decode step, forward + argmax, captured whole in a
+CUDA graph and replayed, as engines that graph their decode run it; the replayed step's logits are
+checked against the same step run eagerly).
 
 Measured: prefill of one 2048-token sequence (tokens/s, median of 3 after a warm-up); greedy decode of
 NEW tokens after a 16-token prompt at batch 1, 16 and 64 (ms per step from two `generate` calls of
