@@ -7,9 +7,9 @@ against kernel launches: a layer replaying its graphs makes one graph launch per
 each fused block's graph state (signatures captured, signatures whose capture failed).
 
 With --compile-mode, decode runs compiled the way transformers compiles it: into a static cache (one
-for every call), with `generate` compiling the model's call itself (`GenerationConfig.compile_config`, one compile); the
-row adds dynamo's counters (graphs, graph breaks, recompiles) and the host events that took the most
-time (the compiled regions, the fused op, generate's own work between them).
+for every call), with `generate` compiling the model's call itself (`GenerationConfig.compile_config`,
+one compile); the row adds dynamo's counters (graphs, graph breaks, recompiles) and the host events
+that took the most time (the compiled regions, the fused op, generate's own work between them).
 
     python3 profile_decode.py --model qwen3-30b-a3b --layers 8 --experts int4 mxfp4 --batch 1 --out DIR
 """
