@@ -58,12 +58,18 @@ def generate_greedy(model, ids: torch.Tensor, new: int, cache=None) -> torch.Ten
                           do_sample=False, pad_token_id=0, past_key_values=cache)
 
 
-def static_cache(model, batch: int, length: int):
-    """transformers' StaticCache for `batch` sequences of up to `length` tokens (its layers allocate on
-    the first update, with the batch's size)."""
+def static_cache(model, length: int):
+    """transformers' StaticCache of up to `length` tokens a sequence (its layers allocate on the first
+    update, with that call's batch size: one cache serves one batch size)."""
     from transformers import StaticCache
 
     return StaticCache(config=model.config, max_cache_len=length)
+
+
+def decode_cache(model, new: int):
+    """The static cache the timed `generate_greedy` calls of a batch write into: the prompt and up to
+    2 + `new` tokens (both timed lengths replay one compiled step)."""
+    return static_cache(model, PROMPT + 2 + new)
 
 
 def compile_for_generate(model, mode: str) -> None:
@@ -81,9 +87,9 @@ def graphed_decode(model, prompt: torch.Tensor, new: int) -> dict:
 
     Checked first: the replayed step's logits against the same step run eagerly on the same cache
     (relative L2). Returns ms per step and that error, or the reason the capture failed."""
-    batch, length = prompt.shape
+    length = prompt.shape[1]
     dev = prompt.device
-    cache = static_cache(model, batch, length + new + 8)
+    cache = static_cache(model, length + new + 8)
     host_counted = [type(layer).__name__ for layer in cache.layers if hasattr(layer, "cumulative_length_int")]
     if host_counted:  # a captured step would replay the window decisions of the step it captured
         return {"error": f"static cache layers {sorted(set(host_counted))} keep their length on the host "
@@ -211,7 +217,7 @@ def main() -> int:
                 continue
             # Compiled: one static cache of one length for both runs, so they replay the same compiled
             # step (a cache per generate call, of its own length, would compile or record anew).
-            cache = static_cache(model, batch, PROMPT + 2 + args.new) if args.mode == "compiled" else None
+            cache = decode_cache(model, args.new) if args.mode == "compiled" else None
             try:
                 short = median_seconds(lambda p=prompt, c=cache: generate_greedy(model, p, 2, c))
                 long = median_seconds(lambda p=prompt, c=cache: generate_greedy(model, p, 2 + args.new, c))

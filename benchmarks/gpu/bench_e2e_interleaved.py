@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_e2e import PROMPT, compile_for_generate, generate_greedy, static_cache
+from bench_e2e import BATCHES, PREFILL, PROMPT, compile_for_generate, decode_cache, generate_greedy
 from hf_models import build_model
 
 
@@ -56,9 +56,9 @@ def main() -> int:
     parser.add_argument("--mode", choices=["eager", "compiled"], default="eager")
     parser.add_argument("--compile-mode", default="reduce-overhead", help="torch.compile mode of --mode compiled")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--prefill", type=int, default=2048, help="prefill tokens (eager mode)")
+    parser.add_argument("--prefill", type=int, default=PREFILL, help="prefill tokens (eager mode)")
     parser.add_argument("--new", type=int, default=16, help="decode steps timed")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--prefer", default="triton", help="fuse()'s backend")
     parser.add_argument("--out", type=Path, required=True)
@@ -67,7 +67,8 @@ def main() -> int:
         parser.error(f"--experts names a variant twice: {args.experts}")
     args.out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     import transformers
     from layer_timing import layer_quant
 
@@ -81,9 +82,8 @@ def main() -> int:
     row: dict = {"model": args.model, "mode": args.mode if args.mode == "eager" else f"compiled-{args.compile_mode}",
                  "experts": args.experts, "rounds": args.rounds, "torch": torch.__version__,
                  "transformers": transformers.__version__,
-                 "device": torch.cuda.get_device_name() if dev.type == "cuda" else args.device}
+                 "device": torch.cuda.get_device_name() if cuda else args.device}
     models = {}
-    cuda = dev.type == "cuda"
     # Built smallest-kept first: each variant is built whole in bf16 before fuse() shrinks it, so the
     # quantized ones go first and the 16-bit ones (which keep that size) last.
     for name in sorted(args.experts, key=lambda n: n in ("transformers", "bf16")):
@@ -130,7 +130,7 @@ def main() -> int:
             row["prefill_tokens_per_s"] = summarize(prefill, higher_is_faster=True)
         for batch in args.batches:
             prompt = torch.randint(0, vocab, (batch, PROMPT), device=dev, generator=gen)
-            caches = {name: static_cache(model, batch, PROMPT + 2 + args.new) if args.mode == "compiled" else None
+            caches = {name: decode_cache(model, args.new) if args.mode == "compiled" else None
                       for name, model in models.items()}
             for name, model in models.items():  # warm-up: compiled, graphs captured for both lengths
                 for _ in range(2):

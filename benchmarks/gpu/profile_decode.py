@@ -75,7 +75,7 @@ def profile_generate(model, prompt: torch.Tensor, new: int, cache=None) -> dict:
 
 
 def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int, compile_mode: str | None) -> dict:
-    from bench_e2e import PROMPT, compile_for_generate, static_cache
+    from bench_e2e import PROMPT, compile_for_generate, decode_cache
     from hf_models import build_model
     from layer_timing import layer_quant
 
@@ -90,7 +90,7 @@ def profile_one(model_name: str, layers: int, experts: str, batch: int, new: int
     cache = None
     if compile_mode is not None:
         compile_for_generate(model, compile_mode)
-        cache = static_cache(model, batch, PROMPT + 2 + new)
+        cache = decode_cache(model, new)
     gen = torch.Generator(device=dev).manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device=dev, generator=gen)
     return {"model": model_name, "layers": layers, "experts": experts, "batch": batch, "compile_mode": compile_mode,

@@ -17,7 +17,8 @@ sharing the static inputs), and past that an eager call. So no output a caller h
 overwritten.
 
 Where it stays out of the way: not on CUDA, while compiling (`torch.compile` traces the layer's
-custom op instead), while any stream is capturing (the caller's own graph, or `mode="reduce-overhead"`),
+custom op instead), while any stream is capturing (the caller's own graph, or `mode="reduce-overhead"`;
+that mode's warm-ups, whose allocations go to its graph pool, the custom op keeps out: `moe_core._op`),
 with grad mode on inputs that require grad, above `max_tokens` rows (a prompt length seen once
 would cost a capture for nothing; large calls are GPU-bound), and for a signature whose capture
 failed (logged once, then served eagerly).
