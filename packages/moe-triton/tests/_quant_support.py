@@ -46,9 +46,9 @@ def run_layer(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=
 
 
 def gemm1_operand(quant, K: int, seed: int):
-    """GEMM1's weights (N = 256) of a 4-expert 4-bit layer, in the kernel layout."""
+    """GEMM1's weights (N = 256) of a 4-expert 4-bit or int8 layer, in the kernel layout."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)
-    cls = TritonWna16Experts if quant.weight.dtype.value == "int4" else TritonMxfp4Experts
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
     experts = cls(cfg, quant, RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=seed, device=DEV))
     return experts._operand("w13", 256, K)

@@ -103,7 +103,8 @@ def test_programs_sharing_a_slice_s_k_tiles_give_the_same_output(quant, dtype, k
 
 
 @pytest.mark.parametrize(("quant", "channels", "k_split"), [(mxfp4_w4a16(), 128, 1), (mxfp4_w4a16(), 64, 2),
-                                                         (int4_w4a16(32), 128, 1)])
+                                                         (int4_w4a16(32), 128, 1), (int8_w8a16(), 128, 1),
+                                                         (int8_w8a16(), 64, 2)])
 def test_gpt_oss_layers_with_biases_and_a_half_slice(quant, channels, k_split):
     """gpt-oss's clamped SwiGLU with biases, K = 192 and N = 96 that 128 does not divide (K padded to
     whole tiles; with 128 channels a program the one slice is half empty), against the twin, the layer
@@ -166,7 +167,7 @@ def test_unsupported_layers_are_refused_with_the_reason():
     assert "symmetric" in unsupported_reason(experts)
     _, _, experts = _layer(int4_w4a16(128), activation=Activation.gelu())
     assert "SiLU" in unsupported_reason(experts)
-    _, _, experts = _layer(int8_w8a16(), K=192)
+    _, _, experts = _layer(int8_w8a16(96), K=192, N=192)  # quarters straddle groups of the padded K: canonical
     assert "quads" in unsupported_reason(experts)
     _, _, experts = _layer(mxfp4_w4a16(), cls=TritonMxfp4Experts)  # fp16
     assert "bf16 layers" in unsupported_reason(experts)

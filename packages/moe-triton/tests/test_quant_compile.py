@@ -62,6 +62,13 @@ _SPECIALIZATIONS = {
                                     SPLIT_K=2), {"a_ptr": "*fp16", "s_ptr": "*fp16", "b_ptr": "*i32"}),
     "int8-quads-tail": (dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=256,
                              ACT=1, GATE_UP_CHUNK=32, N_FIRST=True, PDL=True, TAIL=16), {"b_ptr": "*i32"}),
+    # gpt-oss's per-channel int8 (K = 2880 padded to 23 tiles, one scale row over them): GEMM1 with the
+    # clamped SwiGLU and biases, scaled per weight; GEMM2 of one token scaled after its dots
+    "int8-quads-k-tail-gemm1": (dict(GROUP=2944, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=4,
+                                     GATE_UP_CHUNK=32, HAS_BIAS=True, K_TAIL=True, PDL=True), {"b_ptr": "*i32"}),
+    "int8-quads-k-tail-direct": (dict(GROUP=2944, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, POST_SCALE=True,
+                                      SINK=2, MUL_ROUTED=True, REDUCE_TOPK=4, DIRECT=True, HAS_MAP=True, K_TAIL=True),
+                                 {"b_ptr": "*i32"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,
                               SPLIT_K=2, BLOCK_M=64, ZERO_SIDE=True, N_FIRST=True),
                          {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
@@ -136,6 +143,8 @@ _WGMMA_SPECIALIZATIONS = {
                                          GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
                                          ZERO_SIDE=False, STAGES=3, BLOCK_M=64), {"b_ptr": "*i32", "c_ptr": "*fp32"}),
     "int8-g128-gemm1": (dict(WTYPE=1, CODE_OFFSET=128, GROUP=128, STAGES=3), {"b_ptr": "*i32"}),
+    "int8-channel-k-tail-gpt-oss-gemm1": (dict(WTYPE=1, CODE_OFFSET=128, GROUP=2944, ROW_SCALE=True, ACT=4,
+                                               HAS_BIAS=True, K_TAIL=True, STAGES=3), {"b_ptr": "*i32"}),
     "int8-g32-zp-fp16-tail16": (dict(WTYPE=1, CODE_OFFSET=0, HAS_ZP=True, GROUP=32, TAIL=16, STAGES=3, BLOCK_N=128),
                                 {"b_ptr": "*i32", "a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
 }

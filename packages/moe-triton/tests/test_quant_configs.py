@@ -254,9 +254,10 @@ def test_int8_borrows_the_int4_configs_of_its_shape_three_stages_deep(preset, mo
                                                  num_stages=min(lent.num_stages, BORROWED_MAX_STAGES)), m
 
 
-def test_int8_on_canonical_codes_borrows_nothing(monkeypatch):
-    """gpt-oss-120b's K = N = 2880 is no multiple of 128: its int8 codes stay canonical (unswapped
-    tiles), so int4's launch shapes of the shape (swapped, taken-in tails, wgmma) are not borrowed."""
+def test_int8_with_k_padded_to_byte_quads_borrows_int4_shapes(monkeypatch):
+    """gpt-oss-120b's K = N = 2880 is no multiple of 128: its per-channel int8 codes take byte quads
+    with K padded to whole tiles (a scale row covering the padded K), so the int4 launch shapes of
+    the shape are borrowed, as served to int8."""
     from moe_triton import quantized
 
     monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
@@ -264,8 +265,10 @@ def test_int8_on_canonical_codes_borrows_nothing(monkeypatch):
     experts = TritonWna16Experts(p.config, int8_w8a16(-1), DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0)))
     int4_key = dataclasses.replace(experts.config_key, kernel=f"wna16-int4-g{p.int4_group_size}")
     for m in (1, 512, 2048):
-        assert configs.lookup_exact(int4_key, m) is not None
-        assert experts.file_config(m) is None  # the layer then takes `pick_config`'s shapes
+        lent = configs.lookup_exact(int4_key, m)
+        hit = experts.file_config(m)
+        assert lent is not None and hit is not None and hit.source == "borrowed"
+        assert hit.config == borrowed_as_served(lent.config, int8=True)
 
 
 def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options(monkeypatch):

@@ -301,6 +301,28 @@ def test_mxfp4_gpt_oss_style(K, N, dtype, M):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize(("quant", "K", "N", "M"), [(int8_w8a16(-1), 192, 320, 7), (int8_w8a16(-1), 320, 192, 1),
+                                                  (int8_w8a16(-1, zero_point=True), 192, 320, 9),
+                                                  (int8_w8a16(64, zero_point=True), 320, 192, 5)])
+def test_int8_pads_k_to_whole_byte_quads_tiles(quant, K, N, M):
+    """int8 with a K or N that 128 does not divide (gpt-oss's 2880) takes byte quads with K padded
+    to whole tiles, whose padding dequantizes to exactly 0 (per-channel codes at their row's zero
+    under the one scale row, grouped ones under zero scale rows); the layer matches the reference."""
+    from moe_triton.quant_gemm_details._dequant import dequantize_padded
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=N, dtype=torch.bfloat16,
+                    activation=Activation.swiglu_oai(), has_bias=True)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=4, device=DEV))
+    for w in (experts._operand("w13", cfg.w13_rows, K), experts._operand("w2", K, N)):
+        assert w.quads and w.codes.dtype == torch.int32
+        padded = dequantize_padded(w)
+        assert padded.shape[2] == -(-w.k // 128) * 128
+        assert torch.equal(padded[:, :, w.k:], torch.zeros_like(padded[:, :, w.k:]))
+    out, ref = run_layer(TritonWna16Experts, quant, Activation.swiglu_oai(), torch.bfloat16, K=K, N=N, M=M, bias=True)
+    assert rel_l2(out, ref) < 1e-2
+
+
 def test_refusals_name_the_reason():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     assert TritonWna16Experts.supports(cfg, int4_w4a16(128, act_order=True), DEVICE)  # tests/test_act_order.py
@@ -322,6 +344,7 @@ def test_refusals_name_the_reason():
     (int4_w4a16(128), 2048, 768, Activation.silu()),
     (int4_w4a16(64, zero_point=True), 2880, 2880, Activation.swiglu_oai()),
     (int8_w8a16(-1), 2048, 768, Activation.silu()),
+    (int8_w8a16(-1), 2880, 2880, Activation.swiglu_oai()),  # byte quads, K padded to whole tiles
     (fp8_w8a8("block"), 2048, 768, Activation.silu()),
     (fp8_w8a8("channel"), 2048, 768, Activation.silu()),
     (mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai()),

@@ -81,13 +81,17 @@ def test_gemm1_with_the_activation_matches_twin():
     # MXFP4 always takes the quads (K = 192 padded as int4's), quarter j in scale group j
     (mxfp4_w4a16(), 256, 1, True, 64, 4, 16), (mxfp4_w4a16(), 384, 4, True, 128, 4, 32),
     (mxfp4_w4a16(), 192, 2, True, 64, 8, 64),
+    # int8 byte quads with K = 192 padded to two tiles: per channel (one scale row over the padded K;
+    # scaled after the dots, or per weight in wider tiles), with zero points, and groups of 64
+    (int8_w8a16(-1), 192, 1, True, 64, 4, 16), (int8_w8a16(-1), 192, 2, True, 128, 4, 64),
+    (int8_w8a16(-1, zero_point=True), 192, 1, True, 64, 4, 32), (int8_w8a16(64, zero_point=True), 192, 2, True, 64, 4, 16),
 ])
 def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
-    """GEMM1 kernel vs its twin on a layout-converted 4-bit operand: split-K (an empty split too), swapped
-    operands, and int4 scaled per weight or after the dots (`_heuristics.POST_SCALE_MAX_TILE`)."""
+    """GEMM1 kernel vs its twin on a layout-converted 4-bit or int8 operand: split-K (an empty split
+    too), swapped operands, and scaled per weight or after the dots (`_heuristics.POST_SCALE_MAX_TILE`)."""
     w = gemm1_operand(quant, K, seed=3)
-    mxfp4 = quant.weight.dtype.value == "fp4e2m1"
-    assert w.quads == (mxfp4 or K % 128 == 0 or w.group < K)  # quads (padded for groups), else int4 halves
+    mxfp4, int8 = quant.weight.dtype.value == "fp4e2m1", quant.weight.dtype.value == "int8"
+    assert w.quads == (mxfp4 or int8 or K % 128 == 0 or w.group < K)  # quads (padded), else int4 halves
     assert gemm1_error(w, GemmConfig(block_m, block_n, split_k, warps, 2, swap_ab)) < 1e-3
 
 

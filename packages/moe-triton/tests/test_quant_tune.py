@@ -131,7 +131,7 @@ def test_int8_tuner_times_the_borrowed_shapes_and_wgmma_tiles_three_stages_deep(
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     experts = TritonWna16Experts(cfg, int8_w8a16(), RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, int8_w8a16(), seed=9, device=DEV))
-    assert experts._int8_on_quads()
+    assert experts._operand("w13", cfg.w13_rows, cfg.hidden_size).quads
     base = experts.heuristic_config(3)
     lent = QuantKernelConfig(dataclasses.replace(base.gemm1, num_stages=5),
                              dataclasses.replace(base.gemm2, block_n=2 * base.gemm2.block_n, num_stages=6))

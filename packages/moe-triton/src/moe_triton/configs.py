@@ -389,8 +389,8 @@ def lookup(key: ConfigKey, M: int) -> Lookup:
 # Quantized families that take another family's launch shapes where no file of their own covers the
 # shape on this device (`lookup_exact`): MXFP4 runs the int4 quads kernels (the same words, a scale
 # per 32 k) on about the same bytes, 4.25 bits per weight against int4's 4.125 at groups of 128;
-# symmetric int8 runs them on words of four bytes (`_layouts.ByteQuadsLayout`), the same tiles over
-# twice the bytes.
+# symmetric int8 runs them on words of four bytes (`_layouts.ByteQuadsLayout`, which per-channel and
+# 128-group int8 codes always take, K padded where needed), the same tiles over twice the bytes.
 BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)"),
                      **{f"wna16-int8-{group}": re.compile(r"wna16-int4-g(\d+)") for group in ("channel", "g128")}}
 

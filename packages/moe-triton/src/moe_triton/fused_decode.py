@@ -58,8 +58,8 @@ def unsupported_reason(experts) -> str | None:
     w13, w2 = _operands(experts)
     for w in (w13, w2):
         if not w.quads or w.wtype not in (WType.INT4, WType.INT8, WType.MXFP4):
-            return (f"needs int4, int8 or MXFP4 weights in a quads layout (int8: K a multiple of 128), got "
-                    f"{w.wtype.name} of K={w.k}")
+            return (f"needs int4, int8 or MXFP4 weights in a quads layout, got {w.wtype.name} of K={w.k} in "
+                    "another layout")
         if w.group % 32:
             return f"needs scale groups of 32, 64, 128 or one per channel, got {w.group}"
     return None

@@ -113,12 +113,19 @@ def _int4_quads(cols: int, group: int) -> bool:
     return group % 32 == 0 and (cols % 128 == 0 or (group < cols and _padded_k(cols) % group == 0))
 
 
+def _int8_quads(cols: int, group: int) -> bool:
+    """int8 weights take the byte quads (`_layouts.ByteQuadsLayout`) when each 32-wide quarter of a
+    128-wide K tile lies in one scale group, K padded to whole tiles where 128 does not divide it:
+    per-channel scales cover the padding as they are, grouped ones where their groups divide the
+    padded K (zero scale rows pad it); otherwise canonical codes, which take any K."""
+    return group % 32 == 0 and (cols % 128 == 0 or group == cols or _padded_k(cols) % group == 0)
+
+
 def _takes_quads(wtype: WType, cols: int, group: int) -> bool:
     """Weights in a quads layout: MXFP4 always (its groups of 32 divide any padded K), int4 where
-    `_int4_quads`, int8 (`_layouts.ByteQuadsLayout`) where 128 divides K and each quarter lies in one
-    scale group (no padding: canonical int8 takes any K)."""
+    `_int4_quads`, int8 where `_int8_quads`."""
     return (wtype is WType.MXFP4 or (wtype is WType.INT4 and _int4_quads(cols, group))
-            or (wtype is WType.INT8 and cols % 128 == 0 and group % 32 == 0))
+            or (wtype is WType.INT8 and _int8_quads(cols, group)))
 
 
 def _padded_k(cols: int) -> int:
@@ -149,9 +156,39 @@ def _group(key: QuantKey, cols: int) -> int:
     return key.group_size if key.scale.granularity is Granularity.GROUP else cols
 
 
+def _operand_group(wtype: WType, cols: int, group: int) -> int:
+    """`WeightOperand.group`: K per scale row; a per-channel row of quads codes covers their padded K."""
+    if group == cols and cols % 128 and _takes_quads(wtype, cols, group):
+        return _padded_k(cols)
+    return group
+
+
 def _wtype(key: QuantKey) -> WType:
     return {QuantDType.INT4: WType.INT4, QuantDType.INT8: WType.INT8, QuantDType.FP8_E4M3: WType.FP8,
             QuantDType.FP4_E2M1: WType.MXFP4}[key.dtype]
+
+
+def _padded_to_whole_tiles(wtype: WType, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                           cols: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Canonical codes, scales and zero points with K padded to whole 128-wide tiles whose padding
+    dequantizes to exactly 0 (the kernels also mask the activations there): integer codes at their
+    zero (the implicit one, or each row's own zero point per channel) under zero scale rows, MXFP4
+    code 0 (+0.0) under e8m0 exponent 0. A per-channel row covers the padding as it is."""
+    pad_k = _padded_k(cols) - cols
+    scale_rows = 0 if group == cols else pad_k // group
+    scale = torch.nn.functional.pad(scale, (0, scale_rows), value=0)
+    if wtype is WType.INT4:
+        codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88)
+        zero = torch.nn.functional.pad(zero, (0, scale_rows), value=8) if zero is not None else None
+    elif wtype is WType.INT8:
+        if zero is not None and group == cols:
+            codes = torch.cat((codes, zero.unsqueeze(-1).expand(*zero.shape, pad_k).to(codes.dtype)), dim=-1)
+        else:
+            codes = torch.nn.functional.pad(codes, (0, pad_k), value=128)
+            zero = torch.nn.functional.pad(zero, (0, scale_rows), value=128) if zero is not None else None
+    else:
+        codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0)
+    return codes, scale, zero
 
 
 def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
@@ -266,13 +303,7 @@ class _Processor:
             zero = canonical(zero) if zero is not None else None
             if _takes_quads(wt, cols, group):
                 if cols % bk:
-                    # Whole K tiles whose padding dequantizes to exactly 0 (the kernel also masks the
-                    # activations there): int4 codes at the implicit zero and zero scale rows, MXFP4
-                    # code 0 (+0.0) and e8m0 exponent 0.
-                    pad_k = _padded_k(cols) - cols
-                    codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0x88 if wt is WType.INT4 else 0)
-                    scale = torch.nn.functional.pad(scale, (0, pad_k // group), value=0)
-                    zero = torch.nn.functional.pad(zero, (0, pad_k // group), value=8) if zero is not None else None
+                    codes, scale, zero = _padded_to_whole_tiles(wt, codes, scale, zero, cols, group)
                 out[name] = (ByteQuadsLayout(bk).swizzle(codes) if wt is WType.INT8 else
                              QuadsLayout(bk, E2M1_FIELDS if wt is WType.MXFP4 else INT4_NIBBLES).swizzle(codes))
                 if wt is WType.MXFP4:
@@ -341,9 +372,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
         if hit.source == "borrowed":
-            int8 = self.quant.weight.dtype is QuantDType.INT8
-            if int8 and not self._int8_on_quads():
-                return None  # canonical int8 runs unswapped tiles: int4's launch shapes do not fit it
+            int8 = self.quant.weight.dtype is QuantDType.INT8  # on byte quads: per channel or g128, any K
             served = borrowed_as_served(hit.config, int8=int8)
             if served != hit.config:
                 lent, changes = hit.config, []
@@ -355,12 +384,6 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                     changes.append("the lender's fused decode options dropped")
                 hit = Lookup(served, hit.source, ", ".join([hit.detail, *changes]))
         return hit
-
-    def _int8_on_quads(self) -> bool:
-        """Both GEMMs' int8 codes in byte quads (`_takes_quads`), as int4's borrowed launch shapes need."""
-        key, cfg = self.quant.weight, self.config
-        return all(_takes_quads(WType.INT8, cols, _group(key, cols))
-                   for cols in (cfg.hidden_size, cfg.intermediate_size_per_partition))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
@@ -391,7 +414,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if name == "w13" and self._w13_halves_apart:
             n //= 2  # half-experts of N rows (`_half_experts`)
         folded = p.get(f"{name}_folded_scale")
-        return WeightOperand(wt, p[name], p[f"{name}_scale"], p.get(f"{name}_zero"), n, k, group,
+        return WeightOperand(wt, p[name], p[f"{name}_scale"], p.get(f"{name}_zero"), n, k, _operand_group(wt, k, group),
                              _block_k(wt, k, group), key.code_offset, folded_scale=folded is not None and bool(folded))
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
@@ -669,7 +692,7 @@ _GROUPS = frozenset({32, 64, 128})
 class TritonWna16Experts(_QuantTritonExperts):
     """int4/int8 weights (GPTQ, AWQ, compressed-tensors after the canonical form), 16-bit activations."""
 
-    weight_processor = _Processor(f"triton.wna16.quads-k-padded-or-halves.int8-byte-quads.gate-up-{GATE_UP_CHUNK}",
+    weight_processor = _Processor(f"triton.wna16.quads-k-padded-or-halves.int8-byte-quads-k-padded.gate-up-{GATE_UP_CHUNK}",
                                   interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,

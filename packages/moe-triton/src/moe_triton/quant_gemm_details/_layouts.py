@@ -24,7 +24,10 @@ their memory order is the one the kernels stream fastest (docs/design/triton-gem
   tile-major like the quads, byte j of word i holding the code of k = t*block_k + j*block_k/4 + i:
   the same four quarters and the same register pairs (two neighbouring words, here two 32-bit
   registers), from which one `prmt` per quarter takes byte j of both (`_dequant.unpack_byte_quads`).
-- INT8 that 128 does not divide, and FP8: the canonical [E, N, K] codes, read through strides (K contiguous).
+  A K that 128 does not divide is padded as the 4-bit quads' is (codes at their zero; a per-channel
+  scale row covers the padded K).
+- INT8 whose quarters would straddle scale groups, and FP8: the canonical [E, N, K] codes, read
+  through strides (K contiguous).
 
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8; MXFP4's e8m0 exponents are
 int32 [E, K tiles, N] (`pack_e8m0_tiles`: byte j holds quarter j's, so one 4-byte load per row and
@@ -63,7 +66,8 @@ class WeightOperand:
     output and input sizes; `block_k` divides k, except for quads, whose codes, scales and
     zero points cover `k_tiles` whole tiles and dequantize to 0 past k; for grouped int/mxfp4
     scales each block_k/4 (quads), block_k/2 (halves) or block_k (int8) slice of K lies inside
-    one scale group; `group` is the K extent of one scale row (k itself for per-channel).
+    one scale group; `group` is the K extent of one scale row (per channel: k, or for quads codes
+    the padded k_tiles * block_k).
     """
 
     wtype: WType
