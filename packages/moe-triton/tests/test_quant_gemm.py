@@ -295,6 +295,10 @@ def test_wgmma_gemm_is_refused_off_hopper():
     pytest.param(int8_w8a16(32, zero_point=True), torch.float16, 1024, 512, Activation.gelu(), False, 300,
                  QuantKernelConfig(dataclasses.replace(wgmma_launch(128, 128, 3), tail=16), wgmma_launch(128, 128, 3)),
                  id="int8-g32-zp-fp16-tail"),
+    # gpt-oss's shape per channel: K padded to whole byte quads tiles, one scale row over them (ROW_SCALE)
+    pytest.param(int8_w8a16(-1), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
+                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(64, 256, 3, split=2)),
+                 id="int8-channel-gpt-oss-k-padded"),
 ])
 def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
     cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
