@@ -297,7 +297,7 @@ def test_wgmma_gemm_is_refused_off_hopper():
                  id="int8-g32-zp-fp16-tail"),
     # gpt-oss's shape per channel: K padded to whole byte quads tiles, one scale row over them (ROW_SCALE)
     pytest.param(int8_w8a16(-1), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
-                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(64, 256, 3, split=2)),
+                 QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 256, 3, split=2)),
                  id="int8-channel-gpt-oss-k-padded"),
 ])
 def test_wgmma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch):
