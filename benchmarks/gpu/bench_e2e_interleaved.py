@@ -1,7 +1,9 @@
 """Several experts implementations of one model in one process, timed in interleaved rounds.
 
 Each variant (`transformers`, its own experts, or a scheme `fuse()` runs) is its own copy of the model,
-built from the same seed (the same weights) and held at once. Every round times each variant once,
+built from the same seed (the same weights) and held at once. Variant `none` replaces every MoE block
+with one that returns zeros (one launch, no experts, no router): the rest of the model's step alone,
+the floor under any experts implementation in the same process and mode (its logits are meaningless). Every round times each variant once,
 in an order that rotates from round to round, so the host's drift over a run reaches every variant
 alike: eager steps are host-bound, and separate processes of the same variant have differed by 1.3-2x
 (`benchmarks/results/call_path_2026-11-29.md`). Per variant: the median over rounds of prefill
@@ -28,6 +30,34 @@ from pathlib import Path
 import torch
 from bench_e2e import BATCHES, PREFILL, PROMPT, compile_for_generate, decode_cache, generate_greedy
 from hf_models import build_model
+
+
+class NoExperts(torch.nn.Module):
+    """An MoE block that costs one launch: zeros in the shape of its input (the residual stream
+    carries on unchanged)."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
+
+
+def without_experts(model: torch.nn.Module) -> int:
+    """Swap every MoE block `fuse()` would fuse for `NoExperts`; the number swapped."""
+    import importlib
+
+    from moe_core.integrations.transformers import BlockDescriptor, model_table
+
+    desc = model_table().get(model.config.model_type)
+    if not isinstance(desc, BlockDescriptor):
+        raise SystemExit(f"variant none: model_type {model.config.model_type!r} has no fusable MoE block")
+    if desc.router_output:
+        raise SystemExit(f"variant none: {model.config.model_type}'s block also returns its router's output "
+                         "(only blocks returning one tensor)")
+    module, _, cls_name = desc.block.partition(":")
+    block_cls = getattr(importlib.import_module(module), cls_name)
+    names = [name for name, m in model.named_modules() if type(m) is block_cls]
+    for name in names:
+        model.set_submodule(name, NoExperts())
+    return len(names)
 
 
 def rotated(names: list[str], round_index: int) -> list[str]:
@@ -89,7 +119,9 @@ def main() -> int:
     for name in sorted(args.experts, key=lambda n: n in ("transformers", "bf16")):
         before = torch.cuda.memory_allocated() if cuda else 0
         model = build_model(args.model, args.layers, dev)
-        if name != "transformers":
+        if name == "none":
+            without_experts(model)
+        elif name != "transformers":
             built = torch.cuda.memory_allocated() if cuda else 0
             if cuda:
                 torch.cuda.reset_peak_memory_stats()

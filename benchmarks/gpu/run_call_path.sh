@@ -38,6 +38,8 @@ add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
 # the 48-layer eager targets against transformers, the schemes against fused bf16, compiled decode.
 add e2e-interleaved-qwen3 "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts transformers bf16 --out $OUT/e2e"
+# The same with variant none (MoE blocks that return zeros): the rest of the step, the floor under any experts.
+add e2e-interleaved-qwen3-floor "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts transformers bf16 none --out $OUT/e2e/floor"
 add e2e-interleaved-qwen3-schemes "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts bf16 int4 fp8-block mxfp4 --out $OUT/e2e/schemes"
 add e2e-interleaved-qwen3-8l-compiled "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 int4 mxfp4 --batches 1 64 --out $OUT/e2e"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
