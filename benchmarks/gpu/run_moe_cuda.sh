@@ -12,7 +12,8 @@
 #               (carry: .carry/wheels and .carry/vendor)
 #
 # Phases (default: tests bench), each a set of jobs:
-# tests:        moe-cuda's tests (device-marked ones and moe-core's conformance suite), one job.
+# tests:        moe-cuda's tests (device-marked ones and moe-core's conformance suite), one job (TESTS_K:
+#               only those pytest -k selects; the whole suite has outlasted 230 s).
 # triton-tests: moe-triton's device-marked tests and its act-order tests, one job.
 # bench:        `moe bench --backends all`, one job per preset and scheme: every installed backend side
 #               by side on the same layers; each job writes $OUT/bench/P-S/bench-*.json after every
@@ -164,8 +165,9 @@ for phase in "${PHASES[@]}"; do
   case "$phase" in
     tests)
       # Serial: xdist workers would each compile Marlin's PTX before the cache holds it.
-      printf 'moe-cuda-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 %s\n' \
-        "$ROOT/packages/moe-cuda/tests" >> "$JOBS" ;;
+      # TESTS_K: a pytest -k expression, to run a few of them where the whole suite outlasts a call.
+      printf 'moe-cuda-tests\tMOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider --durations=15 %s %s\n' \
+        "${TESTS_K:+-k \"$TESTS_K\"}" "$ROOT/packages/moe-cuda/tests" >> "$JOBS" ;;
     triton-tests)
       # The device-marked tests, then the act-order tests, which carry no device mark (they run on the GPU
       # when one is present).
