@@ -42,6 +42,7 @@ add e2e-interleaved-qwen3 "python3 bench_e2e_interleaved.py --model qwen3-30b-a3
 add e2e-interleaved-qwen3-floor "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts transformers bf16 none --out $OUT/e2e/floor"
 add e2e-interleaved-qwen3-schemes "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts bf16 int4 fp8-block mxfp4 --out $OUT/e2e/schemes"
 add e2e-interleaved-qwen3-8l-compiled "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 int4 mxfp4 --batches 1 64 --out $OUT/e2e"
+add e2e-interleaved-qwen3-8l-compiled-floor "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 none --batches 1 64 --out $OUT/e2e/floor"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
