@@ -2,7 +2,8 @@
 
 Same check as the gloo test (each rank's rows equal the single-process layer's rows) on the
 backend the oracle picks on the GPU, plus the fixed-slot variant captured in a CUDA graph and
-replayed on new inputs, which must equal the eager call. bf16 layers: partial sums are rounded
+replayed on new inputs, which must equal the eager call, and both variants compiled
+(`torch.compile(fullgraph=True)`; the fixed-slot one in mode "reduce-overhead" too), equal to eager. bf16 layers: partial sums are rounded
 per rank before the fp32 combine, so rows agree to bf16 rounding (relative L2 < 1e-2).
 """
 
@@ -73,6 +74,25 @@ def _graph_replay_matches(rank: int, world: int, dev: torch.device) -> None:
     assert _rel(static_out, want) < 1e-2, f"rank {rank} graph replay: {_rel(static_out, want):.2e}"
 
 
+def _compiled_matches_eager(rank: int, world: int, dev: torch.device) -> None:
+    """Both all-to-all forms compile with fullgraph (the exchange inside the layer's custom op) and
+    give the eager rows, three calls each; the fixed-slot form also under inductor's CUDA graphs
+    ("reduce-overhead": warmed up, recorded, replayed). The exact-split form reads its split counts on
+    the host, so no CUDA graph can hold it: compiled without graphs only."""
+    x, logits = _tokens([8] * world, dev, seed=10)
+    mine = slice(8 * rank, 8 * rank + 8)
+    for mode, compile_modes in ((AllToAll(fixed_slots=True), ("default", "reduce-overhead")),
+                                (AllToAll(), ("default",))):
+        layer, _ = _layers(rank, world, dev, mode, 0)
+        eager = layer(x[mine], logits[mine])
+        for compile_mode in compile_modes:
+            torch._dynamo.reset()
+            compiled = torch.compile(layer, fullgraph=True, mode=compile_mode)
+            for call in range(3):
+                out = compiled(x[mine], logits[mine])
+                assert torch.equal(out, eager), f"rank {rank} {mode} {compile_mode}, call {call}: differs from eager"
+
+
 def _rank_main(rank: int, world: int, init_file: str) -> None:
     dev = torch.device("cuda", rank)
     torch.cuda.set_device(dev)
@@ -90,13 +110,14 @@ def _rank_main(rank: int, world: int, init_file: str) -> None:
                 assert _rel(out, want) < 1e-2, f"rank {rank} {mode} redundant={redundant}: {_rel(out, want):.2e}"
 
         _graph_replay_matches(rank, world, dev)
-        torch.cuda.synchronize()  # the graph is gone: destroying the group with one alive hangs
+        _compiled_matches_eager(rank, world, dev)
+        torch.cuda.synchronize()  # the graphs are gone: destroying the group with one alive hangs
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.device("cuda")
-def test_nccl_all_to_all_and_graph_captured_fixed_slots(tmp_path):
+def test_nccl_all_to_all_graph_captured_and_compiled(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     os.environ.update(NCCL_ENV)
