@@ -3,8 +3,9 @@
 Same check as the gloo test (each rank's rows equal the single-process layer's rows) on the
 backend the oracle picks on the GPU, plus the fixed-slot variant captured in a CUDA graph and
 replayed on new inputs, which must equal the eager call, and both variants compiled
-(`torch.compile(fullgraph=True)`; the fixed-slot one in mode "reduce-overhead" too), equal to eager. bf16 layers: partial sums are rounded
-per rank before the fp32 combine, so rows agree to bf16 rounding (relative L2 < 1e-2).
+(`torch.compile(fullgraph=True)`; the fixed-slot one in mode "reduce-overhead" too), equal to
+eager. bf16 layers: partial sums are rounded per rank before the fp32 combine, so rows agree to
+bf16 rounding (relative L2 < 1e-2).
 """
 
 from __future__ import annotations
