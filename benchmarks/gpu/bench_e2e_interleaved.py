@@ -6,10 +6,10 @@ with one that returns zeros (one launch, no experts, no router): the rest of the
 the floor under any experts implementation in the same process and mode (its logits are meaningless).
 Every round times each variant once, in an order that rotates from round to round, so the host's
 drift over a run reaches every variant alike: eager steps are host-bound, and separate processes of
-the same variant have differed by 1.3-2x (`benchmarks/results/call_path_2026-11-29.md`). Per variant: the median over rounds of prefill
-tokens/s and of ms per decode step, and the median (and range) over rounds of its speed-up against the
-first variant named, each round's numbers against that round's; the memory `fuse()` held above the
-unfused model at its peak.
+the same variant have differed by 1.3-2x (`benchmarks/results/call_path_2026-11-29.md`). Per
+variant: the median over rounds of prefill tokens/s and of ms per decode step, and the median (and
+range) over rounds of its speed-up against the first variant named, each round's numbers against that
+round's; the memory `fuse()` held above the unfused model at its peak.
 
 Decode at batch B: greedy decode of 2 and of 2 + NEW tokens after a 16-token prompt, the difference
 divided by NEW (the prompt's prefill cancels). Mode `compiled`: a static cache per variant and batch,
