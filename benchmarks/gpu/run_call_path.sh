@@ -17,6 +17,7 @@
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
 #   on the GPU: bash benchmarks/gpu/run_call_path.sh .carry/wheels [JOB_REGEX]   (carry: .carry/wheels)
+#               EP_TESTS=1 first runs integration/test_expert_parallel_nccl.py over two GPUs (nvidia-h200-x2)
 # Results: $OUT/host/*.json, $OUT/e2e/*.json, job logs in $OUT/results.tar.gz.
 set -uo pipefail
 WHEELS=${1:?usage: run_call_path.sh WHEEL_DIR [JOB_REGEX]}
@@ -101,8 +102,14 @@ add loaders-mxfp4 "python3 bench_checkpoint_loaders.py --format mxfp4 --dir /dev
 add loaders-ct "python3 -m pip install -q --no-deps --no-index --target /tmp/ct-site $ROOT/.carry/ct-wheels/*.whl && PYTHONPATH=/tmp/ct-site:\$PYTHONPATH python3 bench_checkpoint_loaders.py --format ct-w4a16 --dir /dev/shm/ckpt-ct --layers 16 --out $OUT/e2e/loaders-ct"
 add host-profile "python3 bench_host_path.py --out $OUT/host/profile --presets qwen3-30b-a3b --schemes bf16 int4 --tokens 1 64 --profile"
 cat "$jobs"
-python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}"
-status=$?
+status=0
+if [ -n "${EP_TESTS:-}" ]; then
+  # Expert parallelism over NCCL needs two GPUs in one process group: run before the one-GPU jobs.
+  (cd "$ROOT" && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    integration/test_expert_parallel_nccl.py) > "$OUT/jobs/ep-nccl-tests.log" 2>&1 || status=1
+  echo "ep-nccl-tests: exit $status"; tail -3 "$OUT/jobs/ep-nccl-tests.log"
+fi
+python3 gpu_jobs.py "$jobs" --out "$OUT/jobs" --deadline-s "${DEADLINE:-540}" || status=1
 python3 - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
