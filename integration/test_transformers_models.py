@@ -37,6 +37,7 @@ from moe_core.integrations.transformers import (
     UnsupportedModelError,
     fuse,
     model_table,
+    moe_blocks,
     moe_model_types,
     supported_model_types,
 )
@@ -298,3 +299,13 @@ def test_refused_model_type_names_the_reason(model_type):
     with pytest.raises(UnsupportedModelError, match=rf"model_type {model_type!r}.*not supported: "):
         fuse(Stub())
     assert len(reason) > 20
+
+
+def test_moe_blocks_are_the_blocks_fuse_replaces():
+    model = build_model("qwen3_moe", torch.float32, seed=0)
+    names = [name for name, _ in moe_blocks(model)]
+    assert names and all(name.endswith(".mlp") for name in names)
+    report = fuse(model)
+    assert [layer.name for layer in report.layers] == names
+    with pytest.raises(UnsupportedModelError, match=r"moe_blocks: qwen3_moe model .* has no .* blocks"):
+        moe_blocks(model)  # fused: none left

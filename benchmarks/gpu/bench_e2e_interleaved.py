@@ -40,24 +40,16 @@ class NoExperts(torch.nn.Module):
         return torch.zeros_like(hidden_states)
 
 
-def without_experts(model: torch.nn.Module) -> int:
-    """Swap every MoE block `fuse()` would fuse for `NoExperts`; the number swapped."""
-    import importlib
+def without_experts(model: torch.nn.Module) -> None:
+    """Swap every MoE block `fuse()` would fuse for `NoExperts`."""
+    from moe_core.integrations.transformers import model_table, moe_blocks
 
-    from moe_core.integrations.transformers import BlockDescriptor, model_table
-
-    desc = model_table().get(model.config.model_type)
-    if not isinstance(desc, BlockDescriptor):
-        raise SystemExit(f"variant none: model_type {model.config.model_type!r} has no fusable MoE block")
-    if desc.router_output:
+    blocks = moe_blocks(model)  # refuses what fuse() refuses
+    if model_table()[model.config.model_type].router_output:
         raise SystemExit(f"variant none: {model.config.model_type}'s block also returns its router's output "
                          "(only blocks returning one tensor)")
-    module, _, cls_name = desc.block.partition(":")
-    block_cls = getattr(importlib.import_module(module), cls_name)
-    names = [name for name, m in model.named_modules() if type(m) is block_cls]
-    for name in names:
+    for name, _ in blocks:
         model.set_submodule(name, NoExperts())
-    return len(names)
 
 
 def rotated(names: list[str], round_index: int) -> list[str]:

@@ -6,8 +6,8 @@ the step time, the top GPU kernels by total time, the host-side CUDA API calls (
 against kernel launches: a layer replaying its graphs makes one graph launch per block and step), and
 each fused block's graph state (signatures captured, signatures whose capture failed).
 
-With --compile-mode, decode runs compiled the way transformers compiles it: into a static cache (one
-for every call), with `generate` compiling the model's call itself (`GenerationConfig.compile_config`,
+With --compile-mode, decode runs compiled the way transformers compiles it: into one static cache
+that every call reuses, with `generate` compiling the model's call itself (`GenerationConfig.compile_config`,
 one compile); the row adds dynamo's counters (graphs, graph breaks, recompiles) and the host events
 that took the most time (the compiled regions, the fused op, generate's own work between them).
 

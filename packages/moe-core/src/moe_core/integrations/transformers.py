@@ -96,6 +96,7 @@ __all__ = [
     "from_pretrained",
     "fuse",
     "model_table",
+    "moe_blocks",
     "moe_model_types",
     "refused_model_types",
     "supported_model_types",
@@ -588,6 +589,33 @@ def _quantized_experts(where: str, experts: nn.Module, layout: ExpertsLayout, mo
     return ExpertWeights(key, **outs)
 
 
+def moe_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every MoE block of a supported transformers model, as `fuse()` finds them
+    (its model type's block class, exactly); raises UnsupportedModelError as `fuse()` does."""
+    return _described_blocks(model, "moe_blocks")[2]
+
+
+def _described_blocks(model: nn.Module, caller: str) -> tuple[str, BlockDescriptor, list[tuple[str, nn.Module]]]:
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    desc = MODELS.get(model_type)
+    if isinstance(desc, Refused):
+        raise UnsupportedModelError(f"{caller}: model_type {model_type!r} ({type(model).__name__}) is not "
+                                    f"supported: {desc.reason}")
+    if desc is None:
+        raise UnsupportedModelError(f"{caller}: model_type {model_type!r} ({type(model).__name__}) is not "
+                                    f"supported; supported: {', '.join(supported_model_types())}")
+    module, _, cls_name = desc.block.partition(":")
+    block_cls = getattr(importlib.import_module(module), cls_name)
+    # Exact type: a subclass may compute something else.
+    blocks = [(name, module) for name, module in model.named_modules() if type(module) is block_cls]
+    if not blocks:
+        raise UnsupportedModelError(f"{caller}: {model_type} model {type(model).__name__} has no "
+                                    f"{block_cls.__name__} blocks (already fused, or the experts were replaced "
+                                    "by another integration)")
+    return model_type, desc, blocks
+
+
 def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: object = None,
          prefer: str | None = None) -> FuseReport:
     """Replace, in place, every MoE block of a supported transformers model with a `FusedMoEBlock`.
@@ -607,23 +635,8 @@ def fuse(model: nn.Module, *, quant: MoEQuantConfig | None = None, device: objec
     Called with grad mode enabled (training), each fused block raises RuntimeError ("FusedMoE is
     inference-only ...") rather than return outputs without gradients through the experts.
     """
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    desc = MODELS.get(model_type)
-    if isinstance(desc, Refused):
-        raise UnsupportedModelError(f"fuse: model_type {model_type!r} ({type(model).__name__}) is not supported: "
-                                    f"{desc.reason}")
-    if desc is None:
-        raise UnsupportedModelError(f"fuse: model_type {model_type!r} ({type(model).__name__}) is not supported; "
-                                    f"supported: {', '.join(supported_model_types())}")
+    model_type, desc, blocks = _described_blocks(model, "fuse")
     quant = quant if quant is not None else unquantized()
-    module, _, cls_name = desc.block.partition(":")
-    block_cls = getattr(importlib.import_module(module), cls_name)
-    # Exact type: a subclass may compute something else.
-    blocks = [(name, module) for name, module in model.named_modules() if type(module) is block_cls]
-    if not blocks:
-        raise UnsupportedModelError(f"fuse: {model_type} model {type(model).__name__} has no {block_cls.__name__} "
-                                    "blocks (already fused, or the experts were replaced by another integration)")
     # Describe, select and check every block before converting any, so a refusal leaves the model
     # intact; then convert and swap one block at a time, so the original experts of a block are
     # released (where the conversion copied them) before the next block is converted.
