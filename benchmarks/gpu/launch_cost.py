@@ -6,7 +6,10 @@ against re-pointing the graph's own copy kernel, as `moe_core._graphs` does, for
 for sources where they were, and against re-pointing one memcpy node per input); and that re-point plus replay for a graph whose previous launch
 is still queued or running on the GPU against one whose previous launch has finished (bench_host_path
 drains the stream every 8 calls, so where kernels take longer than the host work most of its calls are
-of the first kind).
+of the first kind); and the first such call after a drain, by what came before the drain: the GPU busy
+for T ms while the host waited in `synchronize`, or the GPU idle while the host spun or slept for T ms
+(bench_host_path's first place after a drain costs up to ~10x its later places in cells whose calls
+run for milliseconds: this tells the driver's part from the host's).
 Prints microseconds per launch (median of 20 rounds of 200 launches; per call: median of 400 calls)."""
 
 from __future__ import annotations
@@ -125,6 +128,38 @@ def main() -> None:
     replay_only = per_call_us(busy.replay, drain_every=8)
     print(f"re-point + replay of a ~100 us graph, us per call: previous launch finished {idle:.2f}  "
           f"drained every 8 calls {queued:.2f}  (replay alone, drained every 8: {replay_only:.2f})")
+
+    for ms in (0.1, 1.0, 5.0):
+        gpu_busy = first_call_after_us(call, lambda ms=ms: torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS)))
+        host_spun = first_call_after_us(call, lambda ms=ms: spin(ms))
+        host_slept = first_call_after_us(call, lambda ms=ms: time.sleep(ms / 1e3))
+        print(f"first re-point + replay after a drain, us (median of {AFTER_SAMPLES}), {ms} ms before it: "
+              f"GPU busy, host in synchronize {gpu_busy:.2f}  GPU idle, host spinning {host_spun:.2f}  "
+              f"GPU idle, host asleep {host_slept:.2f}")
+
+
+SLEEP_CYCLES_PER_MS = 1_980_000  # torch.cuda._sleep counts SM clock cycles; the H200 runs at ~1980 MHz
+AFTER_SAMPLES = 40
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def first_call_after_us(call, before) -> float:
+    """Median host time of `call()` made right after `before()` and a drain of the stream."""
+    samples = []
+    for _ in range(AFTER_SAMPLES):
+        torch.cuda.synchronize()
+        before()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(samples) * 1e6
 
 
 class _PitchedPtr(ctypes.Structure):
