@@ -2,8 +2,9 @@
 
 A shipped file covers every token count of the benchmark (1 ... 8192): the kept tuned entries, and
 elsewhere what the layer serves without the file, so only the kept cells change.
-- mxfp4: without its own file MXFP4 borrows the int4 file of its shape (`configs.BORROWED_FAMILIES`),
-  its entries as MXFP4 serves them (`quantized.borrowed_as_served`).
+- mxfp4, int8 (per-channel symmetric): without its own file the family borrows the int4 file of its
+  shape (`configs.BORROWED_FAMILIES`), its entries as MXFP4 or int8 serves them
+  (`quantized.borrowed_as_served`).
 - fp8-tensor / fp8-channel / fp8-block: without a file the layer runs `pick_config`'s heuristic, which
   depends on the GPU's multiprocessor count (--sms).
 The tuner's record of the kept entries goes to benchmarks/results/tuned-configs/provenance.json.
@@ -35,14 +36,17 @@ from moe_triton.quantized import borrowed_as_served, fp8_block_k
 ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = ROOT / "benchmarks" / "results" / "tuned-configs" / "provenance.json"
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)  # the benchmark's token counts
-QUANTS = ("mxfp4", "fp8-tensor", "fp8-channel", "fp8-block")
+QUANTS = ("mxfp4", "int8", "fp8-tensor", "fp8-channel", "fp8-block")
+# The tuner's kernel family per --quant where it is not the scheme's name.
+KERNELS = {"int8": "wna16-int8-channel"}
 
 
-def _borrowed_int4(key: ConfigKey, preset, out: Path) -> tuple[dict[int, QuantKernelConfig], str]:
+def _borrowed_int4(key: ConfigKey, preset, out: Path, int8: bool) -> tuple[dict[int, QuantKernelConfig], str]:
     lender = dataclasses.replace(key, kernel=f"wna16-int4-g{preset.int4_group_size}")
     lent = json.loads((out / lender.file_name()).read_text())
-    table = {int(m): borrowed_as_served(QuantKernelConfig.from_dict(c)) for m, c in lent["configs"].items()}
-    return table, f"{lender.file_name()}'s entries as MXFP4 serves them (wgmma stages capped at 3)"
+    table = {int(m): borrowed_as_served(QuantKernelConfig.from_dict(c), int8=int8) for m, c in lent["configs"].items()}
+    borrower = "int8" if int8 else "MXFP4"
+    return table, f"{lender.file_name()}'s entries as {borrower} serves them (`borrowed_as_served`)"
 
 
 def _fp8_heuristic(key: ConfigKey, quant: str, sms: int) -> tuple[dict[int, QuantKernelConfig], str]:
@@ -64,9 +68,12 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
          note: str) -> tuple[Path, dict]:
     p = get_preset(preset)
     cfg = p.config
-    key = ConfigKey(quant, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
+    key = ConfigKey(KERNELS.get(quant, quant), cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
-    table, served = _borrowed_int4(key, p, out) if quant == "mxfp4" else _fp8_heuristic(key, quant, sms)
+    if quant in ("mxfp4", "int8"):
+        table, served = _borrowed_int4(key, p, out, int8=quant == "int8")
+    else:
+        table, served = _fp8_heuristic(key, quant, sms)
     tuned_dir = retune / preset / "configs"
     tuned = json.loads((tuned_dir / key.file_name()).read_text())
     record = json.loads((tuned_dir / "provenance" / key.file_name()).read_text())
