@@ -32,7 +32,7 @@
 #               beside every other backend (bench/P-S-flashinfer), and flashinfer-explain prints the oracle's
 #               choice with FlashInfer installed (jobs/flashinfer-explain.log), and flashinfer-parity times the
 #               layer against FlashInfer's documented call (flashinfer_parity.py -> parity/flashinfer_parity.json).
-#               Only these jobs can import FlashInfer.
+#               Only these jobs can import FlashInfer. FLASHINFER_TESTS_ONLY=1: its tests, no other job.
 #               A module built here comes back as $OUT/fused_moe_90-VARIANT.so.xz.part-*; put those parts in
 #               the bundle and a later call loads them instead of building (7-8 minutes on 64 CPUs).
 # flashinfer-mxfp4: the same for FlashInferCutlassMxfp4Experts (variant mxfp4: its own module, so its jobs
@@ -181,6 +181,7 @@ for phase in "${PHASES[@]}"; do
       # A call into the other variant's kernels would end the process: each job keeps to its module.
       start_flashinfer bf16-fp8
       add_flashinfer_tests bf16-fp8 "(flashinfer or FlashInfer) and not (mxfp4 or Mxfp4)"
+      [ -n "${FLASHINFER_TESTS_ONLY:-}" ] && continue
       # The oracle's choice with FlashInfer installed, in a cell the shipped ranking gives it and one it does not.
       printf 'flashinfer-explain\t%spython3 -m moe_core explain --device cuda --preset mixtral-8x7b --quant fp8-block --tokens 512 && python3 -m moe_core explain --device cuda --preset qwen3-30b-a3b --quant fp8-block --tokens 512\n' \
         "$(fi_wait bf16-fp8)" >> "$JOBS"
