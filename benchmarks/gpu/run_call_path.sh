@@ -44,6 +44,12 @@ add e2e-interleaved-qwen3-floor "python3 bench_e2e_interleaved.py --model qwen3-
 add e2e-interleaved-qwen3-schemes "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts bf16 int4 fp8-block mxfp4 --out $OUT/e2e/schemes"
 add e2e-interleaved-qwen3-8l-compiled "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 int4 mxfp4 --batches 1 64 --out $OUT/e2e"
 add e2e-interleaved-qwen3-8l-compiled-floor "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --layers 8 --mode compiled --experts transformers bf16 none --batches 1 64 --out $OUT/e2e/floor"
+# mixtral-8x7b (32 layers, 87 GiB in bf16): two of its 16-bit models do not fit one H200, so transformers
+# against the floor, and fused bf16 against int4 and the floor; gpt-oss-20b (24 layers) whole (its blocks
+# also return their router's logits: no variant none).
+add e2e-interleaved-mixtral "python3 bench_e2e_interleaved.py --model mixtral-8x7b --experts transformers none --out $OUT/e2e/mixtral"
+add e2e-interleaved-mixtral-schemes "python3 bench_e2e_interleaved.py --model mixtral-8x7b --experts bf16 int4 none --out $OUT/e2e/mixtral-schemes"
+add e2e-interleaved-gpt-oss "python3 bench_e2e_interleaved.py --model gpt-oss-20b --experts transformers bf16 mxfp4 --out $OUT/e2e/gpt-oss"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
