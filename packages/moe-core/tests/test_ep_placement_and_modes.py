@@ -165,3 +165,15 @@ def test_a_tensor_parallel_layer_returns_a_partial_sum_only_on_request():
         share.load_weights(ExpertWeights.from_float(w13, weights.w2[:, :, cols], share.quant, dtype=torch.float32))
         total += share(x, logits)
     torch.testing.assert_close(total, whole(x, logits), rtol=1e-5, atol=1e-5)
+
+
+def test_contiguous_placement_is_one_checked_instance_per_size():
+    """Layers read their placement on every call (`num_local_experts`): each size is built and
+    checked once, and bad sizes are still refused."""
+    placement = ExpertPlacement.contiguous(128, 4)
+    assert ExpertPlacement.contiguous(128, 4) is placement
+    assert placement.ranks[1] == tuple(range(32, 64))
+    assert ParallelConfig(ep_size=4, ep_rank=1).local_experts(128) is placement.ranks[1]
+    for experts, ranks in ((128.0, 4), (True, 1), (0, 1), (4, 8)):
+        with pytest.raises(ValueError, match=r"ExpertPlacement\.contiguous"):
+            ExpertPlacement.contiguous(experts, ranks)

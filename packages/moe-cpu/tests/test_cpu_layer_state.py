@@ -86,6 +86,21 @@ def test_deepcopy_and_torch_save_keep_the_layer(dtype, quant, cls):
     assert torch.equal(layer(x, logits), expected)  # the original is untouched
 
 
+@pytest.mark.parametrize(("dtype", "quant", "cls"), LAYERS)
+def test_weights_loaded_again_are_the_ones_served(dtype, quant, cls):
+    """The classes split their packed weights into per-expert views once, not on every call: a
+    layer given new weights serves those, as a layer built with them does."""
+    layer, _ = _layer(dtype, quant, cls)
+    x, logits = _inputs(layer)
+    before = layer(x, logits)
+    fresh = ExpertWeights.random(layer.config, layer.quant, seed=12345)
+    built = FusedMoE(layer.config, quant, "cpu", prefer="cpu")
+    built.load_weights(fresh)
+    layer.load_weights(fresh)
+    after = layer(x, logits)
+    assert torch.equal(after, built(x, logits)) and not torch.equal(after, before)
+
+
 def test_a_fused_transformers_model_deep_copies_and_saves():
     transformers = pytest.importorskip("transformers")
     from moe_core.integrations.transformers import fuse

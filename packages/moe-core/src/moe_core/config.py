@@ -8,6 +8,7 @@ is refused (see `moe_core.integrations`), never approximated.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -333,13 +334,13 @@ class ExpertPlacement:
 
     @staticmethod
     def contiguous(num_experts: int, num_ranks: int) -> ExpertPlacement:
-        """vLLM's layout: rank r holds a contiguous block, the first `num_experts % num_ranks` one more."""
+        """vLLM's layout: rank r holds a contiguous block, the first `num_experts % num_ranks` one more.
+        One instance per size, built and checked once: a layer reads it on every call."""
+        _check_positive_int("ExpertPlacement.contiguous", "num_experts", num_experts)
         _check_positive_int("ExpertPlacement.contiguous", "num_ranks", num_ranks)
         if num_ranks > num_experts:
             raise _fail("ExpertPlacement.contiguous", "num_ranks", num_ranks, f"<= num_experts={num_experts}")
-        base, extra = divmod(num_experts, num_ranks)
-        starts = [r * base + min(r, extra) for r in range(num_ranks + 1)]
-        return ExpertPlacement(num_experts, tuple(tuple(range(starts[r], starts[r + 1])) for r in range(num_ranks)))
+        return _contiguous_placement(num_experts, num_ranks)
 
     @property
     def num_ranks(self) -> int:
@@ -365,6 +366,13 @@ class ExpertPlacement:
         if replicated:
             lines.append(f"replicated experts: {_format_ids(tuple(replicated))}")
         return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=64)
+def _contiguous_placement(num_experts: int, num_ranks: int) -> ExpertPlacement:
+    base, extra = divmod(num_experts, num_ranks)
+    starts = [r * base + min(r, extra) for r in range(num_ranks + 1)]
+    return ExpertPlacement(num_experts, tuple(tuple(range(starts[r], starts[r + 1])) for r in range(num_ranks)))
 
 
 @dataclass(frozen=True)
