@@ -41,12 +41,16 @@ def per_launch_us(fn, rounds: int = 20, n: int = 200) -> float:
     return statistics.median(samples) * 1e6
 
 
-def per_call_us(fn, drain_every: int, calls: int = 400) -> float:
-    """Median host time of one `fn()`, the stream drained before every `drain_every`-th call."""
+def per_call_us(fn, drain_every: int, calls: int = 400, before=None) -> float:
+    """Median host time of one `fn()`, the stream drained before every `drain_every`-th call (and,
+    given `before`, that run between two drains first)."""
     samples = []
     for i in range(calls):
         if i % drain_every == 0:
             torch.cuda.synchronize()
+            if before is not None:
+                before()
+                torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
@@ -130,9 +134,10 @@ def main() -> None:
           f"drained every 8 calls {queued:.2f}  (replay alone, drained every 8: {replay_only:.2f})")
 
     for ms in (0.1, 1.0, 5.0):
-        gpu_busy = first_call_after_us(call, lambda ms=ms: torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS)))
-        host_spun = first_call_after_us(call, lambda ms=ms: spin(ms))
-        host_slept = first_call_after_us(call, lambda ms=ms: time.sleep(ms / 1e3))
+        gpu_busy, host_spun, host_slept = (
+            per_call_us(call, drain_every=1, calls=AFTER_SAMPLES, before=before)
+            for before in (lambda ms=ms: torch.cuda._sleep(int(ms * SLEEP_CYCLES_PER_MS)), lambda ms=ms: spin(ms),
+                           lambda ms=ms: time.sleep(ms / 1e3)))
         print(f"first re-point + replay after a drain, us (median of {AFTER_SAMPLES}), {ms} ms before it: "
               f"GPU busy, host in synchronize {gpu_busy:.2f}  GPU idle, host spinning {host_spun:.2f}  "
               f"GPU idle, host asleep {host_slept:.2f}")
@@ -147,19 +152,6 @@ def spin(ms: float) -> None:
     while time.perf_counter() < end:
         pass
 
-
-def first_call_after_us(call, before) -> float:
-    """Median host time of `call()` made right after `before()` and a drain of the stream."""
-    samples = []
-    for _ in range(AFTER_SAMPLES):
-        torch.cuda.synchronize()
-        before()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
 
 
 class _PitchedPtr(ctypes.Structure):

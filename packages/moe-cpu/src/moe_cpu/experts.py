@@ -87,11 +87,6 @@ def _groups_divide(config: MoEConfig, quant: MoEQuantConfig) -> Support:
     return Support.yes()
 
 
-def _bias_of(packed: PackedWeights, name: str, expert: int) -> torch.Tensor | None:
-    bias = packed.get(name)
-    return None if bias is None else bias[expert]
-
-
 # Each loaded PackedWeights' [E, ...] tensors as their experts' views, made on first use: views made
 # per GEMM on every call (`t[expert]`, 32 at one token for qwen3-30b-a3b) are a visible share of a
 # one-token call's host time.
@@ -100,10 +95,11 @@ _EXPERT_VIEWS: weakref.WeakKeyDictionary[PackedWeights, dict[str, tuple[torch.Te
 
 
 def _experts_of(packed: PackedWeights) -> dict[str, tuple[torch.Tensor, ...]]:
-    """packed's tensors split into their experts' views (dense [E, ...] tensors only)."""
+    """packed's dense [E, ...] tensors split into their experts' views (oneDNN's opaque per-expert
+    weights, one tensor each, are left out)."""
     views = _EXPERT_VIEWS.get(packed)
     if views is None:
-        views = _EXPERT_VIEWS[packed] = {name: t.unbind(0) for name, t in packed.tensors.items()}
+        views = _EXPERT_VIEWS[packed] = {name: t.unbind(0) for name, t in packed.tensors.items() if not t.is_mkldnn}
     return views
 
 
@@ -218,7 +214,7 @@ class CpuOneDnnExperts(_CpuExperts):
 
     def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[f"{name}.{expert}"],
-                                                  _bias_of(packed, f"{name}_bias", expert), "none", [], "")
+                                                  _expert_bias(_experts_of(packed), name, expert), "none", [], "")
 
 
 class CpuUnquantizedExperts(_CpuExperts):
