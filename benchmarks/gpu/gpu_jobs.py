@@ -1,4 +1,5 @@
-"""Run a list of GPU jobs over every visible GPU: one worker per GPU takes the next job in list order
+"""Run a list of GPU jobs over every visible GPU (those CUDA_VISIBLE_DEVICES names when it is set, so
+two lists can share a machine): one worker per GPU takes the next job in list order
 (so put the longest first), runs it with CUDA_VISIBLE_DEVICES set to its GPU, and stops taking jobs
 at the deadline; a running job is stopped there too (what it already wrote stays).
 
@@ -23,6 +24,9 @@ from pathlib import Path
 
 
 def visible_gpus() -> list[str]:
+    named = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if named:
+        return [gpu.strip() for gpu in named.split(",")]
     listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True).stdout
     return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
 
