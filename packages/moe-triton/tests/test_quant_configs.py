@@ -225,10 +225,13 @@ def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
 
 
 # The token counts where a shipped H200 int8 file differs from the int4 shapes it otherwise serves.
-INT8_TUNED_ON_H200 = {"deepseek-v3": {2048}}
+INT8_TUNED_ON_H200 = {"deepseek-v3": {2048}, "mixtral-8x7b": {8}, "qwen3-30b-a3b": {1, 8}, "qwen3-235b-a22b": {1},
+                      "gpt-oss-120b": {1, 8, 2048}}
 
 
-@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+# gpt-oss-120b's K = N = 2880 is no multiple of 128: its int8 codes take byte quads with K padded to
+# whole tiles, and borrow the int4 shapes all the same.
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-235b-a22b", "gpt-oss-120b"])
 def test_int8_borrows_the_int4_configs_of_its_shape_three_stages_deep(preset, monkeypatch):
     """Symmetric int8 (per channel) on an H200 takes the int4 file of its shape, every GEMM at most
     BORROWED_MAX_STAGES deep (its words are twice int4's bytes per stage), as its layer serves it;
@@ -262,23 +265,6 @@ def test_int8_borrows_the_int4_configs_of_its_shape_three_stages_deep(preset, mo
             served = experts.file_config(m).config.gemm1
             assert served == dataclasses.replace(lent, block_n=128 if lent.block_m >= 32 else 256,
                                                  num_stages=min(lent.num_stages, BORROWED_MAX_STAGES)), m
-
-
-def test_int8_with_k_padded_to_byte_quads_borrows_int4_shapes(monkeypatch):
-    """gpt-oss-120b's K = N = 2880 is no multiple of 128: its per-channel int8 codes take byte quads
-    with K padded to whole tiles (a scale row covering the padded K), so the int4 launch shapes of
-    the shape are borrowed, as served to int8."""
-    from moe_triton import quantized
-
-    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
-    p = get_preset("gpt-oss-120b")
-    experts = TritonWna16Experts(p.config, int8_w8a16(-1), DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0)))
-    int4_key = dataclasses.replace(experts.config_key, kernel=f"wna16-int4-g{p.int4_group_size}")
-    for m in (1, 512, 2048):
-        lent = configs.lookup_exact(int4_key, m)
-        hit = experts.file_config(m)
-        assert lent is not None and hit is not None and hit.source == "borrowed"
-        assert hit.config == borrowed_as_served(lent.config, int8=True)
 
 
 def test_a_borrowed_entry_drops_the_lender_s_fused_decode_options(monkeypatch):
