@@ -1,7 +1,10 @@
 """Write shipped launch-shape files of a quantized family from a retune run (`run_moe_cuda.sh retune`).
 
 A shipped file covers every token count of the benchmark (1 ... 8192): the kept tuned entries, and
-elsewhere what the layer serves without the file, so only the kept cells change.
+elsewhere what the layer serves without the file (int4: with the file as shipped), so only the kept
+cells change.
+- int4: the shipped file of the preset's group size; its tuner's record keeps the other token counts'
+  entries and takes the kept ones (each with the method that measured it).
 - mxfp4, int8 (per-channel symmetric): without its own file the family borrows the int4 file of its
   shape (`configs.BORROWED_FAMILIES`), its entries as MXFP4 or int8 serves them
   (`quantized.borrowed_as_served`).
@@ -36,7 +39,7 @@ from moe_triton.quantized import borrowed_as_served, fp8_block_k
 ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = ROOT / "benchmarks" / "results" / "tuned-configs" / "provenance.json"
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)  # the benchmark's token counts
-QUANTS = ("mxfp4", "int8", "fp8-tensor", "fp8-channel", "fp8-block")
+QUANTS = ("int4", "mxfp4", "int8", "fp8-tensor", "fp8-channel", "fp8-block")
 # The tuner's kernel family per --quant where it is not the scheme's name.
 KERNELS = {"int8": "wna16-int8-channel"}
 
@@ -65,12 +68,16 @@ def _fp8_heuristic(key: ConfigKey, quant: str, sms: int) -> tuple[dict[int, Quan
 
 
 def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sms: int, out: Path,
-         note: str) -> tuple[Path, dict]:
+         note: str, shipped_records: dict) -> tuple[Path, dict]:
     p = get_preset(preset)
     cfg = p.config
-    key = ConfigKey(KERNELS.get(quant, quant), cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
+    kernel = f"wna16-int4-g{p.int4_group_size}" if quant == "int4" else KERNELS.get(quant, quant)
+    key = ConfigKey(kernel, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
-    if quant in ("mxfp4", "int8"):
+    if quant == "int4":
+        shipped = json.loads((out / key.file_name()).read_text())
+        table = {int(m): QuantKernelConfig.from_dict(c) for m, c in shipped["configs"].items()}
+    elif quant in ("mxfp4", "int8"):
         table, served = _borrowed_int4(key, p, out, int8=quant == "int8")
     else:
         table, served = _fp8_heuristic(key, quant, sms)
@@ -81,6 +88,12 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
         table[m] = QuantKernelConfig.from_dict(tuned["configs"][str(m)])
     versions = {f: tuned[f] for f in ("device_name", "triton_version", "torch_version")}
     path = configs.write_configs(key, table, out, versions)
+    if quant == "int4":
+        provenance = shipped_records[path.name]
+        for m in kept:
+            provenance["measured_us"][str(m)] = {**record["measured_us"][str(m)], "method": record["method"],
+                                                 "retuned": note}
+        return path, provenance
     provenance = {
         "model": preset,
         "method": f"{served}; M in {kept} from {record['method']}",
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.keep:
         preset, _, ms = item.partition(":")
         path, record = ship(args.retune, args.quant, preset, [int(m) for m in ms.split(",")], args.device,
-                            args.sms, args.out, args.note)
+                            args.sms, args.out, args.note, records)
         records[path.name] = record
         print("wrote", path)
     PROVENANCE.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")

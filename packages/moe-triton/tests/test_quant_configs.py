@@ -197,8 +197,9 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
         assert isinstance(hit.config, QuantKernelConfig)
 
 
-# The token counts where the shipped H100 MXFP4 files differ from the int4 shapes they otherwise copy.
-MXFP4_TUNED_ON_H100 = {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}}
+# The token counts where the shipped MXFP4 files differ from the int4 shapes they otherwise copy.
+MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}},
+               "NVIDIA_H200": {"gpt-oss-120b": {1, 8}}}
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
@@ -206,15 +207,16 @@ MXFP4_TUNED_ON_H100 = {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtra
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
 def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
     """Each preset's MXFP4 layer takes the int4 file of its shape on that GPU (gpt-oss's groups of 64, the
-    others' 128), entry for entry, and says so, unless an MXFP4 file of that GPU ships (three H100 shapes):
+    others' 128), entry for entry, and says so, unless an MXFP4 file of that GPU ships (three H100 shapes,
+    gpt-oss-120b's on the H200):
     then that one, whose entries are the int4 ones as MXFP4 serves them but where tuning found faster.
-    The H100's MXFP4 files do not reach the H200, which borrows its own int4 shapes."""
+    The H100's MXFP4 files do not reach the H200, whose own file borrows its int4 shapes."""
     p = get_preset(preset)
     cfg = p.config
     key = ConfigKey("mxfp4", cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16", tag)
     assert TritonMxfp4Experts(cfg, mxfp4_w4a16(), DeviceInfo(Platform.CUDA, 0, gpu, (9, 0))).config_key == key
     int4_key = dataclasses.replace(key, kernel=f"wna16-int4-g{p.int4_group_size}")
-    own = MXFP4_TUNED_ON_H100.get(preset) if tag == "NVIDIA_H100_80GB_HBM3" else None
+    own = MXFP4_TUNED[tag].get(preset)
     for m in (1, 8, 32, 128, 512, 2048, 8192):
         hit, lender = configs.lookup_exact(key, m), configs.lookup_exact(int4_key, m)
         if own is None:
