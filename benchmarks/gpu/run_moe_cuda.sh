@@ -43,7 +43,8 @@
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
 #               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
 #               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
-#               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base).
+#               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base);
+#               RETUNE_EXTRA: more `moe tune` options (e.g. --per-gemm).
 # parity:       moe-cuda's Marlin layer against vLLM's Marlin MoE pipeline over the same library
 #               (benchmarks/gpu/marlin_parity.py), its SGLang fp8 block layer against SGLang's CUTLASS
 #               fp8 MoE flow (sglang_parity.py) and its torch grouped GEMM layer against the tightest
@@ -218,6 +219,7 @@ for phase in "${PHASES[@]}"; do
         else
           tune="--quant $q"; before="--scheme $q"; peer=""
         fi
+        tune="$tune ${RETUNE_EXTRA:-}"
         base=""
         [ -n "${BASE_SITE:-}" ] && base="PYTHONPATH=$BASE_SITE $bench --scheme $q --out $d/base && "
         printf 'retune-%s-%s\t%spython3 -m moe_triton.tune %s --preset %s --m %s --out %s && %s %s --out %s && MOE_TRITON_CONFIG_DIR=%s %s --scheme %s --out %s%s\n' \
