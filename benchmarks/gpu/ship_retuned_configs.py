@@ -3,8 +3,8 @@
 A shipped file covers every token count of the benchmark (1 ... 8192): the kept tuned entries, and
 elsewhere what the layer serves without the file (int4: with the file as shipped), so only the kept
 cells change.
-- int4: the shipped file of the preset's group size; its tuner's record keeps the other token counts'
-  entries and takes the kept ones (each with the method that measured it).
+- int4: the shipped file of the preset's group size with the kept entries replaced; its provenance
+  record keeps the other token counts' measurements and takes the kept ones' (each with its method).
 - mxfp4, int8 (per-channel symmetric): without its own file the family borrows the int4 file of its
   shape (`configs.BORROWED_FAMILIES`), its entries as MXFP4 or int8 serves them
   (`quantized.borrowed_as_served`).
