@@ -210,3 +210,42 @@ def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch
 
     table, measured = _tune_quant_layer(experts, [3], 5, lambda s: None, timer=timer)
     assert timed.count(lent) == 1 and table[3] == lent and measured["3"]["shipped"] == "shipped"
+
+
+@pytest.mark.parametrize("std", [None, 0.1])
+def test_tuner_routes_with_a_correction_bias_of_the_asked_spread(std):
+    """A routing with a correction bias (DeepSeek-V3's) is tuned with a random one of the standard
+    deviation asked for (default CORRECTION_BIAS: near-uniform loads); the layer gets it on every call."""
+    from moe_core.config import Routing, Scoring
+    from moe_triton.tune import CORRECTION_BIAS
+
+    routing = Routing(scoring=Scoring.SIGMOID, num_expert_groups=2, topk_groups=1, has_correction_bias=True)
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16,
+                    routing=routing)
+    experts = TritonWna16Experts(cfg, int4_w4a16(64), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(64), seed=4, device=DEV))
+    biases = []
+    route = experts.apply_monolithic
+
+    def apply_monolithic(x, logits, bias):
+        biases.append(bias)
+        return route(x, logits, bias)
+
+    experts.apply_monolithic = apply_monolithic
+    kwargs = {} if std is None else {"correction_bias": std}
+    _tune_quant_layer(experts, [2], 5, lambda s: None, timer=lambda layer, rep_ms: float(layer().isfinite().all()),
+                      **kwargs)
+    expected = CORRECTION_BIAS if std is None else std
+    assert biases and all(b is biases[0] for b in biases)
+    assert biases[0].shape == (8,) and expected / 10 < biases[0].std().item() < expected * 10
+
+
+def test_moe_tune_refuses_a_correction_bias_it_cannot_use(monkeypatch, capsys):
+    from moe_triton import tune
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the checks come before any GPU work
+    for argv, said in ((["--correction-bias", "0.1"], "the 16-bit search times each GEMM alone"),
+                       (["--quant", "int8", "--correction-bias", "-1"], "a standard deviation, 0 or more")):
+        with pytest.raises(SystemExit) as exit_info:
+            tune.main(argv)
+        assert exit_info.value.code == 2 and said in capsys.readouterr().err

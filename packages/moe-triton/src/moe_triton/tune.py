@@ -25,7 +25,9 @@ tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKEN
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far. The layer is timed
-as `FusedMoE` calls it (`apply_monolithic`: routing included).
+as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
+(DeepSeek-V3) takes a random one, `--correction-bias` its standard deviation (1e-3 by default:
+near-uniform loads; `moe bench` draws 0.1, which concentrates the pairs on fewer experts).
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
 shows whether the winner beat what ships by more than noise.
@@ -65,6 +67,9 @@ DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
 FP8_SCHEMES = ("fp8-tensor", "fp8-channel", "fp8-block")  # moe_core.quant.parse_scheme names
 _UNQUANTIZED_NAMES = ("unquantized", "bf16", "fp16")  # what `moe run --quant` also accepts for "none"
+# The standard deviation of the random correction bias a routing that takes one is tuned with:
+# near-uniform expert loads, as a trained DeepSeek-V3's bias aims for.
+CORRECTION_BIAS = 1e-3
 # Direct (decode) kernels are timed while the choices are this few: beyond it every expert meets
 # several rows and the tensor-core tiles win.
 DIRECT_MAX_CHOICES = 64
@@ -238,11 +243,13 @@ def _graph_time_us(fn, rep_ms: int) -> float:
 
 
 def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_gemm: bool = False,
-                     wgmma: bool = False) -> tuple[dict[int, QuantKernelConfig], dict]:
+                     wgmma: bool = False, correction_bias: float = CORRECTION_BIAS
+                     ) -> tuple[dict[int, QuantKernelConfig], dict]:
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too; at decode sizes the
     one-launch path's options where it serves the layer) and then the best one's neighbours (and
-    with per_gemm, `per_gemm_grid` of the best); keep the fastest."""
+    with per_gemm, `per_gemm_grid` of the best); keep the fastest. A routing with a correction bias
+    routes with a random one of that standard deviation (`correction_bias`)."""
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
@@ -251,7 +258,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     cfg = experts.config
     dev = experts.device.torch_device
     gen = torch.Generator(device=dev).manual_seed(1)
-    bias = torch.randn(cfg.num_experts, device=dev, generator=gen) * 1e-3 if cfg.routing.has_correction_bias else None
+    bias = (torch.randn(cfg.num_experts, device=dev, generator=gen) * correction_bias
+            if cfg.routing.has_correction_bias else None)
     table: dict[int, QuantKernelConfig] = {}
     measured: dict[str, dict] = {}
     for M in ms:
@@ -417,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "(up to 48 more layer timings per M)")
+    p.add_argument("--correction-bias", type=float, default=None,
+                   help="int4, int8, mxfp4, fp8-*: standard deviation of the random per-expert correction bias "
+                        f"of routings that take one (DeepSeek-V3; default {CORRECTION_BIAS:g}; `moe bench` draws 0.1)")
     p.add_argument("--wgmma", action="store_true",
                    help="int4, int8, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
                         f"(tune.wgmma_grid, 10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
@@ -428,6 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--m values must be positive token counts")
     if (args.wgmma or args.per_gemm) and args.quant == "none":
         p.error("--wgmma and --per-gemm are options of the quantized GEMM (--quant int4, int8, mxfp4 or fp8-*)")
+    if args.correction_bias is not None and args.quant == "none":
+        p.error("--correction-bias: the 16-bit search times each GEMM alone, without routing; "
+                "it is an option of --quant int4, int8, mxfp4 or fp8-*")
+    if args.correction_bias is not None and args.correction_bias < 0:
+        p.error(f"--correction-bias {args.correction_bias:g}: a standard deviation, 0 or more")
+    if args.correction_bias is None:
+        args.correction_bias = CORRECTION_BIAS
     if args.wgmma and args.quant in FP8_SCHEMES:
         p.error("--wgmma: the quantized wgmma kernel is for int4, int8 and mxfp4 weights")
     if args.quant != "none":
@@ -493,7 +511,8 @@ def _main_quant(args) -> int:
         experts = cls(preset.config, quant, device)
         experts.load_weights(ExpertWeights.random(preset.config, quant, device=dev))
         table, measured = _tune_quant_layer(experts, args.m, args.rep_ms, lambda s, n=name: print(n, s, flush=True),
-                                           per_gemm=args.per_gemm, wgmma=args.wgmma)
+                                           per_gemm=args.per_gemm, wgmma=args.wgmma,
+                                           correction_bias=args.correction_bias)
         key = experts.config_key
         del experts  # before _write empties the allocator's cache
         _write(key, table, args.out, name, measured, start,
@@ -503,7 +522,9 @@ def _main_quant(args) -> int:
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
                + ", at decode sizes the one-launch path (tune.fused_decode_candidates) where it serves the layer"
                + " and the best one's neighbours"
-               + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept")
+               + (", then each GEMM's grid (tune.per_gemm_grid)" if args.per_gemm else "") + "; the fastest kept"
+               + (f"; routed with a random correction bias of standard deviation {args.correction_bias:g}"
+                  if preset.config.routing.has_correction_bias else ""))
     return 0
 
 
