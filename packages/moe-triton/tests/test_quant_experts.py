@@ -371,37 +371,43 @@ def test_top8_stored_rows_on_gpu(M):
     assert rel_l2(out, ref) < 1e-2
 
 
-def _shipped_int4_shapes() -> list[tuple[str, int, QuantKernelConfig, str]]:
-    """(preset, M, config, device tag of the first file holding it) for each distinct launch shape of a
-    preset in the int4 files found (shipped, and those in $MOE_TRITON_CONFIG_DIR: a tuning run's output
-    can be checked before it ships)."""
+# The shipped files' families a WNA16/MXFP4 layer runs, and how each is built.
+_SHIPPED_FAMILIES = {"wna16-int4-": "int4", "wna16-int8-channel": "int8", "mxfp4": "mxfp4"}
+
+
+def _shipped_quant_shapes() -> list[tuple[str, str, int, QuantKernelConfig, str]]:
+    """(scheme, preset, M, config, device tag of the first file holding it) for each distinct launch
+    shape of a preset in the int4, int8 and MXFP4 files found (shipped, and those in
+    $MOE_TRITON_CONFIG_DIR: a tuning run's output can be checked before it ships)."""
     found, seen = [], set()
     for key, (_, table) in sorted(configs._load().items(), key=lambda kv: kv[0].file_name()):
-        if not key.kernel.startswith("wna16-int4-"):
+        scheme = next((s for prefix, s in _SHIPPED_FAMILIES.items() if key.kernel.startswith(prefix)), None)
+        if scheme is None:
             continue
         preset = next(p for p in PRESETS.values() if p.name != "tiny" and (
             p.config.num_experts, p.config.intermediate_size, p.config.hidden_size, p.config.top_k)
             == (key.num_experts, key.intermediate, key.hidden, key.top_k))
         for m in sorted(table):
-            if (preset.name, table[m]) not in seen:
-                seen.add((preset.name, table[m]))
-                found.append((preset.name, m, table[m], key.device))
+            if (scheme, preset.name, table[m]) not in seen:
+                seen.add((scheme, preset.name, table[m]))
+                found.append((scheme, preset.name, m, table[m], key.device))
     return found
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize(("preset", "M", "tuned"),
-                         [pytest.param(p, m, c, id=f"{p}-{dev}-M{m}") for p, m, c, dev in _shipped_int4_shapes()])
-def test_shipped_int4_shapes_on_gpu(preset, M, tuned):
-    """Every launch shape the tuned files ship, at the preset's N, K, group, activation and bias,
-    against the reference. Fewer experts (16, or the preset's 8) keep the fp32 reference in
-    memory; at most 2048 tokens still give each expert more rows than the widest block."""
+@pytest.mark.parametrize(("scheme", "preset", "M", "tuned"),
+                         [pytest.param(s, p, m, c, id=f"{s}-{p}-{dev}-M{m}") for s, p, m, c, dev in _shipped_quant_shapes()])
+def test_shipped_quant_shapes_on_gpu(scheme, preset, M, tuned):
+    """Every launch shape the tuned int4, int8 and MXFP4 files ship, at the preset's N, K, group,
+    activation and bias, against the reference. Fewer experts (16, or the preset's 8) keep the fp32
+    reference in memory; at most 2048 tokens still give each expert more rows than the widest block."""
     p = get_preset(preset)
     E = min(p.config.num_experts, 16)
-    quant = int4_w4a16(p.int4_group_size)
+    quant = {"int4": int4_w4a16(p.int4_group_size), "int8": int8_w8a16(), "mxfp4": mxfp4_w4a16()}[scheme]
+    cls = TritonMxfp4Experts if scheme == "mxfp4" else TritonWna16Experts
     cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
     weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
-    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts = cls(cfg, quant, RUN_ON)
     experts.load_weights(weights)
     experts.config_override = tuned
     M = min(M, 2048)
