@@ -153,7 +153,6 @@ def spin(ms: float) -> None:
         pass
 
 
-
 class _PitchedPtr(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p), ("pitch", ctypes.c_size_t), ("xsize", ctypes.c_size_t),
                 ("ysize", ctypes.c_size_t)]

@@ -4,9 +4,11 @@ A layer is `moe_core.FusedMoE` on the triton backend with random weights of a pr
 (`ExpertWeights.random`, seed 0, drawn on the GPU): bf16, int4 W4A16 (symmetric, a bf16 scale per
 the preset's int4 group, no zero points), int8 W8A16 (per channel), MXFP4 (e2m1 codes, an e8m0 scale
 per 32) or fp8 W8A8 (`fp8-block`: 128x128 weight blocks x 1x128 activation groups; `fp8-channel`: per
-channel x per token). Routings with a correction bias (DeepSeek-V3) get a small one (a 0.1 bias, what
-`moe bench` draws, concentrates DeepSeek's choices on fewer experts; the floor counts the experts the
-routing selects either way: `moe_core.bench.routed_work`).
+channel x per token). Routings with a correction bias (DeepSeek-V3) get the tuner's
+(`moe_triton.tune.CORRECTION_BIAS`: near-uniform loads), not `moe bench`'s larger
+`CORRECTION_BIAS_STD`, which concentrates DeepSeek's choices on fewer experts, so deepseek-v3's cells
+time differently here and there (`benchmarks/results/int8_retune_2026-11-29.md`); the floor counts
+the experts the routing selects either way (`moe_core.bench.routed_work`).
 
 `time_layer` is the benchmark's protocol: the layer captured in CUDA graphs over rotating input sets
 (8 sets, 2 above 512 tokens, so consecutive replays read other activations), the L2 flushed before
@@ -27,6 +29,7 @@ from moe_core.presets import Preset
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
+from moe_triton.tune import CORRECTION_BIAS
 
 PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
 TOKEN_COUNTS = (1, 8, 32, 128, 512, 2048, 8192)
@@ -58,7 +61,8 @@ def correction_bias(preset: Preset, device: torch.device) -> torch.Tensor | None
     cfg = preset.config
     if not cfg.routing.has_correction_bias:
         return None
-    return torch.randn(cfg.num_experts, device=device, generator=torch.Generator(device=device).manual_seed(0)) * 1e-3
+    gen = torch.Generator(device=device).manual_seed(0)
+    return torch.randn(cfg.num_experts, device=device, generator=gen) * CORRECTION_BIAS  # the tuner's routing
 
 
 def build_layer(preset: Preset, dtype: str, device: torch.device, weights: ExpertWeights | None = None,

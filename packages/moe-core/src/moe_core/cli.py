@@ -313,7 +313,8 @@ def cmd_run(args) -> int:
     with Heartbeat("preparing weights") as progress:
         weights = ExpertWeights.random(config, quant, seed=args.seed, progress=progress)
     gen = torch.Generator().manual_seed(args.seed + 1)
-    bias = torch.randn(config.num_experts, generator=gen) * 0.1 if config.routing.has_correction_bias else None
+    bias = (torch.randn(config.num_experts, generator=gen) * bench.CORRECTION_BIAS_STD
+            if config.routing.has_correction_bias else None)
     with Heartbeat(f"converting the weights for {layer.plan.experts_cls.name()}"):
         layer.load_weights(weights, correction_bias=bias)
     tol = 1e-4 if config.dtype == torch.float32 else 2e-2 if quant.activation is not None else 1e-2

@@ -61,14 +61,17 @@ class _CpuExperts(Experts):
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
         packed = self._packed()
+        views = _experts_of(packed)
         check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         return run_experts(hidden_states, topk_weights, topk_ids, self.config.num_local_experts,
                            self.expert_map, self.config.routing.weight_on_input,
-                           lambda name, expert, x: self._gemm(packed, name, expert, x), self._activate)
+                           lambda name, expert, x: self._gemm(packed, views, name, expert, x), self._activate)
 
     @abstractmethod
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """x [m, in] @ weight `name` ("w13" or "w2") of one local expert, plus its bias: [m, out]."""
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
+        """x [m, in] @ weight `name` ("w13" or "w2") of one local expert, plus its bias: [m, out].
+        views: packed's tensors as per-expert views (`_experts_of`, looked up once per call)."""
 
     def _activate(self, h: torch.Tensor) -> torch.Tensor:
         # fp32 for the nonlinearity: the GEMM output is small next to the weights, the accuracy is not
@@ -90,11 +93,11 @@ def _groups_divide(config: MoEConfig, quant: MoEQuantConfig) -> Support:
 # Each loaded PackedWeights' [E, ...] tensors as their experts' views, made on first use: views made
 # per GEMM on every call (`t[expert]`, 32 at one token for qwen3-30b-a3b) are a visible share of a
 # one-token call's host time.
-_EXPERT_VIEWS: weakref.WeakKeyDictionary[PackedWeights, dict[str, tuple[torch.Tensor, ...]]] = \
-    weakref.WeakKeyDictionary()
+_ExpertViews = dict[str, tuple[torch.Tensor, ...]]
+_EXPERT_VIEWS: weakref.WeakKeyDictionary[PackedWeights, _ExpertViews] = weakref.WeakKeyDictionary()
 
 
-def _experts_of(packed: PackedWeights) -> dict[str, tuple[torch.Tensor, ...]]:
+def _experts_of(packed: PackedWeights) -> _ExpertViews:
     """packed's dense [E, ...] tensors split into their experts' views (oneDNN's opaque per-expert
     weights, one tensor each, are left out)."""
     views = _EXPERT_VIEWS.get(packed)
@@ -103,7 +106,7 @@ def _experts_of(packed: PackedWeights) -> dict[str, tuple[torch.Tensor, ...]]:
     return views
 
 
-def _expert_bias(views: dict[str, tuple[torch.Tensor, ...]], name: str, expert: int) -> torch.Tensor | None:
+def _expert_bias(views: _ExpertViews, name: str, expert: int) -> torch.Tensor | None:
     bias = views.get(f"{name}_bias")
     return None if bias is None else bias[expert]
 
@@ -212,9 +215,10 @@ class CpuOneDnnExperts(_CpuExperts):
         if self.weights is not None:
             self.restore_packed(self.weights)
 
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[f"{name}.{expert}"],
-                                                  _expert_bias(_experts_of(packed), name, expert), "none", [], "")
+                                                  _expert_bias(views, name, expert), "none", [], "")
 
 
 class CpuUnquantizedExperts(_CpuExperts):
@@ -235,8 +239,8 @@ class CpuUnquantizedExperts(_CpuExperts):
                      "one GEMM pair per active expert: tokens per expert are not padded or batched across experts"),
     )
 
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
-        views = _experts_of(packed)
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, views[name][expert], _expert_bias(views, name, expert))
 
 
@@ -305,10 +309,10 @@ class CpuFp8EmulatedExperts(_CpuExperts):
                      "GEMMs; no fp8 arithmetic and no speed benefit",),
     )
 
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
         # the key's activation quantization applies to each expert's own rows, as in the reference
         xq = fake_quantize_activation(x.float(), self.quant.activation)
-        views = _experts_of(packed)
         return F.linear(xq, views[name][expert], _expert_bias(views, name, expert))
 
 
@@ -370,8 +374,8 @@ class CpuInt4Experts(_CpuExperts):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int4pack_mm_for_cpu")
         return _groups_divide(config, quant)
 
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
-        views = _experts_of(packed)
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
         codes, scale_and_zeros = views[name][expert], views[f"{name}_scale_and_zeros"][expert]
         perms = views.get(f"{name}_perm")
         perm = None if perms is None else perms[expert]
@@ -428,9 +432,9 @@ class CpuInt8Experts(_CpuExperts):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int8pack_mm")
         return Support.yes()
 
-    def _gemm(self, packed: PackedWeights, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
+              x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
-        views = _experts_of(packed)
         y = torch.ops.aten._weight_int8pack_mm(x, views[name][expert], views[f"{name}_scale"][expert])
         correction = views.get(f"{name}_zero_correction")
         if correction is not None:

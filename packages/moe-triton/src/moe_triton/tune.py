@@ -27,7 +27,8 @@ one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM
 block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far. The layer is timed
 as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
 (DeepSeek-V3) takes a random one, `--correction-bias` its standard deviation (1e-3 by default:
-near-uniform loads; `moe bench` draws 0.1, which concentrates the pairs on fewer experts).
+near-uniform loads; `moe bench` draws `moe_core.bench.CORRECTION_BIAS_STD`, 0.1, which concentrates
+the pairs on fewer experts).
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
 shows whether the winner beat what ships by more than noise.
@@ -425,9 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "(up to 48 more layer timings per M)")
+    from moe_core.bench import CORRECTION_BIAS_STD
+
     p.add_argument("--correction-bias", type=float, default=None,
                    help="int4, int8, mxfp4, fp8-*: standard deviation of the random per-expert correction bias "
-                        f"of routings that take one (DeepSeek-V3; default {CORRECTION_BIAS:g}; `moe bench` draws 0.1)")
+                        f"of routings that take one (DeepSeek-V3; default {CORRECTION_BIAS:g}; `moe bench` draws "
+                        f"{CORRECTION_BIAS_STD:g})")
     p.add_argument("--wgmma", action="store_true",
                    help="int4, int8, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
                         f"(tune.wgmma_grid, 10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")

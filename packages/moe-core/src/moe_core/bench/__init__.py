@@ -13,7 +13,7 @@ The modules, by concern:
 The names below are what `moe run` and benchmarks/gpu import from `moe_core.bench`.
 """
 
-from moe_core.bench.cli import DEFAULT_OUT, MEMORY_HEADROOM, add_arguments, main
+from moe_core.bench.cli import CORRECTION_BIAS_STD, DEFAULT_OUT, MEMORY_HEADROOM, add_arguments, main
 from moe_core.bench.memory import estimate_peak_bytes, planned_bytes
 from moe_core.bench.results import Row, prepare_out_dir, save_ranking, triton_version, write_json_atomic
 from moe_core.bench.roofline import (
@@ -46,7 +46,7 @@ from moe_core.bench.timing import (
     warn_if_unsteady,
 )
 
-__all__ = ["DEFAULT_OUT", "IMPOSSIBLE_FRACTION", "MEMORY_HEADROOM", "RECHECK_TOLERANCE", "SPREAD_WARNING",
+__all__ = ["CORRECTION_BIAS_STD", "DEFAULT_OUT", "IMPOSSIBLE_FRACTION", "MEMORY_HEADROOM", "RECHECK_TOLERANCE", "SPREAD_WARNING",
            "Ceilings", "Floor", "Progress", "QuickCeilings", "RoutedWork", "Row", "SmClockSampler", "TimingSummary",
            "add_arguments", "add_threads_argument", "compute_dtype", "default_threads", "estimate_peak_bytes",
            "expert_weight_bytes", "main", "measure_ceilings", "pin_threads", "planned_bytes", "prepare_out_dir",
