@@ -50,16 +50,9 @@ for phase in "$@"; do
       python3 "$HERE/profile_layer.py" --out "$OUT"
       rc=$? ;;
     ncu)
-      rc=0
-      for cell in "deepseek-v3 int4 1" "qwen3-30b-a3b int4 1" "qwen3-30b-a3b int4 8" "mixtral-8x7b int4 8192" \
-                  "qwen3-30b-a3b bf16 1"; do
-        read -r preset dtype m <<< "$cell"
-        ncu --clock-control none --kernel-name regex:'_moe_wgemm|moe_gemv|moe_gemm' --launch-skip 2 --launch-count 2 \
-          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-          --section MemoryWorkloadAnalysis --section SchedulerStats \
-          python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "$OUT/ncu_${preset}_${dtype}_M$m.txt" 2>&1 || rc=1
-        grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occ|Shared Memory Config|Dynamic Shared" "$OUT/ncu_${preset}_${dtype}_M$m.txt" | head -40
-      done ;;
+      bash "$HERE/ncu_cells.sh" "$OUT" "deepseek-v3 int4 1" "qwen3-30b-a3b int4 1" "qwen3-30b-a3b int4 8" \
+        "mixtral-8x7b int4 8192" "qwen3-30b-a3b bf16 1"
+      rc=$? ;;
     tune)
       python3 -m moe_triton.tune --out "$OUT/configs"
       rc=$?

@@ -12,6 +12,8 @@
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
+#   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
+#   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
@@ -95,6 +97,8 @@ e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
+add matmul-limits "python3 matmul_limits.py --out $OUT/host/matmul-limits"
+add ncu-decode "bash ncu_cells.sh $OUT/host/ncu 'qwen3-30b-a3b int4 1' 'gpt-oss-120b int4 1' 'mixtral-8x7b int4 1' 'qwen3-30b-a3b int8 1'"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8
 # and 16): 16 layers measure it on the GPU path in a third of the 48-layer job's time.

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Nsight Compute counters (throughput, occupancy, stall reasons) of the GEMM launches of one layer call
+# per cell (ncu_layer.py: the call made twice, the second one read) -> OUT_DIR/ncu_<preset>_<dtype>_M<m>.txt,
+# with the headline rows printed. Needs the project on PYTHONPATH (the one-call scripts' _setup.sh).
+#   bash ncu_cells.sh OUT_DIR "PRESET DTYPE M" ...
+set -uo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out=${1:?usage: ncu_cells.sh OUT_DIR "PRESET DTYPE M" ...}
+shift
+mkdir -p "$out"
+rc=0
+for cell in "$@"; do
+  read -r preset dtype m <<< "$cell"
+  report=$out/ncu_${preset}_${dtype}_M$m.txt
+  ncu --clock-control none --kernel-name regex:'_moe_wgemm|moe_gemv|moe_gemm' --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section SchedulerStats \
+    python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "$report" 2>&1 || rc=1
+  echo "== $cell"
+  grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occ|Dynamic Shared|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$report" | head -40
+done
+exit $rc
