@@ -80,6 +80,7 @@ source "$(dirname "$0")/_setup.sh" run_moe_cuda.log
 LIBS=/tmp/moe-cuda-libs
 mkdir -p "$LIBS"
 for packed in "$VENDOR"/*.so.xz; do
+  [ -e "$packed" ] || { echo "no vendor libraries in $VENDOR: moe-cuda's Marlin and SGLang backends stay unavailable"; break; }
   target="$LIBS/$(basename "$packed" .xz)"
   [ -f "$target" ] || python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     "$packed" "$target" || exit 4
