@@ -19,7 +19,7 @@ from moe_triton.quantized import (
     TritonWna16Experts,
     borrowed_as_served,
 )
-from moe_triton.tune import _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
+from moe_triton.tune import PER_GEMM_SPLITS, _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -114,7 +114,8 @@ def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
 def test_per_gemm_grid_changes_one_gemm_at_a_time():
     base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 256, 1, 8, 4, True))
     grid = per_gemm_grid(base)
-    assert len(grid) == 2 * 4 * 3 * 2 - 2 and base not in grid.values()  # the base itself once per GEMM
+    assert len(grid) == 2 * len(PER_GEMM_SPLITS) * 3 * 2 - 2 and base not in grid.values()  # the base once per GEMM
+    assert {c.gemm1.split_k for c in grid.values()} == set(PER_GEMM_SPLITS)
     assert len(set(grid.values())) == len(grid)
     for name, cand in grid.items():
         changed, kept = ("gemm1", "gemm2") if name.startswith("gemm1:") else ("gemm2", "gemm1")

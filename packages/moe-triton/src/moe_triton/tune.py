@@ -175,11 +175,17 @@ def quant_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
     return found
 
 
+# Split-K counts of the per-GEMM grid. 3 and 6 besides the powers of two: at one token a launch's
+# programs are (experts x N tiles x splits), and the count that fills the GPU's resident slots in one
+# wave (a few per SM, set by the kernel's registers) often lies between two powers of two.
+PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
+
+
 def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), the other GEMM as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):
-        for split in (1, 2, 4, 8):
+        for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
                     try:
@@ -425,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
-                        "(up to 48 more layer timings per M)")
+                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2} more layer timings per M)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
