@@ -1,9 +1,9 @@
 """Write shipped launch-shape files of a quantized family from a retune run (`run_moe_cuda.sh retune`).
 
 A shipped file covers every token count of the benchmark (1 ... 8192): the kept tuned entries, and
-elsewhere what the layer serves without the file (int4: with the file as shipped), so only the kept
-cells change.
-- int4: the shipped file of the preset's group size with the kept entries replaced; its provenance
+elsewhere what the layer serves now (the family's shipped file where there is one, else what it
+serves without a file), so only the kept cells change.
+- A shipped file of the family and shape (int4: always): its kept entries replaced; its provenance
   record keeps the other token counts' measurements and takes the kept ones' (each with its method).
 - mxfp4, int8 (per-channel symmetric): without its own file the family borrows the int4 file of its
   shape (`configs.BORROWED_FAMILIES`), its entries as MXFP4 or int8 serves them
@@ -74,9 +74,12 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
     kernel = f"wna16-int4-g{p.int4_group_size}" if quant == "int4" else KERNELS.get(quant, quant)
     key = ConfigKey(kernel, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
-    if quant == "int4":
-        shipped = json.loads((out / key.file_name()).read_text())
+    own = out / key.file_name()
+    if own.exists():  # a file of the family's own (int4 always): its other entries stay as shipped
+        shipped = json.loads(own.read_text())
         table = {int(m): QuantKernelConfig.from_dict(c) for m, c in shipped["configs"].items()}
+    elif quant == "int4":
+        raise FileNotFoundError(f"{own}: int4 retunes replace entries of a shipped file")
     elif quant in ("mxfp4", "int8"):
         table, served = _borrowed_int4(key, p, out, int8=quant == "int8")
     else:
@@ -88,7 +91,7 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
         table[m] = QuantKernelConfig.from_dict(tuned["configs"][str(m)])
     versions = {f: tuned[f] for f in ("device_name", "triton_version", "torch_version")}
     path = configs.write_configs(key, table, out, versions)
-    if quant == "int4":
+    if own.exists():
         provenance = shipped_records[path.name]
         for m in kept:
             provenance["measured_us"][str(m)] = {**record["measured_us"][str(m)], "method": record["method"],
