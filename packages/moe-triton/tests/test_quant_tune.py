@@ -124,6 +124,27 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
         assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
 
 
+def test_per_gemm_search_times_both_gemms_fastest_tiles_together():
+    """Each GEMM's grid is timed with the other held; where both GEMMs found a faster tile, the pair of
+    them is timed too and kept when fastest."""
+    experts = _tuner_experts()
+    base = experts.heuristic_config(3)
+
+    def timer(layer, rep_ms):
+        cand = experts.config_override
+        return (4.0 - 1.0 * (cand.gemm1.split_k == 3 and cand.gemm1.block_n == base.gemm1.block_n)
+                - 1.5 * (cand.gemm2.split_k == 6 and cand.gemm2.block_n == base.gemm2.block_n))
+
+    table, measured = _tune_quant_layer(experts, [3], 5, lambda s: None, timer=timer, per_gemm=True)
+    g1 = dataclasses.replace(base.gemm1, split_k=3)
+    g2 = dataclasses.replace(base.gemm2, split_k=6)
+    warps = f"block_n={base.gemm1.block_n},warps={base.gemm1.num_warps}"
+    assert table[3] == QuantKernelConfig(g1, g2)
+    assert measured["3"]["best"] == (f"heuristic+gemm1:split=3,{warps}+"
+                                     f"gemm2:split=6,block_n={base.gemm2.block_n},warps={base.gemm2.num_warps}")
+    assert measured["3"]["layer_us"][measured["3"]["best"]] == 1.5
+
+
 def test_int8_tuner_times_the_borrowed_shapes_and_wgmma_tiles_three_stages_deep(monkeypatch):
     """int8 on byte quads runs int4's kernels: the tuner times the int4 shape it borrows as served and
     the wgmma tiles at most three stages deep; the layer's own output is checked on the way."""

@@ -24,7 +24,8 @@ GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRI
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far. The layer is timed
+block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far, and both GEMMs' fastest
+tiles together where each beat it. The layer is timed
 as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
 (DeepSeek-V3) takes a random one, `--correction-bias` its standard deviation (1e-3 by default:
 near-uniform loads; `moe bench` draws `moe_core.bench.CORRECTION_BIAS_STD`, 0.1, which concentrates
@@ -309,7 +310,14 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
         second = min(times, key=times.get)
         if per_gemm and cands[second].fused is None:
-            time_all({f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()})
+            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()}
+            time_all(grid)
+            # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
+            wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
+                    for gemm in ("gemm1", "gemm2")]
+            if all(w is not None and times[w] < times[second] for w in wins):
+                both = dataclasses.replace(cands[second], gemm1=cands[wins[0]].gemm1, gemm2=cands[wins[1]].gemm2)
+                time_all({f"{wins[0]}+{wins[1].rpartition('+')[2]}": both})
         experts.config_override = None
         best = min(times, key=times.get)
         table[M] = cands[best]
