@@ -10,8 +10,8 @@ L2 flushed before each replay, median; `moe_core.bench.time_cuda_layer`):
   (default `moe bench`'s, so deepseek-v3's cells route as in the H200 matrix);
 - grouped_mm_us: the layer's two GEMMs alone in bf16, `torch._grouped_mm` (CUTLASS on Hopper) over the
   input set's routed rows already sorted by expert (each expert's pair count as routed): no routing,
-  gather, dequantization, activation or sum. W8A16 computes in bf16, so this is the least its GEMMs
-  take with the GPU's library kernels;
+  gather, dequantization, activation or sum, but bf16 weights (twice int8's bytes). W8A16 computes in
+  bf16: this is what the GPU's library grouped GEMM takes for the same GEMMs;
 - dense_mm_us: the same rows through one expert's weights (two `torch.mm`): the matmul rate of this
   many rows with no grouping at all;
 - floor_us: the roofline floor (`moe_core.bench.roofline_floor`, this run's ceilings).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ from moe_core.presets import get_preset
 from moe_core.routing import route_torch
 
 
-def protocol_us(calls: dict[int, callable], inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+def protocol_us(calls: dict[int, Callable[[], None]], inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
     """Median microseconds under the layer protocol of the call each input set maps to (by its
     hidden-states tensor), the sets taken in turn."""
     samples, method = time_cuda_layer(lambda x, logits: calls[id(x)](), inputs)
