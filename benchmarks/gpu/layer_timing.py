@@ -57,21 +57,24 @@ def random_weights(preset: Preset, dtype: str, device: torch.device) -> ExpertWe
     return ExpertWeights.random(preset.config, layer_quant(preset, dtype), seed=0, device=device)
 
 
-def correction_bias(preset: Preset, device: torch.device) -> torch.Tensor | None:
+def correction_bias(preset: Preset, device: torch.device, std: float = CORRECTION_BIAS) -> torch.Tensor | None:
+    """A random per-expert correction bias of deviation `std` (default: the tuner's routing) where the
+    preset's routing takes one."""
     cfg = preset.config
     if not cfg.routing.has_correction_bias:
         return None
     gen = torch.Generator(device=device).manual_seed(0)
-    return torch.randn(cfg.num_experts, device=device, generator=gen) * CORRECTION_BIAS  # the tuner's routing
+    return torch.randn(cfg.num_experts, device=device, generator=gen) * std
 
 
 def build_layer(preset: Preset, dtype: str, device: torch.device, weights: ExpertWeights | None = None,
-                backend: str = "triton") -> FusedMoE:
-    """The preset's layer on `backend`, loaded with `weights` (default: `random_weights`).
+                backend: str = "triton", bias_std: float = CORRECTION_BIAS) -> FusedMoE:
+    """The preset's layer on `backend`, loaded with `weights` (default: `random_weights`) and
+    `correction_bias(preset, device, bias_std)`.
     Raises moe_core.oracle.BackendUnavailableError where that backend cannot serve it."""
     layer = FusedMoE(preset.config, layer_quant(preset, dtype), device=device, prefer=backend)
     layer.load_weights(weights if weights is not None else random_weights(preset, dtype, device),
-                       correction_bias=correction_bias(preset, device))
+                       correction_bias=correction_bias(preset, device, bias_std))
     return layer
 
 

@@ -23,28 +23,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import triton
-from layer_timing import PRESETS, input_sets, layer_quant, random_weights
+from layer_timing import PRESETS, build_layer, correction_bias, input_sets, layer_quant, time_layer
 
-from moe_core import FusedMoE
-from moe_core.bench import CORRECTION_BIAS_STD, measure_ceilings, roofline_floor, routed_work, time_cuda_layer
+from moe_core.bench import CORRECTION_BIAS_STD, measure_ceilings, roofline_floor, routed_work
 from moe_core.oracle import BackendUnavailableError
 from moe_core.presets import get_preset
 from moe_core.routing import route_torch
 
 
 def protocol_us(calls: dict[int, Callable[[], None]], inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Median microseconds under the layer protocol of the call each input set maps to (by its
-    hidden-states tensor), the sets taken in turn."""
-    samples, method = time_cuda_layer(lambda x, logits: calls[id(x)](), inputs)
-    if method != "cuda-graph":
-        raise RuntimeError(f"not captured: {method}")
-    return statistics.median(samples) * 1e6
+    """Median microseconds under the layer protocol (`layer_timing.time_layer`) of the call each input
+    set maps to (by its hidden-states tensor), the sets taken in turn."""
+    return time_layer(lambda x, logits: calls[id(x)](), inputs)["us"]
 
 
 def gemm_calls(config, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, gen: torch.Generator):
@@ -90,8 +85,7 @@ def main() -> int:
         preset = get_preset(name)
         config = preset.config
         gen = torch.Generator(device=dev).manual_seed(0)
-        bias = (torch.randn(config.num_experts, device=dev, generator=gen) * args.bias_std
-                if config.routing.has_correction_bias else None)
+        bias = correction_bias(preset, dev, args.bias_std)
         shape13 = (config.num_experts, config.w13_rows, config.hidden_size)
         shape2 = (config.num_experts, config.hidden_size, config.intermediate_size_per_partition)
         w13 = torch.randn(shape13, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -106,16 +100,15 @@ def main() -> int:
             for scheme in args.schemes:
                 quant = layer_quant(preset, scheme)
                 try:
-                    layer = FusedMoE(config, quant, device=dev, prefer="triton")
+                    layer = build_layer(preset, scheme, dev, bias_std=args.bias_std)
                 except BackendUnavailableError as exc:
                     print(f"{name} {scheme}: refused ({str(exc).splitlines()[0][:160]})", flush=True)
                     continue
-                layer.load_weights(random_weights(preset, scheme, dev), correction_bias=bias)
-                samples, _ = time_cuda_layer(layer, inputs)
+                layer_us = time_layer(layer, inputs)["us"]
                 floor = roofline_floor(config, quant, work, ceilings)
                 row = {"preset": name, "scheme": scheme, "tokens": tokens, "experts": work.experts,
                        "pairs": work.pairs, "busiest_expert_pairs": max(r[2] for r in routed),
-                       "layer_us": round(statistics.median(samples) * 1e6, 1), "grouped_mm_us": round(grouped_us, 1),
+                       "layer_us": round(layer_us, 1), "grouped_mm_us": round(grouped_us, 1),
                        "dense_mm_us": round(dense_us, 1), "floor_us": round(floor.seconds * 1e6, 1),
                        "floor_bound": floor.bound, "compute_floor_us": round(floor.compute_s * 1e6, 1)}
                 row["layer_over_grouped_mm"] = round(row["layer_us"] / row["grouped_mm_us"], 3)

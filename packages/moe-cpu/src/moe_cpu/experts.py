@@ -60,18 +60,16 @@ class _CpuExperts(Experts):
 
     def apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
               ) -> torch.Tensor:
-        packed = self._packed()
-        views = _experts_of(packed)
+        views = _experts_of(self._packed())
         check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
         return run_experts(hidden_states, topk_weights, topk_ids, self.config.num_local_experts,
                            self.expert_map, self.config.routing.weight_on_input,
-                           lambda name, expert, x: self._gemm(packed, views, name, expert, x), self._activate)
+                           lambda name, expert, x: self._gemm(views, name, expert, x), self._activate)
 
     @abstractmethod
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         """x [m, in] @ weight `name` ("w13" or "w2") of one local expert, plus its bias: [m, out].
-        views: packed's tensors as per-expert views (`_experts_of`, looked up once per call)."""
+        views: the packed weights per expert (`_experts_of`, looked up once per call)."""
 
     def _activate(self, h: torch.Tensor) -> torch.Tensor:
         # fp32 for the nonlinearity: the GEMM output is small next to the weights, the accuracy is not
@@ -90,19 +88,27 @@ def _groups_divide(config: MoEConfig, quant: MoEQuantConfig) -> Support:
     return Support.yes()
 
 
-# Each loaded PackedWeights' [E, ...] tensors as their experts' views, made on first use: views made
-# per GEMM on every call (`t[expert]`, 32 at one token for qwen3-30b-a3b) are a visible share of a
-# one-token call's host time.
+# Each loaded PackedWeights' tensors per expert, made on first use: a view or key made per GEMM on
+# every call (`t[expert]`, oneDNN's "w13.<expert>"; 32 GEMMs at one token for qwen3-30b-a3b) is a
+# visible share of a one-token call's host time.
 _ExpertViews = dict[str, tuple[torch.Tensor, ...]]
 _EXPERT_VIEWS: weakref.WeakKeyDictionary[PackedWeights, _ExpertViews] = weakref.WeakKeyDictionary()
 
 
 def _experts_of(packed: PackedWeights) -> _ExpertViews:
-    """packed's dense [E, ...] tensors split into their experts' views (oneDNN's opaque per-expert
-    weights, one tensor each, are left out)."""
+    """packed's tensors per expert: each dense [E, ...] tensor split into its experts' views, and
+    oneDNN's opaque weights (stored one per expert as "<name>.<expert>") gathered under their name."""
     views = _EXPERT_VIEWS.get(packed)
     if views is None:
-        views = _EXPERT_VIEWS[packed] = {name: t.unbind(0) for name, t in packed.tensors.items() if not t.is_mkldnn}
+        views, opaque = {}, {}
+        for key, t in packed.tensors.items():
+            if t.is_mkldnn:
+                name, _, expert = key.rpartition(".")
+                opaque.setdefault(name, {})[int(expert)] = t
+            else:
+                views[key] = t.unbind(0)
+        views.update({name: tuple(per[e] for e in range(len(per))) for name, per in opaque.items()})
+        _EXPERT_VIEWS[packed] = views
     return views
 
 
@@ -215,9 +221,8 @@ class CpuOneDnnExperts(_CpuExperts):
         if self.weights is not None:
             self.restore_packed(self.weights)
 
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed[f"{name}.{expert}"],
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), views[name][expert],
                                                   _expert_bias(views, name, expert), "none", [], "")
 
 
@@ -239,8 +244,7 @@ class CpuUnquantizedExperts(_CpuExperts):
                      "one GEMM pair per active expert: tokens per expert are not padded or batched across experts"),
     )
 
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, views[name][expert], _expert_bias(views, name, expert))
 
 
@@ -309,8 +313,7 @@ class CpuFp8EmulatedExperts(_CpuExperts):
                      "GEMMs; no fp8 arithmetic and no speed benefit",),
     )
 
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         # the key's activation quantization applies to each expert's own rows, as in the reference
         xq = fake_quantize_activation(x.float(), self.quant.activation)
         return F.linear(xq, views[name][expert], _expert_bias(views, name, expert))
@@ -374,8 +377,7 @@ class CpuInt4Experts(_CpuExperts):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int4pack_mm_for_cpu")
         return _groups_divide(config, quant)
 
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         codes, scale_and_zeros = views[name][expert], views[f"{name}_scale_and_zeros"][expert]
         perms = views.get(f"{name}_perm")
         perm = None if perms is None else perms[expert]
@@ -432,8 +434,7 @@ class CpuInt8Experts(_CpuExperts):
             return Support.no(f"torch {torch.__version__} lacks aten._weight_int8pack_mm")
         return Support.yes()
 
-    def _gemm(self, packed: PackedWeights, views: _ExpertViews, name: str, expert: int,
-              x: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, views: _ExpertViews, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         y = torch.ops.aten._weight_int8pack_mm(x, views[name][expert], views[f"{name}_scale"][expert])
         correction = views.get(f"{name}_zero_correction")
