@@ -75,7 +75,8 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
     key = ConfigKey(kernel, cfg.num_experts, cfg.intermediate_size, cfg.hidden_size, cfg.top_k, "bfloat16",
                     device_tag(device))
     own = out / key.file_name()
-    if own.exists():  # a file of the family's own (int4 always): its other entries stay as shipped
+    had_own = own.exists()
+    if had_own:  # a file of the family's own (int4 always): its other entries stay as shipped
         shipped = json.loads(own.read_text())
         table = {int(m): QuantKernelConfig.from_dict(c) for m, c in shipped["configs"].items()}
     elif quant == "int4":
@@ -91,7 +92,7 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
         table[m] = QuantKernelConfig.from_dict(tuned["configs"][str(m)])
     versions = {f: tuned[f] for f in ("device_name", "triton_version", "torch_version")}
     path = configs.write_configs(key, table, out, versions)
-    if own.exists():
+    if had_own:
         provenance = shipped_records[path.name]
         for m in kept:
             provenance["measured_us"][str(m)] = {**record["measured_us"][str(m)], "method": record["method"],
