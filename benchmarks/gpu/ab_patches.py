@@ -1,16 +1,24 @@
-"""Launch-shape patches for `ab_layer.py` variants (`--variant NAME=ab_patches:FUNCTION`, with
-benchmarks/gpu on PYTHONPATH): each forces the quantized layer's launch shapes at the timed token
-count to those it would run, with one field changed.
+"""Patches for `ab_layer.py` variants (`--variant NAME=ab_patches:FUNCTION`, with benchmarks/gpu on
+PYTHONPATH).
 
+Launch shapes: each forces the quantized layer's launch shapes at the timed token count to those it
+would run, with one field changed.
 - `group_m4`, `group_m8`, `group_m16`: both GEMMs with their M blocks launched in groups of that
   many (`GemmConfig.group_m`); for token counts whose launch puts N tiles first.
+
+The one-token launch chain of the quantized layers (`moe_triton.quantized`):
+- `routing_launch`: a routing launch ahead of GEMM1 (`ONE_TOKEN_ROUTES_IN_GEMM1` off);
+- `three_launches`: that, and a split GEMM1 finishing its own sums by last arrival
+  (`ONE_TOKEN_SPLIT_PARTIALS` off too): the chain before the two were added.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from unittest import mock
 
+from moe_triton import quantized
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -27,3 +35,14 @@ def _group_m(size: int):
 group_m4 = _group_m(4)
 group_m8 = _group_m(8)
 group_m16 = _group_m(16)
+
+
+def routing_launch(layer, tokens: int):
+    return mock.patch.object(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
+
+
+@contextlib.contextmanager
+def three_launches(layer, tokens: int):
+    with (mock.patch.object(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False),
+          mock.patch.object(quantized, "ONE_TOKEN_SPLIT_PARTIALS", False)):
+        yield

@@ -88,16 +88,17 @@ def _splits(gemm1: int, gemm2: int, block_n: int = 64) -> QuantKernelConfig:
 ])
 @pytest.mark.parametrize("splits", [(1, 1), (2, 1), (1, 3), (4, 2)])
 def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
-    """M=1: GEMM1's K-splits and GEMM2's top-k x K-splits are finished by their last contributor
-    (the activation, the 16-bit store); another rank's experts count as contributions of nothing.
-    K = 512: 4 K tiles, so 3 splits leave none empty."""
+    """M=1: GEMM1's K-splits go to GEMM2 as partial products, which it adds up and activates as it
+    reads them, and GEMM2's top-k x K-splits are finished by their last contributor (the 16-bit
+    store); another rank's experts count as contributions of nothing. K = 512: 4 K tiles, so 3
+    splits leave none empty."""
     out, ref = run_layer(cls, quant, activation, torch.bfloat16, K=512, N=128, E=6, topk=3, M=1, bias=True,
                     parallel=ParallelConfig(ep_size=2, ep_rank=0), override=_splits(*splits))
     assert rel_l2(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16())])
-@pytest.mark.parametrize("M", [1, LAST_ARRIVAL_MAX_TOKENS])
+@pytest.mark.parametrize("M", [2, LAST_ARRIVAL_MAX_TOKENS])
 @pytest.mark.parametrize("splits", [(2, 1), (4, 3)])
 def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, splits):
     """FusedMoE's call (`apply_monolithic`): a split GEMM1's last-arrival sums are cleared by the
@@ -134,6 +135,81 @@ def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, spli
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
     assert rel_l2(out, ref) < 1e-2
+
+
+def _garbage_buffers(monkeypatch):
+    """torch.empty returning bytes of 0x5A: no buffer a launch relies on is zero by chance."""
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x5A)
+        return t
+
+    monkeypatch.setattr(torch, "empty", garbage)
+
+
+@pytest.mark.parametrize(("cls", "quant", "activation"), [
+    (TritonWna16Experts, int4_w4a16(128), Activation.silu()),
+    (TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai()),
+    (TritonWna16Experts, int8_w8a16(-1), Activation.relu2()),
+])
+@pytest.mark.parametrize(("routing", "E", "topk", "ep"), [
+    (Routing.softmax_topk(True), 6, 3, 2),
+    (Routing.deepseek_v3(num_expert_groups=4, topk_groups=2), 16, 4, 1),
+])
+@pytest.mark.parametrize("splits", [(1, 1), (4, 2)])
+def test_one_token_routes_in_gemm1(monkeypatch, cls, quant, activation, routing, E, topk, ep, splits):
+    """FusedMoE's call at one token (`apply_monolithic`): GEMM1 routes the token itself (no routing
+    launch) and, split over K, leaves its partial products to GEMM2 (no zeroing launch), though every
+    new buffer holds garbage: two launches, matching the reference routed by route_torch and, bit for
+    bit, the three-launch chain (routing launch, GEMM1 finishing its own sums) that it replaces."""
+    from moe_triton import quantized
+
+    cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
+                    activation=activation, routing=routing, has_bias=True,
+                    parallel=ParallelConfig(ep_size=ep, ep_rank=ep - 1))
+    experts = cls(cfg, quant, RUN_ON)
+    weights = ExpertWeights.random(cfg, quant, seed=E, device=DEV)
+    experts.load_weights(weights)
+    experts.config_override = _splits(*splits)
+    assert experts._routes_in_gemm1(1) and experts._gemm1_sums_numel(1) == 0
+    gen = torch.Generator().manual_seed(E + 1)
+    x = torch.randn(1, 512, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(1, E, generator=gen).to(DEV)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "route", lambda *a, **k: pytest.fail("a routing launch"))
+        m.setattr(quantized, "zeroed_int32", lambda *a, **k: pytest.fail("a zeroing launch"))
+        _garbage_buffers(m)
+        out = experts.apply_monolithic(x, logits, bias)
+    with monkeypatch.context() as m:
+        m.setattr(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
+        m.setattr(quantized, "ONE_TOKEN_SPLIT_PARTIALS", False)
+        before = experts.apply_monolithic(x, logits, bias)
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k, bias)
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(out, ref) < 1e-2
+    assert torch.equal(out, before)
+
+
+def test_one_token_routing_in_gemm1_keeps_the_router_semantics():
+    """A token whose logits are all -inf chooses no expert (weight 0): zeros out, as the routing
+    launch gives; a +inf logit chooses its expert."""
+    cfg = MoEConfig(num_experts=6, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
+    quant = int4_w4a16(128)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    weights = ExpertWeights.random(cfg, quant, seed=3, device=DEV)
+    experts.load_weights(weights)
+    x = torch.randn(1, 256, device=DEV).to(torch.bfloat16)
+    assert experts._routes_in_gemm1(1)
+    assert not experts.apply_monolithic(x, torch.full((1, 6), float("-inf"), device=DEV), None).any()
+    logits = torch.randn(1, 6, device=DEV)
+    logits[0, 4] = float("inf")
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
+    assert 4 in ids.tolist()[0]
+    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
+    assert rel_l2(experts.apply_monolithic(x, logits, None), ref) < 1e-2
 
 
 def test_routing_inside_the_experts_checks_its_rows():
@@ -196,9 +272,10 @@ def test_fused_layer_on_gpu(quant, routing):
 
 @pytest.mark.device("cuda")
 def test_one_token_split_layer_launches_on_gpu():
-    """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
-    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth.
-    Eager calls: a replayed CUDA graph would show its input copy and capture-time launches instead."""
+    """A one-token FusedMoE layer whose GEMM1 is split over K runs GEMM1 (which routes the token and
+    stores its K-splits' partial products) and GEMM2: two launches. Routed by the caller (`apply`),
+    the routing launch comes third. Eager calls: a replayed CUDA graph would show its input copy and
+    capture-time launches instead."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -223,8 +300,8 @@ def test_one_token_split_layer_launches_on_gpu():
 
     fused = kernels(lambda: layer(x, logits))
     apart = kernels(lambda: layer.experts.apply(x, *route(logits, cfg.routing, cfg.top_k)))
-    assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
-    assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
+    assert fused == ["_moe_wgemm_kernel"] * 2, fused
+    assert sorted([*fused, "_route_kernel"]) == apart, (fused, apart)
 
 
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])
