@@ -7,14 +7,12 @@ would run, with one field changed.
   many (`GemmConfig.group_m`); for token counts whose launch puts N tiles first.
 
 The one-token launch chain of the quantized layers (`moe_triton.quantized`):
-- `routing_launch`: a routing launch ahead of GEMM1 (`ONE_TOKEN_ROUTES_IN_GEMM1` off);
-- `three_launches`: that, and a split GEMM1 finishing its own sums by last arrival
-  (`ONE_TOKEN_SPLIT_PARTIALS` off too): the chain before the two were added.
+- `routing_launch`: a routing launch ahead of GEMM1 (`ONE_TOKEN_ROUTES_IN_GEMM1` off), where GEMM1
+  would route the token itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from unittest import mock
 
@@ -40,9 +38,3 @@ group_m16 = _group_m(16)
 def routing_launch(layer, tokens: int):
     return mock.patch.object(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
 
-
-@contextlib.contextmanager
-def three_launches(layer, tokens: int):
-    with (mock.patch.object(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False),
-          mock.patch.object(quantized, "ONE_TOKEN_SPLIT_PARTIALS", False)):
-        yield

@@ -22,26 +22,17 @@ _SPECIALIZATIONS = {
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
                                    PREFETCH_TILES=2), {"b_ptr": "*i16"}),
-    # one token's chain in two launches: GEMM1 routing the token itself (qwen3's softmax top-8 of 128;
-    # DeepSeek-V3's sigmoid groups with a bias and a scale) and storing its K-splits' partials; GEMM2
-    # reading them summed and activated, int4 scaled after its dots, MXFP4 with gpt-oss's SwiGLU
-    "quads-direct-route-split-partials": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=64, POST_SCALE=True,
-                                               DIRECT=True, SPLIT_K=4, ZERO_SIDE=True, PDL=True, ROUTE=True, R_TOP_K=8,
-                                               R_K_P2=8, R_RENORMALIZE=True, R_PER_GROUP=128, R_PG_P2=128),
-                                          {"b_ptr": "*i16"}),
+    # one token's GEMM1 routing the token itself (mixtral's softmax top-2 of 8 with the activation;
+    # DeepSeek-V3's sigmoid groups with a bias and a scale, int8 per channel)
+    "quads-direct-route": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=1, GATE_UP_CHUNK=32,
+                                DIRECT=True, ZERO_SIDE=True, PDL=True, ROUTE=True, R_TOP_K=2, R_K_P2=2,
+                                R_RENORMALIZE=True, R_PER_GROUP=8, R_PG_P2=8), {"b_ptr": "*i16"}),
     "int8-quads-direct-route-deepseek": (dict(GROUP=7168, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
-                                              POST_SCALE=True, DIRECT=True, HAS_MAP=True, SPLIT_K=8, PDL=True,
-                                              ROUTE=True, R_TOP_K=8, R_K_P2=8, R_SOFTMAX=False, R_HAS_BIAS=True,
-                                              R_GROUPS=8, R_G_P2=8, R_PER_GROUP=32, R_PG_P2=32, R_TOPK_GROUPS=4,
-                                              R_RENORMALIZE=True, R_SCALE=True), {"b_ptr": "*i32"}),
-    "quads-direct-split-partials-in": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2,
-                                            MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, SPLIT_K=3, PDL=True,
-                                            PREFETCH_TILES=1, A_SPLITS=4, A_ACT=1, A_CHUNK=32),
-                                       {"a_ptr": "*fp32", "b_ptr": "*i16"}),
-    "mxfp4-direct-split-partials-in": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, SINK=2,
-                                            MUL_ROUTED=True, REDUCE_TOPK=4, DIRECT=True, HAS_MAP=True, SPLIT_K=2,
-                                            PDL=True, FOLDED_SCALE=True, K_TAIL=True, HAS_BIAS=True, A_SPLITS=2,
-                                            A_ACT=4, A_CHUNK=32), {"a_ptr": "*fp32", "b_ptr": "*i16", "s_ptr": "*i32"}),
+                                              BLOCK_N=128, ACT=1, GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True,
+                                              ZERO_SIDE=True, PDL=True, ROUTE=True, R_TOP_K=8, R_K_P2=8,
+                                              R_SOFTMAX=False, R_HAS_BIAS=True, R_GROUPS=8, R_G_P2=8, R_PER_GROUP=32,
+                                              R_PG_P2=32, R_TOPK_GROUPS=4, R_RENORMALIZE=True, R_SCALE=True),
+                                         {"b_ptr": "*i32"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     # an expert's last block over its valid half (the K loop built for both row counts), N tiles first

@@ -88,17 +88,16 @@ def _splits(gemm1: int, gemm2: int, block_n: int = 64) -> QuantKernelConfig:
 ])
 @pytest.mark.parametrize("splits", [(1, 1), (2, 1), (1, 3), (4, 2)])
 def test_one_token_sums_finish_at_last_arrival(cls, quant, activation, splits):
-    """M=1: GEMM1's K-splits go to GEMM2 as partial products, which it adds up and activates as it
-    reads them, and GEMM2's top-k x K-splits are finished by their last contributor (the 16-bit
-    store); another rank's experts count as contributions of nothing. K = 512: 4 K tiles, so 3
-    splits leave none empty."""
+    """M=1: GEMM1's K-splits and GEMM2's top-k x K-splits are finished by their last contributor
+    (the activation, the 16-bit store); another rank's experts count as contributions of nothing.
+    K = 512: 4 K tiles, so 3 splits leave none empty."""
     out, ref = run_layer(cls, quant, activation, torch.bfloat16, K=512, N=128, E=6, topk=3, M=1, bias=True,
                     parallel=ParallelConfig(ep_size=2, ep_rank=0), override=_splits(*splits))
     assert rel_l2(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16())])
-@pytest.mark.parametrize("M", [2, LAST_ARRIVAL_MAX_TOKENS])
+@pytest.mark.parametrize("M", [1, LAST_ARRIVAL_MAX_TOKENS])
 @pytest.mark.parametrize("splits", [(2, 1), (4, 3)])
 def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, splits):
     """FusedMoE's call (`apply_monolithic`): a split GEMM1's last-arrival sums are cleared by the
@@ -158,12 +157,12 @@ def _garbage_buffers(monkeypatch):
     (Routing.softmax_topk(True), 6, 3, 2),
     (Routing.deepseek_v3(num_expert_groups=4, topk_groups=2), 16, 4, 1),
 ])
-@pytest.mark.parametrize("splits", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("splits", [(1, 1), (1, 3), (4, 2)])
 def test_one_token_routes_in_gemm1(monkeypatch, cls, quant, activation, routing, E, topk, ep, splits):
-    """FusedMoE's call at one token (`apply_monolithic`): GEMM1 routes the token itself (no routing
-    launch) and, split over K, leaves its partial products to GEMM2 (no zeroing launch), though every
-    new buffer holds garbage: two launches, matching the reference routed by route_torch and, bit for
-    bit, the three-launch chain (routing launch, GEMM1 finishing its own sums) that it replaces."""
+    """FusedMoE's call at one token (`apply_monolithic`) with a GEMM1 not split over K: GEMM1 routes
+    the token itself, no routing or zeroing launch, though every new buffer holds garbage: two
+    launches, matching the reference routed by route_torch and, bit for bit, the routing launch
+    ahead of GEMM1 that it replaces. A split GEMM1 keeps that launch (it clears GEMM1's sums)."""
     from moe_triton import quantized
 
     cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
@@ -173,19 +172,20 @@ def test_one_token_routes_in_gemm1(monkeypatch, cls, quant, activation, routing,
     weights = ExpertWeights.random(cfg, quant, seed=E, device=DEV)
     experts.load_weights(weights)
     experts.config_override = _splits(*splits)
-    assert experts._routes_in_gemm1(1) and experts._gemm1_sums_numel(1) == 0
+    routes = splits[0] == 1
+    assert experts._routes_in_gemm1(1) == routes and (experts._gemm1_sums_numel(1) == 0) == routes
     gen = torch.Generator().manual_seed(E + 1)
     x = torch.randn(1, 512, generator=gen).to(torch.bfloat16).to(DEV)
     logits = torch.randn(1, E, generator=gen).to(DEV)
     bias = (torch.randn(E, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
     with monkeypatch.context() as m:
-        m.setattr(quantized, "route", lambda *a, **k: pytest.fail("a routing launch"))
+        if routes:
+            m.setattr(quantized, "route", lambda *a, **k: pytest.fail("a routing launch"))
         m.setattr(quantized, "zeroed_int32", lambda *a, **k: pytest.fail("a zeroing launch"))
         _garbage_buffers(m)
         out = experts.apply_monolithic(x, logits, bias)
     with monkeypatch.context() as m:
         m.setattr(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
-        m.setattr(quantized, "ONE_TOKEN_SPLIT_PARTIALS", False)
         before = experts.apply_monolithic(x, logits, bias)
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k, bias)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
@@ -271,11 +271,12 @@ def test_fused_layer_on_gpu(quant, routing):
 
 
 @pytest.mark.device("cuda")
-def test_one_token_split_layer_launches_on_gpu():
-    """A one-token FusedMoE layer whose GEMM1 is split over K runs GEMM1 (which routes the token and
-    stores its K-splits' partial products) and GEMM2: two launches. Routed by the caller (`apply`),
-    the routing launch comes third. Eager calls: a replayed CUDA graph would show its input copy and
-    capture-time launches instead."""
+@pytest.mark.parametrize("gemm1_splits", [2, 1])
+def test_one_token_layer_launches_on_gpu(gemm1_splits):
+    """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
+    GEMM1 and GEMM2: three launches; routed by the caller (`apply`), a zeroing launch comes fourth.
+    Not split: GEMM1 routes the token itself, two launches; routed by the caller, three. Eager calls:
+    a replayed CUDA graph would show its input copy and capture-time launches instead."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -286,7 +287,7 @@ def test_one_token_split_layer_launches_on_gpu():
     quant = int4_w4a16(128)
     layer = FusedMoE(cfg, quant, device="cuda", prefer="triton", cuda_graphs=False)
     layer.load_weights(ExpertWeights.random(cfg, quant, seed=5, device=DEV))
-    layer.experts.config_override = _splits(2, 2)
+    layer.experts.config_override = _splits(gemm1_splits, 2)
     x = torch.randn(1, 512, device=DEV).to(torch.bfloat16)
     logits = torch.randn(1, 16, device=DEV)
 
@@ -300,8 +301,12 @@ def test_one_token_split_layer_launches_on_gpu():
 
     fused = kernels(lambda: layer(x, logits))
     apart = kernels(lambda: layer.experts.apply(x, *route(logits, cfg.routing, cfg.top_k)))
-    assert fused == ["_moe_wgemm_kernel"] * 2, fused
-    assert sorted([*fused, "_route_kernel"]) == apart, (fused, apart)
+    if gemm1_splits > 1:
+        assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
+        assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
+    else:
+        assert fused == ["_moe_wgemm_kernel"] * 2, fused
+        assert sorted([*fused, "_route_kernel"]) == apart, (fused, apart)
 
 
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])

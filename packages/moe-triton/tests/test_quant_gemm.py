@@ -28,14 +28,12 @@ from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm import (
     LastArrival,
-    PartialsIn,
     RoutedInLaunch,
     direct_quant_gemm,
     grouped_quant_gemm,
     quant_gemm_torch,
     zeroed_int32,
 )
-from moe_triton.quant_gemm_details._heuristics import effective_split
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -73,62 +71,6 @@ def test_gemm1_with_the_activation_matches_twin():
         grouped_quant_gemm(x, w, out.new_zeros(M * topk, w.n), sorted_ids, expert_ids, num_post, M * topk,
                  dataclasses.replace(launch, split_k=2), a_rows_div=topk, activation=act, atomic=True,
                  gate_up_chunk=GATE_UP_CHUNK)
-
-
-@pytest.mark.parametrize("quant", [int4_w4a16(128), mxfp4_w4a16(), int8_w8a16(-1), int4_w4a16(64, zero_point=True)])
-@pytest.mark.parametrize(("split", "act"), [(2, Activation.silu()), (4, Activation.swiglu_oai()), (3, Activation.relu2())])
-def test_direct_split_partials_through_both_gemms(quant, split, act):
-    """One token's pairs: GEMM1 stores each K-split's partial product in its own slice (a 3-D
-    output, one slice per split the launch runs: 3 of 4 K tiles run as 2), and GEMM2 reads those
-    slices as its activations, summed and activated as it loads them: each against its twin."""
-    from moe_core.reference import apply_activation
-
-    cfg = MoEConfig(num_experts=6, top_k=3, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
-                    activation=act)
-    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
-    experts = cls(cfg, quant, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, quant, seed=split, device=DEV))
-    chunk = experts._gate_up_chunk
-    w13, w2 = experts._operand("w13", cfg.w13_rows, 512), experts._operand("w2", 512, 128)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(1, 512, generator=gen).to(torch.bfloat16).to(DEV)
-    ids = torch.tensor([[4, 0, 2]], dtype=torch.int32, device=DEV)
-    launch = GemmConfig(16, 64, split, 4, 2, True)
-    partials = torch.full((effective_split(split, w13), 3, cfg.w13_rows), float("nan"), device=DEV)
-    direct_quant_gemm(x, w13, partials, ids, None, launch, a_rows_div=3)
-    h = quant_gemm_torch(x, w13, ids.flatten(), a_rows_div=3)
-    assert rel_l2(partials.sum(0), h) < 1e-3
-    a2 = apply_activation(GateUpInterleave(chunk).unswizzle(partials.sum(0)) if chunk else partials.sum(0), act)
-    out = torch.zeros(3, 512, device=DEV)
-    direct_quant_gemm(partials, w2, out, ids, None, dataclasses.replace(launch, block_n=128, split_k=1), atomic=True,
-                      partials_in=PartialsIn(act, chunk, torch.bfloat16))
-    assert rel_l2(out, quant_gemm_torch(a2.to(torch.bfloat16), w2, ids.flatten())) < 1e-2
-
-
-def test_split_partials_refuse_what_they_cannot_be():
-    w13 = gemm1_operand(int4_w4a16(128), 256, seed=1)
-    x = torch.randn(1, 256, dtype=torch.float16, device=DEV)
-    ids = torch.tensor([[1, 3]], dtype=torch.int32, device=DEV)
-    launch = GemmConfig(16, 64, 2, 4, 2, True)
-    with pytest.raises(ValueError, match=r"3-D output takes each of the 2 K-splits' partial products unsummed: "
-                                         r"contiguous fp32 \[2, rows, N=256\]"):
-        direct_quant_gemm(x, w13, torch.zeros(3, 2, 256, device=DEV), ids, None, launch)
-    with pytest.raises(ValueError, match="no activation"):
-        direct_quant_gemm(x, w13, torch.zeros(2, 2, 256, device=DEV), ids, None, launch, activation=Activation.silu(),
-                          gate_up_chunk=GATE_UP_CHUNK)
-    partials = torch.zeros(2, 2, 256, device=DEV)
-    with pytest.raises(ValueError, match="say how to read them"):
-        direct_quant_gemm(partials, w13, torch.zeros(2, 256, device=DEV), ids, None, launch, atomic=True)
-    silu = PartialsIn(Activation.silu(), GATE_UP_CHUNK, torch.float16)
-    with pytest.raises(ValueError, match=r"fp32 \[splits, rows, 512\]"):
-        direct_quant_gemm(partials, w13, torch.zeros(2, 256, device=DEV), ids, None, launch, atomic=True,
-                          partials_in=silu)
-    with pytest.raises(ValueError, match="gate/up chunks dividing K=256"):
-        direct_quant_gemm(partials.new_zeros(2, 2, 512), w13, torch.zeros(2, 256, device=DEV), ids, None, launch,
-                          atomic=True, partials_in=dataclasses.replace(silu, gate_up_chunk=0))
-    with pytest.raises(ValueError, match=r"16-bit operand \(bfloat16, float16\)"):
-        direct_quant_gemm(partials.new_zeros(2, 2, 512), w13, torch.zeros(2, 256, device=DEV), ids, None, launch,
-                          atomic=True, partials_in=dataclasses.replace(silu, dtype=torch.float32))
 
 
 @pytest.mark.parametrize(("routing", "E", "topk", "bias"), [

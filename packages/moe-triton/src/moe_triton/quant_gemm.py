@@ -2,7 +2,7 @@
 
 `grouped_quant_gemm` runs one GEMM over align-sorted (token, k) pairs, `direct_quant_gemm` one over
 topk_ids without alignment (one token's distinct experts), which can also route the token itself
-(`RoutedInLaunch`) and take the K-split partial sums of the GEMM ahead as its input; both launch the tl.dot kernel
+(`RoutedInLaunch`); both launch the tl.dot kernel
 (`quant_gemm_details._kernel`), or for a `GemmConfig.wgmma` configuration (quads, Hopper) the
 Gluon wgmma kernel (`quant_gemm_details._wgmma`). `quant_gemm_torch` is their twin: the per-pair
 fp32 result from weights dequantized in torch.
@@ -34,7 +34,7 @@ from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 from moe_triton.routing_details._kernel import route_constexprs
 
-__all__ = ["LastArrival", "PartialsIn", "RoutedInLaunch", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch",
+__all__ = ["LastArrival", "RoutedInLaunch", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch",
            "zeroed_int32"]
 
 
@@ -66,20 +66,6 @@ class RoutedInLaunch:
     correction_bias: torch.Tensor | None
     weights: torch.Tensor
     routing: Routing
-
-
-@dataclass(frozen=True)
-class PartialsIn:
-    """A direct launch's activations made from the GEMM ahead's K-split partial products (a 3-D `a`
-    [splits, pairs, columns], fp32): summed in split order and passed through the activation as
-    they are read, then rounded to `dtype`, as that GEMM's own epilogue would have stored them.
-
-    Invariants: `gate_up_chunk` > 0 exactly when `activation` is gated (the columns are chunks of
-    gate and up rows, `_layouts.GateUpInterleave`); `dtype` the layer's 16-bit type."""
-
-    activation: Activation
-    gate_up_chunk: int
-    dtype: torch.dtype
 
 
 def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
@@ -114,15 +100,12 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
                     zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
-                    routed: RoutedInLaunch | None = None, partials_in: PartialsIn | None = None) -> None:
+                    routed: RoutedInLaunch | None = None) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
     `routed`: the launch routes the tokens and writes topk_ids (contiguous) and the weights.
-    A 3-D `out` [splits, pairs, N] (fp32, `STORE` sink) takes each K-split's partial product in
-    its own slice, unsummed and without an activation; a 3-D `a` is such partials (the GEMM
-    ahead's; quads weights here), read as `partials_in` says.
     `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
@@ -137,7 +120,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, routed=routed, partials_in=partials_in)
+            prefetch_l2=prefetch_l2, routed=routed)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -151,21 +134,14 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None, prefetch_l2: bool = False, routed: RoutedInLaunch | None = None,
-            partials_in: PartialsIn | None = None) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False, routed: RoutedInLaunch | None = None) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
+    if a.shape[1] != w.k:
+        raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
     split = effective_split(cfg.split_k, w)
-    a_splits = _check_partials_in(a, w, partials_in)
-    split_out = out.dim() == 3
-    if split_out and not (sink is Sink.STORE and activation is None and reduce_topk == 1
-                          and out.dtype == torch.float32 and out.shape[0] == split and out.shape[2] == w.n
-                          and out.is_contiguous()):
-        raise ValueError(f"a 3-D output takes each of the {split} K-splits' partial products unsummed: contiguous "
-                         f"fp32 [{split}, rows, N={w.n}], a STORE sink, no activation or top-k reduce; got "
-                         f"{out.dtype} {list(out.shape)}")
-    if (split > 1 or reduce_topk > 1) and not split_out and not (sink is not Sink.STORE and out.dtype == torch.float32):
+    if (split > 1 or reduce_topk > 1) and not (sink is not Sink.STORE and out.dtype == torch.float32):
         raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
     if activation is not None and sink is Sink.ATOMIC:
         raise ValueError("an activation needs whole sums: a STORE or LAST_ARRIVAL sink, not ATOMIC")
@@ -174,7 +150,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
                          f"block_n divisible by {2 * gate_up_chunk}, got {activation} and {cfg}")
     if activation is not None and activation.gated and not gate_up_chunk:
         raise ValueError("a gated activation in the GEMM needs w's rows interleaved (gate_up_chunk > 0)")
-    if (out.stride(-1) if out.dim() >= 2 else 1) != 1:
+    if (out.stride(1) if out.dim() == 2 else 1) != 1:
         raise ValueError("the GEMM output needs a unit column stride")
     if _swapped(w) and not cfg.swap_ab:
         raise ValueError("4-bit weights and int8 quads run swapped only (the weights are the MMA's register "
@@ -205,9 +181,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
     if cfg.wgmma:
-        if routed is not None or a_splits or split_out:
-            raise ValueError("the wgmma GEMM neither routes nor reads or writes K-split partials: a tl.dot "
-                             f"configuration does, got {cfg}")
+        if routed is not None:
+            raise ValueError(f"the wgmma GEMM does not route: a tl.dot configuration does, got {cfg}")
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
         # the scale-row addresses provably 16-byte aligned for cp.async.
         scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
@@ -250,11 +225,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
-    # (split, row, column) strides of A and of the output (split 0 where they are 2-D).
-    a_st = a.stride() if a_splits else (0, *a.stride())
-    out_st = out.stride() if split_out else (0, out.stride(0))
-    # The kernel applies one activation: its own epilogue's, or that of the partials it reads (GEMM2's is none).
-    act = activation or (partials_in.activation if partials_in else None)
     logits = routed.logits if routed is not None else s
     if routed is not None:
         r = routed.routing
@@ -271,12 +241,12 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         routed.correction_bias if routed is not None and routed.correction_bias is not None else logits,
         routed.weights if routed is not None else s,
         w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
-        float(act.alpha or 0.0) if act else 0.0, float(act.limit or 0.0) if act else 0.0,
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         float(routed.routing.renormalize_eps) if routed is not None else 0.0,
         float(routed.routing.routed_scaling_factor) if routed is not None else 1.0,
-        a_st[1], a_st[2], a_st[0], ast[0], ast[1],
+        a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
-        bias.stride(0) if bias is not None else 0, out_st[1], out_st[0], fin.stride(0),
+        bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
         logits.stride(0) if routed is not None else 0,
         GROUP=max(w.group, 1), WTYPE=int(w.wtype), A_SCALE=int(a_scale_mode),
         W_SCALE_PER_N=s.dim() >= 2, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset,
@@ -285,41 +255,15 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=cfg.swap_ab and _swapped(w),
-        UPCAST=interpreting() and (partials_in.dtype if partials_in else a.dtype) == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
+        UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        A_SPLITS=a_splits, A_ACT=int(act_kind(partials_in.activation)) if partials_in else 0,
-        A_CHUNK=partials_in.gate_up_chunk if partials_in else 0,
-        A_FP16=partials_in is not None and partials_in.dtype == torch.float16,
         ROUTE=routed is not None, **{f"R_{name}": value for name, value in route.items()},
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
-
-
-def _check_partials_in(a: torch.Tensor, w: WeightOperand, partials_in: PartialsIn | None) -> int:
-    """K-splits of partial sums in a 3-D `a` (0: `a` is the [rows, K] operand itself), its layout checked."""
-    if a.dim() == 2 and partials_in is None:
-        if a.shape[1] != w.k:
-            raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
-        return 0
-    if partials_in is None:
-        raise ValueError(f"a 3-D `a` {list(a.shape)} holds K-split partials: say how to read them (partials_in)")
-    act, chunk = partials_in.activation, partials_in.gate_up_chunk
-    width = 2 * w.k if act.gated else w.k
-    if not (a.dim() == 3 and a.dtype == torch.float32 and a.shape[2] == width and a.stride(2) == 1):
-        raise ValueError(f"K-split partials as the activations: fp32 [splits, rows, {width}] with unit column "
-                         f"stride, got {a.dtype} {list(a.shape)}")
-    if act.gated != (chunk > 0) or (chunk and w.k % chunk):
-        raise ValueError(f"K-split partials of a gated activation come in gate/up chunks dividing K={w.k}, those "
-                         f"of a plain one in none: got {act}, chunk {chunk}")
-    if partials_in.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"partials are read into a 16-bit operand (bfloat16, float16), got {partials_in.dtype}")
-    if not w.quads:
-        raise ValueError(f"K-split partials are read by the quads kernels only, got {w.wtype.name} {w.codes.dtype}")
-    return a.shape[0]
 
 
 def _check_routed_in_launch(routed: RoutedInLaunch, topk_ids: torch.Tensor) -> None:

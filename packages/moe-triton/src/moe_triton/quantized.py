@@ -64,7 +64,6 @@ from moe_triton.configs import (
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
 from moe_triton.quant_gemm import (
     LastArrival,
-    PartialsIn,
     RoutedInLaunch,
     direct_quant_gemm,
     grouped_quant_gemm,
@@ -112,11 +111,11 @@ LAST_ARRIVAL_MAX_TOKENS = 8
 # ROWS_SUM_MIN_PAIRS for the others (below these, the rows were no faster or slower).
 ROWS_SUM_MIN_PAIRS = 16384
 ROWS_SUM_MIN_PAIRS_TOP8 = 8192
-# One token through 16-bit activations (FusedMoE's call): GEMM1 routes the token itself, and a GEMM1
-# split over K stores each split's partial product for GEMM2 to add up and activate as it reads them,
-# so the layer is two launches, with no routing launch and no atomics or arrival counts in GEMM1.
+# One token through 16-bit activations into a GEMM1 not split over K (FusedMoE's call): GEMM1 routes
+# the token itself, so the layer is two launches, no routing launch ahead (about 1 us at one token on
+# an H200: benchmarks/results/one_token_two_launches_2026-11-29.md). A split GEMM1 keeps the routing
+# launch, which also clears its sums.
 ONE_TOKEN_ROUTES_IN_GEMM1 = True
-ONE_TOKEN_SPLIT_PARTIALS = True
 
 
 def _int4_quads(cols: int, group: int) -> bool:
@@ -483,30 +482,21 @@ class _QuantTritonExperts(Experts, TunedLaunch):
     def _routes_in_gemm1(self, num_tokens: int) -> bool:
         """Whether FusedMoE's call of this many tokens routes in GEMM1's launch (`RoutedInLaunch`): one
         token, 16-bit activations into GEMM1 (no fp8 quantization or act-order permutation, which need
-        the experts first, nor Llama4's router weight on the input), a tl.dot GEMM1."""
-        return (ONE_TOKEN_ROUTES_IN_GEMM1 and num_tokens == 1 and self._qmode is QMode.NONE
-                and self._packed().get("w13_perm") is None and not self.config.routing.weight_on_input
-                and not self.config_for(1).config.gemm1.wgmma)
-
-    def _split_partials(self, num_tokens: int, launch: QuantKernelConfig) -> int:
-        """K-splits of a one-token GEMM1 that stores its partial products for GEMM2 to add up
-        (`direct_quant_gemm`'s 3-D output and input); 0 where GEMM1 finishes its own sums."""
-        if not (ONE_TOKEN_SPLIT_PARTIALS and num_tokens == 1 and self._qmode is QMode.NONE
-                and self._packed().get("w13_perm") is None and not launch.gemm1.wgmma and not launch.gemm2.wgmma):
-            return 0
+        the experts first, nor Llama4's router weight on the input), a tl.dot GEMM1 not split over K
+        (a split one adds into sums that the routing launch clears)."""
+        if not (ONE_TOKEN_ROUTES_IN_GEMM1 and num_tokens == 1 and self._qmode is QMode.NONE
+                and self._packed().get("w13_perm") is None and not self.config.routing.weight_on_input):
+            return False
+        gemm1 = self.config_for(1).config.gemm1
         cfg = self.config
-        w13, w2 = self._operand("w13", cfg.w13_rows, cfg.hidden_size), self._operand("w2", cfg.hidden_size,
-                                                                                      cfg.intermediate_size_per_partition)
-        split = effective_split(launch.gemm1.split_k, w13)
-        return split if split > 1 and w2.quads else 0
+        return not gemm1.wgmma and effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows,
+                                                                                 cfg.hidden_size)) == 1
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements of the sums and arrival counts, zero on entry, that a GEMM1 split over K
         finishes by last arrival at this many tokens; 0 where GEMM1 needs none."""
         cfg = self.config
         if self._qmode is not QMode.NONE or not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
-            return 0
-        if self._split_partials(num_tokens, self.config_for(num_tokens).config):
             return 0
         gemm1 = self.config_for(num_tokens).config.gemm1
         if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1:
@@ -591,15 +581,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if route_in_gemm1 is not None:
             gemm1 = partial(gemm1, routed=route_in_gemm1)
         chunk = self._gate_up_chunk
-        a2_partials = self._split_partials(M, launch)
-        gemm2_input = {}
-        if a2_partials:
-            # Each K-split's partial product, unsummed: GEMM2 adds them up and activates as it reads.
-            a2 = torch.empty(a2_partials, P, R, dtype=torch.float32, device=dev)
-            gemm1(a2)
-            a2_scale = None
-            gemm2_input = dict(partials_in=PartialsIn(cfg.activation, chunk, cfg.dtype))
-        elif qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
+        if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if split1 == 1:
@@ -622,7 +604,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
                                      1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=routed, reduce_topk=topk, **gemm2_input)
+                        topk_weights=routed, reduce_topk=topk)
         if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`direct_quant_gemm`'s prefetch_l2)
             gemm2 = partial(gemm2, prefetch_l2=True)
         if sum_rows:

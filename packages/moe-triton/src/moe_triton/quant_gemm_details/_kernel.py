@@ -113,35 +113,11 @@ def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, str
 
 
 @triton.jit
-def _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k, CT: tl.constexpr,
-               K_TAIL: tl.constexpr, A_SPLITS: tl.constexpr, A_ACT: tl.constexpr, A_CHUNK: tl.constexpr):
-    """A's [rows, len(k)] tile at columns k in CT (masked rows, and with K_TAIL columns k >= K, as
-    zeros): read from the rows at a_base, or with A_SPLITS > 0 (a direct block: row 0 is the pair,
-    at a_pair) made from the fp32 partial sums of the GEMM ahead (A_SPLITS slices stride_as apart,
-    added in slice order), through its activation A_ACT (alpha, limit) over gate/up chunks of
-    A_CHUNK columns (`_layouts.GateUpInterleave`; 0: not gated, column k is channel k). The pair's
-    row is read alone: whole [rows, k] fp32 tiles per split, staged by the pipeline, would fill
-    shared memory."""
-    if A_SPLITS == 0:
-        mask = row_mask[:, None] & (k < K)[None, :] if K_TAIL else row_mask[:, None]
-        tile = tl.load(a_base + k[None, :] * stride_ak, mask=mask, other=0.0).to(CT)
-    else:
-        k_mask = k < K
-        if A_CHUNK > 0:
-            gate_cols = (k // A_CHUNK) * (2 * A_CHUNK) + k % A_CHUNK
-        else:
-            gate_cols = k
-        gate = tl.load(a_pair + gate_cols, mask=k_mask, other=0.0)
-        for s in tl.static_range(1, A_SPLITS):
-            gate += tl.load(a_pair + s * stride_as + gate_cols, mask=k_mask, other=0.0)
-        up = gate
-        if A_CHUNK > 0:
-            up = tl.load(a_pair + gate_cols + A_CHUNK, mask=k_mask, other=0.0)
-            for s in tl.static_range(1, A_SPLITS):
-                up += tl.load(a_pair + s * stride_as + gate_cols + A_CHUNK, mask=k_mask, other=0.0)
-        pair_row = tl.arange(0, row_mask.shape[0]) == 0
-        tile = tl.where(pair_row[:, None], activate(gate, up, alpha, limit, A_ACT)[None, :], 0.0).to(CT)
-    return tile
+def _dot_at(w, a_ptrs, row_mask, k, K, acc_t, CT: tl.constexpr, K_TAIL: tl.constexpr):
+    """acc_t + w . A^T, A's [BM, k] tile read at a_ptrs (masked rows, and with K_TAIL columns k >= K,
+    read as zeros)."""
+    mask = row_mask[:, None] & (k < K)[None, :] if K_TAIL else row_mask[:, None]
+    return tl.dot(w, tl.trans(tl.load(a_ptrs, mask=mask, other=0.0).to(CT)), acc_t)
 
 
 @triton.jit
@@ -210,10 +186,10 @@ def _moe_wgemm_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr,
     logits_ptr, router_bias_ptr, routed_w_ptr,
     N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit, renormalize_eps, routed_scaling,
-    stride_am, stride_ak, stride_as, stride_asm, stride_ask,
+    stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
-    stride_biase, stride_cm, stride_cs, stride_fm, stride_lm,
+    stride_biase, stride_cm, stride_fm, stride_lm,
     GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr,
@@ -223,7 +199,6 @@ def _moe_wgemm_kernel(
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
     NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
-    A_SPLITS: tl.constexpr, A_ACT: tl.constexpr, A_CHUNK: tl.constexpr, A_FP16: tl.constexpr,
     ROUTE: tl.constexpr, R_TOP_K: tl.constexpr, R_K_P2: tl.constexpr, R_SOFTMAX: tl.constexpr,
     R_HAS_BIAS: tl.constexpr, R_GROUPS: tl.constexpr, R_G_P2: tl.constexpr, R_PER_GROUP: tl.constexpr,
     R_PG_P2: tl.constexpr, R_TOPK_GROUPS: tl.constexpr, R_RENORMALIZE: tl.constexpr, R_SCALE: tl.constexpr,
@@ -303,11 +278,9 @@ def _moe_wgemm_kernel(
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
                     offs_n, offs_n < N, pid_n, N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
         return
-    # A 3-D output [K-splits, rows, N] takes each K-split's partial product in its own slice (STORE).
-    c_ptr += tl.program_id(2) * stride_cs
     tile = (a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
             pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
-            stride_am, stride_ak, stride_as, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
+            stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
             stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm)
     tl.static_assert(not ((NARROW or TAIL > 0) and DIRECT), "direct blocks hold one pair")
     absorbs = False
@@ -331,18 +304,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, A_SPLITS, A_ACT, A_CHUNK,
-                    A_FP16)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, A_SPLITS, A_ACT,
-                    A_CHUNK, A_FP16)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, A_SPLITS, A_ACT, A_CHUNK,
-                    A_FP16)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0)
 
 
 @triton.jit
@@ -371,7 +341,7 @@ def _int_group(scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.co
 def _wgemm_rows(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
     pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
-    stride_am, stride_ak, stride_as, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
+    stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm,
     GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, A_ROWS_DIV: tl.constexpr,
@@ -379,14 +349,11 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, A_SPLITS: tl.constexpr, A_ACT: tl.constexpr, A_CHUNK: tl.constexpr,
-    A_FP16: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
     (quads: a second accumulator fed by the same dequantized weights)."""
-    tl.static_assert(A_SPLITS == 0 or (QUADS and DIRECT and A_SCALE == 0),
-                     "A from K-split partials: direct blocks of quads, 16-bit A")
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
@@ -396,17 +363,15 @@ def _wgemm_rows(
     sink_args = (a_scale_ptr, s_ptr, bias_ptr, c_ptr, topk_w_ptr, fin_ptr, arrivals_ptr, pid_n, N, expected, alpha, limit,
                  stride_asm, stride_se, stride_sn, stride_biase, stride_cm, stride_fm)
 
-    # Dequantized weights' type: the activations' (16-bit paths: the layer's where A is fp32 partials,
-    # A_FP16 saying which); fp32 under the CPU interpreter, whose bf16 dot is wrong.
-    A16: tl.constexpr = (tl.float16 if A_FP16 else tl.bfloat16) if A_SPLITS > 0 else a_ptr.dtype.element_ty
-    CT: tl.constexpr = tl.float32 if UPCAST else A16
+    # Dequantized weights' type: the activations' (16-bit paths); fp32 under the CPU interpreter,
+    # whose bf16 dot is wrong.
+    CT: tl.constexpr = tl.float32 if UPCAST else a_ptr.dtype.element_ty
     # MXFP4: e2m1 values are scaled in FT, which holds every e8m0 scale (fp16 does not), after an
     # unpack in bf16 (PTX) or FT.
     FT: tl.constexpr = tl.bfloat16 if CT == tl.bfloat16 else tl.float32  # noqa: SIM300 (CT: compile-time dtype)
     UNPACK_T: tl.constexpr = tl.bfloat16 if PTX_UNPACK else FT
     tl.static_assert(SWAP_AB == (QUADS or WTYPE == 0), "4-bit weights run swapped, the others not")  # noqa: SIM300
     a_base = a_ptr + a_rows[:, None] * stride_am
-    a_pair = a_ptr + (pid_m // A_ROWS_DIV).to(tl.int64) * stride_am  # a direct block's row 0
     b_base = b_ptr + e * stride_be + offs_n[None, :] * stride_bn
     bt_base = b_ptr + e * stride_be + offs_n[:, None] * stride_bn
     s_base = s_ptr + e * stride_se + offs_n * stride_sn
@@ -439,6 +404,7 @@ def _wgemm_rows(
             else:
                 v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
             k = k0 + offs_q
+            a_ptrs = a_base + k[None, :] * stride_ak
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
                 tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
@@ -452,18 +418,10 @@ def _wgemm_rows(
                     d0, d1, d2, d3 = v0, v1, v2, v3
                 else:
                     d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
-                a0 = _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k, CT, K_TAIL, A_SPLITS,
-                                A_ACT, A_CHUNK)
-                a1 = _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k + QK, CT, K_TAIL, A_SPLITS,
-                                A_ACT, A_CHUNK)
-                a2 = _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k + 2 * QK, CT, K_TAIL,
-                                A_SPLITS, A_ACT, A_CHUNK)
-                a3 = _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k + 3 * QK, CT, K_TAIL,
-                                A_SPLITS, A_ACT, A_CHUNK)
-                part = tl.dot(d0, tl.trans(a0), tl.zeros((BLOCK_N, ROWS), dtype=tl.float32))
-                part = tl.dot(d1, tl.trans(a1), part)
-                part = tl.dot(d2, tl.trans(a2), part)
-                part = tl.dot(d3, tl.trans(a3), part)
+                part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
                 acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
             else:
                 if WTYPE == 0 or WTYPE == 1:
@@ -493,13 +451,10 @@ def _wgemm_rows(
                         w = values[j] * scales[j]
                     else:
                         w = (values[j] - zeros[j]) * scales[j]
-                    a_tile = _a_quarter(a_base, a_pair, row_mask, K, stride_ak, stride_as, alpha, limit, k + j * QK, CT,
-                                        K_TAIL, A_SPLITS, A_ACT, A_CHUNK)
-                    acc_t = tl.dot(w, tl.trans(a_tile), acc_t)
+                    acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
                     if TAIL > 0:
-                        tail_tile = _a_quarter(tail_base, a_pair, tail_mask, K, stride_ak, stride_as, alpha, limit,
-                                               k + j * QK, CT, K_TAIL, A_SPLITS, A_ACT, A_CHUNK)
-                        tail_acc_t = tl.dot(w, tl.trans(tail_tile), tail_acc_t)
+                        tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask, k + j * QK,
+                                             K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
