@@ -1,14 +1,9 @@
-"""Patches for `ab_layer.py` variants (`--variant NAME=ab_patches:FUNCTION`, with benchmarks/gpu on
-PYTHONPATH).
+"""Launch-shape patches for `ab_layer.py` variants (`--variant NAME=ab_patches:FUNCTION`, with
+benchmarks/gpu on PYTHONPATH): each forces the quantized layer's launch shapes at the timed token
+count to those it would run, with one field changed.
 
-Launch shapes: each forces the quantized layer's launch shapes at the timed token count to those it
-would run, with one field changed.
 - `group_m4`, `group_m8`, `group_m16`: both GEMMs with their M blocks launched in groups of that
   many (`GemmConfig.group_m`); for token counts whose launch puts N tiles first.
-
-The one-token launch chain of the quantized layers (`moe_triton.quantized`):
-- `routing_launch`: a routing launch ahead of GEMM1 (`ONE_TOKEN_ROUTES_IN_GEMM1` off), where GEMM1
-  would route the token itself.
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from moe_triton import quantized
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -33,8 +27,3 @@ def _group_m(size: int):
 group_m4 = _group_m(4)
 group_m8 = _group_m(8)
 group_m16 = _group_m(16)
-
-
-def routing_launch(layer, tokens: int):
-    return mock.patch.object(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
-

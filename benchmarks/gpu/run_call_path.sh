@@ -14,7 +14,6 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
-#   ab-one-token-*  ab_layer.py: the quantized layers at one token, GEMM1 routing the token against a routing launch
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
@@ -97,10 +96,6 @@ e2e mixtral-8x7b transformers eager
 e2e mixtral-8x7b bf16 eager
 e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
-# (two jobs, one per GPU of an x2: the large-expert presets' three layers per cell take longest to build)
-ab_one_token() { add "ab-one-token-$1" "python3 ab_layer.py --preset $2 --dtype int4 mxfp4 int8 --m 1 --rounds 5 --variant shipped --variant routing-launch=ab_patches:routing_launch --out $OUT/host/ab_one_token_$1.json"; }
-ab_one_token small "qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b"
-ab_one_token large "mixtral-8x7b deepseek-v3"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add matmul-limits "python3 matmul_limits.py --out $OUT/host/matmul-limits"
 add ncu-decode "bash ncu_cells.sh $OUT/host/ncu 'qwen3-30b-a3b int4 1' 'gpt-oss-120b int4 1' 'mixtral-8x7b int4 1' 'qwen3-30b-a3b int8 1'"

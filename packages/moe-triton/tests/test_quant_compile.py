@@ -22,17 +22,6 @@ _SPECIALIZATIONS = {
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
                                    PREFETCH_TILES=2), {"b_ptr": "*i16"}),
-    # one token's GEMM1 routing the token itself (mixtral's softmax top-2 of 8 with the activation;
-    # DeepSeek-V3's sigmoid groups with a bias and a scale, int8 per channel)
-    "quads-direct-route": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=1, GATE_UP_CHUNK=32,
-                                DIRECT=True, ZERO_SIDE=True, PDL=True, ROUTE=True, R_TOP_K=2, R_K_P2=2,
-                                R_RENORMALIZE=True, R_PER_GROUP=8, R_PG_P2=8), {"b_ptr": "*i16"}),
-    "int8-quads-direct-route-deepseek": (dict(GROUP=7168, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
-                                              BLOCK_N=128, ACT=1, GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True,
-                                              ZERO_SIDE=True, PDL=True, ROUTE=True, R_TOP_K=8, R_K_P2=8,
-                                              R_SOFTMAX=False, R_HAS_BIAS=True, R_GROUPS=8, R_G_P2=8, R_PER_GROUP=32,
-                                              R_PG_P2=32, R_TOPK_GROUPS=4, R_RENORMALIZE=True, R_SCALE=True),
-                                         {"b_ptr": "*i32"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     # an expert's last block over its valid half (the K loop built for both row counts), N tiles first

@@ -136,82 +136,6 @@ def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, spli
     assert rel_l2(out, ref) < 1e-2
 
 
-def _garbage_buffers(monkeypatch):
-    """torch.empty returning bytes of 0x5A: no buffer a launch relies on is zero by chance."""
-    empty = torch.empty
-
-    def garbage(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        t.view(torch.uint8).fill_(0x5A)
-        return t
-
-    monkeypatch.setattr(torch, "empty", garbage)
-
-
-@pytest.mark.parametrize(("cls", "quant", "activation"), [
-    (TritonWna16Experts, int4_w4a16(128), Activation.silu()),
-    (TritonMxfp4Experts, mxfp4_w4a16(), Activation.swiglu_oai()),
-    (TritonWna16Experts, int8_w8a16(-1), Activation.relu2()),
-])
-@pytest.mark.parametrize(("routing", "E", "topk", "ep"), [
-    (Routing.softmax_topk(True), 6, 3, 2),
-    (Routing.deepseek_v3(num_expert_groups=4, topk_groups=2), 16, 4, 1),
-])
-@pytest.mark.parametrize("splits", [(1, 1), (1, 3), (4, 2)])
-def test_one_token_routes_in_gemm1(monkeypatch, cls, quant, activation, routing, E, topk, ep, splits):
-    """FusedMoE's call at one token (`apply_monolithic`) with a GEMM1 not split over K: GEMM1 routes
-    the token itself, no routing or zeroing launch, though every new buffer holds garbage: two
-    launches, matching the reference routed by route_torch and, bit for bit, the routing launch
-    ahead of GEMM1 that it replaces. A split GEMM1 keeps that launch (it clears GEMM1's sums)."""
-    from moe_triton import quantized
-
-    cfg = MoEConfig(num_experts=E, top_k=topk, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
-                    activation=activation, routing=routing, has_bias=True,
-                    parallel=ParallelConfig(ep_size=ep, ep_rank=ep - 1))
-    experts = cls(cfg, quant, RUN_ON)
-    weights = ExpertWeights.random(cfg, quant, seed=E, device=DEV)
-    experts.load_weights(weights)
-    experts.config_override = _splits(*splits)
-    routes = splits[0] == 1
-    assert experts._routes_in_gemm1(1) == routes and (experts._gemm1_sums_numel(1) == 0) == routes
-    gen = torch.Generator().manual_seed(E + 1)
-    x = torch.randn(1, 512, generator=gen).to(torch.bfloat16).to(DEV)
-    logits = torch.randn(1, E, generator=gen).to(DEV)
-    bias = (torch.randn(E, generator=gen) * 0.1).to(DEV) if routing.has_correction_bias else None
-    with monkeypatch.context() as m:
-        if routes:
-            m.setattr(quantized, "route", lambda *a, **k: pytest.fail("a routing launch"))
-        m.setattr(quantized, "zeroed_int32", lambda *a, **k: pytest.fail("a zeroing launch"))
-        _garbage_buffers(m)
-        out = experts.apply_monolithic(x, logits, bias)
-    with monkeypatch.context() as m:
-        m.setattr(quantized, "ONE_TOKEN_ROUTES_IN_GEMM1", False)
-        before = experts.apply_monolithic(x, logits, bias)
-    tw, ids = route_torch(logits, cfg.routing, cfg.top_k, bias)
-    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
-    assert rel_l2(out, ref) < 1e-2
-    assert torch.equal(out, before)
-
-
-def test_one_token_routing_in_gemm1_keeps_the_router_semantics():
-    """A token whose logits are all -inf chooses no expert (weight 0): zeros out, as the routing
-    launch gives; a +inf logit chooses its expert."""
-    cfg = MoEConfig(num_experts=6, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    quant = int4_w4a16(128)
-    experts = TritonWna16Experts(cfg, quant, RUN_ON)
-    weights = ExpertWeights.random(cfg, quant, seed=3, device=DEV)
-    experts.load_weights(weights)
-    x = torch.randn(1, 256, device=DEV).to(torch.bfloat16)
-    assert experts._routes_in_gemm1(1)
-    assert not experts.apply_monolithic(x, torch.full((1, 6), float("-inf"), device=DEV), None).any()
-    logits = torch.randn(1, 6, device=DEV)
-    logits[0, 4] = float("inf")
-    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
-    assert 4 in ids.tolist()[0]
-    ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
-    assert rel_l2(experts.apply_monolithic(x, logits, None), ref) < 1e-2
-
-
 def test_routing_inside_the_experts_checks_its_rows():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     quant = int4_w4a16(128)
@@ -271,12 +195,10 @@ def test_fused_layer_on_gpu(quant, routing):
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize("gemm1_splits", [2, 1])
-def test_one_token_layer_launches_on_gpu(gemm1_splits):
+def test_one_token_split_layer_launches_on_gpu():
     """A one-token FusedMoE layer whose GEMM1 is split over K runs route (which clears GEMM1's sums),
-    GEMM1 and GEMM2: three launches; routed by the caller (`apply`), a zeroing launch comes fourth.
-    Not split: GEMM1 routes the token itself, two launches; routed by the caller, three. Eager calls:
-    a replayed CUDA graph would show its input copy and capture-time launches instead."""
+    GEMM1 and GEMM2: three launches. Routed by the caller (`apply`), a zeroing launch comes fourth.
+    Eager calls: a replayed CUDA graph would show its input copy and capture-time launches instead."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -287,7 +209,7 @@ def test_one_token_layer_launches_on_gpu(gemm1_splits):
     quant = int4_w4a16(128)
     layer = FusedMoE(cfg, quant, device="cuda", prefer="triton", cuda_graphs=False)
     layer.load_weights(ExpertWeights.random(cfg, quant, seed=5, device=DEV))
-    layer.experts.config_override = _splits(gemm1_splits, 2)
+    layer.experts.config_override = _splits(2, 2)
     x = torch.randn(1, 512, device=DEV).to(torch.bfloat16)
     logits = torch.randn(1, 16, device=DEV)
 
@@ -301,12 +223,8 @@ def test_one_token_layer_launches_on_gpu(gemm1_splits):
 
     fused = kernels(lambda: layer(x, logits))
     apart = kernels(lambda: layer.experts.apply(x, *route(logits, cfg.routing, cfg.top_k)))
-    if gemm1_splits > 1:
-        assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
-        assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
-    else:
-        assert fused == ["_moe_wgemm_kernel"] * 2, fused
-        assert sorted([*fused, "_route_kernel"]) == apart, (fused, apart)
+    assert len(fused) == 3 and "_route_kernel" in fused and "_zero_kernel" not in fused, fused
+    assert sorted([*fused, "_zero_kernel"]) == apart, (fused, apart)
 
 
 @pytest.mark.parametrize("M", [LAST_ARRIVAL_MAX_TOKENS, LAST_ARRIVAL_MAX_TOKENS + 1])

@@ -18,7 +18,7 @@ from _quant_support import (
     wgmma_launch,
 )
 
-from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
+from moe_core.config import Activation, MoEConfig, ParallelConfig
 from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
@@ -26,14 +26,7 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.target import wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm import (
-    LastArrival,
-    RoutedInLaunch,
-    direct_quant_gemm,
-    grouped_quant_gemm,
-    quant_gemm_torch,
-    zeroed_int32,
-)
+from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -71,40 +64,6 @@ def test_gemm1_with_the_activation_matches_twin():
         grouped_quant_gemm(x, w, out.new_zeros(M * topk, w.n), sorted_ids, expert_ids, num_post, M * topk,
                  dataclasses.replace(launch, split_k=2), a_rows_div=topk, activation=act, atomic=True,
                  gate_up_chunk=GATE_UP_CHUNK)
-
-
-@pytest.mark.parametrize(("routing", "E", "topk", "bias"), [
-    (Routing.softmax_topk(True), 6, 3, False),
-    (Routing.softmax_topk(False), 8, 2, False),
-    (Routing.deepseek_v3(num_expert_groups=4, topk_groups=2, routed_scaling_factor=2.5), 16, 4, True),
-])
-def test_direct_launch_routes_as_the_router(routing, E, topk, bias):
-    """A direct launch given the token's logits (`RoutedInLaunch`) takes each pair's expert with the
-    router's code and writes the top-k ids and weights bit for bit as `route` does (ties and
-    another rank's experts included); its product matches the twin on those ids."""
-    from moe_triton.routing import route
-
-    w = gemm1_operand(int4_w4a16(128), 256, seed=2)  # 4 experts: the ids map onto them (expert % 4)
-    gen = torch.Generator().manual_seed(E)
-    logits = torch.randn(1, E, generator=gen)
-    logits[0, 1] = logits[0, E - 1]  # a tie: the lower id first
-    logits = logits.to(DEV)
-    corr = (torch.randn(E, generator=gen) * 0.1).to(DEV) if bias else None
-    expert_map = torch.tensor([e % 4 if e % 5 else -1 for e in range(E)], dtype=torch.int32, device=DEV)
-    x = torch.randn(1, 256, generator=gen).to(torch.float16).to(DEV)
-    ids = torch.full((1, topk), -7, dtype=torch.int32, device=DEV)
-    weights = torch.full((1, topk), float("nan"), device=DEV)
-    out = torch.zeros(topk, 256, device=DEV)
-    direct_quant_gemm(x, w, out, ids, expert_map, GemmConfig(16, 64, 2, 4, 2, True), a_rows_div=topk, atomic=True,
-                      routed=RoutedInLaunch(logits, corr, weights, routing))
-    want_w, want_ids = route(logits, routing, topk, corr)
-    assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
-    local = expert_map[want_ids.flatten().long()]
-    want = quant_gemm_torch(x, w, local.clamp(min=0), a_rows_div=topk) * (local >= 0)[:, None]
-    assert rel_l2(out, want) < 1e-3
-    with pytest.raises(ValueError, match=r"routed weights: contiguous fp32 \[1, " + str(topk)):
-        direct_quant_gemm(x, w, out, ids, expert_map, GemmConfig(16, 64, 2, 4, 2, True), a_rows_div=topk,
-                          atomic=True, routed=RoutedInLaunch(logits, corr, weights.half(), routing))
 
 
 @pytest.mark.parametrize(("quant", "K", "split_k", "swap_ab", "block_n", "warps", "block_m"), [

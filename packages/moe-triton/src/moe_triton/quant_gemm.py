@@ -1,8 +1,7 @@
 """The quantized expert GEMMs (int4 / int8 / fp8 / mxfp4 weights): launchers and their torch twin.
 
 `grouped_quant_gemm` runs one GEMM over align-sorted (token, k) pairs, `direct_quant_gemm` one over
-topk_ids without alignment (one token's distinct experts), which can also route the token itself
-(`RoutedInLaunch`); both launch the tl.dot kernel
+topk_ids without alignment (one token's distinct experts); both launch the tl.dot kernel
 (`quant_gemm_details._kernel`), or for a `GemmConfig.wgmma` configuration (quads, Hopper) the
 Gluon wgmma kernel (`quant_gemm_details._wgmma`). `quant_gemm_torch` is their twin: the per-pair
 fp32 result from weights dequantized in torch.
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moe_core.config import Activation, Routing, Scoring
+from moe_core.config import Activation
 from moe_triton._common.activation import act_kind
 from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_launch, dependent_options
@@ -32,10 +31,8 @@ from moe_triton.quant_gemm_details._heuristics import (
 )
 from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
-from moe_triton.routing_details._kernel import route_constexprs
 
-__all__ = ["LastArrival", "RoutedInLaunch", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch",
-           "zeroed_int32"]
+__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
 
 
 @dataclass(frozen=True)
@@ -50,22 +47,6 @@ class LastArrival:
 
     finished: torch.Tensor
     arrivals: torch.Tensor
-
-
-@dataclass(frozen=True)
-class RoutedInLaunch:
-    """A direct launch that routes its tokens itself, with the router's code (`moe_triton.routing`):
-    each program takes its pair's expert from the token's logits, and the launch writes the top-k
-    ids (into the topk_ids it is given) and weights, as `route` returns them, for the launches
-    behind it. No routing launch ahead of the GEMM.
-
-    Invariants: `logits` [M, E] with a unit column stride, `correction_bias` fp32 [E] contiguous or
-    None, `weights` fp32 [M, top_k] contiguous (written)."""
-
-    logits: torch.Tensor
-    correction_bias: torch.Tensor | None
-    weights: torch.Tensor
-    routing: Routing
 
 
 def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
@@ -99,20 +80,16 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
-                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
-                    routed: RoutedInLaunch | None = None) -> None:
+                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
     token's top-k). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
-    `routed`: the launch routes the tokens and writes topk_ids (contiguous) and the weights.
     `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
     are quads stored tile-major, and changes no result.
     """
-    if routed is not None:
-        _check_routed_in_launch(routed, topk_ids)
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
     _launch(a, w, out, cfg, rows=pairs, experts=expert_map if expert_map is not None else pairs, num_post=pairs,
@@ -120,7 +97,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, routed=routed)
+            prefetch_l2=prefetch_l2)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -134,7 +111,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None, prefetch_l2: bool = False, routed: RoutedInLaunch | None = None) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
@@ -181,8 +158,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
     if cfg.wgmma:
-        if routed is not None:
-            raise ValueError(f"the wgmma GEMM does not route: a tl.dot configuration does, got {cfg}")
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
         # the scale-row addresses provably 16-byte aligned for cp.async.
         scale_rows_stride = w.scale.stride(1) if w.scale.shape[1] > 1 else 0
@@ -225,29 +200,15 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
-    logits = routed.logits if routed is not None else s
-    if routed is not None:
-        r = routed.routing
-        route = route_constexprs(logits.shape[1], routed.weights.shape[1], softmax=r.scoring is Scoring.SOFTMAX,
-                                 has_bias=routed.correction_bias is not None, groups=r.num_expert_groups,
-                                 topk_groups=r.topk_groups, renormalize=r.renormalize, scaling=r.routed_scaling_factor)
-    else:  # compiled out (ROUTE off): any one value
-        route = route_constexprs(1, 1, softmax=True, has_bias=False, groups=1, topk_groups=1, renormalize=False,
-                                 scaling=1.0)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
-        zero_side if zero_side is not None else arrivals, logits,
-        routed.correction_bias if routed is not None and routed.correction_bias is not None else logits,
-        routed.weights if routed is not None else s,
+        zero_side if zero_side is not None else arrivals,
         w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
         float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
-        float(routed.routing.renormalize_eps) if routed is not None else 0.0,
-        float(routed.routing.routed_scaling_factor) if routed is not None else 1.0,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
         bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
-        logits.stride(0) if routed is not None else 0,
         GROUP=max(w.group, 1), WTYPE=int(w.wtype), A_SCALE=int(a_scale_mode),
         W_SCALE_PER_N=s.dim() >= 2, HAS_ZP=w.zero is not None, CODE_OFFSET=w.code_offset,
         HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None,
@@ -261,25 +222,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        ROUTE=routed is not None, **{f"R_{name}": value for name, value in route.items()},
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
-
-
-def _check_routed_in_launch(routed: RoutedInLaunch, topk_ids: torch.Tensor) -> None:
-    logits, weights = routed.logits, routed.weights
-    if not (topk_ids.dim() == 2 and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous()):
-        raise ValueError(f"a routing launch writes topk_ids: contiguous int32 [M, top_k], got {topk_ids.dtype} "
-                         f"{list(topk_ids.shape)}")
-    if not (logits.dim() == 2 and logits.shape[0] == topk_ids.shape[0] and logits.stride(1) == 1):
-        raise ValueError(f"router logits [{topk_ids.shape[0]}, E] with a unit column stride, got {list(logits.shape)}")
-    if not (weights.dtype == torch.float32 and weights.shape == topk_ids.shape and weights.is_contiguous()):
-        raise ValueError(f"routed weights: contiguous fp32 {list(topk_ids.shape)}, got {weights.dtype} "
-                         f"{list(weights.shape)}")
-    bias = routed.correction_bias
-    if bias is not None and not (bias.dtype == torch.float32 and bias.shape == (logits.shape[1],)
-                                 and bias.is_contiguous()):
-        raise ValueError(f"correction bias: contiguous fp32 [{logits.shape[1]}], got {bias.dtype} {list(bias.shape)}")
 
 
 def _swapped(w: WeightOperand) -> bool:

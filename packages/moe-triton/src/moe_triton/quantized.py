@@ -43,7 +43,6 @@ from moe_core.experts import (
     checking_ids_on_accelerators,
 )
 from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, ZeroPoint
-from moe_core.routing import check_router_inputs
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4, unpack_int4
 from moe_core.weights.processor import PackedWeights
@@ -62,13 +61,7 @@ from moe_triton.configs import (
     lookup_exact,
 )
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
-from moe_triton.quant_gemm import (
-    LastArrival,
-    RoutedInLaunch,
-    direct_quant_gemm,
-    grouped_quant_gemm,
-    zeroed_int32,
-)
+from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, zeroed_int32
 from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
 from moe_triton.quant_gemm_details._kernel import AScale
 from moe_triton.quant_gemm_details._layouts import (
@@ -111,11 +104,6 @@ LAST_ARRIVAL_MAX_TOKENS = 8
 # ROWS_SUM_MIN_PAIRS for the others (below these, the rows were no faster or slower).
 ROWS_SUM_MIN_PAIRS = 16384
 ROWS_SUM_MIN_PAIRS_TOP8 = 8192
-# One token through 16-bit activations into a GEMM1 not split over K (FusedMoE's call): GEMM1 routes
-# the token itself, so the layer is two launches, no routing launch ahead (about 1 us at one token on
-# an H200: benchmarks/results/one_token_two_launches_2026-11-29.md). A split GEMM1 keeps the routing
-# launch, which also clears its sums.
-ONE_TOKEN_ROUTES_IN_GEMM1 = True
 
 
 def _int4_quads(cols: int, group: int) -> bool:
@@ -466,31 +454,10 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         fused = self._fused_decode(hidden_states.shape[0])
         if fused is not None:
             return fused.from_logits(hidden_states, router_logits, correction_bias)
-        if self._routes_in_gemm1(hidden_states.shape[0]):
-            check_router_inputs(router_logits, cfg.routing, cfg.top_k, correction_bias)
-            dev = router_logits.device
-            topk_ids = torch.empty(1, cfg.top_k, dtype=torch.int32, device=dev)
-            weights = torch.empty(1, cfg.top_k, dtype=torch.float32, device=dev)
-            bias = correction_bias.float().contiguous() if correction_bias is not None else None
-            routed = RoutedInLaunch(router_logits.contiguous(), bias, weights, cfg.routing)
-            return self._apply(hidden_states, weights, topk_ids, None, routed)
         numel = self._gemm1_sums_numel(router_logits.shape[0])
         sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums)
         return self._apply(hidden_states, topk_weights, topk_ids, sums)
-
-    def _routes_in_gemm1(self, num_tokens: int) -> bool:
-        """Whether FusedMoE's call of this many tokens routes in GEMM1's launch (`RoutedInLaunch`): one
-        token, 16-bit activations into GEMM1 (no fp8 quantization or act-order permutation, which need
-        the experts first, nor Llama4's router weight on the input), a tl.dot GEMM1 not split over K
-        (a split one adds into sums that the routing launch clears)."""
-        if not (ONE_TOKEN_ROUTES_IN_GEMM1 and num_tokens == 1 and self._qmode is QMode.NONE
-                and self._packed().get("w13_perm") is None and not self.config.routing.weight_on_input):
-            return False
-        gemm1 = self.config_for(1).config.gemm1
-        cfg = self.config
-        return not gemm1.wgmma and effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows,
-                                                                                 cfg.hidden_size)) == 1
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements of the sums and arrival counts, zero on entry, that a GEMM1 split over K
@@ -504,10 +471,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         return _gemm1_sums_len(num_tokens * cfg.top_k, cfg.w13_rows, gemm1.block_n)
 
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-               gemm1_sums: torch.Tensor | None, route_in_gemm1: RoutedInLaunch | None = None) -> torch.Tensor:
+               gemm1_sums: torch.Tensor | None) -> torch.Tensor:
         """gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch), or
-        None: zeroed here where GEMM1 needs them. route_in_gemm1 (`_routes_in_gemm1`): GEMM1 routes
-        the token into topk_ids and topk_weights (int32 and fp32 buffers, written by it)."""
+        None: zeroed here where GEMM1 needs them."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
@@ -525,7 +491,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         # and the alignment launch can go.
         direct = M == 1
         if direct:
-            ids32 = topk_ids.to(torch.int32).contiguous()  # the same tensor where GEMM1 routes
+            ids32 = topk_ids.to(torch.int32).contiguous()
             gemm = partial(direct_quant_gemm, topk_ids=ids32, expert_map=self.expert_map)
         else:
             sorted_ids, expert_ids, num_post = align_block_size(topk_ids, c1.block_m, cfg.num_experts,
@@ -578,8 +544,6 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         halves_apart = perm is not None and perm.dim() == 3
         gemm1 = partial(gemm1_launch, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
-        if route_in_gemm1 is not None:
-            gemm1 = partial(gemm1, routed=route_in_gemm1)
         chunk = self._gate_up_chunk
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.

@@ -52,7 +52,6 @@ from moe_triton.quant_gemm_details._dequant import (
     unpack_e2m1_quads,
     unpack_quads,
 )
-from moe_triton.routing_details._kernel import route_topk
 
 
 class AScale(enum.IntEnum):
@@ -120,25 +119,6 @@ def _dot_at(w, a_ptrs, row_mask, k, K, acc_t, CT: tl.constexpr, K_TAIL: tl.const
     return tl.dot(w, tl.trans(tl.load(a_ptrs, mask=mask, other=0.0).to(CT)), acc_t)
 
 
-@triton.jit
-def _route_pair(logits_ptr, bias_ptr, ids_ptr, weights_ptr, pair, stride_lm, renormalize_eps, scaling,
-                TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-                GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
-                TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr):
-    """The expert of pair (token pair // TOP_K, choice pair % TOP_K), routed from the token's logits
-    by the router's own top-k (`route_topk`): every program routes its token, and the first program
-    of the token's first pair publishes the token's top-k ids and weights for the launches behind."""
-    token = pair // TOP_K
-    top_w, top_id = route_topk(logits_ptr, bias_ptr, token + tl.arange(0, 1), token + 1, stride_lm, renormalize_eps,
-                               scaling, TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS,
-                               RENORMALIZE, SCALE, 1)
-    slots = tl.arange(0, K_P2)[None, :]
-    if (pair % TOP_K == 0) & (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-        tl.store(ids_ptr + token * TOP_K + slots, top_id, mask=slots < TOP_K)
-        tl.store(weights_ptr + token * TOP_K + slots, top_w, mask=slots < TOP_K)
-    return tl.sum(tl.where(slots == pair % TOP_K, top_id, 0)).to(tl.int64)
-
-
 ZERO_BLOCK = tl.constexpr(512)  # elements per store of the zeroing side job
 
 
@@ -184,12 +164,11 @@ def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_
 def _moe_wgemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr,
-    logits_ptr, router_bias_ptr, routed_w_ptr,
-    N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit, renormalize_eps, routed_scaling,
+    N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
-    stride_biase, stride_cm, stride_fm, stride_lm,
+    stride_biase, stride_cm, stride_fm,
     GROUP: tl.constexpr, WTYPE: tl.constexpr, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
     HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
     A_ROWS_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr,
@@ -199,9 +178,6 @@ def _moe_wgemm_kernel(
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
     NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
-    ROUTE: tl.constexpr, R_TOP_K: tl.constexpr, R_K_P2: tl.constexpr, R_SOFTMAX: tl.constexpr,
-    R_HAS_BIAS: tl.constexpr, R_GROUPS: tl.constexpr, R_G_P2: tl.constexpr, R_PER_GROUP: tl.constexpr,
-    R_PG_P2: tl.constexpr, R_TOPK_GROUPS: tl.constexpr, R_RENORMALIZE: tl.constexpr, R_SCALE: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -258,16 +234,10 @@ def _moe_wgemm_kernel(
     if DIRECT:
         # One block per pair, read straight from topk_ids (sorted_ids_ptr) and the expert map
         # (expert_ids_ptr): no alignment launch. Row 0 is the pair, the others are padding.
-        if ROUTE:
-            e = _route_pair(logits_ptr, router_bias_ptr, sorted_ids_ptr, routed_w_ptr, pid_m, stride_lm,
-                            renormalize_eps, routed_scaling, R_TOP_K, R_K_P2, R_SOFTMAX, R_HAS_BIAS, R_GROUPS,
-                            R_G_P2, R_PER_GROUP, R_PG_P2, R_TOPK_GROUPS, R_RENORMALIZE, R_SCALE)
-        else:
-            e = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
+        e = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
         if HAS_MAP:
             e = tl.load(expert_ids_ptr + e).to(tl.int64)
     else:
-        tl.static_assert(not ROUTE, "routing in the launch: direct blocks only")
         if pid_m * BLOCK_M >= tl.load(num_post_ptr):
             return
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
