@@ -371,13 +371,14 @@ def test_top8_stored_rows_on_gpu(M):
     assert rel_l2(out, ref) < 1e-2
 
 
-# The shipped files' families a WNA16/MXFP4 layer runs, and how each is built.
-_SHIPPED_FAMILIES = {"wna16-int4-": "int4", "wna16-int8-channel": "int8", "mxfp4": "mxfp4"}
+# The shipped files' families a quantized layer runs, and how each is built.
+_SHIPPED_FAMILIES = {"wna16-int4-": "int4", "wna16-int8-channel": "int8", "mxfp4": "mxfp4",
+                     "fp8-block": "fp8-block", "fp8-channel": "fp8-channel"}
 
 
 def _shipped_quant_shapes() -> list[tuple[str, str, int, QuantKernelConfig, str]]:
     """(scheme, preset, M, config, device tag of the first file holding it) for each distinct launch
-    shape of a preset in the int4, int8 and MXFP4 files found (shipped, and those in
+    shape of a preset in the int4, int8, MXFP4 and fp8 files found (shipped, and those in
     $MOE_TRITON_CONFIG_DIR: a tuning run's output can be checked before it ships)."""
     found, seen = [], set()
     for key, (_, table) in sorted(configs._load().items(), key=lambda kv: kv[0].file_name()):
@@ -398,13 +399,16 @@ def _shipped_quant_shapes() -> list[tuple[str, str, int, QuantKernelConfig, str]
 @pytest.mark.parametrize(("scheme", "preset", "M", "tuned"),
                          [pytest.param(s, p, m, c, id=f"{s}-{p}-{dev}-M{m}") for s, p, m, c, dev in _shipped_quant_shapes()])
 def test_shipped_quant_shapes_on_gpu(scheme, preset, M, tuned):
-    """Every launch shape the tuned int4, int8 and MXFP4 files ship, at the preset's N, K, group,
-    activation and bias, against the reference. Fewer experts (16, or the preset's 8) keep the fp32
-    reference in memory; at most 2048 tokens still give each expert more rows than the widest block."""
+    """Every launch shape the tuned int4, int8, MXFP4 and fp8 files ship, at the preset's N, K, group,
+    activation and bias, against the reference (fp8: its activations quantized per token or 128-wide
+    group, as the reference does). Fewer experts (16, or the preset's 8) keep the fp32 reference in
+    memory; at most 2048 tokens still give each expert more rows than the widest block."""
     p = get_preset(preset)
     E = min(p.config.num_experts, 16)
-    quant = {"int4": int4_w4a16(p.int4_group_size), "int8": int8_w8a16(), "mxfp4": mxfp4_w4a16()}[scheme]
-    cls = TritonMxfp4Experts if scheme == "mxfp4" else TritonWna16Experts
+    quant = {"int4": int4_w4a16(p.int4_group_size), "int8": int8_w8a16(), "mxfp4": mxfp4_w4a16(),
+             "fp8-block": fp8_w8a8("block"), "fp8-channel": fp8_w8a8("channel")}[scheme]
+    cls = {"mxfp4": TritonMxfp4Experts, "fp8-block": TritonFp8Experts, "fp8-channel": TritonFp8Experts}.get(
+        scheme, TritonWna16Experts)
     cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
     weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
     experts = cls(cfg, quant, RUN_ON)
