@@ -405,10 +405,10 @@ def test_shipped_quant_shapes_on_gpu(scheme, preset, M, tuned):
     memory; at most 2048 tokens still give each expert more rows than the widest block."""
     p = get_preset(preset)
     E = min(p.config.num_experts, 16)
-    quant = {"int4": int4_w4a16(p.int4_group_size), "int8": int8_w8a16(), "mxfp4": mxfp4_w4a16(),
-             "fp8-block": fp8_w8a8("block"), "fp8-channel": fp8_w8a8("channel")}[scheme]
-    cls = {"mxfp4": TritonMxfp4Experts, "fp8-block": TritonFp8Experts, "fp8-channel": TritonFp8Experts}.get(
-        scheme, TritonWna16Experts)
+    cls, quant = {"int4": (TritonWna16Experts, int4_w4a16(p.int4_group_size)),
+                  "int8": (TritonWna16Experts, int8_w8a16()), "mxfp4": (TritonMxfp4Experts, mxfp4_w4a16()),
+                  "fp8-block": (TritonFp8Experts, fp8_w8a8("block")),
+                  "fp8-channel": (TritonFp8Experts, fp8_w8a8("channel"))}[scheme]
     cfg = dataclasses.replace(p.config, num_experts=E, dtype=torch.bfloat16)
     weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
     experts = cls(cfg, quant, RUN_ON)
