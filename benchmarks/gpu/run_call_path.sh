@@ -13,6 +13,8 @@
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
+#   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
+#   ab-fp8-swap-*  ab_layer.py: fp8 layers run swapped against unswapped, per preset (AB_TOKENS: token counts)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -98,6 +100,14 @@ e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add matmul-limits "python3 matmul_limits.py --out $OUT/host/matmul-limits"
+# fp8 swapped against unswapped (GemmConfig.swap_ab) at the sizes whose blocks hold up to 32 pairs.
+# (gpt-oss-120b: per channel only, its K = N = 2880 take no 128 x 128 blocks.)
+for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
+  d="fp8-block fp8-channel"; [ $p = gpt-oss-120b ] && d=fp8-channel
+  add "ab-fp8-swap-$p" "python3 ab_layer.py --preset $p --dtype $d --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant unswapped=ab_patches:unswapped --variant swapped=ab_patches:swapped --out $OUT/host/ab-fp8-swap-$p.json"
+done
+# Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
+add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"
 add ncu-decode "bash ncu_cells.sh $OUT/host/ncu 'qwen3-30b-a3b int4 1' 'gpt-oss-120b int4 1' 'mixtral-8x7b int4 1' 'qwen3-30b-a3b int8 1'"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8

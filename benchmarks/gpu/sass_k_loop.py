@@ -55,6 +55,15 @@ CASES = {
     "tl.dot BM16 x BN128, fp8 128x128 blocks": (
         "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
         FP8_PTRS, 128),
+    "tl.dot BM16 x BN128, fp8 128x128 blocks, swapped": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16),
+        FP8_PTRS, 128),
+    "tl.dot BM16 x BN128, fp8 per channel x per token, swapped": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16),
+        FP8_PTRS, 128),
+    "tl.dot BM16 x BN128, fp8 per channel x per token": (
+        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
+        FP8_PTRS, 128),
     "tl.dot BM64 x BN128, int8 byte quads g128": (
         "dot", dict(QUADS, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_M=64), {"b_ptr": "*i32"}, 128),
     "tl.dot BM16 x BN128, int8 byte quads per channel (POST_SCALE)": (

@@ -78,6 +78,17 @@ _SPECIALIZATIONS = {
                           {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
     "fp8-row-store": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False),
                       {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*bf16"}),
+    # decode sizes swapped, on the fp8 wgmma: one token's direct GEMM2 (last-arrival sums), GEMM1 in
+    # 128x128 blocks (a scale per tile) and per channel
+    "fp8-block-swapped-direct": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, SINK=2,
+                                      MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, SPLIT_K=2, PDL=True),
+                                 {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
+    "fp8-block-swapped-store": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True,
+                                     BLOCK_M=32, N_FIRST=True, PDL=True),
+                                {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*fp32"}),
+    "fp8-row-swapped-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, SINK=1,
+                                    SPLIT_K=4, N_FIRST=True),
+                               {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
 }
 
 
@@ -87,7 +98,8 @@ from moe_triton._common.offline_compile import compile_quant_gemm
 for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
     print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, "0x81C081C0" in ptx,
-          "0x43804380" in ptx or "0x64806480" in ptx, "prmt.b32" in ptx, flush=True)
+          "0x43804380" in ptx or "0x64806480" in ptx, "prmt.b32" in ptx, ".e4m3.e4m3" in ptx and "wgmma" in ptx,
+          flush=True)
 """
 
 
@@ -99,9 +111,13 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
-        wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select = (flag == "True" for flag in built[name])
-        # The swapped GEMMs feed Hopper's wgmma; canonical int8 and fp8 may take unswapped tiles of 16 rows.
+        wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select, f8_wgmma = (
+            flag == "True" for flag in built[name])
+        # The swapped GEMMs feed Hopper's wgmma (fp8 its fp8 wgmma); canonical int8 and fp8 may take
+        # unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name
+        if consts["WTYPE"] == 2 and consts["SWAP_AB"]:
+            assert f8_wgmma, name
         assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
         assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
         assert e2m1_unpack == (consts["WTYPE"] == 3), name  # MXFP4 quads unpacked by the PTX lop3s

@@ -277,8 +277,24 @@ def test_fp8_matches_reference(gran, act_scales, activation):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize(("gran", "act_scales", "M", "block_n", "split"), [
+    ("block", None, 1, 64, 2), ("block", None, 9, 128, 1), ("block", None, 9, 256, 2),
+    ("channel", "token", 1, 128, 1), ("channel", "token", 9, 64, 2), ("tensor", "tensor", 9, 128, 1),
+    ("tensor", "tensor", 1, 64, 1)])
+def test_fp8_swapped_matches_reference(gran, act_scales, M, block_n, split):
+    """fp8 run swapped (GemmConfig.swap_ab: out^T = W . X^T, Hopper's fp8 wgmma for few rows): every
+    activation scale mode (per 128-wide group, per token, per expert's tensor), one token's direct
+    launch and aligned blocks, split-K, a block scale per tile and per column."""
+    quant = fp8_w8a8(gran, activation_scales=act_scales) if act_scales else fp8_w8a8(gran)
+    tile = GemmConfig(16, block_n, split, 4, 2, swap_ab=True)
+    out, ref = run_layer(TritonFp8Experts, quant, Activation.silu(), torch.bfloat16, K=256, N=256, M=M,
+                         override=QuantKernelConfig(tile, tile))
+    assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("block_n", [64, 128, 256])
-def test_fp8_block_scale_of_each_output_block(block_n):
+def test_fp8_block_scale_of_each_output_block(block_n, swap_ab):
     """Tiles inside one 128-row weight block take its scale as one number per K tile (block_n <= 128),
     wider tiles one per column; every other block's scales are 4x larger, so a tile that read its
     neighbour's scale would be far off."""
@@ -286,7 +302,7 @@ def test_fp8_block_scale_of_each_output_block(block_n):
         for scale in (weights.w13_scale, weights.w2_scale):
             scale[:, 1::2] *= 4.0
 
-    tile = GemmConfig(16, block_n, 1, 4, 2, False)
+    tile = GemmConfig(16, block_n, 1, 4, 2, swap_ab)
     out, ref = run_layer(TritonFp8Experts, fp8_w8a8("block"), Activation.silu(), torch.bfloat16, K=256, N=256, M=9,
                          override=QuantKernelConfig(tile, tile), edit_weights=spread)
     assert rel_l2(out, ref) < 2e-2  # 1.1e-2 here, as unspread; a neighbour's scale gives ~1
@@ -347,6 +363,7 @@ def test_refusals_name_the_reason():
     (int8_w8a16(-1), 2880, 2880, Activation.swiglu_oai()),  # byte quads, K padded to whole tiles
     (fp8_w8a8("block"), 2048, 768, Activation.silu()),
     (fp8_w8a8("channel"), 2048, 768, Activation.silu()),
+    (fp8_w8a8("channel"), 2880, 2880, Activation.swiglu_oai()),  # 64-wide K tiles
     (mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai()),
 ])
 @pytest.mark.parametrize("M", [1, 64, 1024, 4096])  # 4096 x top-4: GEMM2 stores rows (ROWS_SUM_MIN_PAIRS)

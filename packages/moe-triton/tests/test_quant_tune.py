@@ -51,6 +51,10 @@ def test_quant_candidates_are_distinct_neighbours():
     wider = quant_candidates(QuantKernelConfig(dataclasses.replace(base.gemm1, block_m=32),
                                                dataclasses.replace(base.gemm2, block_m=32)))
     assert wider["narrow"].gemm2 == dataclasses.replace(base.gemm2, block_m=32, narrow=True)
+    assert "swap_ab" not in cands  # only where the weights run either way (fp8)
+    fp8 = quant_candidates(QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 64, 1, 4, 3)),
+                           swap_optional=True)
+    assert fp8["swap_ab"] == QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3), GemmConfig(16, 64, 1, 4, 3, True))
 
 
 def _tuner_experts() -> TritonWna16Experts:

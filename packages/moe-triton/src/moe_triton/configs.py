@@ -163,7 +163,9 @@ class GemmConfig:
     split_k: int  # K splits summed atomically; >= 1
     num_warps: int
     num_stages: int
-    swap_ab: bool = False  # 4-bit weights only: see the kernel's SWAP_AB
+    # out^T = W . X^T (the kernel's SWAP_AB): required by 4-bit weights and quads, an option of fp8 (Hopper's
+    # fp8 wgmma for blocks below 64 pairs), ignored by canonical int8
+    swap_ab: bool = False
     # int4 quads on NVIDIA Hopper only: the Gluon kernel with warp-specialized asynchronous wgmma
     # (`quant_gemm_details._wgmma`); then swap_ab, block_m <= 128, block_n 128 or 256 (two consumer
     # warpgroups of half the rows each), num_warps 4 (a consumer warpgroup; 8 or 12 warps run in all)

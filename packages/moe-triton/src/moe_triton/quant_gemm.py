@@ -215,7 +215,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         REDUCE_TOPK=reduce_topk, SINK=int(sink), ACT=int(act_kind(activation)) if activation else 0,
         GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
-        SWAP_AB=cfg.swap_ab and _swapped(w),
+        SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
         POST_SCALE=w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE,

@@ -163,10 +163,13 @@ _QUANT_TWEAKS = {
 }
 
 
-def quant_candidates(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
-    """The heuristic's pair and its neighbours (each change made to both GEMMs), without repeats."""
+def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) -> dict[str, QuantKernelConfig]:
+    """The heuristic's pair and its neighbours (each change made to both GEMMs), without repeats.
+    swap_optional (fp8 weights, which run either way): the pair with swap_ab flipped too."""
     found = {"heuristic": base}
-    for name, tweak in _QUANT_TWEAKS.items():
+    tweaks = dict(_QUANT_TWEAKS, swap_ab=lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab)) if swap_optional \
+        else _QUANT_TWEAKS
+    for name, tweak in tweaks.items():
         try:
             cand = QuantKernelConfig(tweak(base.gemm1), tweak(base.gemm2))
         except ValueError:  # e.g. block_m below 16
@@ -270,6 +273,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             if cfg.routing.has_correction_bias else None)
     table: dict[int, QuantKernelConfig] = {}
     measured: dict[str, dict] = {}
+    fp8 = experts.quant.weight.dtype is QuantDType.FP8_E4M3
     for M in ms:
         x = torch.randn(M, cfg.hidden_size, device=dev, generator=gen).to(cfg.dtype)
         logits = torch.randn(M, cfg.num_experts, device=dev, generator=gen)
@@ -292,7 +296,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
                     log(f"  M={M} {vname} {cand}: skipped ({type(exc).__name__}: {str(exc)[:120]})")
 
         # Two greedy steps: the heuristic's neighbours, then the winner's (each change is one step).
-        time_all(quant_candidates(experts.heuristic_config(M)))
+        time_all(quant_candidates(experts.heuristic_config(M), swap_optional=fp8))
         if "heuristic" not in times:
             experts.config_override = None
             raise RuntimeError(f"M={M}: the heuristic configuration did not run")
@@ -307,7 +311,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         # A fused winner's GEMMs only serve larger calls (a file's nearest entry): no search around it.
         first = min(times, key=times.get)
         if first != "heuristic" and cands[first].fused is None:
-            time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first]).items() if k != "heuristic"})
+            time_all({f"{first}+{k}": c for k, c in quant_candidates(cands[first], swap_optional=fp8).items()
+                      if k != "heuristic"})
         second = min(times, key=times.get)
         if per_gemm and cands[second].fused is None:
             grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()}

@@ -26,8 +26,8 @@ Launch-order and block options:
 - TAIL (quads): a full block takes in its expert's next block when that holds at most TAIL
   valid pairs: a second accumulator fed by the same dequantized weights, and the next block's
   program exits, so the expert's weights are dequantized once less.
-- SWAP_AB (4-bit weights): out^T = W . X^T, the dequantized weights as the MMA's register operand
-  and the few token rows on its narrow N side.
+- SWAP_AB (4-bit weights and quads always, fp8 as launched): out^T = W . X^T, the (dequantized) weights
+  as the MMA's 64-row operand and the few token rows on its narrow N side.
 Measurements behind each: docs/design/triton-gemm-quantized.md. The kernels keep their names
 (`_moe_wgemm_kernel`, `_zero_kernel`): profiles and the benchmark's ncu filters select them by name.
 """
@@ -340,7 +340,8 @@ def _wgemm_rows(
     # unpack in bf16 (PTX) or FT.
     FT: tl.constexpr = tl.bfloat16 if CT == tl.bfloat16 else tl.float32  # noqa: SIM300 (CT: compile-time dtype)
     UNPACK_T: tl.constexpr = tl.bfloat16 if PTX_UNPACK else FT
-    tl.static_assert(SWAP_AB == (QUADS or WTYPE == 0), "4-bit weights run swapped, the others not")  # noqa: SIM300
+    tl.static_assert(SWAP_AB == (QUADS or WTYPE == 0) or WTYPE == 2,  # noqa: SIM300
+                     "4-bit weights and quads run swapped, canonical int8 not, fp8 either way")
     a_base = a_ptr + a_rows[:, None] * stride_am
     b_base = b_ptr + e * stride_be + offs_n[None, :] * stride_bn
     bt_base = b_ptr + e * stride_be + offs_n[:, None] * stride_bn
@@ -447,6 +448,32 @@ def _wgemm_rows(
                                PTX_UNPACK)
             acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
             acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
+        acc = tl.trans(acc_t)
+    elif SWAP_AB:
+        # fp8 swapped (a few rows per block): out^T = W . X^T with both operands K-major, as Hopper's fp8
+        # wgmma reads them from shared memory; the weight tile is its 64-row side, the token rows its
+        # narrow N side. Unswapped, a block below 64 rows runs the fp8 dot as fp16 mma.sync, converting
+        # every code first.
+        offs_k = tl.arange(0, BLOCK_K)
+        for kt in range(kt0, kt1):
+            k0 = kt * BLOCK_K
+            # No fill values, as below: masked rows and columns are never stored.
+            codes_t = tl.load(bt_base + (k0 + offs_k)[None, :] * stride_bk, mask=n_mask[:, None])
+            a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
+            # Each K tile's product promoted to the fp32 accumulator (see the unswapped K loop).
+            part = tl.dot(codes_t, tl.trans(a))
+            if A_SCALE == 2:
+                kb = k0 // 128
+                a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
+                if 128 % BLOCK_N == 0:
+                    w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
+                    acc_t += part * (a_s * w_s)[None, :]
+                else:
+                    w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
+                                  mask=n_mask, other=0.0)
+                    acc_t += part * w_s[:, None] * a_s[None, :]
+            else:
+                acc_t += part
         acc = tl.trans(acc_t)
     else:
         offs_k = tl.arange(0, BLOCK_K)
