@@ -353,3 +353,14 @@ def test_heuristic_groups_m_blocks_of_fp8_experts_larger_than_l2():
         assert [pick_config(p, 8, w, 132).group_m for p in (256, 1024, 16384)] == [GROUP_M_BLOCKS] * 3
     assert pick_config(1024, 8, operand(WType.FP8, 2 * 2048, 7168), 132).group_m == 1
     assert pick_config(1024, 8, operand(WType.INT8, 2 * 14336, 4096), 132).group_m == 1
+
+
+def test_heuristic_swaps_fp8_blocks_below_64_pairs():
+    """fp8 blocks of up to 32 pairs run swapped (the weight tile on the fp8 wgmma's 64-row side);
+    64-pair blocks fill that side with tokens and stay unswapped; canonical int8 never swaps."""
+    meta = torch.empty(8, 0, device="meta")
+    fp8 = WeightOperand(WType.FP8, meta, meta, None, 2 * 768, 2048, 0, 128, 0)
+    assert [(c.block_m, c.swap_ab) for c in (pick_config(p, 8, fp8, 132) for p in (8, 64, 256, 1024))] == [
+        (16, True), (16, True), (32, True), (64, False)]
+    int8 = WeightOperand(WType.INT8, meta, meta, None, 2 * 768, 2048, 2048, 128, 128)
+    assert not pick_config(8, 8, int8, 132).swap_ab

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["FOLDED_REGS", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS", "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE",
+__all__ = ["FOLDED_REGS", "FP8_SWAP_MAX_BLOCK_M", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS", "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE",
            "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config", "ws_regs"]
 
 # fp8 experts whose weights outgrow the L2 cache (mixtral-8x7b: 117 and 59 MB per expert) launch their
@@ -22,15 +22,20 @@ __all__ = ["FOLDED_REGS", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS", "L2_PR
 GROUP_M_BLOCKS = 16
 GROUP_M_MIN_EXPERT_WEIGHTS = 32 << 20
 
+# fp8 blocks of at most this many pairs run swapped (GemmConfig.swap_ab): the weight tile is then the
+# 64-row side of Hopper's fp8 wgmma, where unswapped blocks below 64 rows run as fp16 mma.sync.
+FP8_SWAP_MAX_BLOCK_M = 32
+
 
 def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, sms: int) -> GemmConfig:
     """Tile shape and split-K for one GEMM: memory-bound at small M (stream weights from many
     programs at once), tensor-core tiles once each expert sees enough rows to reuse its weights.
 
     4-bit weights and int8 quads run swapped (see the kernel's SWAP_AB): block_m is then the MMA's
-    N side, so it can stay at 16 for a handful of tokens per expert without wasting MMA rows."""
+    N side, so it can stay at 16 for a handful of tokens per expert without wasting MMA rows. fp8
+    runs swapped in blocks below 64 pairs (FP8_SWAP_MAX_BLOCK_M), where its dot would otherwise
+    convert every code for fp16 mma.sync."""
     per_expert = num_pairs / max(1, min(num_experts, num_pairs))
-    swap = w.quads or w.wtype is WType.INT4
     # 32-pair blocks from 9 pairs per expert; three stages (the tuner found one stage fewer than
     # four faster in nearly every cell).
     if per_expert <= 8:
@@ -49,6 +54,7 @@ def pick_config(num_pairs: int, num_experts: int, w: WeightOperand, sms: int) ->
     split = 1
     while programs * split * 2 <= target and k_tiles // (split * 2) >= 2:
         split *= 2
+    swap = w.quads or w.wtype is WType.INT4 or (w.wtype is WType.FP8 and bm <= FP8_SWAP_MAX_BLOCK_M)
     grouped = w.wtype is WType.FP8 and bm >= 32 and w.n * w.k >= GROUP_M_MIN_EXPERT_WEIGHTS
     return GemmConfig(bm, bn, split, warps, stages, swap, group_m=GROUP_M_BLOCKS if grouped else 1)
 
