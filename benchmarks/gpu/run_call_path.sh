@@ -13,6 +13,7 @@
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
+#   ab-fp8-quant-*  ab_layer.py: fp8 GEMMs quantizing their operand against act_quant launches, per preset
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-swap-*  ab_layer.py: fp8 layers run swapped against unswapped, per preset (AB_TOKENS: token counts)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
@@ -105,6 +106,11 @@ add matmul-limits "python3 matmul_limits.py --out $OUT/host/matmul-limits"
 for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
   d="fp8-block fp8-channel"; [ $p = gpt-oss-120b ] && d=fp8-channel
   add "ab-fp8-swap-$p" "python3 ab_layer.py --preset $p --dtype $d --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant unswapped=ab_patches:unswapped --variant swapped=ab_patches:swapped --out $OUT/host/ab-fp8-swap-$p.json"
+done
+# Swapped fp8 GEMMs quantizing their own operand against act_quant launches before them, per preset.
+for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
+  d="fp8-block fp8-channel"; [ $p = gpt-oss-120b ] && d=fp8-channel
+  add "ab-fp8-quant-$p" "python3 ab_layer.py --preset $p --dtype $d --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant act-quant=ab_patches:fp8_act_quant_launches --variant in-gemm=ab_patches:fp8_quantize_in_gemm --out $OUT/host/ab-fp8-quant-$p.json"
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
 add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"
