@@ -6,9 +6,10 @@ count to those it would run, with one field of both GEMMs changed.
   for token counts whose launch puts N tiles first.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
 
-And one that changes a layer constant: `fp8_act_quant_launches` (swapped fp8 GEMMs take their operand
-from `act_quant` launches at every size: `quantized.QUANTIZE_IN_GEMM_MAX_TOKENS` 0), and
-`fp8_quantize_in_gemm` (in the GEMM at every size).
+And some that change the layer's code: `fp8_act_quant_launches` (swapped fp8 GEMMs take their operand
+from `act_quant` launches at every size: `quantized.QUANTIZE_IN_GEMM_MAX_TOKENS` 0),
+`fp8_quantize_in_gemm` (in the GEMM at every size), `act_quant_plain_launch` (`act_quant` launched
+plain, not dependent on the kernel ahead).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from moe_triton import quantized
+from moe_triton import act_quant, quantized
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -44,3 +45,7 @@ def fp8_act_quant_launches(layer, tokens: int):
 def fp8_quantize_in_gemm(layer, tokens: int):
     """The other way round: swapped fp8 GEMMs quantize their own operand at every size."""
     return mock.patch.object(quantized, "QUANTIZE_IN_GEMM_MAX_TOKENS", 1 << 30)
+
+
+def act_quant_plain_launch(layer, tokens: int):
+    return mock.patch.object(act_quant, "dependent_options", lambda device: {"PDL": False})

@@ -235,26 +235,23 @@ def test_tl_dot_tail_refuses_other_weights():
                  GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
 
 
-def _fp8_operands(gran: str):
-    """(w13, w2) of a 4-expert fp8 layer (K = 256, N = 128) in the kernel layout."""
+def _fp8_operands():
+    """(w13, w2) of a 4-expert block fp8 layer (K = 256, N = 128) in the kernel layout."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    quant = fp8_w8a8(gran, activation_scales="token") if gran != "block" else fp8_w8a8("block")
+    quant = fp8_w8a8("block")
     experts = TritonFp8Experts(cfg, quant, RUN_ON)
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=8, device=DEV))
     return experts._operand("w13", 256, 256), experts._operand("w2", 256, 128)
 
 
-@pytest.mark.parametrize(("gran", "qmode", "a_mode"), [("block", QMode.GROUP128, AScale.GROUP),
-                                                       ("channel", QMode.TOKEN, AScale.ROW),
-                                                       ("tensor", QMode.TOKEN, AScale.ROW)])
 @pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
 @pytest.mark.parametrize("direct", [False, True])
-def test_fp8_operand_quantized_in_the_launch_is_act_quants(gran, qmode, a_mode, gemm, direct):
-    """A swapped fp8 launch that quantizes its own operand (GEMM1: the layer input per token or
-    128-wide group; GEMM2: GEMM1's fp32 rows after the activation) gives bit for bit the result of
-    the same launch on `act_quant`'s codes and scales, one token's direct launch and aligned blocks,
-    split over K."""
-    w13, w2 = _fp8_operands(gran)
+def test_fp8_operand_quantized_in_the_launch_is_act_quants(gemm, direct):
+    """A swapped fp8 launch that quantizes its own operand per 128-wide group (GEMM1: the layer input;
+    GEMM2: GEMM1's fp32 rows after the activation) gives bit for bit the result of the same launch on
+    `act_quant`'s codes and scales, one token's direct launch and aligned blocks, split over K."""
+    w13, w2 = _fp8_operands()
+    qmode, a_mode = QMode.GROUP128, AScale.GROUP
     gen = torch.Generator().manual_seed(11)
     M, topk = (1, 2) if direct else (5, 2)
     ids = torch.stack([torch.randperm(4, generator=gen)[:topk] for _ in range(M)]).to(torch.int32).to(DEV)
@@ -282,7 +279,7 @@ def test_fp8_operand_quantized_in_the_launch_is_act_quants(gran, qmode, a_mode, 
 
 
 def test_fp8_operand_quantized_in_the_launch_refusals():
-    w13, _ = _fp8_operands("block")
+    w13, _ = _fp8_operands()
     ids = torch.zeros(1, 2, dtype=torch.int32, device=DEV)
     x = torch.randn(1, 256, device=DEV).to(torch.bfloat16)
     out = torch.zeros(2, w13.n, dtype=torch.float32, device=DEV)
@@ -290,8 +287,8 @@ def test_fp8_operand_quantized_in_the_launch_refusals():
     with pytest.raises(ValueError, match=r"needs fp8 weights run swapped \(GemmConfig.swap_ab\)"):
         direct_quant_gemm(x, w13, out, ids, None, GemmConfig(16, 64, 1, 4, 2), a_rows_div=2,
                           a_scale_mode=AScale.GROUP, quantize_a=True)
-    with pytest.raises(ValueError, match="activation scales per row or per 128-wide group and no a_scale"):
-        direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.NONE, quantize_a=True)
+    with pytest.raises(ValueError, match="activation scales per 128-wide group and no a_scale"):
+        direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.ROW, quantize_a=True)
     with pytest.raises(ValueError, match="pass quantize_a=True"):
         direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.GROUP,
                           a_activation=Activation.silu())

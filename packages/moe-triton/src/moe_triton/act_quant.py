@@ -20,6 +20,7 @@ from moe_core.reference import apply_activation
 from moe_triton._common.activation import ActKind, act_kind, activate
 from moe_triton._common.fp8 import FP8_MAX, fp8_codes, fp8_scale
 from moe_triton._common.intmath import next_power_of_2
+from moe_triton._common.pdl import dependent_options, wait_then_release
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 
 __all__ = ["FP8_MAX", "QMode", "act_quant", "act_quant_torch"]
@@ -35,7 +36,9 @@ class QMode(enum.IntEnum):
 @triton.jit
 def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
                       alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
-                      GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                      GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # A dependent launch: it reads what the kernel ahead (GEMM1, or the routing) writes.
+    wait_then_release(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -125,7 +128,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
         _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, h.stride(0), y.stride(0),
                                    s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
                                    ACT=int(kind), QMODE=int(qmode), PHASE=phase, GATE_UP_CHUNK=gate_up_chunk,
-                                   BLOCK=block, num_warps=warps)
+                                   BLOCK=block, num_warps=warps, **dependent_options(h.device))
     return y, scales
 
 

@@ -65,10 +65,10 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
     if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side` (int32, any
     size): zeroed by the launch's programs on the side, for the next GEMM.
 
-    `quantize_a` (fp8 weights run swapped, fp8 activation scales per row or per 128-wide group, no
-    a_scale): A holds 16-bit or fp32 values that the launch quantizes itself, the codes and scales
-    `act_quant` would write, after `a_activation` if given (GEMM2 reading GEMM1's fp32 output: for a
-    gated one A's rows are [gate | up], 2K wide). One launch fewer before each GEMM at decode sizes.
+    `quantize_a` (fp8 weights run swapped, fp8 activation scales per 128-wide group, no a_scale): A
+    holds 16-bit or fp32 values that the launch quantizes itself, each K tile's group as `act_quant`
+    would, after `a_activation` if given (GEMM2 reading GEMM1's fp32 output: for a gated one A's rows
+    are [gate | up], 2K wide). One launch fewer before each GEMM at decode sizes.
 
     On Hopper and later the launch may start before the previous kernel on the stream ends
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
@@ -250,8 +250,8 @@ def _check_quantize_a(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, quanti
     wants = []
     if w.wtype is not WType.FP8 or not cfg.swap_ab:
         wants.append(f"fp8 weights run swapped (GemmConfig.swap_ab), got {w.wtype.name} and {cfg}")
-    if a_scale_mode not in (AScale.ROW, AScale.GROUP) or a_scale is not None:
-        wants.append(f"activation scales per row or per 128-wide group and no a_scale (the launch computes them), "
+    if a_scale_mode is not AScale.GROUP or a_scale is not None:
+        wants.append(f"activation scales per 128-wide group and no a_scale (the launch computes them), "
                      f"got {a_scale_mode.name}{' and an a_scale' if a_scale is not None else ''}")
     if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         wants.append(f"16-bit or fp32 activations, got {a.dtype}")

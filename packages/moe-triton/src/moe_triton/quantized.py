@@ -98,10 +98,11 @@ GATE_UP_CHUNK = 32
 # Most tokens whose sums are finished by their last contributor: beyond, every GEMM2 program's
 # acquire-release count per row costs more than the cast launch it saves.
 LAST_ARRIVAL_MAX_TOKENS = 8
-# fp8 calls of up to this many tokens (activation scales per token or group) whose GEMMs run swapped
+# fp8 calls of up to this many tokens (activation scales per 128-wide group) whose GEMMs run swapped
 # quantize each GEMM's operand in the GEMM (`grouped_quant_gemm`'s quantize_a) instead of in an
 # `act_quant` launch before it. Every program quantizes its block's rows again (per N tile), so the
-# launches it saves pay off only while the blocks hold few pairs.
+# launches it saves pay off only while the blocks hold few pairs. (Per-token scales span all of K: a
+# pass over the rows before each program's K loop measured 1.25-9x slower than the launch.)
 QUANTIZE_IN_GEMM_MAX_TOKENS = 8
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
 # rows (`moe_triton.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
@@ -531,9 +532,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
-        # A swapped fp8 GEMM quantizes its own operand per token or group (as `act_quant` would): no
+        # A swapped fp8 GEMM quantizes its own operand per 128-wide group (as `act_quant` would): no
         # launch before it; GEMM2 then applies the activation to GEMM1's fp32 rows as it quantizes them.
-        in_gemm = qm in (QMode.TOKEN, QMode.GROUP128) and M <= QUANTIZE_IN_GEMM_MAX_TOKENS
+        in_gemm = qm is QMode.GROUP128 and M <= QUANTIZE_IN_GEMM_MAX_TOKENS
         quantize1 = in_gemm and c1.swap_ab
         quantize2 = in_gemm and c2.swap_ab and not self._gate_up_chunk
         a1, a1_scale, a1_div = x, None, topk

@@ -326,12 +326,11 @@ def _wgemm_rows(
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
     (quads: a second accumulator fed by the same dequantized weights)."""
-    tl.static_assert(not A_QUANT or (WTYPE == 2 and SWAP_AB and (A_SCALE == 1 or A_SCALE == 2)),
-                     "A quantized in the kernel: swapped fp8 with per-row or per-group activation scales")
+    tl.static_assert(not A_QUANT or (WTYPE == 2 and SWAP_AB and A_SCALE == 2),
+                     "A quantized in the kernel: swapped fp8 with activation scales per 128-wide group")
     tl.static_assert(A_ACT == 0 or (A_QUANT and ACT == 0), "an activation of A: quantized in the kernel, no epilogue one")
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
-    row_scales = 0.0  # per-row activation scales computed here (A_QUANT), else read by `_finish_rows`
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -436,7 +435,7 @@ def _wgemm_rows(
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
                          tail_a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N, HAS_BIAS,
-                         MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N, 0.0, False)
+                         MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
     elif WTYPE == 0:
         # int4 halves (a K the quads cannot pad), swapped as the quads: two dots over K halves.
         HALF: tl.constexpr = BLOCK_K // 2
@@ -462,8 +461,9 @@ def _wgemm_rows(
         # every code first.
         offs_k = tl.arange(0, BLOCK_K)
         if A_QUANT:
-            # A quantized here, to the codes and scales `act_quant` would have written (one launch less
-            # before this GEMM). A direct block's rows past the first are padding: one row quantized.
+            # A quantized here, per 128-wide group (each K tile's own), to the codes and scales
+            # `act_quant` would have written: one launch less before this GEMM. A direct block's rows
+            # past the first are padding: one row quantized.
             first_row = tl.arange(0, ROWS) == 0
             if DIRECT:
                 q_base = a_ptr + (pid_m // A_ROWS_DIV).to(tl.int64) * stride_am + tl.zeros((1, 1), dtype=tl.int64)
@@ -471,25 +471,14 @@ def _wgemm_rows(
             else:
                 q_base = a_base
                 q_mask = row_mask
-            if A_SCALE == 1:
-                # One scale per row over all of K: the rows' largest magnitude first (a few rows, read
-                # again from L2 by the K loop); `_finish_rows` applies the scales.
-                amax = tl.zeros(q_mask.shape, dtype=tl.float32)
-                for kt in range(0, tl.cdiv(K, BLOCK_K)):
-                    y = _a_values(q_base, kt * BLOCK_K + offs_k, q_mask, K, stride_ak, alpha, limit, A_ACT)
-                    amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
-                q_s = fp8_scale(amax)
-                a_s = tl.where(first_row, q_s, 0.0) if DIRECT else q_s
-                row_scales = a_s
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             # No fill values, as below: masked rows and columns are never stored.
             codes_t = tl.load(bt_base + (k0 + offs_k)[None, :] * stride_bk, mask=n_mask[:, None])
             if A_QUANT:
                 y = _a_values(q_base, k0 + offs_k, q_mask, K, stride_ak, alpha, limit, A_ACT)
-                if A_SCALE == 2:  # per 128-wide group: the tile's own
-                    q_s = fp8_scale(tl.max(tl.abs(y), axis=1))
-                    a_s = tl.where(first_row, q_s, 0.0) if DIRECT else q_s
+                q_s = fp8_scale(tl.max(tl.abs(y), axis=1))
+                a_s = tl.where(first_row, q_s, 0.0) if DIRECT else q_s
                 q = fp8_quotients(y, q_s[:, None])
                 if DIRECT:
                     q = tl.where(first_row[:, None], q, 0.0)
@@ -542,7 +531,7 @@ def _wgemm_rows(
                 acc += tl.dot(a, codes)
 
     _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N,
-                 HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N, row_scales, A_QUANT)
+                 HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 @triton.jit
@@ -562,15 +551,12 @@ def _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, a
                  topk_w_ptr, fin_ptr, arrivals_ptr, pid_n, N, expected, alpha, limit, stride_asm, stride_se, stride_sn,
                  stride_biase, stride_cm, stride_fm, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
                  HAS_BIAS: tl.constexpr, MUL_ROUTED: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
-                 GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, row_scales, ROW_SCALES: tl.constexpr):
+                 GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
     """A [rows, BLOCK_N] product of pairs `ids` (row_mask: the valid ones; their output rows and
-    activation rows): activation scale (per row: read, or with ROW_SCALES the kernel's row_scales),
-    bias (once per output, by the first K-split), router weight, then the sink."""
+    activation rows): activation scale, bias (once per output, by the first K-split), router
+    weight, then the sink."""
     if A_SCALE == 1:
-        if ROW_SCALES:
-            a_s = row_scales
-        else:
-            a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
+        a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
         if W_SCALE_PER_N:
             w_s = tl.load(s_ptr + e * stride_se + offs_n * stride_sn, mask=n_mask, other=0.0)
             acc = acc * a_s[:, None] * w_s[None, :]
