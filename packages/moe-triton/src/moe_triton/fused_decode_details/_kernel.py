@@ -50,15 +50,19 @@ def _quarters(words, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr, CT: tl.cons
     """The four quarters of a quads tile as code values (exact) in CT: int4 (WTYPE 0) codes minus
     CODE_OFFSET, int8 (WTYPE 1) codes minus 128, MXFP4 (WTYPE 3) the e2m1 values themselves (the
     unpack's 2^-126 undone by one exact multiply: at most 6 in magnitude)."""
+    # One return after the branches: the compiler builds the statements after a returning
+    # compile-time branch too (the e2m1 unpack's bf16-only assertion then fails for fp16 int4).
     if WTYPE == 0:
         q0, q1, q2, q3 = unpack_quads(words, CT, PTX)
         z = int4_zero(words, words, False, CODE_OFFSET, CT, words.shape[0])
-        return q0 - z, q1 - z, q2 - z, q3 - z
-    if WTYPE == 1:
-        return unpack_byte_quads(words, CT, PTX)
-    q0, q1, q2, q3 = unpack_e2m1_quads(words, CT, PTX)
-    up = tl.full(q0.shape, 8.507059173023462e37, CT)  # 2^126
-    return q0 * up, q1 * up, q2 * up, q3 * up
+        q0, q1, q2, q3 = q0 - z, q1 - z, q2 - z, q3 - z
+    elif WTYPE == 1:
+        q0, q1, q2, q3 = unpack_byte_quads(words, CT, PTX)
+    else:
+        q0, q1, q2, q3 = unpack_e2m1_quads(words, CT, PTX)
+        up = tl.full(q0.shape, 8.507059173023462e37, CT)  # 2^126
+        q0, q1, q2, q3 = q0 * up, q1 * up, q2 * up, q3 * up
+    return q0, q1, q2, q3
 
 
 @triton.jit
