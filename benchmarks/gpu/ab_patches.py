@@ -6,10 +6,8 @@ count to those it would run, with one field of both GEMMs changed.
   for token counts whose launch puts N tiles first.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
 
-And some that change the layer's code: `fp8_act_quant_launches` (swapped fp8 GEMMs take their operand
-from `act_quant` launches at every size: `quantized.QUANTIZE_IN_GEMM_MAX_TOKENS` 0),
-`fp8_quantize_in_gemm` (in the GEMM at every size), `act_quant_plain_launch` (`act_quant` launched
-plain, not dependent on the kernel ahead).
+And one that changes the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
+dependent on the kernel ahead).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from moe_triton import act_quant, quantized
+from moe_triton import act_quant
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -36,15 +34,6 @@ group_m8 = _both_gemms(group_m=8)
 group_m16 = _both_gemms(group_m=16)
 swapped = _both_gemms(swap_ab=True)
 unswapped = _both_gemms(swap_ab=False)
-
-
-def fp8_act_quant_launches(layer, tokens: int):
-    return mock.patch.object(quantized, "QUANTIZE_IN_GEMM_MAX_TOKENS", 0)
-
-
-def fp8_quantize_in_gemm(layer, tokens: int):
-    """The other way round: swapped fp8 GEMMs quantize their own operand at every size."""
-    return mock.patch.object(quantized, "QUANTIZE_IN_GEMM_MAX_TOKENS", 1 << 30)
 
 
 def act_quant_plain_launch(layer, tokens: int):

@@ -74,7 +74,7 @@ def sweep(rows: int, width: int, act_name: str | None, qmode: QMode) -> list[dic
         _act_quant_kernel[(rows,)](h, y, s_arg, s_arg, s_arg, n, h.stride(0), y.stride(0),
                                    s_arg.stride(0) if scales is not None else 0, 1, 0.0, 0.0,
                                    ACT=int(kind), QMODE=int(qmode), PHASE=0, GATE_UP_CHUNK=0, BLOCK=block,
-                                   num_warps=warps, **dependent_options(h.device))
+                                   INTERPRET=False, num_warps=warps, **dependent_options(h.device))
 
     copy_out = torch.empty_like(h)
     copy = time_us(lambda: copy_out.copy_(h))

@@ -14,8 +14,8 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*  ab_layer.py: fp8 decode-size variants (swapped, operands quantized in
-#                the GEMMs, act_quant as a dependent launch), per preset (AB_TOKENS: token counts)
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*  ab_layer.py: fp8 decode-size variants (swapped, act_quant as a
+#                dependent launch), per preset (AB_TOKENS: token counts)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -101,11 +101,10 @@ e2e mixtral-8x7b int4 eager
 add host-block "python3 bench_host_path.py --block --out $OUT/host --schemes bf16 int4 fp8-block mxfp4"
 add decode-limits "python3 decode_limits.py --out $OUT/host/decode-limits"
 add matmul-limits "python3 matmul_limits.py --out $OUT/host/matmul-limits"
-# fp8 at decode sizes, per preset: block fp8 served (unswapped: the H100 file's entries), swapped with
-# act_quant launches, swapped quantizing in the GEMMs; per-channel fp8 with act_quant launched plain
-# against dependent (AB_TOKENS: token counts).
+# fp8 at decode sizes, per preset: block fp8 served unswapped (the H100 file's entries) against swapped;
+# per-channel fp8 with act_quant launched plain against dependent (AB_TOKENS: token counts).
 for p in qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
-  add "ab-fp8-block-$p" "python3 ab_layer.py --preset $p --dtype fp8-block --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant unswapped=ab_patches:unswapped,ab_patches:fp8_act_quant_launches --variant swapped=ab_patches:swapped,ab_patches:fp8_act_quant_launches --variant in-gemm=ab_patches:swapped,ab_patches:fp8_quantize_in_gemm --out $OUT/host/ab-fp8-block-$p.json"
+  add "ab-fp8-block-$p" "python3 ab_layer.py --preset $p --dtype fp8-block --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant unswapped=ab_patches:unswapped --variant swapped=ab_patches:swapped --out $OUT/host/ab-fp8-block-$p.json"
 done
 for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
   add "ab-fp8-channel-pdl-$p" "python3 ab_layer.py --preset $p --dtype fp8-channel --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant plain=ab_patches:act_quant_plain_launch --variant dependent --out $OUT/host/ab-fp8-channel-pdl-$p.json"

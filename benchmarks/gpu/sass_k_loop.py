@@ -61,12 +61,6 @@ CASES = {
     "tl.dot BM16 x BN128, fp8 per channel x per token, swapped": (
         "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16),
         FP8_PTRS, 128),
-    "tl.dot BM16 x BN128, fp8 128x128 blocks, swapped, bf16 A quantized in the loop": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16,
-                    A_QUANT=True), dict(FP8_PTRS, a_ptr="*bf16"), 128),
-    "tl.dot BM16 x BN128, fp8 128x128 blocks, swapped, fp32 A after SiLU quantized in the loop": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16,
-                    A_QUANT=True, A_ACT=1), dict(FP8_PTRS, a_ptr="*fp32"), 128),
     "tl.dot BM16 x BN128, fp8 per channel x per token": (
         "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
         FP8_PTRS, 128),

@@ -51,8 +51,8 @@ from moe_triton.act_quant import _act_quant_kernel
 pointers = {"h_ptr": "*bf16", "y_ptr": "*fp8e4nv", "s_ptr": "*fp32", "amax_ptr": "*fp32", "pexp_ptr": "*i32",
             "alpha": "fp32", "limit": "fp32"}
 for act, block, warps in ((0, 2048, 4), (1, 1024, 2)):
-    ptx = compile_kernel(_act_quant_kernel, dict(ACT=act, QMODE=2, PHASE=0, GATE_UP_CHUNK=0, BLOCK=block, PDL=True),
-                        pointers, num_warps=warps).asm["ptx"]
+    ptx = compile_kernel(_act_quant_kernel, dict(ACT=act, QMODE=2, PHASE=0, GATE_UP_CHUNK=0, BLOCK=block,
+                                                 INTERPRET=False, PDL=True), pointers, num_warps=warps).asm["ptx"]
     print(ptx.count("st.global.b8"), ptx.count("st.global.v4.b32"))
 """
 

@@ -86,15 +86,6 @@ _SPECIALIZATIONS = {
     "fp8-block-swapped-store": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True,
                                      BLOCK_M=32, N_FIRST=True, PDL=True),
                                 {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32", "c_ptr": "*fp32"}),
-    # ... quantizing their own operand: GEMM1 from the bf16 layer input, GEMM2 from GEMM1's fp32 rows
-    # after the activation
-    "fp8-block-quantize-a-direct": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True,
-                                         SINK=1, DIRECT=True, SPLIT_K=8, PDL=True, A_QUANT=True, A_ROWS_DIV=8),
-                                    {"a_ptr": "*bf16", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
-    "fp8-block-quantize-a-silu-gemm2": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True,
-                                             SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8, SPLIT_K=2, PDL=True,
-                                             A_QUANT=True, A_ACT=1),
-                                        {"a_ptr": "*fp32", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
     "fp8-row-swapped-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, SINK=1,
                                     SPLIT_K=4, N_FIRST=True),
                                {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),

@@ -24,17 +24,9 @@ from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.target import wgmma_capable
-from moe_triton.act_quant import QMode, act_quant
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm import (
-    LastArrival,
-    direct_quant_gemm,
-    grouped_quant_gemm,
-    quant_gemm_torch,
-    zeroed_int32,
-)
-from moe_triton.quant_gemm_details._kernel import AScale
+from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -233,68 +225,6 @@ def test_tl_dot_tail_refuses_other_weights():
                                          r"layout, got INT4 torch.uint8"):
         grouped_quant_gemm(torch.randn(40, 192, device=DEV).half(), w, out, sorted_ids, expert_ids, num_post, 40,
                  GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
-
-
-def _fp8_operands():
-    """(w13, w2) of a 4-expert block fp8 layer (K = 256, N = 128) in the kernel layout."""
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    quant = fp8_w8a8("block")
-    experts = TritonFp8Experts(cfg, quant, RUN_ON)
-    experts.load_weights(ExpertWeights.random(cfg, quant, seed=8, device=DEV))
-    return experts._operand("w13", 256, 256), experts._operand("w2", 256, 128)
-
-
-@pytest.mark.parametrize("gemm", ["gemm1", "gemm2"])
-@pytest.mark.parametrize("direct", [False, True])
-def test_fp8_operand_quantized_in_the_launch_is_act_quants(gemm, direct):
-    """A swapped fp8 launch that quantizes its own operand per 128-wide group (GEMM1: the layer input;
-    GEMM2: GEMM1's fp32 rows after the activation) gives bit for bit the result of the same launch on
-    `act_quant`'s codes and scales, one token's direct launch and aligned blocks, split over K."""
-    w13, w2 = _fp8_operands()
-    qmode, a_mode = QMode.GROUP128, AScale.GROUP
-    gen = torch.Generator().manual_seed(11)
-    M, topk = (1, 2) if direct else (5, 2)
-    ids = torch.stack([torch.randperm(4, generator=gen)[:topk] for _ in range(M)]).to(torch.int32).to(DEV)
-    act = Activation.silu()
-    if gemm == "gemm1":
-        w, a, rows, a_div, a_activation = w13, torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(DEV), M, topk, None
-        codes, scales = act_quant(a, None, qmode, torch.float8_e4m3fn, M)
-    else:
-        w, a, rows, a_div, a_activation = w2, torch.randn(M * topk, 256, generator=gen).to(DEV), M * topk, 1, act
-        codes, scales = act_quant(a, act, qmode, torch.float8_e4m3fn, M * topk)
-    launch = GemmConfig(16, 64, 2, 4, 2, swap_ab=True)
-    outs = []
-    for kwargs in (dict(a=codes, a_scale=scales), dict(a=a, quantize_a=True, a_activation=a_activation)):
-        out = torch.zeros(M * topk, w.n, dtype=torch.float32, device=DEV)
-        common = dict(out=out, cfg=launch, a_rows_div=a_div, a_scale_mode=a_mode, atomic=True)
-        if direct:
-            direct_quant_gemm(w=w, topk_ids=ids, expert_map=None, **common, **kwargs)
-        else:
-            sorted_ids, expert_ids, num_post = align_block_size(ids, launch.block_m, w.num_experts)
-            grouped_quant_gemm(w=w, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
-                               num_valid=M * topk, **common, **kwargs)
-        outs.append(out)
-    assert rows == codes.shape[0] and outs[0].abs().sum() > 0
-    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
-
-
-def test_fp8_operand_quantized_in_the_launch_refusals():
-    w13, _ = _fp8_operands()
-    ids = torch.zeros(1, 2, dtype=torch.int32, device=DEV)
-    x = torch.randn(1, 256, device=DEV).to(torch.bfloat16)
-    out = torch.zeros(2, w13.n, dtype=torch.float32, device=DEV)
-    swapped = GemmConfig(16, 64, 1, 4, 2, swap_ab=True)
-    with pytest.raises(ValueError, match=r"needs fp8 weights run swapped \(GemmConfig.swap_ab\)"):
-        direct_quant_gemm(x, w13, out, ids, None, GemmConfig(16, 64, 1, 4, 2), a_rows_div=2,
-                          a_scale_mode=AScale.GROUP, quantize_a=True)
-    with pytest.raises(ValueError, match="activation scales per 128-wide group and no a_scale"):
-        direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.ROW, quantize_a=True)
-    with pytest.raises(ValueError, match="pass quantize_a=True"):
-        direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.GROUP,
-                          a_activation=Activation.silu())
-    with pytest.raises(ValueError, match=r"the weights expect K=256 \(512: gate and up halves"):
-        direct_quant_gemm(x, w13, out, ids, None, swapped, a_rows_div=2, a_scale_mode=AScale.GROUP, quantize_a=True,
-                          a_activation=Activation.silu())
 
 
 @pytest.mark.parametrize("wgmma", [False, True])

@@ -18,12 +18,15 @@ import triton.language as tl
 from moe_core.config import Activation
 from moe_core.reference import apply_activation
 from moe_triton._common.activation import ActKind, act_kind, activate
-from moe_triton._common.fp8 import FP8_MAX, fp8_codes, fp8_scale
 from moe_triton._common.intmath import next_power_of_2
 from moe_triton._common.pdl import dependent_options, wait_then_release
+from moe_triton._common.target import interpreting
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 
 __all__ = ["FP8_MAX", "QMode", "act_quant", "act_quant_torch"]
+
+FP8_MAX = 448.0
+_FP8_MAX = tl.constexpr(FP8_MAX)  # the kernels' copy: jit code reads only constexpr globals
 
 
 class QMode(enum.IntEnum):
@@ -34,9 +37,25 @@ class QMode(enum.IntEnum):
 
 
 @triton.jit
+def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        # The CPU interpreter's fp32 -> e4m3 cast loses the carry when rounding up to the next
+        # power of two; round to 3 mantissa bits here (subnormal spacing 2**-9, ties to even as the
+        # GPU's cast and torch's) so its cast is exact.
+        step = tl.exp2(tl.maximum(tl.floor(tl.log2(tl.abs(q))), -6.0) - 3.0)
+        units = tl.abs(q) / step
+        r = tl.floor(units + 0.5)
+        odd = r - 2.0 * tl.floor(r * 0.5) == 1.0
+        r = tl.where((r - units == 0.5) & odd, r - 1.0, r) * step
+        q = tl.where(q < 0, -r, r)
+    return q.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
 def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
                       alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
-                      GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                      GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
+                      PDL: tl.constexpr):
     # A dependent launch: it reads what the kernel ahead (GEMM1, or the routing) writes.
     wait_then_release(PDL)
     row = tl.program_id(0)
@@ -62,19 +81,21 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
     if QMODE == 0:
         tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=mask)
     elif QMODE == 1:
-        s = fp8_scale(tl.max(tl.abs(y), axis=0))
-        tl.store(dst, fp8_codes(y, s, y_ptr.dtype.element_ty), mask=mask)
+        s = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / _FP8_MAX
+        q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
+        tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
         tl.store(s_ptr + row * stride_s, s)
     elif QMODE == 2:
         yg = tl.reshape(y, (BLOCK // 128, 128))
-        s = fp8_scale(tl.max(tl.abs(yg), axis=1))
-        q = fp8_codes(yg, s[:, None], y_ptr.dtype.element_ty)
+        s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / _FP8_MAX
+        q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -_FP8_MAX, _FP8_MAX)
         # Pointers built in 2D, not reshaped from `dst`: the compiler then sees each group's 128
         # codes as contiguous and stores them in vectors (from a reshaped pointer tensor it stored
         # single bytes 128 apart across a warp, ~8x slower per row on the H200).
         g_offs = tl.arange(0, BLOCK // 128)
         cols = g_offs[:, None] * 128 + tl.arange(0, 128)[None, :]
-        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, q, mask=cols < N)
+        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
+                 mask=cols < N)
         tl.store(s_ptr + row * stride_s + g_offs, s, mask=g_offs * 128 < N)
     else:
         e = tl.load(pexp_ptr + row)
@@ -82,8 +103,9 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
             if PHASE == 0:
                 tl.atomic_max(amax_ptr + e, tl.max(tl.abs(y), axis=0))
             else:
-                s = fp8_scale(tl.load(amax_ptr + e))
-                tl.store(dst, fp8_codes(y, s, y_ptr.dtype.element_ty), mask=mask)
+                s = tl.maximum(tl.load(amax_ptr + e), 1e-12) / _FP8_MAX
+                q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
+                tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
                 tl.store(s_ptr + row * stride_s, s)
 
 
@@ -128,7 +150,8 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
         _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, h.stride(0), y.stride(0),
                                    s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
                                    ACT=int(kind), QMODE=int(qmode), PHASE=phase, GATE_UP_CHUNK=gate_up_chunk,
-                                   BLOCK=block, num_warps=warps, **dependent_options(h.device))
+                                   BLOCK=block,
+                                   INTERPRET=interpreting(), num_warps=warps, **dependent_options(h.device))
     return y, scales
 
 

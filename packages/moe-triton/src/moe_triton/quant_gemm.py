@@ -55,8 +55,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
              bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
              reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
              activation: Activation | None = None, gate_up_chunk: int = 0,
-             zero_side: torch.Tensor | None = None, quantize_a: bool = False,
-             a_activation: Activation | None = None) -> None:
+             zero_side: torch.Tensor | None = None) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
@@ -65,11 +64,6 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
     if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side` (int32, any
     size): zeroed by the launch's programs on the side, for the next GEMM.
 
-    `quantize_a` (fp8 weights run swapped, fp8 activation scales per 128-wide group, no a_scale): A
-    holds 16-bit or fp32 values that the launch quantizes itself, each K tile's group as `act_quant`
-    would, after `a_activation` if given (GEMM2 reading GEMM1's fp32 output: for a gated one A's rows
-    are [gate | up], 2K wide). One launch fewer before each GEMM at decode sizes.
-
     On Hopper and later the launch may start before the previous kernel on the stream ends
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
     """
@@ -77,8 +71,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
             grid_m=min(cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
-            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            quantize_a=quantize_a, a_activation=a_activation)
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
 
 
 def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -87,8 +80,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
-                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False, quantize_a: bool = False,
-                    a_activation: Activation | None = None) -> None:
+                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
@@ -105,7 +97,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, quantize_a=quantize_a, a_activation=a_activation)
+            prefetch_l2=prefetch_l2)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -119,16 +111,12 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None, prefetch_l2: bool = False, quantize_a: bool = False,
-            a_activation: Activation | None = None) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
-    _check_quantize_a(a, w, cfg, quantize_a, a_activation, a_scale, a_scale_mode, activation)
-    a_cols = 2 * w.k if a_activation is not None and a_activation.gated else w.k
-    if a.shape[1] != a_cols:
-        raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}"
-                         + (f" ({a_cols}: gate and up halves of the activation's input)" if a_cols != w.k else ""))
+    if a.shape[1] != w.k:
+        raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
     split = effective_split(cfg.split_k, w)
     if (split > 1 or reduce_topk > 1) and not (sink is not Sink.STORE and out.dtype == torch.float32):
         raise ValueError("split-K and the top-k reduce accumulate atomically into an fp32 output")
@@ -148,7 +136,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError(f"taken-in tails (GemmConfig.tail) are an option of weights in a quads layout, got "
                          f"{w.wtype.name} {w.codes.dtype}")
     tail = 0 if direct else cfg.tail  # a direct launch's blocks hold one pair each: nothing to take in
-    act = a_activation if a_activation is not None else activation
     n_tiles = cdiv(w.n, cfg.block_n)
     # N tiles first in the launch order (the kernel's N_FIRST) where the grid's second axis holds
     # the M blocks; decode keeps M first (one token: blocks are pairs of distinct experts).
@@ -218,7 +205,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
         zero_side if zero_side is not None else arrivals,
         w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
-        float(act.alpha or 0.0) if act else 0.0, float(act.limit or 0.0) if act else 0.0,
+        float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
         bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
@@ -235,30 +222,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        A_QUANT=quantize_a, A_ACT=int(act_kind(a_activation)) if a_activation else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
-
-
-def _check_quantize_a(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, quantize_a: bool,
-                      a_activation: Activation | None, a_scale: torch.Tensor | None, a_scale_mode: AScale,
-                      activation: Activation | None) -> None:
-    """What A quantized in the launch (`quantize_a`) takes; a clear error for anything else."""
-    if a_activation is not None and not quantize_a:
-        raise ValueError("a_activation is applied to A as the launch quantizes it: pass quantize_a=True")
-    if not quantize_a:
-        return
-    wants = []
-    if w.wtype is not WType.FP8 or not cfg.swap_ab:
-        wants.append(f"fp8 weights run swapped (GemmConfig.swap_ab), got {w.wtype.name} and {cfg}")
-    if a_scale_mode is not AScale.GROUP or a_scale is not None:
-        wants.append(f"activation scales per 128-wide group and no a_scale (the launch computes them), "
-                     f"got {a_scale_mode.name}{' and an a_scale' if a_scale is not None else ''}")
-    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        wants.append(f"16-bit or fp32 activations, got {a.dtype}")
-    if a_activation is not None and activation is not None:
-        wants.append("an activation of A or of the output, not both")
-    if wants:
-        raise ValueError("A quantized in the GEMM (quantize_a) needs " + "; ".join(wants))
 
 
 def _swapped(w: WeightOperand) -> bool:

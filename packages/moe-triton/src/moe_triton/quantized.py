@@ -78,7 +78,7 @@ from moe_triton.quant_gemm_details._layouts import (
 from moe_triton.routing import route
 from moe_triton.topk_sum import topk_sum
 
-__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "QUANTIZE_IN_GEMM_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "ROWS_SUM_MIN_PAIRS_TOP8", "TritonFp8Experts",
+__all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "ROWS_SUM_MIN_PAIRS_TOP8", "TritonFp8Experts",
            "TritonMxfp4Experts", "TritonWna16Experts"]
 
 _ALL_ACTIVATIONS = frozenset(ActivationKind)
@@ -98,12 +98,6 @@ GATE_UP_CHUNK = 32
 # Most tokens whose sums are finished by their last contributor: beyond, every GEMM2 program's
 # acquire-release count per row costs more than the cast launch it saves.
 LAST_ARRIVAL_MAX_TOKENS = 8
-# fp8 calls of up to this many tokens (activation scales per 128-wide group) whose GEMMs run swapped
-# quantize each GEMM's operand in the GEMM (`grouped_quant_gemm`'s quantize_a) instead of in an
-# `act_quant` launch before it. Every program quantizes its block's rows again (per N tile), so the
-# launches it saves pay off only while the blocks hold few pairs. (Per-token scales span all of K: a
-# pass over the rows before each program's K loop measured 1.25-9x slower than the launch.)
-QUANTIZE_IN_GEMM_MAX_TOKENS = 8
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
 # rows (`moe_triton.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
 # layers of 8 or more choices per token, whose GEMM2 would issue that many atomics per output,
@@ -467,8 +461,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and
-        arrival counts it finishes by last arrival (16-bit activations), or fp8's fp32 sums that GEMM2's
-        operand is made from; 0 where GEMM1 needs none."""
+        arrival counts it finishes by last arrival (16-bit activations), or fp8's fp32 sums that the
+        activation launch quantizes; 0 where GEMM1 needs none."""
         cfg = self.config
         if not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
             return 0
@@ -532,14 +526,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             sums2 = scratch2[:M * K].view(torch.float32).view(M, K)
 
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
-        # A swapped fp8 GEMM quantizes its own operand per 128-wide group (as `act_quant` would): no
-        # launch before it; GEMM2 then applies the activation to GEMM1's fp32 rows as it quantizes them.
-        in_gemm = qm is QMode.GROUP128 and M <= QUANTIZE_IN_GEMM_MAX_TOKENS
-        quantize1 = in_gemm and c1.swap_ab
-        quantize2 = in_gemm and c2.swap_ab and not self._gate_up_chunk
         a1, a1_scale, a1_div = x, None, topk
         pair_expert = None  # each pair's local expert, for per-tensor scales only
-        if qm in (QMode.TOKEN, QMode.GROUP128) and not quantize1:
+        if qm in (QMode.TOKEN, QMode.GROUP128):
             a1, a1_scale = act_quant(x, None, qm, fp8, M)
         elif qm is QMode.TENSOR:
             # Per-tensor fp8 scales are per expert's rows: the quantization needs each pair's local expert.
@@ -556,7 +545,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             a1_div = 1
         halves_apart = perm is not None and perm.dim() == 3
         gemm1 = partial(gemm1_launch, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
-                        bias=packed.get("w13_bias"), zero_side=scratch2, quantize_a=quantize1)
+                        bias=packed.get("w13_bias"), zero_side=scratch2)
         chunk = self._gate_up_chunk
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
@@ -577,20 +566,16 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             h_dtype = torch.float32 if (split1 > 1 or qm is not QMode.NONE) else inter_dtype
             if split1 > 1:  # atomic sums, zero on entry: cleared by the routing launch, or a dependent one
                 scratch1 = gemm1_sums if gemm1_sums is not None else zeroed_int32(P * R, dev)
-                assert scratch1.numel() == P * R and h_dtype == torch.float32, (scratch1.numel(), P * R, h_dtype)
+                assert scratch1.numel() == P * R, (scratch1.numel(), P * R)
                 h = scratch1.view(torch.float32).view(P, R)
             else:
                 h = torch.empty(P, R, dtype=h_dtype, device=dev)
             # Half-experts write a pair's gate row, then its up row: [2P, N] is h's [gate | up] rows.
             gemm1(h.view(2 * P, N) if halves_apart else h, atomic=split1 > 1)
-            if quantize2:
-                a2, a2_scale = h, None
-            else:
-                a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
-                                         1, pair_expert, E_local, gate_up_chunk=chunk)
+            a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
+                                     1, pair_expert, E_local, gate_up_chunk=chunk)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=routed, reduce_topk=topk, quantize_a=quantize2,
-                        a_activation=cfg.activation if quantize2 else None)
+                        topk_weights=routed, reduce_topk=topk)
         if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`direct_quant_gemm`'s prefetch_l2)
             gemm2 = partial(gemm2, prefetch_l2=True)
         if sum_rows:

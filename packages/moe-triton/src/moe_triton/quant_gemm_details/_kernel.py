@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from moe_triton._common.activation import activate
-from moe_triton._common.fp8 import fp8_quotients, fp8_scale, to_fp8
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
@@ -178,8 +177,7 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, A_QUANT: tl.constexpr,
-    A_ACT: tl.constexpr,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -276,15 +274,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, A_QUANT, A_ACT)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, A_QUANT, A_ACT)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, A_QUANT, A_ACT)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0)
 
 
 @triton.jit
@@ -321,14 +319,11 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, A_QUANT: tl.constexpr, A_ACT: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
     (quads: a second accumulator fed by the same dequantized weights)."""
-    tl.static_assert(not A_QUANT or (WTYPE == 2 and SWAP_AB and A_SCALE == 2),
-                     "A quantized in the kernel: swapped fp8 with activation scales per 128-wide group")
-    tl.static_assert(A_ACT == 0 or (A_QUANT and ACT == 0), "an activation of A: quantized in the kernel, no epilogue one")
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
@@ -460,37 +455,16 @@ def _wgemm_rows(
         # narrow N side. Unswapped, a block below 64 rows runs the fp8 dot as fp16 mma.sync, converting
         # every code first.
         offs_k = tl.arange(0, BLOCK_K)
-        if A_QUANT:
-            # A quantized here, per 128-wide group (each K tile's own), to the codes and scales
-            # `act_quant` would have written: one launch less before this GEMM. A direct block's rows
-            # past the first are padding: one row quantized.
-            first_row = tl.arange(0, ROWS) == 0
-            if DIRECT:
-                q_base = a_ptr + (pid_m // A_ROWS_DIV).to(tl.int64) * stride_am + tl.zeros((1, 1), dtype=tl.int64)
-                q_mask = tl.full((1,), 1, tl.int1)
-            else:
-                q_base = a_base
-                q_mask = row_mask
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             # No fill values, as below: masked rows and columns are never stored.
             codes_t = tl.load(bt_base + (k0 + offs_k)[None, :] * stride_bk, mask=n_mask[:, None])
-            if A_QUANT:
-                y = _a_values(q_base, k0 + offs_k, q_mask, K, stride_ak, alpha, limit, A_ACT)
-                q_s = fp8_scale(tl.max(tl.abs(y), axis=1))
-                a_s = tl.where(first_row, q_s, 0.0) if DIRECT else q_s
-                q = fp8_quotients(y, q_s[:, None])
-                if DIRECT:
-                    q = tl.where(first_row[:, None], q, 0.0)
-                a = to_fp8(q, codes_t.dtype)
-            else:
-                a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
+            a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
             # Each K tile's product promoted to the fp32 accumulator (see the unswapped K loop).
             part = tl.dot(codes_t, tl.trans(a))
             if A_SCALE == 2:
                 kb = k0 // 128
-                if not A_QUANT:
-                    a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
+                a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
                 if 128 % BLOCK_N == 0:
                     w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
                     acc_t += part * (a_s * w_s)[None, :]
@@ -532,18 +506,6 @@ def _wgemm_rows(
 
     _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N,
                  HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
-
-
-@triton.jit
-def _a_values(a_base, k, row_mask, K, stride_ak, alpha, limit, A_ACT: tl.constexpr):
-    """fp32 [rows, k] of a 16-bit or fp32 A for quantizing in the kernel; with A_ACT the expert
-    activation of GEMM1's output rows, whose gated kinds read gate at column k and up at K + k."""
-    GATED: tl.constexpr = A_ACT == 1 or A_ACT == 2 or A_ACT == 3 or A_ACT == 4
-    gate = tl.load(a_base + k[None, :] * stride_ak, mask=row_mask[:, None], other=0.0).to(tl.float32)
-    up = gate
-    if GATED:
-        up = tl.load(a_base + (K + k)[None, :] * stride_ak, mask=row_mask[:, None], other=0.0).to(tl.float32)
-    return activate(gate, up, alpha, limit, A_ACT)
 
 
 @triton.jit
