@@ -18,7 +18,7 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._common.target import num_sms, wgmma_capable
 from moe_triton.configs import ConfigKey, GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS, pick_config
+from moe_triton.quant_gemm_details._heuristics import FP8_SWAP_MAX_BLOCK_M, GROUP_M_BLOCKS, pick_config
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 from moe_triton.quantized import TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts, borrowed_as_served
 from moe_triton.tune import quant_candidates
@@ -168,14 +168,21 @@ def test_fp8_takes_a_tuned_file_of_its_family(tmp_path, monkeypatch, quant, fami
 
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"])
 def test_shipped_fp8_block_configs_cover_the_presets(preset):
-    """fp8 128x128-block layers of the presets that have them find H100 launch shapes at every
-    benchmarked token count; the H200 takes the same file (no fp8 file of its own)."""
+    """fp8 128x128-block layers of the presets that have them find launch shapes of their GPU at every
+    benchmarked token count, H100 and H200; the H200's are the H100's, run swapped where blocks hold
+    at most FP8_SWAP_MAX_BLOCK_M pairs (measured faster there on the H200)."""
     cfg = get_preset(preset).config
-    for gpu, source in (("NVIDIA H100 80GB HBM3", "tuned"), ("NVIDIA H200", "other-device")):
+    hits = {}
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
         experts = TritonFp8Experts(cfg, fp8_w8a8("block"), DeviceInfo(Platform.CUDA, 0, gpu, (9, 0)))
         for m in (1, 8, 32, 128, 512, 2048, 8192):
-            hit = configs.lookup_exact(experts.config_key, m)
-            assert hit is not None and hit.source == source and f"at M={m}" in hit.detail, (gpu, m, hit)
+            hit = hits[gpu, m] = configs.lookup_exact(experts.config_key, m)
+            assert hit is not None and hit.source == "tuned" and f"at M={m}" in hit.detail, (gpu, m, hit)
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        h100 = hits["NVIDIA H100 80GB HBM3", m].config
+        swapped = [dataclasses.replace(g, swap_ab=g.block_m <= FP8_SWAP_MAX_BLOCK_M) for g in (h100.gemm1, h100.gemm2)]
+        assert hits["NVIDIA H200", m].config == QuantKernelConfig(*swapped), m
+    assert hits["NVIDIA H200", 1].config.gemm1.swap_ab and not hits["NVIDIA H200", 8192].config.gemm1.swap_ab
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
