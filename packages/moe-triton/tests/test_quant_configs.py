@@ -363,11 +363,14 @@ def test_heuristic_groups_m_blocks_of_fp8_experts_larger_than_l2():
 
 
 def test_heuristic_swaps_fp8_blocks_below_64_pairs():
-    """fp8 blocks of up to 32 pairs run swapped (the weight tile on the fp8 wgmma's 64-row side);
-    64-pair blocks fill that side with tokens and stay unswapped; canonical int8 never swaps."""
+    """fp8 blocks of up to 32 pairs with 128-wide K tiles run swapped (the weight tile on the fp8
+    wgmma's 64-row side); 64-pair blocks fill that side with tokens and stay unswapped, as do 64-wide
+    K tiles (gpt-oss's K = 2880); canonical int8 never swaps."""
     meta = torch.empty(8, 0, device="meta")
     fp8 = WeightOperand(WType.FP8, meta, meta, None, 2 * 768, 2048, 0, 128, 0)
     assert [(c.block_m, c.swap_ab) for c in (pick_config(p, 8, fp8, 132) for p in (8, 64, 256, 1024))] == [
         (16, True), (16, True), (32, True), (64, False)]
+    narrow_k = WeightOperand(WType.FP8, meta, meta, None, 2 * 2880, 2880, 0, 64, 0)
+    assert not pick_config(8, 8, narrow_k, 132).swap_ab
     int8 = WeightOperand(WType.INT8, meta, meta, None, 2 * 768, 2048, 2048, 128, 128)
     assert not pick_config(8, 8, int8, 132).swap_ab
