@@ -8,8 +8,9 @@ serves without a file), so only the kept cells change.
 - mxfp4, int8 (per-channel symmetric): without its own file the family borrows the int4 file of its
   shape (`configs.BORROWED_FAMILIES`), its entries as MXFP4 or int8 serves them
   (`quantized.borrowed_as_served`).
-- fp8-tensor / fp8-channel / fp8-block: without a file the layer runs `pick_config`'s heuristic, which
-  depends on the GPU's multiprocessor count (--sms).
+- fp8-tensor / fp8-channel / fp8-block: without a file of this device the layer serves the same shape's
+  file of another device where there is one (`configs.lookup_exact`), else `pick_config`'s heuristic,
+  which depends on the GPU's multiprocessor count (--sms).
 The tuner's record of the kept entries goes to benchmarks/results/tuned-configs/provenance.json.
 
     python benchmarks/gpu/ship_retuned_configs.py RETUNE_DIR --quant fp8-block \\
@@ -83,6 +84,10 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
         raise FileNotFoundError(f"{own}: int4 retunes replace entries of a shipped file")
     elif quant in ("mxfp4", "int8"):
         table, served = _borrowed_int4(key, p, out, int8=quant == "int8")
+    elif others := sorted(out.glob(dataclasses.replace(key, device="*").file_name())):
+        lent = json.loads(others[0].read_text())
+        table = {int(m): QuantKernelConfig.from_dict(c) for m, c in lent["configs"].items()}
+        served = f"{others[0].name}'s entries (served from another device before)"
     else:
         table, served = _fp8_heuristic(key, quant, sms)
     tuned_dir = retune / preset / "configs"
