@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["FOLDED_REGS", "FP8_SWAP_BLOCK_K", "FP8_SWAP_MAX_BLOCK_M", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS", "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE",
-           "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config", "ws_regs"]
+__all__ = ["FOLDED_REGS", "FP8_SWAP_BLOCK_K", "FP8_SWAP_MAX_BLOCK_M", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS",
+           "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE", "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config",
+           "ws_regs"]
 
 # fp8 experts whose weights outgrow the L2 cache (mixtral-8x7b: 117 and 59 MB per expert) launch their
 # M blocks in groups of 16 (GemmConfig.group_m) from 32-pair blocks up: an expert's blocks then read
