@@ -29,6 +29,13 @@ MXFP4 = dict(GROUP=32, WTYPE=3, CODE_OFFSET=0)
 MXFP4_PTRS = {"b_ptr": "*i16", "s_ptr": "*i32"}
 FP8_PTRS = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
 
+
+def _fp8(a_scale: int, block_m: int, swap: bool = False) -> tuple:
+    """An fp8 tl.dot case: activation scales per row (1) or 128-wide group (2, with 128x128 weight blocks)."""
+    return ("dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=a_scale, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=swap,
+                        BLOCK_M=block_m), FP8_PTRS, 128)
+
+
 # name: (kernel, constexprs, pointer types, weights per thread per K tile)
 CASES = {
     "tl.dot BM16 x BN128, int4 g128 (POST_SCALE)": (
@@ -46,24 +53,12 @@ CASES = {
     "tl.dot BM64 x BN128, int8 g128": (
         "dot", dict(UNIT_STRIDES, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
         {"b_ptr": "*u8"}, 128),
-    "tl.dot BM64 x BN128, fp8 per channel x per token": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
-        FP8_PTRS, 128),
-    "tl.dot BM64 x BN128, fp8 128x128 blocks": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
-        FP8_PTRS, 128),
-    "tl.dot BM16 x BN128, fp8 128x128 blocks": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
-        FP8_PTRS, 128),
-    "tl.dot BM16 x BN128, fp8 128x128 blocks, swapped": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16),
-        FP8_PTRS, 128),
-    "tl.dot BM16 x BN128, fp8 per channel x per token, swapped": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, BLOCK_M=16),
-        FP8_PTRS, 128),
-    "tl.dot BM16 x BN128, fp8 per channel x per token": (
-        "dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, BLOCK_M=16),
-        FP8_PTRS, 128),
+    "tl.dot BM64 x BN128, fp8 per channel x per token": _fp8(a_scale=1, block_m=64),
+    "tl.dot BM64 x BN128, fp8 128x128 blocks": _fp8(a_scale=2, block_m=64),
+    "tl.dot BM16 x BN128, fp8 128x128 blocks": _fp8(a_scale=2, block_m=16),
+    "tl.dot BM16 x BN128, fp8 128x128 blocks, swapped": _fp8(a_scale=2, block_m=16, swap=True),
+    "tl.dot BM16 x BN128, fp8 per channel x per token": _fp8(a_scale=1, block_m=16),
+    "tl.dot BM16 x BN128, fp8 per channel x per token, swapped": _fp8(a_scale=1, block_m=16, swap=True),
     "tl.dot BM64 x BN128, int8 byte quads g128": (
         "dot", dict(QUADS, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_M=64), {"b_ptr": "*i32"}, 128),
     "tl.dot BM16 x BN128, int8 byte quads per channel (POST_SCALE)": (

@@ -463,15 +463,8 @@ def _wgemm_rows(
             # Each K tile's product promoted to the fp32 accumulator (see the unswapped K loop).
             part = tl.dot(codes_t, tl.trans(a))
             if A_SCALE == 2:
-                kb = k0 // 128
-                a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
-                if 128 % BLOCK_N == 0:
-                    w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
-                    acc_t += part * (a_s * w_s)[None, :]
-                else:
-                    w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
-                                  mask=n_mask, other=0.0)
-                    acc_t += part * w_s[:, None] * a_s[None, :]
+                acc_t += _fp8_block_scaled(part, k0, a_scale_ptr, s_ptr, a_rows, row_mask, e, pid_n, offs_n, n_mask,
+                                           stride_asm, stride_ask, stride_se, stride_sn, stride_sk, BLOCK_N, True)
             else:
                 acc_t += part
         acc = tl.trans(acc_t)
@@ -487,18 +480,8 @@ def _wgemm_rows(
                 w = dequantize(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1, PTX_UNPACK)
                 acc = tl.dot(a.to(CT), w, acc)
             elif A_SCALE == 2:
-                # 128x128 weight blocks, 1x128 activation groups: BLOCK_K divides 128.
-                kb = k0 // 128
-                a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
-                if 128 % BLOCK_N == 0:
-                    # The tile's columns lie in one weight block: its scale is one number per K tile,
-                    # folded into the activation scales (one multiply per output instead of two).
-                    w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
-                    acc += tl.dot(a, codes) * (a_s * w_s)[:, None]
-                else:
-                    w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk,
-                                  mask=n_mask, other=0.0)
-                    acc += tl.dot(a, codes) * a_s[:, None] * w_s[None, :]
+                acc += _fp8_block_scaled(tl.dot(a, codes), k0, a_scale_ptr, s_ptr, a_rows, row_mask, e, pid_n, offs_n,
+                                         n_mask, stride_asm, stride_ask, stride_se, stride_sn, stride_sk, BLOCK_N, False)
             else:
                 # Summed outside the dot: Hopper's fp8 MMA accumulates in reduced precision, so each
                 # K tile's partial result is promoted to the fp32 accumulator (as DeepSeek-V3 does).
@@ -506,6 +489,30 @@ def _wgemm_rows(
 
     _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N,
                  HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
+
+
+@triton.jit
+def _fp8_block_scaled(part, k0, a_scale_ptr, s_ptr, a_rows, row_mask, e, pid_n, offs_n, n_mask, stride_asm, stride_ask,
+                      stride_se, stride_sn, stride_sk, BLOCK_N: tl.constexpr, SWAPPED: tl.constexpr):
+    """An fp8 K tile's product [rows, BLOCK_N] (SWAPPED: [BLOCK_N, rows]) times the scales of its
+    128x128 weight blocks and 1x128 activation groups (BLOCK_K divides 128)."""
+    kb = k0 // 128
+    a_s = tl.load(a_scale_ptr + a_rows * stride_asm + kb * stride_ask, mask=row_mask, other=0.0)
+    if 128 % BLOCK_N == 0:
+        # The tile's columns lie in one weight block: its scale is one number per K tile, folded into
+        # the activation scales (one multiply per output instead of two).
+        w_s = tl.load(s_ptr + e * stride_se + (pid_n * BLOCK_N // 128) * stride_sn + kb * stride_sk)
+        if SWAPPED:
+            scaled = part * (a_s * w_s)[None, :]
+        else:
+            scaled = part * (a_s * w_s)[:, None]
+    else:
+        w_s = tl.load(s_ptr + e * stride_se + (offs_n // 128) * stride_sn + kb * stride_sk, mask=n_mask, other=0.0)
+        if SWAPPED:
+            scaled = part * w_s[:, None] * a_s[None, :]
+        else:
+            scaled = part * a_s[:, None] * w_s[None, :]
+    return scaled
 
 
 @triton.jit
