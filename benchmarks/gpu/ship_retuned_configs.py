@@ -30,12 +30,11 @@ from pathlib import Path
 import torch
 
 from moe_core.presets import get_preset
-from moe_core.quant import parse_scheme
 from moe_triton import configs
 from moe_triton.configs import ConfigKey, QuantKernelConfig, device_tag
 from moe_triton.quant_gemm_details._heuristics import pick_config
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
-from moe_triton.quantized import borrowed_as_served, fp8_block_k
+from moe_triton.quantized import FP8_BLOCK_K, borrowed_as_served
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVENANCE = ROOT / "benchmarks" / "results" / "tuned-configs" / "provenance.json"
@@ -53,14 +52,13 @@ def _borrowed_int4(key: ConfigKey, preset, out: Path, int8: bool) -> tuple[dict[
     return table, f"{lender.file_name()}'s entries as {borrower} serves them (`borrowed_as_served`)"
 
 
-def _fp8_heuristic(key: ConfigKey, quant: str, sms: int) -> tuple[dict[int, QuantKernelConfig], str]:
+def _fp8_heuristic(key: ConfigKey, sms: int) -> tuple[dict[int, QuantKernelConfig], str]:
     """`TritonFp8Experts.heuristic_config` at each benchmark token count on a GPU of `sms`
     multiprocessors (pick_config reads only the operands' sizes, so they hold no weights)."""
-    weight = parse_scheme(quant).weight
 
     def operand(n: int, k: int) -> WeightOperand:
         meta = torch.empty(key.num_experts, 0, device="meta")
-        return WeightOperand(WType.FP8, meta, meta, None, n, k, 0, fp8_block_k(weight, k), 0)
+        return WeightOperand(WType.FP8, meta, meta, None, n, -(-k // FP8_BLOCK_K) * FP8_BLOCK_K, 0, FP8_BLOCK_K, 0)
 
     w13, w2 = operand(2 * key.intermediate, key.hidden), operand(key.hidden, key.intermediate)
     table = {m: QuantKernelConfig(pick_config(m * key.top_k, key.num_experts, w13, sms),
@@ -89,7 +87,7 @@ def ship(retune: Path, quant: str, preset: str, kept: list[int], device: str, sm
         table = {int(m): QuantKernelConfig.from_dict(c) for m, c in lent["configs"].items()}
         served = f"{others[0].name}'s entries (served from another device before)"
     else:
-        table, served = _fp8_heuristic(key, quant, sms)
+        table, served = _fp8_heuristic(key, sms)
     tuned_dir = retune / preset / "configs"
     tuned = json.loads((tuned_dir / key.file_name()).read_text())
     record = json.loads((tuned_dir / "provenance" / key.file_name()).read_text())

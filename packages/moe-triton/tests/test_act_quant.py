@@ -32,6 +32,34 @@ def test_act_quant_matches_twin(qmode, chunk):
     assert rel_l2(y.float()[keep], yt.float()[keep]) < 1e-3
 
 
+@pytest.mark.parametrize("qmode", [QMode.TOKEN, QMode.TENSOR])
+def test_rows_padded_to_whole_tiles_end_in_zero_codes(qmode):
+    """out_cols past the output width (a GEMM whose K is padded to whole tiles): the extra columns
+    hold +0.0 codes over garbage, the scales are those of the unpadded rows."""
+    rows, pexp = 4, torch.tensor([0, 1, 1, 0], dtype=torch.int32, device=DEV)
+    h = torch.randn(rows, 2 * 320, device=DEV) * 3
+    act = Activation.silu()
+    plain, plain_s = act_quant(h, act, qmode, torch.float8_e4m3fn, rows, 1, pexp, 2)
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x7E)
+        return t
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, "empty", garbage)
+        y, s = act_quant(h, act, qmode, torch.float8_e4m3fn, rows, 1, pexp, 2, out_cols=384)
+    yt, st = act_quant_torch(h, act, qmode, torch.float8_e4m3fn, rows, 1, pexp, 2, out_cols=384)
+    assert y.shape == yt.shape == (rows, 384)
+    assert torch.equal(y[:, :320].view(torch.uint8), plain.view(torch.uint8)) and torch.equal(s, plain_s)
+    assert not y[:, 320:].view(torch.uint8).any() and not yt[:, 320:].float().any()
+    torch.testing.assert_close(s, st, rtol=1e-6, atol=0)
+    assert rel_l2(y.float(), yt.float()) < 1e-3
+    with pytest.raises(ValueError, match="out_cols=256: at least the output width 320"):
+        act_quant(h, act, qmode, torch.float8_e4m3fn, rows, 1, pexp, 2, out_cols=256)
+
+
 @pytest.mark.parametrize(("width", "activation"), [(384, None), (1536, Activation.silu())])
 def test_group128_rows_wider_than_their_groups_match_twin(width, activation):
     """Group-128 rows whose width is no power of two (qwen3's 768, here 384): the kernel's last groups

@@ -295,6 +295,28 @@ def test_fp8_swapped_matches_reference(gran, act_scales, M, block_n, split):
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize(("gran", "act_scales"), [("channel", "token"), ("tensor", "tensor")])
+@pytest.mark.parametrize("M", [1, 9])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_fp8_k_padded_to_whole_tiles(gran, act_scales, M, swap_ab):
+    """Per-channel and per-tensor fp8 codes whose K 128 does not divide (gpt-oss's 2880; here
+    K = 192 and N = 320) are padded to whole 128-wide tiles with +0.0 codes, the activation launch
+    writes zero columns there, and the layer matches the reference, swapped or not."""
+    quant = fp8_w8a8(gran, activation_scales=act_scales)
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=192, intermediate_size=320, dtype=torch.bfloat16)
+    experts = TritonFp8Experts(cfg, quant, RUN_ON)
+    weights = ExpertWeights.random(cfg, quant, seed=2, device=DEV)
+    experts.load_weights(weights)
+    w13, w2 = experts._operand("w13", 640, 192), experts._operand("w2", 192, 320)
+    assert (w13.k, w2.k, w13.block_k) == (256, 384, 128)
+    assert torch.equal(w13.codes[:, :, :192].view(torch.uint8), weights.w13.to(DEV).view(torch.uint8))
+    assert not w13.codes[:, :, 192:].view(torch.uint8).any() and not w2.codes[:, :, 320:].view(torch.uint8).any()
+    tile = GemmConfig(16, 64, 2 if M == 1 else 1, 4, 2, swap_ab)
+    out, ref = run_layer(TritonFp8Experts, quant, Activation.silu(), torch.bfloat16, K=192, N=320, M=M, bias=True,
+                         override=QuantKernelConfig(tile, tile))
+    assert rel_l2(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("block_n", [64, 128, 256])
 def test_fp8_block_scale_of_each_output_block(block_n, swap_ab):

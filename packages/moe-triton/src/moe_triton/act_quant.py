@@ -52,7 +52,7 @@ def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stride_y, stride_s, in_div,
+def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, N_OUT, stride_h, stride_y, stride_s, in_div,
                       alpha, limit, ACT: tl.constexpr, QMODE: tl.constexpr, PHASE: tl.constexpr,
                       GATE_UP_CHUNK: tl.constexpr, BLOCK: tl.constexpr, INTERPRET: tl.constexpr,
                       PDL: tl.constexpr):
@@ -61,6 +61,7 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    out_mask = offs < N_OUT  # columns N..N_OUT: zeros (the padding of a GEMM's K)
     src = h_ptr + (row // in_div).to(tl.int64) * stride_h
     GATED: tl.constexpr = ACT == 1 or ACT == 2 or ACT == 3 or ACT == 4
     if GATED and GATE_UP_CHUNK > 0:
@@ -79,11 +80,11 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
     y = tl.where(mask, y, 0.0)
     dst = y_ptr + row.to(tl.int64) * stride_y + offs
     if QMODE == 0:
-        tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=out_mask)
     elif QMODE == 1:
         s = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / _FP8_MAX
         q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
-        tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
+        tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=out_mask)
         tl.store(s_ptr + row * stride_s, s)
     elif QMODE == 2:
         yg = tl.reshape(y, (BLOCK // 128, 128))
@@ -105,7 +106,7 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, stride_h, stri
             else:
                 s = tl.maximum(tl.load(amax_ptr + e), 1e-12) / _FP8_MAX
                 q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s), -_FP8_MAX, _FP8_MAX)
-                tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=mask)
+                tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=out_mask)
                 tl.store(s_ptr + row * stride_s, s)
 
 
@@ -118,18 +119,24 @@ def _out_width(h: torch.Tensor, kind: ActKind) -> int:
 
 def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
               rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
-              num_experts: int = 0, gate_up_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """rows outputs from h rows (row // in_div): (values [rows, N], fp32 scales or None).
+              num_experts: int = 0, gate_up_chunk: int = 0,
+              out_cols: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """rows outputs from h rows (row // in_div): (values [rows, out_cols], fp32 scales or None).
 
     Scales: TOKEN and TENSOR [rows, 1], GROUP128 [rows, N/128]. TENSOR needs pair_expert (the
     local expert of each output row, -1 to skip) and num_experts. gate_up_chunk > 0: gated h rows
-    are in `GateUpInterleave(gate_up_chunk)` order, not [gate | up].
+    are in `GateUpInterleave(gate_up_chunk)` order, not [gate | up]. out_cols (default: the
+    output width N): more for a GEMM whose K is padded to whole tiles, zeros past N.
     """
     kind = ActKind.NONE if activation is None else act_kind(activation)
     n = _out_width(h, kind)
     if qmode is QMode.GROUP128 and n % 128:
         raise ValueError(f"fp8 group-128 activation quantization needs a width divisible by 128, got {n}")
-    y = torch.empty(rows, n, dtype=out_dtype, device=h.device)
+    out_cols = n if out_cols is None else out_cols
+    if out_cols < n or (qmode is QMode.GROUP128 and out_cols != n):
+        raise ValueError(f"out_cols={out_cols}: at least the output width {n}" + (
+            ", and equal to it per 128-wide group" if qmode is QMode.GROUP128 else ""))
+    y = torch.empty(rows, out_cols, dtype=out_dtype, device=h.device)
     scales = None
     if qmode in (QMode.TOKEN, QMode.TENSOR):
         scales = torch.empty(rows, 1, dtype=torch.float32, device=h.device)
@@ -139,7 +146,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
         return y, scales
     alpha = activation.alpha if activation is not None and activation.alpha is not None else 0.0
     limit = activation.limit if activation is not None and activation.limit is not None else 0.0
-    block = max(next_power_of_2(n), 128)
+    block = max(next_power_of_2(out_cols), 128)
     warps = min(16, max(1, block // 512))
     # Only the per-tensor mode reduces into amax; the others skip the memset launch.
     amax = (torch.zeros if qmode is QMode.TENSOR else torch.empty)(max(num_experts, 1), dtype=torch.float32,
@@ -147,7 +154,7 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
     pexp = pair_expert if pair_expert is not None else amax
     s_arg = scales if scales is not None else amax
     for phase in ((0, 1) if qmode is QMode.TENSOR else (0,)):
-        _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, h.stride(0), y.stride(0),
+        _act_quant_kernel[(rows,)](h, y, s_arg, amax, pexp, n, out_cols, h.stride(0), y.stride(0),
                                    s_arg.stride(0) if scales is not None else 0, in_div, alpha, limit,
                                    ACT=int(kind), QMODE=int(qmode), PHASE=phase, GATE_UP_CHUNK=gate_up_chunk,
                                    BLOCK=block,
@@ -157,12 +164,15 @@ def act_quant(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_
 
 def act_quant_torch(h: torch.Tensor, activation: Activation | None, qmode: QMode, out_dtype: torch.dtype,
                     rows: int, in_div: int = 1, pair_expert: torch.Tensor | None = None,
-                    num_experts: int = 0, gate_up_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    num_experts: int = 0, gate_up_chunk: int = 0,
+                    out_cols: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The twin of `act_quant`, from moe_core's reference activation."""
     x = h.float()[torch.arange(rows, device=h.device) // in_div]
     if gate_up_chunk and activation is not None and activation.gated:
         x = GateUpInterleave(gate_up_chunk).unswizzle(x)
     y = x if activation is None else apply_activation(x, activation)
+    if out_cols is not None:
+        y = torch.nn.functional.pad(y, (0, out_cols - y.shape[1]))
     if qmode is QMode.NONE:
         return y.to(out_dtype), None
     if qmode is QMode.TOKEN:

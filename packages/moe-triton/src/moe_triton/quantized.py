@@ -146,10 +146,10 @@ def _block_k(wtype: WType, cols: int, group: int) -> int:
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
 
 
-def fp8_block_k(key: QuantKey, cols: int) -> int:
-    """K tile of an fp8 GEMM of input size cols: 128 with 128x128 scale blocks (one block per tile),
-    else the widest that divides cols."""
-    return 128 if key.scale.granularity is Granularity.BLOCK else _block_k(WType.FP8, cols, cols)
+# K tile of every fp8 GEMM: one 128x128 scale block per tile; per-channel and per-tensor codes are
+# padded to whole tiles (+0.0 codes, and the activation launch writes zero columns there), so a K that
+# 128 does not divide (gpt-oss's 2880) keeps the tile the swapped fp8 wgmma is fastest with.
+FP8_BLOCK_K = 128
 
 
 def _group(key: QuantKey, cols: int) -> int:
@@ -189,6 +189,15 @@ def _padded_to_whole_tiles(wtype: WType, codes: torch.Tensor, scale: torch.Tenso
     else:
         codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0)
     return codes, scale, zero
+
+
+def _fp8_padded(codes: torch.Tensor, cols: int) -> torch.Tensor:
+    """fp8 codes [E, N, K] with K padded to whole FP8_BLOCK_K tiles by +0.0 codes (torch pads no fp8
+    tensor: its bytes are padded)."""
+    pad = -cols % FP8_BLOCK_K
+    if not pad:
+        return codes.contiguous()
+    return torch.nn.functional.pad(codes.view(torch.uint8), (0, pad), value=0).view(codes.dtype)
 
 
 def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
@@ -296,7 +305,7 @@ class _Processor:
             scale = canonical(getattr(weights, f"{name}_scale"))
             zero = getattr(weights, f"{name}_zero")
             if wt is WType.FP8:
-                out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
+                out[name], out[f"{name}_scale"] = _fp8_padded(codes, cols), scale.float().contiguous()
                 continue
             group = _group(key, cols)
             bk = _block_k(wt, cols, group)
@@ -409,7 +418,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         key = self.quant.weight
         wt = _wtype(key)
         if wt is WType.FP8:
-            return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, k, 0, fp8_block_k(key, k), 0)
+            # k: the codes' K, padded to whole tiles (`_fp8_padded`)
+            return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, p[name].shape[2], 0, FP8_BLOCK_K, 0)
         group = _group(key, k)
         if name == "w13" and self._w13_halves_apart:
             n //= 2  # half-experts of N rows (`_half_experts`)
@@ -529,14 +539,14 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         a1, a1_scale, a1_div = x, None, topk
         pair_expert = None  # each pair's local expert, for per-tensor scales only
         if qm in (QMode.TOKEN, QMode.GROUP128):
-            a1, a1_scale = act_quant(x, None, qm, fp8, M)
+            a1, a1_scale = act_quant(x, None, qm, fp8, M, out_cols=w13.k)
         elif qm is QMode.TENSOR:
             # Per-tensor fp8 scales are per expert's rows: the quantization needs each pair's local expert.
             pair_expert = topk_ids.flatten().long()
             if self.expert_map is not None:
                 pair_expert = self.expert_map.long()[pair_expert]
             pair_expert = pair_expert.to(torch.int32)
-            a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local)
+            a1, a1_scale = act_quant(x, None, qm, fp8, P, topk, pair_expert, E_local, out_cols=w13.k)
             a1_div = 1
         gemm1_launch = gemm
         perm = packed.get("w13_perm")
@@ -573,7 +583,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             # Half-experts write a pair's gate row, then its up row: [2P, N] is h's [gate | up] rows.
             gemm1(h.view(2 * P, N) if halves_apart else h, atomic=split1 > 1)
             a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
-                                     1, pair_expert, E_local, gate_up_chunk=chunk)
+                                     1, pair_expert, E_local, gate_up_chunk=chunk, out_cols=w2.k)
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
                         topk_weights=routed, reduce_topk=topk)
         if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`direct_quant_gemm`'s prefetch_l2)
@@ -736,7 +746,7 @@ class TritonWna16Experts(_QuantTritonExperts):
 class TritonFp8Experts(_QuantTritonExperts):
     """fp8 e4m3 weights and dynamically quantized fp8 activations."""
 
-    weight_processor = _Processor("triton.fp8.canonical", interleave_gate_up=False)
+    weight_processor = _Processor("triton.fp8.canonical-k-padded", interleave_gate_up=False)
     capability = Capability(
         platforms=frozenset({Platform.CUDA}),
         schemes=(
