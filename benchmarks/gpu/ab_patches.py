@@ -6,8 +6,9 @@ count to those it would run, with one field of both GEMMs changed.
   for token counts whose launch puts N tiles first.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
 
-And one that changes the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
-dependent on the kernel ahead).
+And some that change the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
+dependent on the kernel ahead); `direct_up_to_8` (calls of up to 8 tokens launch their GEMMs a block
+per pair, without the alignment: `quantized.DIRECT_MAX_TOKENS` 8).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from moe_triton import act_quant
+from moe_triton import act_quant, quantized
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -38,3 +39,7 @@ unswapped = _both_gemms(swap_ab=False)
 
 def act_quant_plain_launch(layer, tokens: int):
     return mock.patch.object(act_quant, "dependent_options", lambda device: {"PDL": False})
+
+
+def direct_up_to_8(layer, tokens: int):
+    return mock.patch.object(quantized, "DIRECT_MAX_TOKENS", 8)

@@ -14,8 +14,8 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*  ab_layer.py: fp8 decode-size variants (swapped, act_quant as a
-#                dependent launch), per preset (AB_TOKENS: token counts)
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*  ab_layer.py: decode-size variants (fp8 swapped,
+#                act_quant as a dependent launch; direct launches for a few tokens), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -108,6 +108,13 @@ for p in qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
 done
 for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
   add "ab-fp8-channel-pdl-$p" "python3 ab_layer.py --preset $p --dtype fp8-channel --m ${AB_TOKENS:-1 8 32 128} --rounds 5 --variant plain=ab_patches:act_quant_plain_launch --variant dependent --out $OUT/host/ab-fp8-channel-pdl-$p.json"
+done
+# A few tokens' pairs launched a block each (direct), without the alignment launch, against aligned blocks.
+for s in int4 int8 mxfp4 fp8-block fp8-channel; do
+  for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
+    [ "$s$p" = fp8-blockgpt-oss-120b ] && continue  # K = N = 2880: no 128x128 blocks
+    add "ab-direct-$s-$p" "python3 ab_layer.py --preset $p --dtype $s --m ${AB_TOKENS:-2 4 8} --rounds 5 --variant aligned --variant direct=ab_patches:direct_up_to_8 --out $OUT/host/ab-direct-$s-$p.json"
+  done
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
 add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"

@@ -58,6 +58,24 @@ def test_int4_layer_with_both_layouts():
     assert rel_l2(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16()),
+                                           (TritonWna16Experts, int8_w8a16(-1)),
+                                           (TritonFp8Experts, fp8_w8a8("block")),
+                                           (TritonFp8Experts, fp8_w8a8("channel", activation_scales="token"))])
+@pytest.mark.parametrize("M", [3, 8])
+def test_direct_launches_of_a_few_tokens(monkeypatch, cls, quant, M):
+    """Calls of up to `DIRECT_MAX_TOKENS` tokens take their pairs a block each, without alignment: pairs
+    of different tokens may share an expert (4 experts, top-3, 3 or 8 tokens), each streams it, and
+    the top-k sums (split GEMM2, last arrival) match the reference, another rank's experts among them."""
+    from moe_triton import quantized
+
+    monkeypatch.setattr(quantized, "DIRECT_MAX_TOKENS", 8)
+    monkeypatch.setattr(quantized, "align_block_size", None)  # no alignment launch: calling it fails
+    out, ref = run_layer(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=3, M=M, bias=True,
+                         parallel=ParallelConfig(ep_size=2, ep_rank=1), override=_splits(2, 2))
+    assert rel_l2(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment
 def test_wna16_bias_expert_map_and_weight_on_input(M):
     out, ref = run_layer(TritonWna16Experts, int4_w4a16(64), Activation.swiglu_oai(), torch.float16, bias=True,

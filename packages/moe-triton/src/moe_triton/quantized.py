@@ -104,6 +104,8 @@ LAST_ARRIVAL_MAX_TOKENS = 8
 # ROWS_SUM_MIN_PAIRS for the others (below these, the rows were no faster or slower).
 ROWS_SUM_MIN_PAIRS = 16384
 ROWS_SUM_MIN_PAIRS_TOP8 = 8192
+# Most tokens whose (token, k) pairs the GEMMs take a block per pair, without the alignment launch.
+DIRECT_MAX_TOKENS = 1
 
 
 def _int4_quads(cols: int, group: int) -> bool:
@@ -499,9 +501,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         launch = self.config_for(M).config
         c1, c2 = launch.gemm1, launch.gemm2
         split1, split2 = effective_split(c1.split_k, w13), effective_split(c2.split_k, w2)
-        # One token: its top-k experts are distinct, so a block per pair streams each expert once
-        # and the alignment launch can go.
-        direct = M == 1
+        # A block per pair without the alignment launch (`direct_quant_gemm`): one token's top-k experts
+        # are distinct, so each expert streams once.
+        direct = M <= DIRECT_MAX_TOKENS
         if direct:
             ids32 = topk_ids.to(torch.int32).contiguous()
             gemm = partial(direct_quant_gemm, topk_ids=ids32, expert_map=self.expert_map)
