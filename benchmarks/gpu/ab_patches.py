@@ -7,8 +7,8 @@ count to those it would run, with one field of both GEMMs changed.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
 
 And some that change the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
-dependent on the kernel ahead); `direct_up_to_8` (calls of up to 8 tokens launch their GEMMs a block
-per pair, without the alignment: `quantized.DIRECT_MAX_TOKENS` 8).
+dependent on the kernel ahead); `direct_up_to_8` and `direct_one_token_only` (calls of up to 8 tokens,
+or one, launch their GEMMs without the alignment: `quantized.DIRECT_MAX_TOKENS`).
 """
 
 from __future__ import annotations
@@ -43,3 +43,7 @@ def act_quant_plain_launch(layer, tokens: int):
 
 def direct_up_to_8(layer, tokens: int):
     return mock.patch.object(quantized, "DIRECT_MAX_TOKENS", 8)
+
+
+def direct_one_token_only(layer, tokens: int):
+    return mock.patch.object(quantized, "DIRECT_MAX_TOKENS", 1)

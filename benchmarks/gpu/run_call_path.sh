@@ -113,7 +113,7 @@ done
 for s in int4 int8 mxfp4 fp8-block fp8-channel; do
   for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
     [ "$s$p" = fp8-blockgpt-oss-120b ] && continue  # K = N = 2880: no 128x128 blocks
-    add "ab-direct-$s-$p" "python3 ab_layer.py --preset $p --dtype $s --m ${AB_TOKENS:-2 4 8} --rounds 5 --variant aligned --variant direct=ab_patches:direct_up_to_8 --out $OUT/host/ab-direct-$s-$p.json"
+    add "ab-direct-$s-$p" "python3 ab_layer.py --preset $p --dtype $s --m ${AB_TOKENS:-2 4 8} --rounds 5 --variant aligned=ab_patches:direct_one_token_only --variant direct=ab_patches:direct_up_to_8 --out $OUT/host/ab-direct-$s-$p.json"
   done
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.

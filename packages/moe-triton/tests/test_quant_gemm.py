@@ -111,6 +111,25 @@ def _routed_counts_layer(counts, quant, launch: QuantKernelConfig, K=256, N=128,
     return experts.apply(x, tw, ids), reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
 
 
+@pytest.mark.parametrize(("quant", "swap_ab"), [(int4_w4a16(128), True), (int8_w8a16(-1), True),
+                                               (fp8_w8a8("block"), False)])
+def test_direct_blocks_of_many_pairs_per_expert(monkeypatch, quant, swap_ab):
+    """A direct launch (no alignment) runs each expert's pairs in blocks of block_m from its first pair
+    on: 20 pairs of one expert take two 16-row blocks, 1 and 3 pairs one each, an expert without pairs
+    none; as the reference, and as the aligned launch."""
+    from moe_triton import quantized
+
+    launch = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 2, swap_ab), GemmConfig(16, 64, 1, 4, 2, swap_ab))
+    cls = TritonFp8Experts if quant.weight.dtype.value == "fp8e4m3" else TritonWna16Experts
+    counts = [20, 1, 0, 3]
+    aligned, ref = _routed_counts_layer(counts, quant, launch, cls=cls)
+    monkeypatch.setattr(quantized, "DIRECT_MAX_TOKENS", sum(counts))
+    monkeypatch.setattr(quantized, "align_block_size", None)  # no alignment launch: calling it fails
+    direct, _ = _routed_counts_layer(counts, quant, launch, cls=cls)
+    assert rel_l2(direct, ref) < 2e-2
+    torch.testing.assert_close(direct, aligned, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize(("quant", "block_m"), [(int4_w4a16(128, zero_point=True), 32), (int4_w4a16(64), 64),
                                                 (mxfp4_w4a16(), 32)])
 def test_narrow_blocks_match_reference(quant, block_m):
