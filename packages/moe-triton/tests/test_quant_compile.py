@@ -17,11 +17,11 @@ _SPECIALIZATIONS = {
     "quads-gemm2-last-arrival": (dict(GROUP=128, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=2,
                                       MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
     "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
-                                GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4, PAIRS_P2=64), {"b_ptr": "*i16"}),
+                                GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
     # one token's GEMM2: its weights prefetched into L2 before the wait, zero points g64 among them
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
-                                   PREFETCH_TILES=2, PAIRS_P2=16), {"b_ptr": "*i16"}),
+                                   PREFETCH_TILES=2), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     # an expert's last block over its valid half (the K loop built for both row counts), N tiles first
@@ -81,7 +81,7 @@ _SPECIALIZATIONS = {
     # decode sizes swapped, on the fp8 wgmma: one token's direct GEMM2 (last-arrival sums), GEMM1 in
     # 128x128 blocks (a scale per tile) and per channel
     "fp8-block-swapped-direct": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, SINK=2,
-                                      MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, SPLIT_K=2, PDL=True, PAIRS_P2=8),
+                                      MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, SPLIT_K=2, PDL=True),
                                  {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
     "fp8-block-swapped-store": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True,
                                      BLOCK_M=32, N_FIRST=True, PDL=True),

@@ -114,9 +114,8 @@ def _routed_counts_layer(counts, quant, launch: QuantKernelConfig, K=256, N=128,
 @pytest.mark.parametrize(("quant", "swap_ab"), [(int4_w4a16(128), True), (int8_w8a16(-1), True),
                                                (fp8_w8a8("block"), False)])
 def test_direct_blocks_of_many_pairs_per_expert(monkeypatch, quant, swap_ab):
-    """A direct launch (no alignment) runs each expert's pairs in blocks of block_m from its first pair
-    on: 20 pairs of one expert take two 16-row blocks, 1 and 3 pairs one each, an expert without pairs
-    none; as the reference, and as the aligned launch."""
+    """A direct launch (no alignment, a block per pair) of many pairs per expert (20 of one expert, 1 and
+    3 of two others, none of the fourth): as the reference, and as the aligned launch's blocks."""
     from moe_triton import quantized
 
     launch = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 2, swap_ab), GemmConfig(16, 64, 1, 4, 2, swap_ab))

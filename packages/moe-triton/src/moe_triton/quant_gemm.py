@@ -18,7 +18,7 @@ import torch
 
 from moe_core.config import Activation
 from moe_triton._common.activation import act_kind
-from moe_triton._common.intmath import cdiv, next_power_of_2
+from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_launch, dependent_options
 from moe_triton._common.target import interpreting, wgmma_capable
 from moe_triton.configs import GemmConfig
@@ -81,11 +81,10 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
                     zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
-    """`grouped_quant_gemm` without alignment (pair = t * top_k + s of topk_ids int32 [M, top_k]): the
-    program of an expert's first pair runs the block of its pairs (cfg.block_m at a time), found in
-    topk_ids, so a few tokens' pairs need no alignment launch; it launches a program per pair (those
-    of an expert's other pairs exit at once), so it suits a few tokens. `expert_map` int32 [E]:
-    global -> local id, -1 for another rank's experts.
+    """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
+
+    Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
+    token's top-k) and a few tokens' (`quantized.DIRECT_MAX_TOKENS`). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
     `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
@@ -223,7 +222,6 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        PAIRS_P2=next_power_of_2(num_valid) if direct else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
 

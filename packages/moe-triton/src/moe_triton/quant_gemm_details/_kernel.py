@@ -4,8 +4,7 @@ A program owns one M-block of sorted pairs (all of one expert), one N-tile and o
 streams the expert's weights once per (M-block, N-tile), dequantizes them in registers
 (`_dequant`) and feeds `tl.dot`; small M is parallelised over N and K (split-K with fp32 atomics)
 so that enough programs stream weights at once to saturate memory bandwidth. DIRECT skips the
-alignment: a block per expert of the call's pairs, found from topk_ids by the program of its first pair
-(each further BLOCK_M pairs of one expert by the pair that starts them; the other programs exit).
+alignment: a block per pair, read from topk_ids (one token's top-k choices are distinct experts).
 
 A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when its columns are
 interleaved gate/up chunks), added atomically into fp32 sums, or added and finished row by row by
@@ -178,7 +177,7 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, PAIRS_P2: tl.constexpr,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
 ):
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
@@ -233,11 +232,8 @@ def _moe_wgemm_kernel(
     if kt0 >= kt1:
         return
     if DIRECT:
-        # Blocks read straight from topk_ids (sorted_ids_ptr) and the expert map (expert_ids_ptr): no
-        # alignment launch. Program pid_m runs the block of BLOCK_M pairs of its expert that starts at
-        # its pair (`_direct_ids`), or exits where an earlier pair's program runs its pair.
-        if _direct_rank(sorted_ids_ptr, pid_m, num_valid, PAIRS_P2) % BLOCK_M != 0:
-            return
+        # One block per pair, read straight from topk_ids (sorted_ids_ptr) and the expert map
+        # (expert_ids_ptr): no alignment launch. Row 0 is the pair, the others are padding.
         e = tl.load(sorted_ids_ptr + pid_m).to(tl.int64)
         if HAS_MAP:
             e = tl.load(expert_ids_ptr + e).to(tl.int64)
@@ -247,7 +243,7 @@ def _moe_wgemm_kernel(
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
         if SINK == 2:
-            ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M, PAIRS_P2)
+            ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
                     offs_n, offs_n < N, pid_n, N, stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
@@ -256,7 +252,7 @@ def _moe_wgemm_kernel(
             pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
             stride_am, stride_ak, stride_asm, stride_ask, stride_be, stride_bk, stride_bn, stride_bt,
             stride_se, stride_sk, stride_sn, stride_biase, stride_cm, stride_fm)
-    tl.static_assert(not ((NARROW or TAIL > 0) and DIRECT), "direct launches take no narrow blocks or tails")
+    tl.static_assert(not ((NARROW or TAIL > 0) and DIRECT), "direct blocks hold one pair")
     absorbs = False
     if TAIL > 0:
         tl.static_assert(QUADS and SWAP_AB and not POST_SCALE and TAIL < BLOCK_M,
@@ -278,48 +274,25 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, PAIRS_P2)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, PAIRS_P2)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, PAIRS_P2)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0)
 
 
 @triton.jit
-def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
-               PAIRS_P2: tl.constexpr):
+def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
     """Pair ids of block pid_m's first ROWS rows; num_valid marks padding."""
     if DIRECT:
-        ids = _direct_ids(sorted_ids_ptr, pid_m, num_valid, ROWS, PAIRS_P2)
+        ids = tl.where(tl.arange(0, ROWS) == 0, pid_m, num_valid)
     else:
         ids = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, ROWS))
     return ids
-
-
-@triton.jit
-def _direct_rank(topk_ids_ptr, pair, num_pairs, PAIRS_P2: tl.constexpr):
-    """How many pairs before `pair` choose its expert (topk_ids of num_pairs <= PAIRS_P2 pairs)."""
-    j = tl.arange(0, PAIRS_P2)
-    experts = tl.load(topk_ids_ptr + j, mask=j < num_pairs, other=-1)
-    return tl.sum(((experts == tl.load(topk_ids_ptr + pair)) & (j < pair)).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _direct_ids(topk_ids_ptr, pair, num_pairs, ROWS: tl.constexpr, PAIRS_P2: tl.constexpr):
-    """A direct launch's block of `pair`: the ROWS pairs of its expert from `pair` on, in pair order
-    (num_pairs pads). Experts are compared by global id, so pairs of another rank's expert group too."""
-    j = tl.arange(0, PAIRS_P2)
-    experts = tl.load(topk_ids_ptr + j, mask=j < num_pairs, other=-1)
-    same = (experts == tl.load(topk_ids_ptr + pair)) & (j < num_pairs)
-    # The block's slot of each pair of the expert: its rank among them less `pair`'s.
-    slot = tl.cumsum(same.to(tl.int32), axis=0) - 1 - tl.sum((same & (j < pair)).to(tl.int32), axis=0)
-    hit = (same & (slot >= 0))[None, :] & (slot[None, :] == tl.arange(0, ROWS)[:, None])
-    ids = tl.sum(tl.where(hit, j[None, :], 0), axis=1)
-    return tl.where(tl.sum(hit.to(tl.int32), axis=1) > 0, ids, num_pairs)
 
 
 @triton.jit
@@ -346,12 +319,12 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, PAIRS_P2: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
     (quads: a second accumulator fed by the same dequantized weights)."""
-    ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS, PAIRS_P2)
+    ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
