@@ -766,8 +766,9 @@ class TritonFp8Experts(_QuantTritonExperts):
 
     def kernel_family(self) -> str | None:
         """By weight scale granularity ("fp8-tensor", "fp8-channel", "fp8-block"): the activation scales
-        each pairs with run the same kernel code. Files ship for fp8 blocks (H100, H200) and for
-        qwen3-30b-a3b's per-channel shape (H200); elsewhere `pick_config` unless one is tuned."""
+        each pairs with run the same kernel code. Files ship for fp8 blocks (H100, H200) and for the
+        per-channel shapes of qwen3-30b-a3b, gpt-oss-120b and qwen3-235b-a22b (H200); elsewhere
+        `pick_config` unless one is tuned."""
         return f"fp8-{self.quant.weight.scale.granularity.value}"
 
     @classmethod
