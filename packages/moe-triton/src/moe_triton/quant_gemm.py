@@ -84,7 +84,8 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
-    token's top-k) and a few tokens' (`quantized.DIRECT_MAX_TOKENS`). `expert_map` int32 [E]: global -> local id, -1 for another rank's experts.
+    token's top-k) and a few tokens' (`quantized.DIRECT_MAX_TOKENS`). `expert_map` int32 [E]:
+    global -> local id, -1 for another rank's experts.
     `prefetch_l2`: for a launch right after another direct launch (GEMM2 after GEMM1): each
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights

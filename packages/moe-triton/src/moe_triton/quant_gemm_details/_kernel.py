@@ -4,7 +4,8 @@ A program owns one M-block of sorted pairs (all of one expert), one N-tile and o
 streams the expert's weights once per (M-block, N-tile), dequantizes them in registers
 (`_dequant`) and feeds `tl.dot`; small M is parallelised over N and K (split-K with fp32 atomics)
 so that enough programs stream weights at once to saturate memory bandwidth. DIRECT skips the
-alignment: a block per pair, read from topk_ids (one token's top-k choices are distinct experts).
+alignment: a block per pair, read from topk_ids (each streams its expert: one token's top-k choices
+are distinct experts, a few tokens' mostly are; `quantized.DIRECT_MAX_TOKENS`).
 
 A tile's result goes to one `Sink`: stored once (after GEMM1's activation, when its columns are
 interleaved gate/up chunks), added atomically into fp32 sums, or added and finished row by row by
