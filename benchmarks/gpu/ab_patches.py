@@ -8,11 +8,12 @@ count to those it would run, with one field of both GEMMs changed.
 
 And some that change the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
 dependent on the kernel ahead); `direct_up_to_8` and `direct_one_token_only` (calls of up to 8 tokens,
-or one, launch their GEMMs without the alignment: `quantized.DIRECT_MAX_TOKENS`).
+or one, launch their GEMMs without the alignment, whatever the router: `quantized.DIRECT_MAX_TOKENS*`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from unittest import mock
 
@@ -41,9 +42,14 @@ def act_quant_plain_launch(layer, tokens: int):
     return mock.patch.object(act_quant, "dependent_options", lambda device: {"PDL": False})
 
 
-def direct_up_to_8(layer, tokens: int):
-    return mock.patch.object(quantized, "DIRECT_MAX_TOKENS", 8)
+def _direct_up_to(most: int):
+    def patch(layer, tokens: int):
+        stack = contextlib.ExitStack()
+        for name in ("DIRECT_MAX_TOKENS", "DIRECT_MAX_TOKENS_WIDE_ROUTER"):
+            stack.enter_context(mock.patch.object(quantized, name, most))
+        return stack
+    return patch
 
 
-def direct_one_token_only(layer, tokens: int):
-    return mock.patch.object(quantized, "DIRECT_MAX_TOKENS", 1)
+direct_up_to_8 = _direct_up_to(8)
+direct_one_token_only = _direct_up_to(1)

@@ -18,6 +18,7 @@ from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._common.pdl import dependent_launch
+from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm import _prefetchable, grouped_quant_gemm
 from moe_triton.quantized import (
@@ -74,6 +75,26 @@ def test_direct_launches_of_a_few_tokens(monkeypatch, cls, quant, M):
     out, ref = run_layer(cls, quant, Activation.silu(), torch.bfloat16, K=256, N=128, E=8, topk=3, M=M, bias=True,
                          parallel=ParallelConfig(ep_size=2, ep_rank=1), override=_splits(2, 2))
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize(("E", "topk", "M", "direct"), [(128, 8, 4, True), (128, 8, 5, False), (8, 2, 2, True),
+                                                       (8, 2, 3, False), (64, 8, 4, False), (128, 4, 4, False)])
+def test_which_calls_skip_the_alignment(monkeypatch, E, topk, M, direct):
+    """Up to 2 tokens, or 4 where the router chooses 8 or more of 128 or more experts, a call's GEMMs
+    take a block per pair without the alignment launch; the layer matches the reference either way."""
+    from moe_triton import quantized
+
+    aligned = []
+
+    def align(*args, **kwargs):
+        aligned.append(True)
+        return align_block_size(*args, **kwargs)
+
+    monkeypatch.setattr(quantized, "align_block_size", align)
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.float16, K=128, N=128, E=E,
+                         topk=topk, M=M, override=_splits(1, 1))
+    assert rel_l2(out, ref) < 1e-2
+    assert aligned == ([] if direct else [True])
 
 
 @pytest.mark.parametrize("M", [7, 1])  # 1: one token's pairs go to the GEMMs directly, without alignment

@@ -1,17 +1,17 @@
 """Quantized Triton fused experts: WNA16 (int4/int8 weights), fp8 W8A8 and MXFP4 (gpt-oss).
 
-All three run the same pipeline: align the (token, k) pairs by expert (not for up to 2 tokens), GEMM1
-with the weights dequantized in registers, the activation, and GEMM2 whose epilogue applies the
-router weight and sums the top-k choices atomically into fp32 [M, K], zeroed on the side by GEMM1
-(from `ROWS_SUM_MIN_PAIRS` pairs, or `ROWS_SUM_MIN_PAIRS_TOP8` at top-8, it stores each pair's
-16-bit row and one reduce sums them).
+All three run the same pipeline: align the (token, k) pairs by expert (not for a few tokens:
+`DIRECT_MAX_TOKENS`), GEMM1 with the weights dequantized in registers, the activation, and GEMM2
+whose epilogue applies the router weight and sums the top-k choices atomically into fp32 [M, K],
+zeroed on the side by GEMM1 (from `ROWS_SUM_MIN_PAIRS` pairs, or `ROWS_SUM_MIN_PAIRS_TOP8` at top-8,
+it stores each pair's 16-bit row and one reduce sums them).
 
 With 16-bit activations (WNA16, MXFP4) the activation runs in GEMM1's epilogue: the processor
 interleaves gated w13 rows by chunks of `GATE_UP_CHUNK` (`quant_gemm_details._layouts.GateUpInterleave`),
 so each output tile holds matching gate and up columns. fp8 keeps a separate activation launch, which
 also quantizes GEMM2's input per token, group or tensor. Up to `LAST_ARRIVAL_MAX_TOKENS` tokens the
 GEMMs' split-K and top-k sums are finished by their last contributor (`quant_gemm.LastArrival`):
-route, align (not up to `DIRECT_MAX_TOKENS`), GEMM1 and GEMM2 is the whole layer. A split GEMM1's sums must
+route, align (not for a few tokens), GEMM1 and GEMM2 is the whole layer. A split GEMM1's sums must
 start at zero: the routing launch clears them when FusedMoE routes (`apply_monolithic`), a launch
 of their own when the caller routed (`apply`). More tokens take a cast launch after GEMM2, or the
 reduce over stored rows from that many pairs (and the activation launch after a split GEMM1).
@@ -104,10 +104,15 @@ LAST_ARRIVAL_MAX_TOKENS = 8
 # ROWS_SUM_MIN_PAIRS for the others (below these, the rows were no faster or slower).
 ROWS_SUM_MIN_PAIRS = 16384
 ROWS_SUM_MIN_PAIRS_TOP8 = 8192
-# Most tokens whose (token, k) pairs the GEMMs take a block per pair, without the alignment launch: at
-# 2 tokens 1.02-1.11x in every preset and scheme measured on the H200; at 4, where pairs of different
-# tokens share experts more often (each pair streams its expert), down to 0.70x (mixtral-8x7b).
+# Most tokens whose (token, k) pairs the GEMMs take a block per pair, without the alignment launch (each
+# pair streams its expert), against aligned blocks on the H200: at 2 tokens 1.02-1.11x in every preset
+# and scheme measured; at 4, 1.01-1.07x where the router chooses WIDE_ROUTER_TOP_K or more of
+# WIDE_ROUTER_EXPERTS or more experts (qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3: all 15 cells), and
+# down to 0.70x elsewhere (mixtral-8x7b's top-2 of 8, whose tokens share experts; gpt-oss-120b int4 0.96x).
 DIRECT_MAX_TOKENS = 2
+DIRECT_MAX_TOKENS_WIDE_ROUTER = 4
+WIDE_ROUTER_TOP_K = 8
+WIDE_ROUTER_EXPERTS = 128
 
 
 def _int4_quads(cols: int, group: int) -> bool:
@@ -503,9 +508,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         launch = self.config_for(M).config
         c1, c2 = launch.gemm1, launch.gemm2
         split1, split2 = effective_split(c1.split_k, w13), effective_split(c2.split_k, w2)
-        # A block per pair without the alignment launch (`direct_quant_gemm`): one token's top-k experts
-        # are distinct, so each expert streams once.
-        direct = M <= DIRECT_MAX_TOKENS
+        # A few tokens: a block per pair without the alignment launch (`direct_quant_gemm`).
+        direct = self._direct_max_tokens >= M
         if direct:
             ids32 = topk_ids.to(torch.int32).contiguous()
             gemm = partial(direct_quant_gemm, topk_ids=ids32, expert_map=self.expert_map)
@@ -605,6 +609,13 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             gemm2(sums2, atomic=True)
             out.copy_(sums2)
         return out
+
+    @property
+    def _direct_max_tokens(self) -> int:
+        """Most tokens of a call whose GEMMs take a block per pair (no alignment launch)."""
+        cfg = self.config
+        wide = cfg.top_k >= WIDE_ROUTER_TOP_K and cfg.num_experts >= WIDE_ROUTER_EXPERTS
+        return max(DIRECT_MAX_TOKENS, DIRECT_MAX_TOKENS_WIDE_ROUTER if wide else 0)
 
     @property
     def _gate_up_chunk(self) -> int:
