@@ -13,7 +13,6 @@ or one, launch their GEMMs without the alignment, whatever the router: `quantize
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from unittest import mock
 
@@ -44,10 +43,7 @@ def act_quant_plain_launch(layer, tokens: int):
 
 def _direct_up_to(most: int):
     def patch(layer, tokens: int):
-        stack = contextlib.ExitStack()
-        for name in ("DIRECT_MAX_TOKENS", "DIRECT_MAX_TOKENS_WIDE_ROUTER"):
-            stack.enter_context(mock.patch.object(quantized, name, most))
-        return stack
+        return mock.patch.multiple(quantized, DIRECT_MAX_TOKENS=most, DIRECT_MAX_TOKENS_WIDE_ROUTER=most)
     return patch
 
 

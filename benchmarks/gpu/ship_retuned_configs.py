@@ -31,6 +31,7 @@ import torch
 
 from moe_core.presets import get_preset
 from moe_triton import configs
+from moe_triton._common.intmath import cdiv
 from moe_triton.configs import ConfigKey, QuantKernelConfig, device_tag
 from moe_triton.quant_gemm_details._heuristics import pick_config
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
@@ -58,7 +59,7 @@ def _fp8_heuristic(key: ConfigKey, sms: int) -> tuple[dict[int, QuantKernelConfi
 
     def operand(n: int, k: int) -> WeightOperand:
         meta = torch.empty(key.num_experts, 0, device="meta")
-        return WeightOperand(WType.FP8, meta, meta, None, n, -(-k // FP8_BLOCK_K) * FP8_BLOCK_K, 0, FP8_BLOCK_K, 0)
+        return WeightOperand(WType.FP8, meta, meta, None, n, cdiv(k, FP8_BLOCK_K) * FP8_BLOCK_K, 0, FP8_BLOCK_K, 0)
 
     w13, w2 = operand(2 * key.intermediate, key.hidden), operand(key.hidden, key.intermediate)
     table = {m: QuantKernelConfig(pick_config(m * key.top_k, key.num_experts, w13, sms),

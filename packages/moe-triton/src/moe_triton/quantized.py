@@ -155,9 +155,10 @@ def _block_k(wtype: WType, cols: int, group: int) -> int:
     raise ValueError(f"no K tile fits K={cols} with scale groups of {group}")
 
 
-# K tile of every fp8 GEMM: one 128x128 scale block per tile; per-channel and per-tensor codes are
-# padded to whole tiles (+0.0 codes, and the activation launch writes zero columns there), so a K that
-# 128 does not divide (gpt-oss's 2880) keeps the tile the swapped fp8 wgmma is fastest with.
+# K tile of every fp8 GEMM (the quads' tile, `_padded_k`): one 128x128 scale block per tile;
+# per-channel and per-tensor codes are padded to whole tiles (`_padded_to_whole_tiles`: +0.0 codes, and
+# the activation launch writes zero columns there), so a K that 128 does not divide (gpt-oss's 2880)
+# keeps the tile the swapped fp8 wgmma is fastest with.
 FP8_BLOCK_K = 128
 
 
@@ -182,7 +183,8 @@ def _padded_to_whole_tiles(wtype: WType, codes: torch.Tensor, scale: torch.Tenso
     """Canonical codes, scales and zero points with K padded to whole 128-wide tiles whose padding
     dequantizes to exactly 0 (the kernels also mask the activations there): integer codes at their
     zero (the implicit one, or each row's own zero point per channel) under zero scale rows, MXFP4
-    code 0 (+0.0) under e8m0 exponent 0. A per-channel row covers the padding as it is."""
+    code 0 (+0.0) under e8m0 exponent 0, fp8 code +0.0. A per-channel (or per-tensor) scale covers the
+    padding as it is."""
     pad_k = _padded_k(cols) - cols
     scale_rows = 0 if group == cols else pad_k // group
     scale = torch.nn.functional.pad(scale, (0, scale_rows), value=0)
@@ -195,18 +197,11 @@ def _padded_to_whole_tiles(wtype: WType, codes: torch.Tensor, scale: torch.Tenso
         else:
             codes = torch.nn.functional.pad(codes, (0, pad_k), value=128)
             zero = torch.nn.functional.pad(zero, (0, scale_rows), value=128) if zero is not None else None
+    elif wtype is WType.FP8:  # torch pads no fp8 tensor: its bytes are padded
+        codes = torch.nn.functional.pad(codes.view(torch.uint8), (0, pad_k), value=0).view(codes.dtype)
     else:
         codes = torch.nn.functional.pad(codes, (0, pad_k // 2), value=0)
     return codes, scale, zero
-
-
-def _fp8_padded(codes: torch.Tensor, cols: int) -> torch.Tensor:
-    """fp8 codes [E, N, K] with K padded to whole FP8_BLOCK_K tiles by +0.0 codes (torch pads no fp8
-    tensor: its bytes are padded)."""
-    pad = -cols % FP8_BLOCK_K
-    if not pad:
-        return codes.contiguous()
-    return torch.nn.functional.pad(codes.view(torch.uint8), (0, pad), value=0).view(codes.dtype)
 
 
 def _rows_first(t: torch.Tensor, key: QuantKey) -> torch.Tensor:
@@ -314,7 +309,9 @@ class _Processor:
             scale = canonical(getattr(weights, f"{name}_scale"))
             zero = getattr(weights, f"{name}_zero")
             if wt is WType.FP8:
-                out[name], out[f"{name}_scale"] = _fp8_padded(codes, cols), scale.float().contiguous()
+                if cols % FP8_BLOCK_K:  # per channel or tensor (128x128 blocks need whole tiles)
+                    codes, scale, _ = _padded_to_whole_tiles(wt, codes, scale, None, cols, cols)
+                out[name], out[f"{name}_scale"] = codes.contiguous(), scale.float().contiguous()
                 continue
             group = _group(key, cols)
             bk = _block_k(wt, cols, group)
@@ -427,7 +424,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         key = self.quant.weight
         wt = _wtype(key)
         if wt is WType.FP8:
-            # k: the codes' K, padded to whole tiles (`_fp8_padded`)
+            # k: the codes' K, padded to whole tiles (`_padded_to_whole_tiles`)
             return WeightOperand(wt, p[name], p[f"{name}_scale"], None, n, p[name].shape[2], 0, FP8_BLOCK_K, 0)
         group = _group(key, k)
         if name == "w13" and self._w13_halves_apart:
