@@ -27,7 +27,7 @@ The measurements behind the thresholds below: docs/design/triton-gemm-quantized.
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import ClassVar
 
 import torch
@@ -797,7 +797,7 @@ class TritonFp8Experts(_QuantTritonExperts):
                 return Support.no(f"block fp8 needs K and N divisible by 128 (K={config.hidden_size}, N={n})")
         return Support.yes()
 
-    @property
+    @cached_property  # read several times per call: the quantization is fixed at construction
     def _qmode(self) -> QMode:  # type: ignore[override]
         g = self.quant.activation.scale.granularity
         return {Granularity.TENSOR: QMode.TENSOR, Granularity.TOKEN: QMode.TOKEN,
