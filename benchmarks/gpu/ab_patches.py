@@ -8,7 +8,9 @@ count to those it would run, with one field of both GEMMs changed.
 
 And some that change the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
 dependent on the kernel ahead); `direct_up_to_8` and `direct_one_token_only` (calls of up to 8 tokens,
-or one, launch their GEMMs without the alignment, whatever the router: `quantized.DIRECT_MAX_TOKENS*`).
+or one, launch their GEMMs without the alignment, whatever the router: `quantized.DIRECT_MAX_TOKENS*`);
+`input_quantized_apart` (block fp8's input quantized by an `act_quant` launch, not by the routing
+launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0).
 """
 
 from __future__ import annotations
@@ -49,3 +51,7 @@ def _direct_up_to(most: int):
 
 direct_up_to_8 = _direct_up_to(8)
 direct_one_token_only = _direct_up_to(1)
+
+
+def input_quantized_apart(layer, tokens: int):
+    return mock.patch.object(quantized, "ROUTE_QUANTIZES_MAX_TOKENS", 0)

@@ -14,8 +14,9 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*  ab_layer.py: decode-size variants (fp8 swapped,
-#                act_quant as a dependent launch; direct launches for a few tokens), per preset (AB_TOKENS)
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*  ab_layer.py: decode-size
+#                variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few tokens,
+#                block fp8's input quantized by the routing launch), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -115,6 +116,10 @@ for s in int4 int8 mxfp4 fp8-block fp8-channel; do
     [ "$s$p" = fp8-blockgpt-oss-120b ] && continue  # K = N = 2880: no 128x128 blocks
     add "ab-direct-$s-$p" "python3 ab_layer.py --preset $p --dtype $s --m ${AB_TOKENS:-2 4 8} --rounds 5 --variant aligned=ab_patches:direct_one_token_only --variant direct=ab_patches:direct_up_to_8 --out $OUT/host/ab-direct-$s-$p.json"
   done
+done
+# Block fp8's input quantized by the routing launch (as shipped) against an activation launch of its own.
+for p in qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
+  add "ab-fp8-route-quant-$p" "python3 ab_layer.py --preset $p --dtype fp8-block --m ${AB_TOKENS:-1 8} --rounds 5 --variant apart=ab_patches:input_quantized_apart --variant in-routing --out $OUT/host/ab-fp8-route-quant-$p.json"
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
 add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"

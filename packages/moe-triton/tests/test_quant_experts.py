@@ -18,6 +18,7 @@ from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
 from moe_triton import configs
 from moe_triton._common.pdl import dependent_launch
+from moe_triton.act_quant import act_quant
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm import _prefetchable, grouped_quant_gemm
@@ -176,6 +177,37 @@ def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, spli
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 8, 9])
+def test_routing_launch_quantizes_block_fp8_input(monkeypatch, M):
+    """FusedMoE's call of a block fp8 layer: up to ROUTE_QUANTIZES_MAX_TOKENS tokens the routing launch
+    quantizes GEMM1's input (no input quantization launch: made to fail here, only GEMM2's activation
+    launch runs), bitwise the layer's output with it apart; beyond, the activation launch does it."""
+    from moe_triton import quantized
+
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=384, intermediate_size=128, dtype=torch.bfloat16)
+    quant = fp8_w8a8("block")
+    experts = TritonFp8Experts(cfg, quant, RUN_ON)
+    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
+    experts.load_weights(weights)
+    gen = torch.Generator().manual_seed(M + 1)
+    x = torch.randn(M, 384, generator=gen).to(torch.bfloat16).to(DEV)
+    logits = torch.randn(M, 8, generator=gen).to(DEV)
+    apart = experts.apply_monolithic(x, logits, None)
+    launches = []
+
+    def counted(h, activation, *args, **kwargs):
+        launches.append(activation)
+        return act_quant(h, activation, *args, **kwargs)
+
+    monkeypatch.setattr(quantized, "act_quant", counted)
+    out = experts.apply_monolithic(x, logits, None)
+    in_routing = M <= quantized.ROUTE_QUANTIZES_MAX_TOKENS
+    assert launches == ([cfg.activation] if in_routing else [None, cfg.activation])
+    torch.testing.assert_close(out, apart, rtol=0, atol=0)
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
+    assert rel_l2(out, reference_moe(x, weights.to(DEV), cfg, tw, ids, quant)) < 2e-2
 
 
 def test_routing_inside_the_experts_checks_its_rows():

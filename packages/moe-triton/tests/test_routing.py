@@ -5,6 +5,7 @@ import torch
 
 from moe_core.config import Routing, Scoring
 from moe_triton._common.offline_compile import run_compiler_script
+from moe_triton.act_quant import QMode, act_quant
 from moe_triton.routing import route, route_torch
 
 ROUTINGS = {
@@ -80,6 +81,44 @@ def test_clears_a_buffer_beside_routing(M, numel, device):
     assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
 
 
+@pytest.mark.parametrize(("M", "K", "dtype"), [(1, 2048, torch.bfloat16), (3, 384, torch.float16), (8, 7168, torch.bfloat16)])
+def test_quantizes_the_input_beside_routing(M, K, dtype, device):
+    """`quantize`: programs of the routing launch write the input's e4m3 codes and per-128 scales,
+    code for code those of `act_quant`'s GROUP128 launch (a K that 512 does not divide: a part-filled
+    last program), beside a cleared buffer, and the routing is unchanged."""
+    routing, E, k = ROUTINGS["deepseek-v3"]
+    gen = torch.Generator().manual_seed(K + M)
+    logits = (torch.randn(M, E, generator=gen) * 2).to(device)
+    bias = (torch.randn(E, generator=gen) * 0.1).to(device)
+    x = (torch.randn(M, K, generator=gen) * torch.rand(M, K // 128, 1, generator=gen).repeat_interleave(128, 1)
+         .view(M, K) * 8).to(dtype).to(device)
+    codes = torch.full((M, K), 0x7F, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    scales = torch.full((M, K // 128), float("nan"), device=device)
+    buf = torch.full((3000,), 0x5A5A5A5A, dtype=torch.int32, device=device)
+    w, ids = route(logits, routing, k, bias, zero=buf, quantize=(x, codes, scales))
+    want_codes, want_scales = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, M)
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8))
+    assert torch.equal(scales, want_scales)
+    assert not buf.any()
+    w_ref, ids_ref = route(logits, routing, k, bias)
+    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
+
+
+def test_rejects_what_it_cannot_quantize(device):
+    logits = torch.randn(2, 8, device=device)
+    x = torch.randn(2, 256, device=device, dtype=torch.bfloat16)
+    codes = torch.empty(2, 256, dtype=torch.float8_e4m3fn, device=device)
+    scales = torch.empty(2, 2, device=device)
+    cases = [((x[:, :200], codes[:, :200], scales[:, :1]), "K a multiple of 128"),
+             ((x.float(), codes, scales), "x bf16 or fp16"),
+             ((x, codes.view(torch.uint8), scales), "codes float8_e4m3fn"),
+             ((x, codes, scales[:, :1]), r"scales float32 \[2, 2\]"),
+             ((x[:1], codes[:1], scales[:1]), r"x bf16 or fp16 \[2, K\]")]
+    for quantize, message in cases:
+        with pytest.raises(ValueError, match=message):
+            route(logits, Routing.softmax_topk(True), 2, quantize=quantize)
+
+
 def test_rejects_a_buffer_it_cannot_clear(device):
     logits = torch.randn(4, 8, device=device)
     for buf in (torch.ones(16, device=device), torch.ones(16, 2, dtype=torch.int32, device=device)[:, 0]):
@@ -118,13 +157,14 @@ _COMPILE_ROUTE = """
 from moe_triton._common.offline_compile import compile_kernel
 from moe_triton.routing_details._kernel import _route_kernel
 ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "zero_ptr": "*i32",
-        "renormalize_eps": "fp32", "scaling": "fp32"}
+        "x_ptr": "*bf16", "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "renormalize_eps": "fp32", "scaling": "fp32"}
 for grouped in (False, True):
     compile_kernel(_route_kernel, dict(TOP_K=8, K_P2=8, SOFTMAX=not grouped, HAS_BIAS=grouped, GROUPS=8 if grouped else 1,
                                        G_P2=8 if grouped else 1, PER_GROUP=32 if grouped else 128,
                                        PG_P2=32 if grouped else 128, TOPK_GROUPS=4 if grouped else 1,
                                        RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, ZERO_BLOCK=1024 if grouped else 0,
-                                       LAUNCH_DEPENDENTS=True), ptrs,
+                                       QUANT_BLOCK=512 if grouped else 0, INTERPRET=False, LAUNCH_DEPENDENTS=True),
+                   ptrs,
                    num_warps=1)
 print("built")
 """
@@ -132,8 +172,8 @@ print("built")
 
 def test_kernel_compiles_for_hopper():
     """Triton's compiler on the router for sm_90 with its dependent-launch trigger, which the
-    interpreter never runs, with and without its zeroing programs (in a child process, since this
-    module may interpret the kernel)."""
+    interpreter never runs, with and without its quantizing and zeroing programs (in a child process,
+    since this module may interpret the kernel)."""
     assert run_compiler_script(_COMPILE_ROUTE).split() == ["built"]
 
 

@@ -23,7 +23,7 @@ from moe_triton._common.pdl import dependent_options, wait_then_release
 from moe_triton._common.target import interpreting
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 
-__all__ = ["FP8_MAX", "QMode", "act_quant", "act_quant_torch"]
+__all__ = ["FP8_MAX", "QMode", "act_quant", "act_quant_torch", "fp8_groups"]
 
 FP8_MAX = 448.0
 _FP8_MAX = tl.constexpr(FP8_MAX)  # the kernels' copy: jit code reads only constexpr globals
@@ -49,6 +49,15 @@ def _to_fp8(q, dtype: tl.constexpr, INTERPRET: tl.constexpr):
         r = tl.where((r - units == 0.5) & odd, r - 1.0, r) * step
         q = tl.where(q < 0, -r, r)
     return q.to(dtype, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def fp8_groups(y, DT: tl.constexpr, INTERPRET: tl.constexpr):
+    """[G, 128] fp32 values -> (e4m3 codes in DT [G, 128], fp32 scales [G]): one scale per 128-wide
+    group, as `moe_core.reference.fake_quantize_activation` computes them."""
+    s = tl.maximum(tl.max(tl.abs(y), axis=1), 1e-12) / _FP8_MAX
+    q = tl.clamp(tl.math.div_rn(y, tl.zeros_like(y) + s[:, None]), -_FP8_MAX, _FP8_MAX)
+    return _to_fp8(q, DT, INTERPRET), s
 
 
 @triton.jit
@@ -87,16 +96,13 @@ def _act_quant_kernel(h_ptr, y_ptr, s_ptr, amax_ptr, pexp_ptr, N, N_OUT, stride_
         tl.store(dst, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET), mask=out_mask)
         tl.store(s_ptr + row * stride_s, s)
     elif QMODE == 2:
-        yg = tl.reshape(y, (BLOCK // 128, 128))
-        s = tl.maximum(tl.max(tl.abs(yg), axis=1), 1e-12) / _FP8_MAX
-        q = tl.clamp(tl.math.div_rn(yg, tl.zeros_like(yg) + s[:, None]), -_FP8_MAX, _FP8_MAX)
+        codes, s = fp8_groups(tl.reshape(y, (BLOCK // 128, 128)), y_ptr.dtype.element_ty, INTERPRET)
         # Pointers built in 2D, not reshaped from `dst`: the compiler then sees each group's 128
         # codes as contiguous and stores them in vectors (from a reshaped pointer tensor it stored
         # single bytes 128 apart across a warp, ~8x slower per row on the H200).
         g_offs = tl.arange(0, BLOCK // 128)
         cols = g_offs[:, None] * 128 + tl.arange(0, 128)[None, :]
-        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, _to_fp8(q, y_ptr.dtype.element_ty, INTERPRET),
-                 mask=cols < N)
+        tl.store(y_ptr + row.to(tl.int64) * stride_y + cols, codes, mask=cols < N)
         tl.store(s_ptr + row * stride_s + g_offs, s, mask=g_offs * 128 < N)
     else:
         e = tl.load(pexp_ptr + row)

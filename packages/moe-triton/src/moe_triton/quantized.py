@@ -111,6 +111,9 @@ ROWS_SUM_MIN_PAIRS_TOP8 = 8192
 # down to 0.70x elsewhere (mixtral-8x7b's top-2 of 8, whose tokens share experts; gpt-oss-120b int4 0.96x).
 DIRECT_MAX_TOKENS = 2
 DIRECT_MAX_TOKENS_WIDE_ROUTER = 4
+# Most tokens whose fp8 input the routing launch quantizes per 128-wide group (block fp8's GEMM1 operand),
+# in programs beside the routing's: one launch fewer per layer where the launches dominate.
+ROUTE_QUANTIZES_MAX_TOKENS = 8
 WIDE_ROUTER_TOP_K = 8
 WIDE_ROUTER_EXPERTS = 128
 
@@ -462,7 +465,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                          correction_bias: torch.Tensor | None) -> torch.Tensor:
         """FusedMoE's call: route with `moe_triton.routing.route`, then `apply`. Where a split GEMM1
         finishes its sums by last arrival (up to LAST_ARRIVAL_MAX_TOKENS tokens), the routing launch
-        also clears those sums: one launch fewer than routing apart."""
+        also clears those sums, and up to ROUTE_QUANTIZES_MAX_TOKENS tokens it quantizes block fp8's
+        input: a launch fewer each than apart."""
         cfg = self.config
         if router_logits.dim() != 2 or router_logits.shape[0] != hidden_states.shape[0]:
             raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token "
@@ -470,10 +474,17 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         fused = self._fused_decode(hidden_states.shape[0])
         if fused is not None:
             return fused.from_logits(hidden_states, router_logits, correction_bias)
-        numel = self._gemm1_sums_numel(router_logits.shape[0])
+        M = router_logits.shape[0]
+        numel = self._gemm1_sums_numel(M)
         sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
-        topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums)
-        return self._apply(hidden_states, topk_weights, topk_ids, sums)
+        gemm1_input = None
+        if self._qmode is QMode.GROUP128 and 0 < M <= ROUTE_QUANTIZES_MAX_TOKENS and not cfg.routing.weight_on_input:
+            _check_hidden_states(hidden_states, cfg)  # before the routing launch reads it
+            gemm1_input = (torch.empty(M, cfg.hidden_size, dtype=torch.float8_e4m3fn, device=hidden_states.device),
+                           torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
+        topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
+                                       quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
+        return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input)
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and
@@ -489,9 +500,11 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         return _gemm1_sums_len(pairs, cfg.w13_rows, gemm1.block_n) if self._qmode is QMode.NONE else pairs * cfg.w13_rows
 
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-               gemm1_sums: torch.Tensor | None) -> torch.Tensor:
+               gemm1_sums: torch.Tensor | None,
+               gemm1_input: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch), or
-        None: zeroed here where GEMM1 needs them."""
+        None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3 codes,
+        scales per 128-wide group) already quantized (by the routing launch), or None."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
@@ -543,7 +556,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         # GEMM1 operand: fp8 codes with scales (per token/group: once per token; per expert-tensor: per pair).
         a1, a1_scale, a1_div = x, None, topk
         pair_expert = None  # each pair's local expert, for per-tensor scales only
-        if qm in (QMode.TOKEN, QMode.GROUP128):
+        if gemm1_input is not None:
+            a1, a1_scale = gemm1_input
+        elif qm in (QMode.TOKEN, QMode.GROUP128):
             a1, a1_scale = act_quant(x, None, qm, fp8, M, out_cols=w13.k)
         elif qm is QMode.TENSOR:
             # Per-tensor fp8 scales are per expert's rows: the quantization needs each pair's local expert.
@@ -696,11 +711,17 @@ def _as_tl_dot(gemm: GemmConfig) -> GemmConfig:
     return replace(gemm, wgmma=False, tail=gemm.tail if gemm.tail in (16, 32) else 0)
 
 
-def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:
+def _check_hidden_states(x: torch.Tensor, cfg: MoEConfig) -> None:
     if x.dim() != 2 or x.shape[1] != cfg.hidden_size:
         raise ValueError(f"hidden_states must be [M, {cfg.hidden_size}], got {list(x.shape)}")
     if x.dtype != cfg.dtype:
         raise ValueError(f"hidden_states dtype {x.dtype} differs from the layer dtype {cfg.dtype}")
+    if not x.is_contiguous():
+        raise ValueError("hidden_states must be contiguous")
+
+
+def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, cfg: MoEConfig) -> None:
+    _check_hidden_states(x, cfg)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.shape[1] != cfg.top_k:
         raise ValueError(f"topk_ids must be [{x.shape[0]}, {cfg.top_k}], got {list(topk_ids.shape)}")
     if topk_weights.shape != topk_ids.shape:
@@ -709,8 +730,6 @@ def _check_inputs(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
         raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
     if not (x.device == topk_ids.device == topk_weights.device):
         raise ValueError("hidden_states, topk_weights and topk_ids must be on one device")
-    if not x.is_contiguous():
-        raise ValueError("hidden_states must be contiguous")
 
 
 _INT_GRANS = frozenset({Granularity.GROUP, Granularity.CHANNEL})

@@ -2,7 +2,8 @@
 
 Columns are laid out as [groups, experts per group], each padded to a power of two; an
 ungrouped router is one group. Padded columns hold -inf so they are never chosen. Programs past
-the routing's own may clear a buffer for the kernels behind (`launch_route`'s zero).
+the routing's own may quantize the layer input for the kernels behind, and then clear a buffer for
+them (`launch_route`'s quantize and zero).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_launch
+from moe_triton._common.target import interpreting
+from moe_triton.act_quant import fp8_groups
 
 # Each program is one warp over this many scores or more: one row of 128 or more experts, or
 # as many rows of fewer experts (mixtral's 8: 16 rows), so every reduction stays within the warp
@@ -23,15 +26,18 @@ _WARP_SCORES = 128
 
 # int32 elements each zeroing program clears (`launch_route`'s zero).
 _ZERO_BLOCK = 1024
+# Input columns (four fp8 groups of 128) each quantizing program takes (`launch_route`'s quantize).
+_QUANT_BLOCK = 512
 
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, M, stride_m, zero_numel,
-                  renormalize_eps, scaling,
+def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, x_ptr, xq_ptr, xs_ptr, M, stride_m, zero_numel,
+                  K, stride_x, stride_xq, stride_xs, renormalize_eps, scaling,
                   TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
                   GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                   TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
-                  BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+                  BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                  INTERPRET: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
     if LAUNCH_DEPENDENTS:
         # The dependent launch behind (alignment, or a one-token GEMM1) may start now: it waits for
         # this kernel's results itself (`moe_triton._common.pdl`).
@@ -41,9 +47,33 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, M, strid
         _route_rows(logits_ptr, bias_ptr, weights_ptr, ids_ptr, M, stride_m, renormalize_eps, scaling,
                     TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS, RENORMALIZE, SCALE,
                     BLOCK_M)
-    elif ZERO_BLOCK > 0:
-        offs = (tl.program_id(0) - route_programs) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
-        tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], dtype=tl.int32), mask=offs < zero_numel)
+    else:
+        side = tl.program_id(0) - route_programs  # the side jobs' programs: quantizing, then zeroing
+        if QUANT_BLOCK > 0:
+            chunks = tl.cdiv(K, QUANT_BLOCK)
+            if side < M * chunks:
+                _quantize_chunk(x_ptr, xq_ptr, xs_ptr, side // chunks, side % chunks, K, stride_x, stride_xq,
+                                stride_xs, QUANT_BLOCK, INTERPRET)
+            side = side - M * chunks
+        if ZERO_BLOCK > 0:
+            offs = side * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+            # (A quantizing program's side is negative here, and so are its offsets: it stores nothing.)
+            tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], dtype=tl.int32), mask=(offs >= 0) & (offs < zero_numel))
+
+
+@triton.jit
+def _quantize_chunk(x_ptr, xq_ptr, xs_ptr, row, chunk, K, stride_x, stride_xq, stride_xs, QUANT_BLOCK: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """QUANT_BLOCK columns of one input row -> e4m3 codes and one fp32 scale per 128 of them
+    (`act_quant`'s GROUP128, code for code). K is a multiple of 128."""
+    G: tl.constexpr = QUANT_BLOCK // 128
+    cols = chunk * QUANT_BLOCK + tl.arange(0, G)[:, None] * 128 + tl.arange(0, 128)[None, :]
+    ok = cols < K
+    y = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    codes, s = fp8_groups(y, xq_ptr.dtype.element_ty, INTERPRET)
+    tl.store(xq_ptr + row.to(tl.int64) * stride_xq + cols, codes, mask=ok)
+    groups = chunk * G + tl.arange(0, G)
+    tl.store(xs_ptr + row * stride_xs + groups, s, mask=groups * 128 < K)
 
 
 @triton.jit
@@ -181,9 +211,12 @@ def route_constexprs(num_experts: int, top_k: int, *, softmax: bool, has_bias: b
 
 def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, *,
                  top_k: int, softmax: bool, groups: int, topk_groups: int, renormalize: bool,
-                 renormalize_eps: float, scaling: float, zero: torch.Tensor | None = None) -> None:
+                 renormalize_eps: float, scaling: float, zero: torch.Tensor | None = None,
+                 quantize: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """zero: a contiguous int32 buffer that programs of this launch beside the routing's fill with
-    zeros (the sums a split GEMM1 adds into), so that it needs no launch of its own."""
+    zeros (the sums a split GEMM1 adds into), so that it needs no launch of its own. quantize: (x
+    [M, K], codes e4m3 [M, K], scales fp32 [M, K / 128]) that programs beside the routing's fill from
+    x per 128-wide group (`act_quant`'s GROUP128), checked by `moe_triton.routing.route`."""
     M, E = logits.shape
     zero_programs = 0
     if zero is not None:
@@ -194,8 +227,12 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
     consts = route_constexprs(E, top_k, softmax=softmax, has_bias=bias is not None, groups=groups,
                               topk_groups=topk_groups, renormalize=renormalize, scaling=scaling)
     block_m = max(1, min(_WARP_SCORES // (consts["G_P2"] * consts["PG_P2"]), next_power_of_2(M)))
-    _route_kernel[(cdiv(M, block_m) + zero_programs,)](
-        logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids, M,
-        logits.stride(0), zero.numel() if zero is not None else 0, float(renormalize_eps), float(scaling),
+    x, codes, scales = quantize if quantize is not None else (logits, ids, weights)
+    quant_programs = M * cdiv(x.shape[1], _QUANT_BLOCK) if quantize is not None else 0
+    _route_kernel[(cdiv(M, block_m) + quant_programs + zero_programs,)](
+        logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids,
+        x, codes, scales, M, logits.stride(0), zero.numel() if zero is not None else 0,
+        x.shape[1], x.stride(0), codes.stride(0), scales.stride(0), float(renormalize_eps), float(scaling),
         **consts, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
+        QUANT_BLOCK=_QUANT_BLOCK if quantize is not None else 0, INTERPRET=interpreting(),
         LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=1)
