@@ -5,6 +5,9 @@ count to those it would run, with one field of both GEMMs changed.
 - `group_m4`, `group_m8`, `group_m16`: M blocks launched in groups of that many (`GemmConfig.group_m`);
   for token counts whose launch puts N tiles first.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
+- `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
+  pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
+  (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
 
 And some that change the layer's code: `act_quant_plain_launch` (`act_quant` launched plain, not
 dependent on the kernel ahead); `direct_up_to_8` and `direct_one_token_only` (calls of up to 8 tokens,
@@ -32,6 +35,18 @@ def _both_gemms(**changes):
     return patch
 
 
+def _gemm1(**changes):
+    def patch(layer, tokens: int):
+        served = layer.experts._find_config(tokens).config
+        changed = QuantKernelConfig(dataclasses.replace(served.gemm1, **changes), served.gemm2)
+        return mock.patch.object(layer.experts, "config_override", changed)
+    return patch
+
+
+gemm1_stages5 = _gemm1(num_stages=5)
+gemm1_n128_stages5 = _gemm1(block_n=128, split_k=4, num_stages=5)
+gemm1_split8 = _gemm1(split_k=8)
+gemm1_n128_split8 = _gemm1(block_n=128, split_k=8)
 group_m4 = _both_gemms(group_m=4)
 group_m8 = _both_gemms(group_m=8)
 group_m16 = _both_gemms(group_m=16)

@@ -209,7 +209,8 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
 # qwen3-30b-a3b and mixtral-8x7b: searches of their own at one and eight tokens).
 MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}},
                "NVIDIA_H200": {"gpt-oss-120b": {1, 8}, "qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1},
-                               "mixtral-8x7b": {8}}}
+                               # (its 8-token entry, tuned apart, is now the int4 one's: the int4 retune found it too)
+                               "mixtral-8x7b": set()}}
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
