@@ -5,6 +5,9 @@ count to those it would run, with one field of both GEMMs changed.
 - `group_m4`, `group_m8`, `group_m16`: M blocks launched in groups of that many (`GemmConfig.group_m`);
   for token counts whose launch puts N tiles first.
 - `swapped`, `unswapped`: `GemmConfig.swap_ab` on or off (fp8, which runs either way).
+- `mixtral_int4_8_before`, `qwen3_fp8_block_8_before`: the 8-token entries these two cells shipped
+  before their per-GEMM retunes (`mixtral-8x7b` int4: GEMM2 split 2; `qwen3-30b-a3b` block fp8:
+  GEMM1 split 2, both GEMMs four stages deep).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -35,12 +38,21 @@ def _both_gemms(**changes):
     return patch
 
 
-def _gemm1(**changes):
+def _gemms(gemm1: dict, gemm2: dict):
     def patch(layer, tokens: int):
         served = layer.experts._find_config(tokens).config
-        changed = QuantKernelConfig(dataclasses.replace(served.gemm1, **changes), served.gemm2)
+        changed = QuantKernelConfig(dataclasses.replace(served.gemm1, **gemm1),
+                                    dataclasses.replace(served.gemm2, **gemm2))
         return mock.patch.object(layer.experts, "config_override", changed)
     return patch
+
+
+def _gemm1(**changes):
+    return _gemms(changes, {})
+
+
+mixtral_int4_8_before = _gemms({}, dict(split_k=2))
+qwen3_fp8_block_8_before = _gemms(dict(split_k=2, num_stages=4), dict(num_stages=4))
 
 
 gemm1_stages5 = _gemm1(num_stages=5)
