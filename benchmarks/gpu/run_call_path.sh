@@ -11,6 +11,7 @@
 #                from_pretrained against transformers (loaders-ct: carry .carry/ct-wheels too)
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
+#   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
@@ -58,6 +59,8 @@ add e2e-interleaved-mixtral "python3 bench_e2e_interleaved.py --model mixtral-8x
 add e2e-interleaved-mixtral-schemes "python3 bench_e2e_interleaved.py --model mixtral-8x7b --experts bf16 int4 none --out $OUT/e2e/mixtral-schemes"
 add e2e-interleaved-gpt-oss "python3 bench_e2e_interleaved.py --model gpt-oss-20b --experts transformers bf16 mxfp4 --out $OUT/e2e/gpt-oss"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
+# Per-program timestamps of decode-size calls' launches (moe_triton._common.trace): where the chain's time goes.
+add trace-decode "python3 trace_decode.py --out $OUT/host/trace-decode.json --cells ${TRACE_CELLS:-qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 qwen3-30b-a3b/mxfp4/1 qwen3-30b-a3b/int8/1 qwen3-30b-a3b/fp8-block/1 qwen3-30b-a3b/fp8-block/8 gpt-oss-120b/int4/1 qwen3-235b-a22b/int4/1 mixtral-8x7b/int4/1 deepseek-v3/int4/1}"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 # The compiled decode step (generate's own compile, static cache) under the profiler: where its host time goes.

@@ -163,7 +163,7 @@ for grouped in (False, True):
                                        G_P2=8 if grouped else 1, PER_GROUP=32 if grouped else 128,
                                        PG_P2=32 if grouped else 128, TOPK_GROUPS=4 if grouped else 1,
                                        RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, ZERO_BLOCK=1024 if grouped else 0,
-                                       QUANT_BLOCK=512 if grouped else 0, INTERPRET=False, LAUNCH_DEPENDENTS=True),
+                                       QUANT_BLOCK=512 if grouped else 0, INTERPRET=False, LAUNCH_DEPENDENTS=True, TRACE=False),
                    ptrs,
                    num_warps=1)
 print("built")

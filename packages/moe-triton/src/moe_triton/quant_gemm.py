@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_core.config import Activation
+from moe_triton._common import trace
 from moe_triton._common.activation import act_kind
 from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_launch, dependent_options
@@ -187,6 +188,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.group >= w.k,
             num_warps=4, maxnreg=regs.maxnreg)
         return
+    trace_buf = trace.buffer(f"gemm{'2' if reduce_topk > 1 else '1'}", programs, a.device)
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (
@@ -223,6 +225,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
+        trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
     )
 

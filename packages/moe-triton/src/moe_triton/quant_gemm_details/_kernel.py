@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from moe_triton._common.activation import activate
+from moe_triton._common import trace
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
@@ -178,8 +179,9 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
 ):
+    t_start = trace.now(TRACE)
     if N_FIRST:
         # N tiles vary fastest in the launch order: the programs running together share one block
         # of gathered activation rows (read from DRAM once, then from L2) and a few experts' weights.
@@ -219,6 +221,7 @@ def _moe_wgemm_kernel(
                                  HAS_ZP, BLOCK_K if WTYPE == 3 else GROUP, BLOCK_N, BLOCK_K)
     # Launched while the previous kernel may still run (programmatic dependent launch).
     wait_then_release(PDL)
+    t_released = trace.now(TRACE)
     if ZERO_SIDE:
         # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
         # which saves that GEMM a fill launch.
@@ -284,6 +287,7 @@ def _moe_wgemm_kernel(
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
                     DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0)
+    trace.store(trace_ptr, t_start, t_released, TRACE)
 
 
 @triton.jit

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from moe_triton._common import trace
 from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_launch
 from moe_triton._common.target import interpreting
@@ -37,7 +38,9 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, x_ptr, x
                   GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                   TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
                   BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                  INTERPRET: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr):
+                  INTERPRET: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, trace_ptr=None,
+                  TRACE: tl.constexpr = False):
+    t_start = trace.now(TRACE)
     if LAUNCH_DEPENDENTS:
         # The dependent launch behind (alignment, or a one-token GEMM1) may start now: it waits for
         # this kernel's results itself (`moe_triton._common.pdl`).
@@ -59,6 +62,7 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, x_ptr, x
             offs = side * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
             # (A quantizing program's side is negative here, and so are its offsets: it stores nothing.)
             tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], dtype=tl.int32), mask=(offs >= 0) & (offs < zero_numel))
+    trace.store(trace_ptr, t_start, t_start, TRACE)
 
 
 @triton.jit
@@ -229,10 +233,13 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
     block_m = max(1, min(_WARP_SCORES // (consts["G_P2"] * consts["PG_P2"]), next_power_of_2(M)))
     x, codes, scales = quantize if quantize is not None else (logits, ids, weights)
     quant_programs = M * cdiv(x.shape[1], _QUANT_BLOCK) if quantize is not None else 0
-    _route_kernel[(cdiv(M, block_m) + quant_programs + zero_programs,)](
+    programs = cdiv(M, block_m) + quant_programs + zero_programs
+    trace_buf = trace.buffer("route", programs, logits.device)
+    _route_kernel[(programs,)](
         logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids,
         x, codes, scales, M, logits.stride(0), zero.numel() if zero is not None else 0,
         x.shape[1], x.stride(0), codes.stride(0), scales.stride(0), float(renormalize_eps), float(scaling),
         **consts, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
         QUANT_BLOCK=_QUANT_BLOCK if quantize is not None else 0, INTERPRET=interpreting(),
-        LAUNCH_DEPENDENTS=dependent_launch(logits.device), num_warps=1)
+        LAUNCH_DEPENDENTS=dependent_launch(logits.device), trace_ptr=trace_buf, TRACE=trace_buf is not None,
+        num_warps=1)
