@@ -40,8 +40,8 @@ import enum
 import triton
 import triton.language as tl
 
-from moe_triton._common.activation import activate
 from moe_triton._common import trace
+from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
