@@ -2,13 +2,14 @@
 
 The layer (layer_timing.py: the benchmark's triton FusedMoE) is captured in a CUDA graph with its
 router and quantized GEMMs built with TRACE (`moe_triton._common.trace`): each program writes its
-start, its release from the dependent-launch wait and its end (the GPU's global timer, ns) and its
-SM. Each replay follows an L2 flush, as in the benchmark; per replay, times are taken from the
+start, its release from the dependent-launch wait, the end of its K loop (GEMMs), its end (the GPU's
+global timer, ns) and its SM. Each replay follows an L2 flush, as in the benchmark; per replay, times are taken from the
 router's first start, and each launch is summarized (programs, SMs, first/median/last start,
-release and end, the median program's time after its release); the table gives medians over the
-replays. Launches the trace does not cover (the alignment, fp8's activation quantization) show as
+release and end, the median program's time after its release, split for the GEMMs into its K loop
+and its sink); the table gives medians over the replays. Launches the trace does not cover (the alignment, fp8's activation quantization) show as
 gaps. Beside it, the same layer untraced under the benchmark protocol (`time_layer`), and the traced
-graph's replay time (CUDA events), to show what the tracing costs.
+graph's replay time (CUDA events), to show what the tracing costs; at the end, each build of the
+quantized GEMM in the process (registers, spills, shared memory, its PTX's memory instructions).
 
     python benchmarks/gpu/trace_decode.py --cells qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 --out trace.json
 """
@@ -31,15 +32,15 @@ from moe_triton._common import trace
 def summarize(records: list[tuple[str, torch.Tensor]]) -> list[dict]:
     """Per launch: timestamps relative to the router's first start (us)."""
     rows = [(name, t.cpu()) for name, t in records]
-    origin = min(int(t[t[:, 2] > 0, 0].min()) for _, t in rows if bool((t[:, 2] > 0).any()))
+    origin = min(int(t[t[:, 3] > 0, 0].min()) for _, t in rows if bool((t[:, 3] > 0).any()))
     out = []
     for name, t in rows:
-        done = t[t[:, 2] > 0]
+        done = t[t[:, 3] > 0]
         if done.numel() == 0:
             out.append({"launch": name, "programs": int(t.shape[0]), "traced": 0})
             continue
-        start, released, end = ((done[:, i] - origin).double() / 1e3 for i in range(3))
-        per_sm = torch.bincount(done[:, 3])
+        start, released, products, end = ((done[:, i] - origin).double() / 1e3 for i in range(4))
+        per_sm = torch.bincount(done[:, 4])
         out.append({
             "launch": name, "programs": int(t.shape[0]), "traced": int(done.shape[0]),
             "sms": int((per_sm > 0).sum()), "max_per_sm": int(per_sm.max()),
@@ -49,6 +50,9 @@ def summarize(records: list[tuple[str, torch.Tensor]]) -> list[dict]:
             "run_after_release_us": float((end - released).median()),
             "wait_us": float((released - start).median()),
         })
+        if bool((done[:, 2] > 0).all()):  # a GEMM: its K loop and its sink apart
+            out[-1]["products_us"] = float((products - released).median())
+            out[-1]["sink_us"] = float((end - products).median())
     return out
 
 
@@ -103,18 +107,43 @@ def trace_cell(preset_name: str, dtype: str, tokens: int, replays: int, dev: tor
             "config": str(layer.experts.config_for(tokens)) if hasattr(layer.experts, "config_for") else ""}
 
 
+def kernel_builds() -> list[dict]:
+    """What Triton built of the quantized GEMM in this process: per build its registers, spills,
+    shared memory and a count of the PTX's memory instructions (are the weight loads asynchronous
+    copies the pipeline runs ahead, or register loads?)."""
+    from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
+
+    builds = []
+    for caches in _moe_wgemm_kernel.device_caches.values():
+        for kernel in caches[0].values():
+            kernel._init_handles()
+            ptx = kernel.asm["ptx"]
+            constants = getattr(getattr(kernel, "src", None), "constants", {}) or {}
+            named = {str(k): v for k, v in constants.items()}
+            shape = {k: named[k] for k in named if any(w in k for w in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK"))}
+            builds.append({
+                "shape": {k: str(v) for k, v in shape.items()},
+                "regs": kernel.n_regs, "spills": kernel.n_spills, "shared": kernel.metadata.shared,
+                "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages,
+                **{op: ptx.count(op) for op in ("cp.async.cg", "cp.async.ca", "cp.async.bulk", "ld.global",
+                                                "ld.global.v4", "wgmma.mma_async", "wgmma.wait_group", "mma.sync",
+                                                "atom.global", "red.global")}})
+    return builds
+
+
 def show(cell: dict) -> None:
     print(f"{cell['preset']} {cell['dtype']} M={cell['tokens']}: untraced {cell['untraced_us']:.1f} us, traced replay "
           f"{cell['traced_replay_us']:.1f} us, router start -> last end {cell['traced_span_us']:.1f} us  {cell['config']}")
     print(f"  {'launch':8s} {'progs':>6s} {'SMs':>4s} {'/SM':>4s}  {'start first/med/last':>22s}  "
-          f"{'released first/med/last':>24s}  {'end first/med/last':>22s}  {'run':>6s}")
+          f"{'released first/med/last':>24s}  {'end first/med/last':>22s}  {'run':>6s} {'loop':>6s} {'sink':>6s}")
     for r in cell["launches"]:
         if not r.get("traced"):
             print(f"  {r['launch']:8s} {r['programs']:6d}  (no program traced)")
             continue
         fmt = lambda v: "/".join(f"{x:6.2f}" for x in v)  # noqa: E731
         print(f"  {r['launch']:8s} {r['programs']:6d} {r['sms']:4d} {r['max_per_sm']:4d}  {fmt(r['start']):>22s}  "
-              f"{fmt(r['released']):>24s}  {fmt(r['end']):>22s}  {r['run_after_release_us']:6.2f}", flush=True)
+              f"{fmt(r['released']):>24s}  {fmt(r['end']):>22s}  {r['run_after_release_us']:6.2f} "
+              f"{r.get('products_us', float('nan')):6.2f} {r.get('sink_us', float('nan')):6.2f}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -131,10 +160,16 @@ def main(argv=None) -> int:
         show(cell)
         cells.append(cell)
         torch.cuda.empty_cache()
+    try:
+        builds = kernel_builds()
+    except Exception as exc:  # the trace stands without these (a Triton version's JIT cache laid out otherwise)
+        builds = [{"error": f"{type(exc).__name__}: {exc}"}]
+    for b in builds:
+        print(b, flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
-                                        "cells": cells}, indent=1))
+                                        "cells": cells, "gemm_builds": builds}, indent=1))
     return 0
 
 

@@ -17,7 +17,7 @@ def test_buffers_exist_only_while_recording_and_are_handed_out_again_in_order():
         a = trace.buffer("route", 3, cpu)
         b = trace.buffer("gemm1", 5, cpu)
     assert [n for n, _ in first] == ["route", "gemm1"]
-    assert a.shape == (3, 4) and b.shape == (5, 4) and a.dtype == torch.int64 and not a.any()
+    assert a.shape == (3, trace.COLUMNS) and b.shape == (5, trace.COLUMNS) and a.dtype == torch.int64 and not a.any()
     assert trace.buffer("route", 3, cpu) is None
     with trace.recording(reuse=first) as again:
         assert trace.buffer("route", 3, cpu) is a
@@ -46,8 +46,9 @@ for traced in (False, True):
 """
 
 
-def test_traced_kernels_read_the_timer_three_times_in_a_gemm_and_twice_in_the_router_and_never_untraced():
-    """A traced GEMM program reads the global timer at its start, after its wait and at its end, the
-    router's at its start and end, each its SM id once; untraced builds hold neither instruction."""
+def test_traced_kernels_read_the_timer_four_times_in_a_gemm_and_twice_in_the_router_and_never_untraced():
+    """A traced GEMM program reads the global timer at its start, after its wait, after its K loop and
+    at its end, the router's at its start and end, each its SM id once; untraced builds hold neither
+    instruction."""
     lines = run_compiler_script(_COMPILE_TRACED).split("\n")
-    assert lines[:4] == ["gemm False 0 0", "route False 0 0", "gemm True 3 1", "route True 2 1"], lines
+    assert lines[:4] == ["gemm False 0 0", "route False 0 0", "gemm True 4 1", "route True 2 1"], lines

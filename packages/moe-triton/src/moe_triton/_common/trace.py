@@ -1,8 +1,9 @@
 """Per-program timestamps of the decode chain's launches (a diagnostic; benchmarks/gpu/trace_decode.py).
 
 While `recording()` is active, each traced launch (the router, the quantized GEMMs) gets a zeroed
-int64 buffer [programs, 4] and its programs write (start, after the dependent-launch wait, end,
-SM id) there, the times from the GPU's global timer in ns. Outside it the kernels are built with
+int64 buffer [programs, 5] and its programs write (start, after the dependent-launch wait, products
+done (a GEMM's K loop, before its sink; 0 in the router), end, SM id) there, the times from the
+GPU's global timer in ns. Outside it the kernels are built with
 TRACE=False and nothing changes.
 """
 
@@ -14,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+COLUMNS = 5  # start, released, products done, end, SM
+_COLUMNS = tl.constexpr(COLUMNS)  # the kernels' copy: jit code reads only constexpr globals
 _records: list[tuple[str, torch.Tensor]] | None = None
 _reused: list[tuple[str, torch.Tensor]] | None = None
 
@@ -42,7 +45,7 @@ def buffer(name: str, programs: int, device: torch.device) -> torch.Tensor | Non
             raise RuntimeError(f"traced launch {len(_records)}: {name} x {programs} where the recording reused has "
                                f"{reused_name} x {t.shape[0]}")
     else:
-        t = torch.zeros(programs, 4, dtype=torch.int64, device=device)
+        t = torch.zeros(programs, COLUMNS, dtype=torch.int64, device=device)
     _records.append((name, t))
     return t
 
@@ -63,12 +66,24 @@ def _sm_id():
 
 
 @triton.jit
-def store(trace_ptr, t_start, t_released, TRACE: tl.constexpr):
-    """The program's row: its start, its release from the wait, now, its SM."""
+def _row(trace_ptr):
+    pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    return trace_ptr + pid.to(tl.int64) * _COLUMNS
+
+
+@triton.jit
+def mark_products_done(trace_ptr, TRACE: tl.constexpr):
+    """A GEMM program's products are in registers (its K loop done), its sink ahead."""
     if TRACE:
-        pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-        row = trace_ptr + pid.to(tl.int64) * 4
+        tl.store(_row(trace_ptr) + 2, now())
+
+
+@triton.jit
+def store(trace_ptr, t_start, t_released, TRACE: tl.constexpr):
+    """The program's row: its start, its release from the wait, now (its end), its SM."""
+    if TRACE:
+        row = _row(trace_ptr)
         tl.store(row, t_start)
         tl.store(row + 1, t_released)
-        tl.store(row + 2, now())
-        tl.store(row + 3, _sm_id().to(tl.int64))
+        tl.store(row + 3, now())
+        tl.store(row + 4, _sm_id().to(tl.int64))
