@@ -31,7 +31,9 @@ from moe_triton._common import trace
 
 def summarize(records: list[tuple[str, torch.Tensor]]) -> list[dict]:
     """Per launch: timestamps relative to the router's first start (us)."""
-    rows = [(name, t.cpu()) for name, t in records]
+    # The GEMM launches in call order: gemm1, gemm2.
+    gemms = iter(range(1, len(records) + 1))
+    rows = [(f"gemm{next(gemms)}" if name == "gemm" else name, t.cpu()) for name, t in records]
     origin = min(int(t[t[:, 3] > 0, 0].min()) for _, t in rows if bool((t[:, 3] > 0).any()))
     out = []
     for name, t in rows:

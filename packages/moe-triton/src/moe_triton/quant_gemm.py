@@ -188,7 +188,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.group >= w.k,
             num_warps=4, maxnreg=regs.maxnreg)
         return
-    trace_buf = trace.buffer(f"gemm{'2' if reduce_topk > 1 else '1'}", programs, a.device)
+    trace_buf = trace.buffer("gemm", programs, a.device)
     s = w.scale
     if w.wtype is WType.FP8:
         sst = (s.stride(0), 0, 0) if s.dim() == 1 else (

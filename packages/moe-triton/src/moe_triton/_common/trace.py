@@ -3,8 +3,8 @@
 While `recording()` is active, each traced launch (the router, the quantized GEMMs) gets a zeroed
 int64 buffer [programs, 5] and its programs write (start, after the dependent-launch wait, products
 done (a GEMM's K loop, before its sink; 0 in the router), end, SM id) there, the times from the
-GPU's global timer in ns. Outside it the kernels are built with
-TRACE=False and nothing changes.
+GPU's global timer in ns; a GEMM program that returns early (no block of pairs to work on) writes
+nothing. Outside a recording the kernels are built with TRACE=False and nothing changes.
 """
 
 from __future__ import annotations
