@@ -2,14 +2,15 @@
 
 The layer (layer_timing.py: the benchmark's triton FusedMoE) is captured in a CUDA graph with its
 router and quantized GEMMs built with TRACE (`moe_triton._common.trace`): each program writes its
-start, its release from the dependent-launch wait, the end of its K loop (GEMMs), its end (the GPU's
-global timer, ns) and its SM. Each replay follows an L2 flush, as in the benchmark; per replay, times are taken from the
-router's first start, and each launch is summarized (programs, SMs, first/median/last start,
-release and end, the median program's time after its release, split for the GEMMs into its K loop
-and its sink); the table gives medians over the replays. Launches the trace does not cover (the alignment, fp8's activation quantization) show as
-gaps. Beside it, the same layer untraced under the benchmark protocol (`time_layer`), and the traced
-graph's replay time (CUDA events), to show what the tracing costs; at the end, each build of the
-quantized GEMM in the process (registers, spills, shared memory, its PTX's memory instructions).
+start, its release from the dependent-launch wait, the end of its K loop (GEMMs), its end (the
+GPU's global timer, ns) and its SM. Each replay follows an L2 flush, as in the benchmark; per
+replay, times are taken from the router's first start, and each launch is summarized (programs,
+SMs, first/median/last start, release and end, the median program's time after its release, split
+for the GEMMs into its K loop and its sink); the table gives medians over the replays. Launches the
+trace does not cover (the alignment, fp8's activation quantization) show as gaps. Beside it, the
+same layer untraced under the benchmark protocol (`time_layer`), and the traced graph's replay time
+(CUDA events), to show what the tracing costs; at the end, each build of the quantized GEMM in the
+process (registers, spills, shared memory, its PTX's memory instructions).
 
     python benchmarks/gpu/trace_decode.py --cells qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 --out trace.json
 """
@@ -120,9 +121,11 @@ def kernel_builds() -> list[dict]:
         for kernel in caches[0].values():
             kernel._init_handles()
             ptx = kernel.asm["ptx"]
+            # The build's compile-time arguments, keyed by argument index (a tuple) in Triton's source.
             constants = getattr(getattr(kernel, "src", None), "constants", {}) or {}
-            named = {str(k): v for k, v in constants.items()}
-            shape = {k: named[k] for k in named if any(w in k for w in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK"))}
+            named = {_moe_wgemm_kernel.arg_names[k[0]] if isinstance(k, tuple) else str(k): v
+                     for k, v in constants.items()}
+            shape = {k: named[k] for k in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK", "ACT") if k in named}
             builds.append({
                 "shape": {k: str(v) for k, v in shape.items()},
                 "regs": kernel.n_regs, "spills": kernel.n_spills, "shared": kernel.metadata.shared,
