@@ -441,9 +441,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
               ) -> torch.Tensor:
         if checking_ids_on_accelerators():
             check_routed_inputs(hidden_states, topk_weights, topk_ids, self.config)
+        _check_inputs(hidden_states, topk_weights, topk_ids, self.config)
         fused = self._fused_decode(hidden_states.shape[0])
         if fused is not None:
-            _check_inputs(hidden_states, topk_weights, topk_ids, self.config)  # what `_apply` checks
             return fused.launch_routed(hidden_states, topk_weights, topk_ids)
         return self._apply(hidden_states, topk_weights, topk_ids, None)
 
@@ -475,12 +475,16 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         fused = self._fused_decode(hidden_states.shape[0])
         if fused is not None:
             return fused.from_logits(hidden_states, router_logits, correction_bias)
+        # Before the routing launch, which may read hidden_states; its own outputs need no checks.
+        _check_hidden_states(hidden_states, cfg)
+        if router_logits.device != hidden_states.device:
+            raise ValueError(f"router_logits on {router_logits.device}, hidden_states on {hidden_states.device}: "
+                             "one device is accepted")
         M = router_logits.shape[0]
         numel = self._gemm1_sums_numel(M)
         sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
         gemm1_input = None
         if self._qmode is QMode.GROUP128 and 0 < M <= ROUTE_QUANTIZES_MAX_TOKENS and not cfg.routing.weight_on_input:
-            _check_hidden_states(hidden_states, cfg)  # before the routing launch reads it
             gemm1_input = (torch.empty(M, cfg.hidden_size, dtype=torch.float8_e4m3fn, device=hidden_states.device),
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
@@ -503,12 +507,12 @@ class _QuantTritonExperts(Experts, TunedLaunch):
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                gemm1_sums: torch.Tensor | None,
                gemm1_input: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch), or
-        None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3 codes,
-        scales per 128-wide group) already quantized (by the routing launch), or None."""
+        """The layer on inputs its callers checked (`apply`, or `apply_monolithic` whose router made the
+        top-k). gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch),
+        or None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3
+        codes, scales per 128-wide group) already quantized (by the routing launch), or None."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
-        _check_inputs(hidden_states, topk_weights, topk_ids, cfg)
         M, topk = topk_ids.shape
         P = M * topk
         dev = hidden_states.device
