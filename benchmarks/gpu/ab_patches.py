@@ -28,16 +28,6 @@ from moe_triton import act_quant, quantized
 from moe_triton.configs import QuantKernelConfig
 
 
-def _both_gemms(**changes):
-    def patch(layer, tokens: int):
-        experts = layer.experts
-        served = experts._find_config(tokens).config
-        changed = QuantKernelConfig(dataclasses.replace(served.gemm1, **changes),
-                                    dataclasses.replace(served.gemm2, **changes))
-        return mock.patch.object(experts, "config_override", changed)
-    return patch
-
-
 def _gemms(gemm1: dict, gemm2: dict):
     def patch(layer, tokens: int):
         served = layer.experts._find_config(tokens).config
@@ -49,6 +39,10 @@ def _gemms(gemm1: dict, gemm2: dict):
 
 def _gemm1(**changes):
     return _gemms(changes, {})
+
+
+def _both_gemms(**changes):
+    return _gemms(changes, changes)
 
 
 mixtral_int4_8_before = _gemms({}, dict(split_k=2))
