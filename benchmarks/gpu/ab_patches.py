@@ -8,6 +8,8 @@ count to those it would run, with one field of both GEMMs changed.
 - `mixtral_int4_8_before`, `qwen3_fp8_block_8_before`: the 8-token entries these two cells shipped
   before their per-GEMM retunes (`mixtral-8x7b` int4: GEMM2 split 2; `qwen3-30b-a3b` block fp8:
   GEMM1 split 2, both GEMMs four stages deep).
+- `direct_maxnreg_96`, `direct_maxnreg_80`: direct (few-token) launches capped at that many registers
+  per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM.
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
-from moe_triton import act_quant, quantized
+from moe_triton import act_quant, quant_gemm, quantized
 from moe_triton.configs import QuantKernelConfig
 
 
@@ -76,3 +78,13 @@ direct_one_token_only = _direct_up_to(1)
 
 def input_quantized_apart(layer, tokens: int):
     return mock.patch.object(quantized, "ROUTE_QUANTIZES_MAX_TOKENS", 0)
+
+
+def _direct_maxnreg(regs: int):
+    def patch(layer, tokens: int):
+        return mock.patch.object(quant_gemm, "DIRECT_MAXNREG", regs)
+    return patch
+
+
+direct_maxnreg_96 = _direct_maxnreg(96)
+direct_maxnreg_80 = _direct_maxnreg(80)

@@ -15,10 +15,11 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*  ab_layer.py:
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
-#                up front, retuned entries against those they replaced), per preset (AB_TOKENS)
+#                up front, retuned entries against those they replaced, direct launches' register caps), per
+#                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -124,6 +125,10 @@ done
 # Block fp8's input quantized by the routing launch (as shipped) against an activation launch of its own.
 for p in qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
   add "ab-fp8-route-quant-$p" "python3 ab_layer.py --preset $p --dtype fp8-block --m ${AB_TOKENS:-1 8} --rounds 5 --variant apart=ab_patches:input_quantized_apart --variant in-routing --out $OUT/host/ab-fp8-route-quant-$p.json"
+done
+# Direct (one-token) launches capped at 96 or 80 registers per thread: five or six programs per SM.
+for s in int4 int8 mxfp4; do
+  add "ab-direct-maxnreg-$s" "python3 ab_layer.py --preset qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b --dtype $s --m 1 --rounds 5 --variant compiler --variant r96=ab_patches:direct_maxnreg_96 --variant r80=ab_patches:direct_maxnreg_80 --out $OUT/host/ab-direct-maxnreg-$s.json"
 done
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"

@@ -33,7 +33,13 @@ from moe_triton.quant_gemm_details._heuristics import (
 from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
+__all__ = ["DIRECT_MAXNREG", "LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch",
+           "zeroed_int32"]
+
+# Registers per thread a direct (few-token) launch of the tl.dot kernel may hold; 0: the compiler's
+# choice. The one-token GEMM1 with its last-arrival activation holds 117-128 (four 4-warp programs per
+# H200 SM); 96 fits five (`benchmarks/results/decode_chain_timeline_2026-11-30.md`).
+DIRECT_MAXNREG = 0
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
+        **({"maxnreg": DIRECT_MAXNREG} if direct and DIRECT_MAXNREG and not interpreting() else {}),
     )
 
 
