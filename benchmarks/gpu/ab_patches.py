@@ -9,7 +9,10 @@ count to those it would run, with one field of both GEMMs changed.
   before their per-GEMM retunes (`mixtral-8x7b` int4: GEMM2 split 2; `qwen3-30b-a3b` block fp8:
   GEMM1 split 2, both GEMMs four stages deep).
 - `direct_maxnreg_96`, `direct_maxnreg_80`: direct (few-token) launches capped at that many registers
-  per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM.
+  per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM; `direct_maxnreg_168`,
+  `direct_maxnreg_128`: three or four (the 256-wide tiles' builds hold 234-251 registers: two).
+- `prefetch_tiles_2`, `prefetch_tiles_all`: a one-token GEMM2 asking L2 for its first two K tiles
+  of weights, or all of them, before its wait on GEMM1 (`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -86,5 +89,17 @@ def _direct_maxnreg(regs: int):
     return patch
 
 
+direct_maxnreg_168 = _direct_maxnreg(168)
+direct_maxnreg_128 = _direct_maxnreg(128)
 direct_maxnreg_96 = _direct_maxnreg(96)
 direct_maxnreg_80 = _direct_maxnreg(80)
+
+
+def _prefetch_tiles(tiles: int):
+    def patch(layer, tokens: int):
+        return mock.patch.object(quant_gemm, "L2_PREFETCH_TILES", tiles)
+    return patch
+
+
+prefetch_tiles_2 = _prefetch_tiles(2)
+prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute counters (throughput, occupancy, stall reasons) of the GEMM launches of one layer call
 # per cell (ncu_layer.py: the call made twice, the second one read) -> OUT_DIR/ncu_<preset>_<dtype>_M<m>.txt,
-# with the headline rows printed. Needs the project on PYTHONPATH (the one-call scripts' _setup.sh).
+# with the headline rows printed; then each launch's stall reasons per issued instruction and its SASS
+# opcode counts -> OUT_DIR/ncu_<preset>_<dtype>_M<m>_stalls.txt. Needs the project on PYTHONPATH (the
+# one-call scripts' _setup.sh).
 #   bash ncu_cells.sh OUT_DIR "PRESET DTYPE M" ...
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,5 +20,9 @@ for cell in "$@"; do
     python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "$report" 2>&1 || rc=1
   echo "== $cell"
   grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Block Size|Grid Size|Theoretical Occ|Dynamic Shared|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$report" | head -40
+  ncu --clock-control none --kernel-name regex:'_moe_wgemm|moe_gemv|moe_gemm' --launch-skip 2 --launch-count 2 \
+    --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,smsp__inst_executed.sum,sass__inst_executed_per_opcode' \
+    --print-metric-instances values \
+    python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "${report%.txt}_stalls.txt" 2>&1 || rc=1
 done
 exit $rc

@@ -11,16 +11,16 @@
 #                from_pretrained against transformers (loaders-ct: carry .carry/ct-wheels too)
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
-#   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS)
+#   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS), each GEMM build's PTX and SASS
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*  ab_layer.py:
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-prefetch-depth-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
-#                up front, retuned entries against those they replaced, direct launches' register caps), per
-#                preset (AB_TOKENS)
-#   ncu-decode   ncu_cells.sh: Nsight Compute counters of one-token calls' GEMM launches
+#                up front, retuned entries against those they replaced, direct launches' register caps, GEMM2's L2
+#                prefetch depth), per preset (AB_TOKENS)
+#   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
@@ -61,7 +61,7 @@ add e2e-interleaved-mixtral-schemes "python3 bench_e2e_interleaved.py --model mi
 add e2e-interleaved-gpt-oss "python3 bench_e2e_interleaved.py --model gpt-oss-20b --experts transformers bf16 mxfp4 --out $OUT/e2e/gpt-oss"
 add launch-cost "python3 launch_cost.py > $OUT/host/launch_cost.txt"
 # Per-program timestamps of decode-size calls' launches (moe_triton._common.trace): where the chain's time goes.
-add trace-decode "python3 trace_decode.py --out $OUT/host/trace-decode.json --cells ${TRACE_CELLS:-qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 qwen3-30b-a3b/mxfp4/1 qwen3-30b-a3b/int8/1 qwen3-30b-a3b/fp8-block/1 qwen3-30b-a3b/fp8-block/8 gpt-oss-120b/int4/1 qwen3-235b-a22b/int4/1 mixtral-8x7b/int4/1 deepseek-v3/int4/1}"
+add trace-decode "python3 trace_decode.py --out $OUT/host/trace-decode.json --dump $OUT/host/trace-decode-builds --cells ${TRACE_CELLS:-qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 qwen3-30b-a3b/mxfp4/1 qwen3-30b-a3b/int8/1 qwen3-30b-a3b/fp8-block/1 qwen3-30b-a3b/fp8-block/8 gpt-oss-120b/int4/1 qwen3-235b-a22b/int4/1 mixtral-8x7b/int4/1 deepseek-v3/int4/1}"
 add act-quant-sweep "python3 act_quant_sweep.py --out $OUT/host/act-quant"
 add tests "cd $ROOT && python3 -m pytest -q -p no:cacheprovider integration/test_call_path.py"
 # The compiled decode step (generate's own compile, static cache) under the profiler: where its host time goes.
@@ -130,6 +130,14 @@ done
 for s in int4 int8 mxfp4; do
   add "ab-direct-maxnreg-$s" "python3 ab_layer.py --preset qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b --dtype $s --m 1 --rounds 5 --variant compiler --variant r96=ab_patches:direct_maxnreg_96 --variant r80=ab_patches:direct_maxnreg_80 --out $OUT/host/ab-direct-maxnreg-$s.json"
 done
+# The wide tiles' direct launches (234-251 registers, two programs per SM) capped for three or four.
+for s in int4 int8 mxfp4; do
+  add "ab-direct-maxnreg-wide-$s" "python3 ab_layer.py --preset gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant compiler --variant r168=ab_patches:direct_maxnreg_168 --variant r128=ab_patches:direct_maxnreg_128 --out $OUT/host/ab-direct-maxnreg-wide-$s.json"
+done
+# A one-token GEMM2 asking L2 for more of its weights before its wait (shipped: its first K tile).
+for s in int4 mxfp4; do
+  add "ab-prefetch-depth-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant shipped --variant t2=ab_patches:prefetch_tiles_2 --variant all=ab_patches:prefetch_tiles_all --out $OUT/host/ab-prefetch-depth-$s.json"
+done
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"
 add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtype fp8-block --m 8 --rounds 7 --variant before=ab_patches:qwen3_fp8_block_8_before --variant shipped --out $OUT/host/ab-retune-qwen3-fp8-block.json"
@@ -139,7 +147,9 @@ for s in int4 mxfp4 int8; do
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
 add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"
-add ncu-decode "bash ncu_cells.sh $OUT/host/ncu 'qwen3-30b-a3b int4 1' 'gpt-oss-120b int4 1' 'mixtral-8x7b int4 1' 'qwen3-30b-a3b int8 1'"
+# NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
+ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
+add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8
 # and 16): 16 layers measure it on the GPU path in a third of the 48-layer job's time.

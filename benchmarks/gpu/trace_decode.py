@@ -110,10 +110,11 @@ def trace_cell(preset_name: str, dtype: str, tokens: int, replays: int, dev: tor
             "config": str(layer.experts.config_for(tokens)) if hasattr(layer.experts, "config_for") else ""}
 
 
-def kernel_builds() -> list[dict]:
+def kernel_builds(dump: Path | None = None) -> list[dict]:
     """What Triton built of the quantized GEMM in this process: per build its registers, spills,
     shared memory and a count of the PTX's memory instructions (are the weight loads asynchronous
-    copies the pipeline runs ahead, or register loads?)."""
+    copies the pipeline runs ahead, or register loads?). dump: a folder for each build's PTX and
+    SASS (`build<i>.ptx`, `build<i>.sass`; the JSON's `dump` names them)."""
     from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
 
     builds = []
@@ -125,7 +126,7 @@ def kernel_builds() -> list[dict]:
             constants = getattr(getattr(kernel, "src", None), "constants", {}) or {}
             named = {_moe_wgemm_kernel.arg_names[k[0]] if isinstance(k, tuple) else str(k): v
                      for k, v in constants.items()}
-            shape = {k: named[k] for k in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK", "ACT") if k in named}
+            shape = {k: named[k] for k in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK", "ACT", "TRACE") if k in named}
             builds.append({
                 "shape": {k: str(v) for k, v in shape.items()},
                 "regs": kernel.n_regs, "spills": kernel.n_spills, "shared": kernel.metadata.shared,
@@ -133,7 +134,22 @@ def kernel_builds() -> list[dict]:
                 **{op: ptx.count(op) for op in ("cp.async.cg", "cp.async.ca", "cp.async.bulk", "ld.global",
                                                 "ld.global.v4", "wgmma.mma_async", "wgmma.wait_group", "mma.sync",
                                                 "atom.global", "red.global")}})
+            if dump is not None:
+                builds[-1]["dump"] = _dump_build(kernel, ptx, dump / f"build{len(builds) - 1}")
     return builds
+
+
+def _dump_build(kernel, ptx: str, stem: Path) -> str:
+    """Writes a build's PTX and SASS (the GPU's own, disassembled by Triton's cuobjdump) beside stem."""
+    from triton.tools.disasm import get_sass
+
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".ptx").write_text(ptx)
+    try:
+        stem.with_suffix(".sass").write_text(get_sass(kernel.asm["cubin"]))
+    except Exception as exc:  # the PTX stands alone where no disassembler ships with Triton
+        stem.with_suffix(".sass").write_text(f"no SASS: {type(exc).__name__}: {exc}\n")
+    return stem.name
 
 
 def show(cell: dict) -> None:
@@ -156,6 +172,7 @@ def main(argv=None) -> int:
     p.add_argument("--cells", nargs="+", required=True, metavar="PRESET/DTYPE/TOKENS")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--out", type=Path)
+    p.add_argument("--dump", type=Path, help="a folder for each GEMM build's PTX and SASS")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     cells = []
@@ -166,7 +183,7 @@ def main(argv=None) -> int:
         cells.append(cell)
         torch.cuda.empty_cache()
     try:
-        builds = kernel_builds()
+        builds = kernel_builds(args.dump)
     except Exception as exc:  # the trace stands without these (a Triton version's JIT cache laid out otherwise)
         builds = [{"error": f"{type(exc).__name__}: {exc}"}]
     for b in builds:
