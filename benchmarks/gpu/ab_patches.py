@@ -11,6 +11,9 @@ count to those it would run, with one field of both GEMMs changed.
 - `direct_maxnreg_96`, `direct_maxnreg_80`: direct (few-token) launches capped at that many registers
   per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM; `direct_maxnreg_168`,
   `direct_maxnreg_128`: three or four (the 256-wide tiles' builds hold 234-251 registers: two).
+- `direct_maxnreg_168_gemm1`, `direct_maxnreg_168_gemm2`: that cap on one GEMM's direct launches only.
+- `scale_in_tile`: tiles scaled after their dots load each K tile's scales in that tile, not one tile
+  ahead (`quant_gemm.POST_SCALE_AHEAD`).
 - `prefetch_tiles_2`, `prefetch_tiles_all`: a one-token GEMM2 asking L2 for its first two K tiles
   of weights, or all of them, before its wait on GEMM1 (`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
@@ -89,6 +92,23 @@ def _direct_maxnreg(regs: int):
     return patch
 
 
+def _direct_maxnreg_on(gemm: int, regs: int):
+    """The register cap on GEMM1's (the launch that zeroes GEMM2's sums on the side) or GEMM2's direct
+    launches only."""
+    def patch(layer, tokens: int):
+        launch = quantized.direct_quant_gemm
+
+        def capped(*args, **kwargs):
+            if ("zero_side" in kwargs) == (gemm == 1):
+                with mock.patch.object(quant_gemm, "DIRECT_MAXNREG", regs):
+                    return launch(*args, **kwargs)
+            return launch(*args, **kwargs)
+        return mock.patch.object(quantized, "direct_quant_gemm", capped)
+    return patch
+
+
+direct_maxnreg_168_gemm1 = _direct_maxnreg_on(1, 168)
+direct_maxnreg_168_gemm2 = _direct_maxnreg_on(2, 168)
 direct_maxnreg_168 = _direct_maxnreg(168)
 direct_maxnreg_128 = _direct_maxnreg(128)
 direct_maxnreg_96 = _direct_maxnreg(96)
@@ -103,3 +123,7 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
+
+
+def scale_in_tile(layer, tokens: int):
+    return mock.patch.object(quant_gemm, "POST_SCALE_AHEAD", False)

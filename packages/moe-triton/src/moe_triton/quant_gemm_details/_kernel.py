@@ -369,8 +369,17 @@ def _wgemm_rows(
             tail_a_rows = (tail_ids // A_ROWS_DIV).to(tl.int64)
             tail_base = a_ptr + tail_a_rows[:, None] * stride_am
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
+        if POST_SCALE == 2:
+            s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
+            if POST_SCALE == 2:
+                # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
+                # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for.
+                # (The last tile asks for its own again: no read past the split.)
+                s_tile = s_ahead
+                s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk, mask=n_mask,
+                                  other=0.0)
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             if WTYPE == 3:
                 tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
@@ -398,7 +407,9 @@ def _wgemm_rows(
                 part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
                 part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
                 part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
-                acc_t += part * tl.expand_dims(tl.load(s_base + g, mask=n_mask, other=0.0).to(tl.float32), 1)
+                if POST_SCALE == 1:
+                    s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
+                acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
             else:
                 if WTYPE == 0 or WTYPE == 1:
                     s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
