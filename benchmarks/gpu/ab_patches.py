@@ -12,8 +12,9 @@ count to those it would run, with one field of both GEMMs changed.
   per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM; `direct_maxnreg_168`,
   `direct_maxnreg_128`: three or four (the 256-wide tiles' builds hold 234-251 registers: two).
 - `direct_maxnreg_168_gemm1`, `direct_maxnreg_168_gemm2`: that cap on one GEMM's direct launches only.
-- `scale_in_tile`: tiles scaled after their dots load each K tile's scales in that tile, not one tile
-  ahead (`quant_gemm.POST_SCALE_AHEAD`).
+- `scale_in_tile`, `scale_ahead`: tiles scaled after their dots load each K tile's scales in that tile,
+  or one tile ahead into registers, not in that tile after an L2 prefetch of the split's scale rows
+  (`quant_gemm.POST_SCALE_MODE` 1, 2; 3).
 - `prefetch_tiles_2`, `prefetch_tiles_all`: a one-token GEMM2 asking L2 for its first two K tiles
   of weights, or all of them, before its wait on GEMM1 (`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
@@ -126,4 +127,8 @@ prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the p
 
 
 def scale_in_tile(layer, tokens: int):
-    return mock.patch.object(quant_gemm, "POST_SCALE_AHEAD", False)
+    return mock.patch.object(quant_gemm, "POST_SCALE_MODE", 1)
+
+
+def scale_ahead(layer, tokens: int):
+    return mock.patch.object(quant_gemm, "POST_SCALE_MODE", 2)

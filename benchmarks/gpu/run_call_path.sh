@@ -134,9 +134,9 @@ done
 for s in int4 int8 mxfp4; do
   add "ab-direct-maxnreg-wide-$s" "python3 ab_layer.py --preset gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant compiler --variant r168=ab_patches:direct_maxnreg_168 --variant r128=ab_patches:direct_maxnreg_128 --out $OUT/host/ab-direct-maxnreg-wide-$s.json"
 done
-# Tiles scaled after their dots: each K tile's scales loaded one tile ahead (shipped) against in the tile.
+# Tiles scaled after their dots: each K tile's scales loaded in the tile, one tile ahead, or after an L2 prefetch.
 for s in int4 int8; do
-  add "ab-scale-ahead-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8 32} --rounds 5 --variant in-tile=ab_patches:scale_in_tile --variant ahead --out $OUT/host/ab-scale-ahead-$s.json"
+  add "ab-scale-ahead-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8 32} --rounds 5 --variant in-tile=ab_patches:scale_in_tile --variant ahead=ab_patches:scale_ahead --variant l2-prefetch --out $OUT/host/ab-scale-ahead-$s.json"
 done
 # gpt-oss-120b's one-token MXFP4 launches capped at 168 registers, each GEMM alone.
 add ab-direct-maxnreg-gpt-oss-mxfp4 "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 --rounds 7 --variant compiler --variant r168=ab_patches:direct_maxnreg_168 --variant r168-gemm1=ab_patches:direct_maxnreg_168_gemm1 --variant r168-gemm2=ab_patches:direct_maxnreg_168_gemm2 --out $OUT/host/ab-direct-maxnreg-gpt-oss-mxfp4.json"

@@ -41,9 +41,9 @@ __all__ = ["DIRECT_MAXNREG", "LastArrival", "direct_quant_gemm", "grouped_quant_
 # H200 SM); 96 fits five (`benchmarks/results/decode_chain_timeline_2026-11-30.md`).
 DIRECT_MAXNREG = 0
 
-# Tiles scaled after their dots (the kernel's POST_SCALE) load each K tile's scales one tile ahead (2)
-# rather than in their own tile (1).
-POST_SCALE_AHEAD = True
+# Tiles scaled after their dots (the kernel's POST_SCALE) load each K tile's scales in that tile (1),
+# one tile ahead (2), or in that tile after the split's scale rows were prefetched into L2 (3, sm_90).
+POST_SCALE_MODE = 3
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
-        POST_SCALE=(2 if POST_SCALE_AHEAD else 1) if (
+        POST_SCALE=(POST_SCALE_MODE if POST_SCALE_MODE != 3 or wgmma_capable(codes.device) else 1) if (
             w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
