@@ -8,15 +8,10 @@ count to those it would run, with one field of both GEMMs changed.
 - `mixtral_int4_8_before`, `qwen3_fp8_block_8_before`: the 8-token entries these two cells shipped
   before their per-GEMM retunes (`mixtral-8x7b` int4: GEMM2 split 2; `qwen3-30b-a3b` block fp8:
   GEMM1 split 2, both GEMMs four stages deep).
-- `direct_maxnreg_96`, `direct_maxnreg_80`: direct (few-token) launches capped at that many registers
-  per thread (`quant_gemm.DIRECT_MAXNREG`): five or six 4-warp programs per H200 SM; `direct_maxnreg_168`,
-  `direct_maxnreg_128`: three or four (the 256-wide tiles' builds hold 234-251 registers: two).
-- `direct_maxnreg_168_gemm1`, `direct_maxnreg_168_gemm2`: that cap on one GEMM's direct launches only.
-- `scale_in_tile`, `scale_ahead`: tiles scaled after their dots load each K tile's scales in that tile,
-  or one tile ahead into registers, not in that tile after an L2 prefetch of the split's scale rows
-  (`quant_gemm.POST_SCALE_MODE` 1, 2; 3).
-- `prefetch_tiles_2`, `prefetch_tiles_all`: a one-token GEMM2 asking L2 for its first two K tiles
-  of weights, or all of them, before its wait on GEMM1 (`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
+- `max_registers_168`, `max_registers_128`, `max_registers_96`, `max_registers_80`: both GEMMs capped
+  at that many registers per thread (`GemmConfig.max_registers`; 4-warp programs per H200 SM: 3, 4,
+  5, 6); `max_registers_168_gemm1`, `max_registers_168_gemm2`: one GEMM only; `gpt_oss_mxfp4_1_before`:
+  gpt-oss-120b's one-token MXFP4 entry as it shipped before its GEMM2 cap (none).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -25,7 +20,9 @@ And some that change the layer's code: `act_quant_plain_launch` (`act_quant` lau
 dependent on the kernel ahead); `direct_up_to_8` and `direct_one_token_only` (calls of up to 8 tokens,
 or one, launch their GEMMs without the alignment, whatever the router: `quantized.DIRECT_MAX_TOKENS*`);
 `input_quantized_apart` (block fp8's input quantized by an `act_quant` launch, not by the routing
-launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0).
+launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch_tiles_all` (a one-token GEMM2
+asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
+`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 """
 
 from __future__ import annotations
@@ -87,33 +84,13 @@ def input_quantized_apart(layer, tokens: int):
     return mock.patch.object(quantized, "ROUTE_QUANTIZES_MAX_TOKENS", 0)
 
 
-def _direct_maxnreg(regs: int):
-    def patch(layer, tokens: int):
-        return mock.patch.object(quant_gemm, "DIRECT_MAXNREG", regs)
-    return patch
-
-
-def _direct_maxnreg_on(gemm: int, regs: int):
-    """The register cap on GEMM1's (the launch that zeroes GEMM2's sums on the side) or GEMM2's direct
-    launches only."""
-    def patch(layer, tokens: int):
-        launch = quantized.direct_quant_gemm
-
-        def capped(*args, **kwargs):
-            if ("zero_side" in kwargs) == (gemm == 1):
-                with mock.patch.object(quant_gemm, "DIRECT_MAXNREG", regs):
-                    return launch(*args, **kwargs)
-            return launch(*args, **kwargs)
-        return mock.patch.object(quantized, "direct_quant_gemm", capped)
-    return patch
-
-
-direct_maxnreg_168_gemm1 = _direct_maxnreg_on(1, 168)
-direct_maxnreg_168_gemm2 = _direct_maxnreg_on(2, 168)
-direct_maxnreg_168 = _direct_maxnreg(168)
-direct_maxnreg_128 = _direct_maxnreg(128)
-direct_maxnreg_96 = _direct_maxnreg(96)
-direct_maxnreg_80 = _direct_maxnreg(80)
+max_registers_168_gemm1 = _gemm1(max_registers=168)
+max_registers_168_gemm2 = _gemms({}, dict(max_registers=168))
+max_registers_168 = _both_gemms(max_registers=168)
+max_registers_128 = _both_gemms(max_registers=128)
+max_registers_96 = _both_gemms(max_registers=96)
+max_registers_80 = _both_gemms(max_registers=80)
+gpt_oss_mxfp4_1_before = _gemms({}, dict(max_registers=0))
 
 
 def _prefetch_tiles(tiles: int):
@@ -126,9 +103,3 @@ prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
 
 
-def scale_in_tile(layer, tokens: int):
-    return mock.patch.object(quant_gemm, "POST_SCALE_MODE", 1)
-
-
-def scale_ahead(layer, tokens: int):
-    return mock.patch.object(quant_gemm, "POST_SCALE_MODE", 2)

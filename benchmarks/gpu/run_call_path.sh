@@ -15,11 +15,11 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-prefetch-depth-*, ab-scale-ahead-*  ab_layer.py:
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-prefetch-depth-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
-#                up front, retuned entries against those they replaced, direct launches' register caps, GEMM2's L2
-#                prefetch depth, scales a K tile ahead), per preset (AB_TOKENS)
+#                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth),
+#                per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -128,18 +128,14 @@ for p in qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3; do
 done
 # Direct (one-token) launches capped at 96 or 80 registers per thread: five or six programs per SM.
 for s in int4 int8 mxfp4; do
-  add "ab-direct-maxnreg-$s" "python3 ab_layer.py --preset qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b --dtype $s --m 1 --rounds 5 --variant compiler --variant r96=ab_patches:direct_maxnreg_96 --variant r80=ab_patches:direct_maxnreg_80 --out $OUT/host/ab-direct-maxnreg-$s.json"
+  add "ab-direct-maxnreg-$s" "python3 ab_layer.py --preset qwen3-235b-a22b qwen3-30b-a3b gpt-oss-120b --dtype $s --m 1 --rounds 5 --variant compiler --variant r96=ab_patches:max_registers_96 --variant r80=ab_patches:max_registers_80 --out $OUT/host/ab-direct-maxnreg-$s.json"
 done
 # The wide tiles' direct launches (234-251 registers, two programs per SM) capped for three or four.
 for s in int4 int8 mxfp4; do
-  add "ab-direct-maxnreg-wide-$s" "python3 ab_layer.py --preset gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant compiler --variant r168=ab_patches:direct_maxnreg_168 --variant r128=ab_patches:direct_maxnreg_128 --out $OUT/host/ab-direct-maxnreg-wide-$s.json"
+  add "ab-direct-maxnreg-wide-$s" "python3 ab_layer.py --preset gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant compiler --variant r168=ab_patches:max_registers_168 --variant r128=ab_patches:max_registers_128 --out $OUT/host/ab-direct-maxnreg-wide-$s.json"
 done
-# Tiles scaled after their dots: each K tile's scales loaded in the tile, one tile ahead, or after an L2 prefetch.
-for s in int4 int8; do
-  add "ab-scale-ahead-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8 32} --rounds 5 --variant in-tile=ab_patches:scale_in_tile --variant ahead=ab_patches:scale_ahead --variant l2-prefetch --out $OUT/host/ab-scale-ahead-$s.json"
-done
-# gpt-oss-120b's one-token MXFP4 launches capped at 168 registers, each GEMM alone.
-add ab-direct-maxnreg-gpt-oss-mxfp4 "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 --rounds 7 --variant compiler --variant r168=ab_patches:direct_maxnreg_168 --variant r168-gemm1=ab_patches:direct_maxnreg_168_gemm1 --variant r168-gemm2=ab_patches:direct_maxnreg_168_gemm2 --out $OUT/host/ab-direct-maxnreg-gpt-oss-mxfp4.json"
+# gpt-oss-120b's one-token MXFP4 entry (GEMM2 capped at 168 registers) against the uncapped one it replaced.
+add ab-gpt-oss-mxfp4-registers "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 --rounds 7 --variant before=ab_patches:gpt_oss_mxfp4_1_before --variant shipped --out $OUT/host/ab-gpt-oss-mxfp4-registers.json"
 # A one-token GEMM2 asking L2 for more of its weights before its wait (shipped: its first K tile).
 for s in int4 mxfp4; do
   add "ab-prefetch-depth-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant shipped --variant t2=ab_patches:prefetch_tiles_2 --variant all=ab_patches:prefetch_tiles_all --out $OUT/host/ab-prefetch-depth-$s.json"

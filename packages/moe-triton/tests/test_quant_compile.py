@@ -16,8 +16,15 @@ _SPECIALIZATIONS = {
     # GEMM2 of many tokens: rows finished by their last contributor
     "quads-gemm2-last-arrival": (dict(GROUP=128, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=2,
                                       MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True), {"b_ptr": "*i16"}),
-    "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=True, SINK=2, ACT=4,
+    "quads-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, POST_SCALE=1, SINK=2, ACT=4,
                                 GATE_UP_CHUNK=32, DIRECT=True, HAS_MAP=True, SPLIT_K=4), {"b_ptr": "*i16"}),
+    # a few tokens' aligned GEMMs scaled after their dots, each K tile's scales loaded one tile ahead:
+    # GEMM1 split with its last arrival activating, GEMM2 finishing its sums at the last arrival
+    "quads-post-scale-ahead-gemm1": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=128, POST_SCALE=2,
+                                          SINK=2, ACT=1, GATE_UP_CHUNK=32, SPLIT_K=2, PDL=True), {"b_ptr": "*i16"}),
+    "int8-quads-post-scale-ahead-gemm2": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
+                                               BLOCK_N=128, POST_SCALE=2, SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8,
+                                               PDL=True), {"b_ptr": "*i32"}),
     # one token's GEMM2: its weights prefetched into L2 before the wait, zero points g64 among them
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
@@ -55,7 +62,7 @@ _SPECIALIZATIONS = {
     "int8-quads-gemm1-act": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=1,
                                   GATE_UP_CHUNK=32, PDL=True), {"b_ptr": "*i32"}),
     "int8-quads-direct-post-scale-prefetch": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
-                                                   POST_SCALE=True, SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True,
+                                                   POST_SCALE=1, SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True,
                                                    HAS_MAP=True, SPLIT_K=2, PDL=True, PREFETCH_TILES=1),
                                               {"b_ptr": "*i32"}),
     "int8-quads-zp-g64-fp16": (dict(GROUP=64, WTYPE=1, CODE_OFFSET=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, SINK=1,
@@ -66,7 +73,7 @@ _SPECIALIZATIONS = {
     # clamped SwiGLU and biases, scaled per weight; GEMM2 of one token scaled after its dots
     "int8-quads-k-tail-gemm1": (dict(GROUP=2944, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, BLOCK_N=256, ACT=4,
                                      GATE_UP_CHUNK=32, HAS_BIAS=True, K_TAIL=True, PDL=True), {"b_ptr": "*i32"}),
-    "int8-quads-k-tail-direct": (dict(GROUP=2944, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, POST_SCALE=True,
+    "int8-quads-k-tail-direct": (dict(GROUP=2944, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128, POST_SCALE=1,
                                       SINK=2, MUL_ROUTED=True, REDUCE_TOPK=4, DIRECT=True, HAS_MAP=True, K_TAIL=True),
                                  {"b_ptr": "*i32"}),
     "fp8-block-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=2, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=False, SINK=1,

@@ -72,6 +72,8 @@ def test_gemm1_with_the_activation_matches_twin():
     (int4_w4a16(128), 256, 1, True, 64, 4, 16), (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 32),
     (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
     (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
+    # splits of 3 and 2 K tiles scaled after their dots, each tile's scales loaded one tile ahead
+    (int4_w4a16(128), 640, 2, True, 64, 4, 16), (int8_w8a16(-1), 640, 2, True, 128, 4, 16),
     (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
     # K = 192: grouped int4 pads it to two 128-wide quads tiles (as gpt-oss's 2880), per-channel int4
     # takes the halves layout's 64-wide tiles
@@ -185,6 +187,21 @@ def test_group_m_limits():
     for bad in (dict(group_m=0), dict(group_m=2, wgmma=True)):
         with pytest.raises(ValueError, match=r"group_m is >= 1, and above 1 an option of the tl\.dot kernel"):
             dataclasses.replace(wgmma_launch(128, 256, 3), **{"wgmma": False, **bad})
+
+
+def test_register_cap_limits_and_serialization():
+    """max_registers: 0 (the compiler's choice, omitted from a file) or 32..255 on the tl.dot kernel; the
+    wgmma kernel plans its own registers. A capped launch runs (the cap is ptxas's, unseen by the
+    interpreter) and its entry round-trips through a file's dict."""
+    capped = GemmConfig(16, 64, 2, 4, 2, True, max_registers=168)
+    launch = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 2, True), capped)
+    assert "max_registers" not in launch.to_dict()["gemm1"] and launch.to_dict()["gemm2"]["max_registers"] == 168
+    assert QuantKernelConfig.from_dict(launch.to_dict()) == launch
+    for bad in (dict(max_registers=16), dict(max_registers=256), dict(max_registers=168, wgmma=True)):
+        with pytest.raises(ValueError, match=r"max_registers is 0 or 32\.\.255, an option of the tl\.dot kernel"):
+            dataclasses.replace(wgmma_launch(128, 256, 3), **{"wgmma": False, **bad})
+    out, ref = _routed_counts_layer([2, 1, 0, 1], int4_w4a16(128), launch, dtype=torch.bfloat16)
+    assert rel_l2(out, ref) < 2e-2
 
 
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [

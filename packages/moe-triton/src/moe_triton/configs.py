@@ -186,10 +186,17 @@ class GemmConfig:
     # M) from DRAM, and hold only the group's activation rows in L2. Launches that put M blocks first
     # by construction (one token: direct; up to 8: last-arrival sums) keep their order. >= 1
     group_m: int = 1
+    # tl.dot kernel on NVIDIA: registers per thread the launch may hold (ptxas's maxnreg); 0: the
+    # compiler's choice. A cap lets more programs share an SM, and spills where the build needs more.
+    # 0 or 32..255.
+    max_registers: int = 0
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
+        if self.max_registers and (self.wgmma or not 32 <= self.max_registers <= 255):
+            raise ValueError("GemmConfig: max_registers is 0 or 32..255, an option of the tl.dot kernel (the wgmma "
+                             f"kernel plans its own), got {self}")
         if self.group_m < 1 or (self.group_m > 1 and self.wgmma):
             raise ValueError(f"GemmConfig: group_m is >= 1, and above 1 an option of the tl.dot kernel, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:

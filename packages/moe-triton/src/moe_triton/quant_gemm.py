@@ -33,17 +33,7 @@ from moe_triton.quant_gemm_details._heuristics import (
 from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["DIRECT_MAXNREG", "LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch",
-           "zeroed_int32"]
-
-# Registers per thread a direct (few-token) launch of the tl.dot kernel may hold; 0: the compiler's
-# choice. The one-token GEMM1 with its last-arrival activation holds 117-128 (four 4-warp programs per
-# H200 SM); 96 fits five (`benchmarks/results/decode_chain_timeline_2026-11-30.md`).
-DIRECT_MAXNREG = 0
-
-# Tiles scaled after their dots (the kernel's POST_SCALE) load each K tile's scales in that tile (1),
-# one tile ahead (2), or in that tile after the split's scale rows were prefetched into L2 (3, sm_90).
-POST_SCALE_MODE = 3
+__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
 
 
 @dataclass(frozen=True)
@@ -213,6 +203,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         bst = (codes.stride(0), codes.stride(2), codes.stride(1), 0)
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
+    nvidia = codes.is_cuda and torch.version.hip is None and not interpreting()  # PTX and ptxas's options
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
@@ -230,15 +221,15 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
-        QUADS=w.quads, PTX_UNPACK=codes.is_cuda and torch.version.hip is None and not interpreting(),
-        POST_SCALE=(POST_SCALE_MODE if POST_SCALE_MODE != 3 or wgmma_capable(codes.device) else 1) if (
+        QUADS=w.quads, PTX_UNPACK=nvidia,
+        POST_SCALE=(1 if direct else 2) if (
             w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
-        **({"maxnreg": DIRECT_MAXNREG} if direct and DIRECT_MAXNREG and not interpreting() else {}),
+        **({"maxnreg": cfg.max_registers} if cfg.max_registers and nvidia else {}),
     )
 
 

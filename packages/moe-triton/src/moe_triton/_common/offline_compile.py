@@ -32,7 +32,7 @@ DEFAULT_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
     BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
-    POST_SCALE=False, FOLDED_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, GROUP_M=1, NARROW=False, PREFETCH_TILES=0,
+    POST_SCALE=0, FOLDED_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, GROUP_M=1, NARROW=False, PREFETCH_TILES=0,
     TAIL=0, TRACE=False)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.

@@ -371,19 +371,12 @@ def _wgemm_rows(
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
         if POST_SCALE == 2:
             s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
-        if POST_SCALE == 3:
-            # The split's scale rows head for L2 before the loop: its loads there (one per tile, after
-            # the dots, which the pipeliner does not stage) then wait for L2, not DRAM.
-            scale_bytes: tl.constexpr = s_ptr.dtype.element_ty.primitive_bitwidth // 8
-            n0 = pid_n * BLOCK_N
-            for g in range(kt0 * BLOCK_K // GROUP, tl.cdiv(kt1 * BLOCK_K, GROUP)):
-                _prefetch_l2(s_ptr + e * stride_se + g * stride_sk + n0, tl.minimum(N - n0, BLOCK_N) * scale_bytes)
         for kt in range(kt0, kt1):
             k0 = kt * BLOCK_K
             if POST_SCALE == 2:
                 # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
-                # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for.
-                # (The last tile asks for its own again: no read past the split.)
+                # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for
+                # (the last tile asks for its own again: no read past the split).
                 s_tile = s_ahead
                 s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk, mask=n_mask,
                                   other=0.0)
@@ -414,7 +407,7 @@ def _wgemm_rows(
                 part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
                 part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
                 part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
-                if POST_SCALE != 2:
+                if POST_SCALE == 1:
                     s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
                 acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
             else:
