@@ -2,8 +2,10 @@
 # Nsight Compute counters (throughput, occupancy, stall reasons) of the GEMM launches of one layer call
 # per cell (ncu_layer.py: the call made twice, the second one read) -> OUT_DIR/ncu_<preset>_<dtype>_M<m>.txt,
 # with the headline rows printed; then each launch's stall reasons per issued instruction and its SASS
-# opcode counts -> OUT_DIR/ncu_<preset>_<dtype>_M<m>_stalls.txt. Needs the project on PYTHONPATH (the
-# one-call scripts' _setup.sh).
+# opcode counts -> OUT_DIR/ncu_<preset>_<dtype>_M<m>_stalls.txt; with NCU_SOURCE=1 also the first GEMM
+# launch's SASS, each instruction with its executed count and sampled stalls (CSV) ->
+# OUT_DIR/ncu_<preset>_<dtype>_M<m>_source.csv. Needs the project on PYTHONPATH (the one-call scripts'
+# _setup.sh).
 #   bash ncu_cells.sh OUT_DIR "PRESET DTYPE M" ...
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,5 +26,10 @@ for cell in "$@"; do
     --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,smsp__inst_executed.sum,sass__inst_executed_per_opcode' \
     --print-metric-instances values \
     python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "${report%.txt}_stalls.txt" 2>&1 || rc=1
+  if [ "${NCU_SOURCE:-0}" = 1 ]; then
+    ncu --clock-control none --kernel-name regex:'_moe_wgemm|moe_gemv|moe_gemm' --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+      python3 "$HERE/ncu_layer.py" --preset "$preset" --dtype "$dtype" --m "$m" > "${report%.txt}_source.csv" 2>&1 || rc=1
+  fi
 done
 exit $rc
