@@ -103,7 +103,3 @@ prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
 
 
-
-
-def scales_unstaged(layer, tokens: int):
-    return mock.patch.object(quant_gemm, "SCALES_STAGED", False)

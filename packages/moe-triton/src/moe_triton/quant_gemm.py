@@ -35,9 +35,6 @@ from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
 __all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
 
-# int4 tiles scaled after their dots stage their scales with the weights (the kernel's POST_SCALE 3).
-SCALES_STAGED = True
-
 
 @dataclass(frozen=True)
 class LastArrival:
@@ -225,7 +222,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX_UNPACK=nvidia,
-        POST_SCALE=(3 if SCALES_STAGED and w.wtype is WType.INT4 else 1 if direct else 2) if (
+        POST_SCALE=(1 if direct else 2) if (
             w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,

@@ -399,12 +399,6 @@ def _wgemm_rows(
                     _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
                 else:
                     z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                if POST_SCALE == 3:
-                    # The scales enter the dots' operand as a term of value zero: the pipeliner stages
-                    # only loads that feed a dot, and staged, they arrive with the tile's weights.
-                    tl.static_assert(WTYPE == 0, "scales staged through the zero point: int4")
-                    s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
-                    z = z + tl.expand_dims(s_tile.to(tl.float32).to(CT), 1) * 0.0
                 if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
                     d0, d1, d2, d3 = v0, v1, v2, v3
                 else:
