@@ -75,7 +75,7 @@ def effective_split(split_k: int, w: WeightOperand) -> int:
 # weight pair, for a second accumulator that larger tiles cannot afford. A launch that takes in
 # tails (GemmConfig.tail) scales per weight. The kernel loads such a tile's scales one tile ahead
 # (POST_SCALE 2: the pipeliner stages only what feeds the dots), except in direct launches (1: in
-# the tile), where the registers that holds cost one-token GEMMs programs per SM
+# the tile), where the registers the early load holds cost one-token GEMMs programs per SM
 # (`benchmarks/results/decode_gemm_issue_2026-11-30.md`).
 POST_SCALE_MAX_TILE = 16 * 128
 
