@@ -11,6 +11,7 @@ import threading
 import types
 
 import pytest
+import torch
 from _bench_support import bench_args
 
 from moe_core import bench
@@ -150,3 +151,21 @@ def test_bench_speaks_the_clis_scheme_vocabulary(name):
 
     assert bench_args("--quant", name, "--scheme", "int4").scheme == [name, "int4"]
     assert bench_cli._scheme(name, get_preset("tiny")) == unquantized()
+
+
+def test_a_cells_inputs_do_not_depend_on_the_other_token_counts(tmp_path, fast, monkeypatch):
+    """A cell re-timed alone routes the same inputs as in a run of several token counts: its floor
+    (the experts its routing reads) is the same cell's."""
+    routed = {}
+    real = bench_cli.routed_work
+
+    def capture(config, logits, correction_bias):
+        routed.setdefault(logits[0].shape[0], []).append([x.clone() for x in logits])
+        return real(config, logits, correction_bias)
+
+    monkeypatch.setattr(bench_cli, "routed_work", capture)
+    for tokens in (("1", "2"), ("2",)):
+        assert bench.main(bench_args("--preset", "tiny", "--tokens", *tokens, "--repeats", "1", "--warmup", "0",
+                                     "--no-plot", "--scheme", "bf16", "--out", str(tmp_path / "-".join(tokens)))) == 0
+    with_one, alone = routed[2]
+    assert len(with_one) == len(alone) and all(torch.equal(a, b) for a, b in zip(with_one, alone, strict=True))

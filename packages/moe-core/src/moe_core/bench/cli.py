@@ -153,11 +153,12 @@ class _Run:
     results: _Results
 
 
-def _input_sets(config: MoEConfig, tokens: int, device: torch.device, gen: torch.Generator
-                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _input_sets(config: MoEConfig, tokens: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(hidden states, router logits) sets of `tokens` tokens: one, or on CUDA the rotating sets the
     graph protocol replays in turn (8, 2 above 512 tokens), so consecutive calls read other activations.
-    Every set is timed: the floor counts the experts their routing selects."""
+    Every set is timed: the floor counts the experts their routing selects. Drawn from a seed of their
+    own token count, so a cell's inputs (and its floor) do not depend on the other token counts run."""
+    gen = torch.Generator().manual_seed(tokens)
     sets = 1 if device.type != "cuda" else (8 if tokens <= 512 else 2)
     return [(torch.randn(tokens, config.hidden_size, generator=gen).to(device, config.dtype),
              torch.randn(tokens, config.num_experts, generator=gen).to(device)) for _ in range(sets)]
@@ -174,7 +175,7 @@ def _bench_preset(preset: Preset, schemes: list[str], tokens: list[int], backend
     dense = ExpertWeights.random(config, unquantized(), progress=Progress(f"{preset.name}: {dtype_name} weights"),
                                  device=device)
     naive = naive_moe(config, dense.w13, dense.w2, dense.w13_bias, dense.w2_bias, correction_bias)
-    inputs = {m: _input_sets(config, m, device, gen) for m in tokens}
+    inputs = {m: _input_sets(config, m, device) for m in tokens}
     work = {m: routed_work(config, [logits for _, logits in sets], correction_bias) for m, sets in inputs.items()}
     naive_ms: dict[int, float] = {}  # per token count, timed once per preset on the dense weights
     for scheme in schemes:
