@@ -101,3 +101,7 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
+
+
+def quarters_apart(layer, tokens: int):
+    return mock.patch.object(quant_gemm, "QUARTERS_AS_ONE_DOT", False)

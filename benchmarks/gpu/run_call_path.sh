@@ -136,6 +136,10 @@ for s in int4 int8 mxfp4; do
 done
 # gpt-oss-120b's one-token MXFP4 entry (GEMM2 capped at 168 registers) against the uncapped one it replaced.
 add ab-gpt-oss-mxfp4-registers "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 --rounds 7 --variant before=ab_patches:gpt_oss_mxfp4_1_before --variant shipped --out $OUT/host/ab-gpt-oss-mxfp4-registers.json"
+# A quads K tile's four quarters as one dot against four.
+for s in int4 int8 mxfp4; do
+  add "ab-one-dot-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8} --rounds 5 --variant quarters=ab_patches:quarters_apart --variant one-dot --out $OUT/host/ab-one-dot-$s.json"
+done
 # A one-token GEMM2 asking L2 for more of its weights before its wait (shipped: its first K tile).
 for s in int4 mxfp4; do
   add "ab-prefetch-depth-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant shipped --variant t2=ab_patches:prefetch_tiles_2 --variant all=ab_patches:prefetch_tiles_all --out $OUT/host/ab-prefetch-depth-$s.json"

@@ -114,6 +114,32 @@ def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, str
 
 
 @triton.jit
+def _quarter_weights(j: tl.constexpr, values, scales, zeros, exp_words, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
+                     FOLDED_SCALE: tl.constexpr, FT: tl.constexpr, CT: tl.constexpr):
+    """Quarter j's weights in CT, [BLOCK_N, 32]: MXFP4's e2m1 values times their e8m0 factors, int8's
+    centered codes times their scales, or codes less their zero points times their scales."""
+    if WTYPE == 3:
+        lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
+        w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
+    elif WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+        w = values[j] * scales[j]
+    else:
+        w = (values[j] - zeros[j]) * scales[j]
+    return w
+
+
+@triton.jit
+def _quarters_as_tile(q0, q1, q2, q3):
+    """Four quarters [BN, QK] of a quads K tile (quarter j holds k = j * QK + i) as the tile, [BN, 4 QK]
+    in k order: one dot per K tile. Each thread's elements of a quarter in wgmma's register operand
+    layout are those of the tile's k steps 2j and 2j + 1, so the join moves no data between threads."""
+    t = tl.join(tl.join(q0, q2), tl.join(q1, q3))  # [BN, QK, p, c]: quarter 2p + c
+    BN: tl.constexpr = q0.shape[0]
+    QK: tl.constexpr = q0.shape[1]
+    return tl.reshape(tl.permute(t, (0, 2, 3, 1)), (BN, 4 * QK))
+
+
+@triton.jit
 def _dot_at(w, a_ptrs, row_mask, k, K, acc_t, CT: tl.constexpr, K_TAIL: tl.constexpr):
     """acc_t + w . A^T, A's [BM, k] tile read at a_ptrs (masked rows, and with K_TAIL columns k >= K,
     read as zeros)."""
@@ -179,7 +205,8 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, trace_ptr=None, TRACE: tl.constexpr = False,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr = False, trace_ptr=None,
+    TRACE: tl.constexpr = False,
 ):
     t_start = trace.now(TRACE)
     if N_FIRST:
@@ -278,15 +305,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, trace_ptr, TRACE)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, trace_ptr, TRACE)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
     trace.store(trace_ptr, t_start, t_released, TRACE)
 
 
@@ -324,7 +351,7 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
@@ -390,6 +417,7 @@ def _wgemm_rows(
                 v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
             k = k0 + offs_q
             a_ptrs = a_base + k[None, :] * stride_ak
+            k_tile = k0 + tl.arange(0, BLOCK_K)
             g = (k0 // GROUP) * stride_sk
             if POST_SCALE:
                 tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
@@ -403,10 +431,14 @@ def _wgemm_rows(
                     d0, d1, d2, d3 = v0, v1, v2, v3
                 else:
                     d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
-                part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
-                part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
-                part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
-                part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
+                if ONE_DOT:
+                    part = _dot_at(_quarters_as_tile(d0, d1, d2, d3), a_base + k_tile[None, :] * stride_ak, row_mask,
+                                   k_tile, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                else:
+                    part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                    part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
                 if POST_SCALE == 1:
                     s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
                 acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
@@ -425,23 +457,32 @@ def _wgemm_rows(
                     # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
                     # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
                     values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                else:
+                    scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
                 if WTYPE == 3:
                     # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
                     # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
                     # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
                     exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
-                for j in tl.static_range(4):
-                    if WTYPE == 3:
-                        lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
-                        w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
-                    elif WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
-                        w = values[j] * scales[j]
-                    else:
-                        w = (values[j] - zeros[j]) * scales[j]
-                    acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
+                else:
+                    exp_words = n_mask  # unused
+                if ONE_DOT:
+                    w_tile = _quarters_as_tile(
+                        _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
+                    acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT, K_TAIL)
                     if TAIL > 0:
-                        tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask, k + j * QK,
-                                             K, tail_acc_t, CT, K_TAIL)
+                        tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
+                                             tail_acc_t, CT, K_TAIL)
+                else:
+                    for j in tl.static_range(4):
+                        w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT)
+                        acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
+                        if TAIL > 0:
+                            tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
+                                                 k + j * QK, K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
