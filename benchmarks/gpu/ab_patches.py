@@ -12,6 +12,8 @@ count to those it would run, with one field of both GEMMs changed.
   at that many registers per thread (`GemmConfig.max_registers`; 4-warp programs per H200 SM: 3, 4,
   5, 6); `max_registers_168_gemm1`, `max_registers_168_gemm2`: one GEMM only; `gpt_oss_mxfp4_1_before`:
   gpt-oss-120b's one-token MXFP4 entry as it shipped before its GEMM2 cap (none).
+- `one_dot`, `quarters_apart`: both GEMMs with each quads K tile's quarters as one dot, or as four
+  (`GemmConfig.one_dot`).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -91,6 +93,8 @@ max_registers_128 = _both_gemms(max_registers=128)
 max_registers_96 = _both_gemms(max_registers=96)
 max_registers_80 = _both_gemms(max_registers=80)
 gpt_oss_mxfp4_1_before = _gemms({}, dict(max_registers=0))
+quarters_apart = _both_gemms(one_dot=False)
+one_dot = _both_gemms(one_dot=True)
 
 
 def _prefetch_tiles(tiles: int):
@@ -101,7 +105,3 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
-
-
-def quarters_apart(layer, tokens: int):
-    return mock.patch.object(quant_gemm, "QUARTERS_AS_ONE_DOT", False)

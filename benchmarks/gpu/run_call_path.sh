@@ -15,11 +15,11 @@
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
-#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-prefetch-depth-*  ab_layer.py:
+#   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
-#                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth),
-#                per preset (AB_TOKENS)
+#                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
+#                K tile's quarters as one dot), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -138,7 +138,7 @@ done
 add ab-gpt-oss-mxfp4-registers "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 --rounds 7 --variant before=ab_patches:gpt_oss_mxfp4_1_before --variant shipped --out $OUT/host/ab-gpt-oss-mxfp4-registers.json"
 # A quads K tile's four quarters as one dot against four.
 for s in int4 int8 mxfp4; do
-  add "ab-one-dot-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8} --rounds 5 --variant quarters=ab_patches:quarters_apart --variant one-dot --out $OUT/host/ab-one-dot-$s.json"
+  add "ab-one-dot-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8} --rounds 5 --variant quarters=ab_patches:quarters_apart --variant one-dot=ab_patches:one_dot --out $OUT/host/ab-one-dot-$s.json"
 done
 # A one-token GEMM2 asking L2 for more of its weights before its wait (shipped: its first K tile).
 for s in int4 mxfp4; do

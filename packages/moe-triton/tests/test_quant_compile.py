@@ -25,6 +25,13 @@ _SPECIALIZATIONS = {
     "int8-quads-post-scale-ahead-gemm2": (dict(GROUP=2048, WTYPE=1, CODE_OFFSET=128, QUADS=True, BLOCK_K=128,
                                                BLOCK_N=128, POST_SCALE=2, SINK=2, MUL_ROUTED=True, REDUCE_TOPK=8,
                                                PDL=True), {"b_ptr": "*i32"}),
+    # each K tile's quarters as one dot (GemmConfig.one_dot): one token's int4 GEMM1 scaled after its
+    # dot, and MXFP4's GEMM1 scaled per quarter
+    "quads-one-dot-last-arrival": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=64, POST_SCALE=1, SINK=2,
+                                        ACT=1, GATE_UP_CHUNK=32, DIRECT=True, SPLIT_K=4, PDL=True, ONE_DOT=True),
+                                   {"b_ptr": "*i16"}),
+    "mxfp4-one-dot": (dict(GROUP=32, WTYPE=3, CODE_OFFSET=0, QUADS=True, BLOCK_K=128, ACT=1, GATE_UP_CHUNK=32,
+                           FOLDED_SCALE=True, PDL=True, ONE_DOT=True), {"b_ptr": "*i16", "s_ptr": "*i32"}),
     # one token's GEMM2: its weights prefetched into L2 before the wait, zero points g64 among them
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,

@@ -238,7 +238,7 @@ def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
 
 
 # The token counts where a shipped H200 int8 file differs from the int4 shapes it otherwise serves.
-INT8_TUNED_ON_H200 = {"deepseek-v3": {1, 2048}, "mixtral-8x7b": {8}, "qwen3-30b-a3b": {1, 8}, "qwen3-235b-a22b": {1},
+INT8_TUNED_ON_H200 = {"deepseek-v3": {1, 2048}, "mixtral-8x7b": {1, 8}, "qwen3-30b-a3b": {1, 8}, "qwen3-235b-a22b": {1},
                       "gpt-oss-120b": {1, 8, 2048}}
 
 

@@ -204,6 +204,32 @@ def test_register_cap_limits_and_serialization():
     assert rel_l2(out, ref) < 2e-2
 
 
+@pytest.mark.parametrize(("quant", "K", "split_k", "block_n", "tail"), [
+    (int4_w4a16(128), 640, 2, 64, 0),  # scaled after the tile's dot, splits of 3 and 2 K tiles
+    (int4_w4a16(32, zero_point=True), 256, 1, 64, 0),  # a scale group per quarter
+    (int4_w4a16(64), 192, 2, 128, 0),  # K padded to whole tiles: the tile's last columns masked
+    (int8_w8a16(-1), 192, 1, 64, 0), (int8_w8a16(32), 256, 1, 64, 16),  # byte quads, with a taken-in tail
+    (mxfp4_w4a16(), 384, 2, 64, 0), (mxfp4_w4a16(), 192, 1, 64, 16),
+])
+def test_one_dot_tiles_match_the_quarters(quant, K, split_k, block_n, tail):
+    """GemmConfig.one_dot: each quads K tile's four quarters joined in k order and multiplied by one
+    dot, as the twin and as the four dots of the quarters (aligned launches, and a layer whose full
+    blocks take in their experts' last pairs)."""
+    one_dot = GemmConfig(16, block_n, split_k, 4, 2, True, one_dot=True)
+    assert gemm1_error(gemm1_operand(quant, K, seed=5), one_dot) < 1e-3
+    block_m = 32
+    counts = [block_m + 1, block_m + 5, 3, 2 * block_m + tail] if tail else [block_m + 1, 5, 0, 17]
+    quarters = GemmConfig(block_m, block_n, split_k, 4, 2, True, tail=tail)
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(quarters, quarters), K=K, cls=cls)
+    joined = dataclasses.replace(quarters, one_dot=True)
+    out_joined, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(joined, joined), K=K, cls=cls)
+    assert rel_l2(out_joined, ref) < 1e-2
+    torch.testing.assert_close(out_joined, out, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match=r"one_dot is an option of the tl\.dot kernel"):
+        dataclasses.replace(wgmma_launch(128, 256, 3), one_dot=True)
+
+
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [
     (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
     (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles

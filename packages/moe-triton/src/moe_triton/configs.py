@@ -190,10 +190,15 @@ class GemmConfig:
     # compiler's choice. A cap lets more programs share an SM, and spills where the build needs more.
     # 0 or 32..255.
     max_registers: int = 0
+    # tl.dot kernel, quads weights: each K tile's four quarters as one dot (one wgmma chain and one wait
+    # per tile), not four; other weights ignore it.
+    one_dot: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
+        if self.one_dot and self.wgmma:
+            raise ValueError(f"GemmConfig: one_dot is an option of the tl.dot kernel, got {self}")
         if self.max_registers and (self.wgmma or not 32 <= self.max_registers <= 255):
             raise ValueError("GemmConfig: max_registers is 0 or 32..255, an option of the tl.dot kernel (the wgmma "
                              f"kernel plans its own), got {self}")

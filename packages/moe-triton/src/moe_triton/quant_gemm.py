@@ -35,9 +35,6 @@ from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
 __all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
 
-# A quads K tile's four quarters as one dot (the kernel's ONE_DOT), not four.
-QUARTERS_AS_ONE_DOT = True
-
 
 @dataclass(frozen=True)
 class LastArrival:
@@ -230,7 +227,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        ONE_DOT=QUARTERS_AS_ONE_DOT and w.quads,
+        ONE_DOT=cfg.one_dot and w.quads,
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and nvidia else {}),
