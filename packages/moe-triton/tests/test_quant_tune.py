@@ -52,9 +52,12 @@ def test_quant_candidates_are_distinct_neighbours():
                                                dataclasses.replace(base.gemm2, block_m=32)))
     assert wider["narrow"].gemm2 == dataclasses.replace(base.gemm2, block_m=32, narrow=True)
     assert "swap_ab" not in cands  # only where the weights run either way (fp8)
+    assert cands["one_dot"] == QuantKernelConfig(dataclasses.replace(base.gemm1, one_dot=True),
+                                                 dataclasses.replace(base.gemm2, one_dot=True))
     fp8 = quant_candidates(QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 64, 1, 4, 3)),
                            swap_optional=True)
     assert fp8["swap_ab"] == QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3), GemmConfig(16, 64, 1, 4, 3, True))
+    assert "one_dot" not in fp8  # fp8 codes are no quads
 
 
 def _tuner_experts() -> TritonWna16Experts:
@@ -118,7 +121,9 @@ def test_int4_tuner_records_the_shipped_configuration(monkeypatch, shipped_as):
 def test_per_gemm_grid_changes_one_gemm_at_a_time():
     base = QuantKernelConfig(GemmConfig(16, 128, 4, 4, 3, True), GemmConfig(16, 256, 1, 8, 4, True))
     grid = per_gemm_grid(base)
-    assert len(grid) == 2 * len(PER_GEMM_SPLITS) * 3 * 2 - 2 and base not in grid.values()  # the base once per GEMM
+    # split x block_n x warps per GEMM (the base once per GEMM), and each GEMM's one_dot flipped
+    assert len(grid) == 2 * len(PER_GEMM_SPLITS) * 3 * 2 - 2 + 2 and base not in grid.values()
+    assert grid["gemm2:one_dot=True"] == dataclasses.replace(base, gemm2=dataclasses.replace(base.gemm2, one_dot=True))
     assert {c.gemm1.split_k for c in grid.values()} == set(PER_GEMM_SPLITS)
     assert len(set(grid.values())) == len(grid)
     for name, cand in grid.items():

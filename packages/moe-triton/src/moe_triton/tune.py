@@ -24,8 +24,10 @@ GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRI
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps (`per_gemm_grid`) with the other GEMM held at the best so far, and both GEMMs' fastest
-tiles together where each beat it. The layer is timed
+block_n x warps and its `one_dot` flipped (`per_gemm_grid`) with the other GEMM held at the best so
+far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
+MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
+searched (a shipped entry's cap is timed with it). The layer is timed
 as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
 (DeepSeek-V3) takes a random one, `--correction-bias` its standard deviation (1e-3 by default:
 near-uniform loads; `moe bench` draws `moe_core.bench.CORRECTION_BIAS_STD`, 0.1, which concentrates
@@ -165,10 +167,13 @@ _QUANT_TWEAKS = {
 
 def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) -> dict[str, QuantKernelConfig]:
     """The heuristic's pair and its neighbours (each change made to both GEMMs), without repeats.
-    swap_optional (fp8 weights, which run either way): the pair with swap_ab flipped too."""
+    swap_optional (fp8 weights, which run either way): the pair with swap_ab flipped too; otherwise
+    (int4, int8, MXFP4: quads weights) with one_dot flipped (`GemmConfig.one_dot`)."""
     found = {"heuristic": base}
-    tweaks = dict(_QUANT_TWEAKS, swap_ab=lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab)) if swap_optional \
-        else _QUANT_TWEAKS
+    if swap_optional:
+        tweaks = dict(_QUANT_TWEAKS, swap_ab=lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab))
+    else:
+        tweaks = dict(_QUANT_TWEAKS, one_dot=lambda c: dataclasses.replace(c, one_dot=not c.one_dot and not c.wgmma))
     for name, tweak in tweaks.items():
         try:
             cand = QuantKernelConfig(tweak(base.gemm1), tweak(base.gemm2))
@@ -186,9 +191,14 @@ PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
-    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), the other GEMM as in base."""
+    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and base with that
+    GEMM's one_dot flipped (tl.dot launches), the other GEMM as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):
+        tile = getattr(base, gemm)
+        if not tile.wgmma:
+            found[f"{gemm}:one_dot={not tile.one_dot}"] = dataclasses.replace(
+                base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)})
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
