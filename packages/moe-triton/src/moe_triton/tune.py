@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
-                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2} more layer timings per M)")
+                        f"and its one_dot flipped (up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
