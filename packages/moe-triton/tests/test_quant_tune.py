@@ -124,6 +124,7 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
     # split x block_n x warps per GEMM (the base once per GEMM), and each GEMM's one_dot flipped
     assert len(grid) == 2 * len(PER_GEMM_SPLITS) * 3 * 2 - 2 + 2 and base not in grid.values()
     assert grid["gemm2:one_dot=True"] == dataclasses.replace(base, gemm2=dataclasses.replace(base.gemm2, one_dot=True))
+    assert "gemm1:one_dot=True" not in per_gemm_grid(base, one_dot=False)  # fp8 codes are no quads
     assert {c.gemm1.split_k for c in grid.values()} == set(PER_GEMM_SPLITS)
     assert len(set(grid.values())) == len(grid)
     for name, cand in grid.items():

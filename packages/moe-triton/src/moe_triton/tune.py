@@ -190,13 +190,14 @@ def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) ->
 PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 
 
-def per_gemm_grid(base: QuantKernelConfig) -> dict[str, QuantKernelConfig]:
-    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and base with that
-    GEMM's one_dot flipped (tl.dot launches), the other GEMM as in base."""
+def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True) -> dict[str, QuantKernelConfig]:
+    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
+    (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches), the other GEMM
+    as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
-        if not tile.wgmma:
+        if one_dot and not tile.wgmma:
             found[f"{gemm}:one_dot={not tile.one_dot}"] = dataclasses.replace(
                 base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)})
         for split in PER_GEMM_SPLITS:
@@ -325,7 +326,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
                       if k != "heuristic"})
         second = min(times, key=times.get)
         if per_gemm and cands[second].fused is None:
-            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second]).items()}
+            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second], one_dot=not fp8).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
