@@ -204,6 +204,16 @@ def test_register_cap_limits_and_serialization():
     assert rel_l2(out, ref) < 2e-2
 
 
+def _layers_with_and_without(counts, quant, launch: GemmConfig, K: int, **change):
+    """(output with `change` made to both GEMMs' launch, output of `launch` itself, fp32 reference)
+    of a layer whose routing gives expert e exactly counts[e] tokens."""
+    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
+    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(launch, launch), K=K, cls=cls)
+    changed = dataclasses.replace(launch, **change)
+    out_changed, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(changed, changed), K=K, cls=cls)
+    return out_changed, out, ref
+
+
 @pytest.mark.parametrize(("quant", "K", "split_k", "block_n", "tail"), [
     (int4_w4a16(128), 640, 2, 64, 0),  # scaled after the tile's dot, splits of 3 and 2 K tiles
     (int4_w4a16(32, zero_point=True), 256, 1, 64, 0),  # a scale group per quarter
@@ -220,10 +230,7 @@ def test_one_dot_tiles_match_the_quarters(quant, K, split_k, block_n, tail):
     block_m = 32
     counts = [block_m + 1, block_m + 5, 3, 2 * block_m + tail] if tail else [block_m + 1, 5, 0, 17]
     quarters = GemmConfig(block_m, block_n, split_k, 4, 2, True, tail=tail)
-    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
-    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(quarters, quarters), K=K, cls=cls)
-    joined = dataclasses.replace(quarters, one_dot=True)
-    out_joined, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(joined, joined), K=K, cls=cls)
+    out_joined, out, ref = _layers_with_and_without(counts, quant, quarters, K, one_dot=True)
     assert rel_l2(out_joined, ref) < 1e-2
     torch.testing.assert_close(out_joined, out, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match=r"one_dot is an option of the tl\.dot kernel"):
@@ -245,10 +252,7 @@ def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     `narrow`, the blocks not taken in that hold at most half a block run narrow)."""
     counts = [block_m + 1, block_m + tail, block_m + tail + 1, 0, 2 * block_m + tail, 5, block_m, 2 * block_m + 1]
     plain = GemmConfig(block_m, 64, 1, 4, 2, swap_ab=True, narrow=narrow)
-    cls = TritonMxfp4Experts if quant.weight.dtype.value == "fp4e2m1" else TritonWna16Experts
-    out, ref = _routed_counts_layer(counts, quant, QuantKernelConfig(plain, plain), K=K, cls=cls)
-    taking = dataclasses.replace(plain, tail=tail)
-    taken, _ = _routed_counts_layer(counts, quant, QuantKernelConfig(taking, taking), K=K, cls=cls)
+    taken, out, ref = _layers_with_and_without(counts, quant, plain, K, tail=tail)
     assert rel_l2(taken, ref) < 1e-2
     torch.testing.assert_close(taken, out, rtol=1e-3, atol=1e-3)
 

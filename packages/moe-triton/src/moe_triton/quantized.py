@@ -112,8 +112,8 @@ ROWS_SUM_MIN_PAIRS_TOP8 = 8192
 DIRECT_MAX_TOKENS = 2
 DIRECT_MAX_TOKENS_WIDE_ROUTER = 4
 # Most tokens whose fp8 input the routing launch quantizes per 128-wide group (block fp8's GEMM1 operand),
-# in programs beside the routing's: one launch fewer per layer where the launches dominate (H200:
-# 1.009-1.052x at one token, 1.003-1.021x at eight, against the quantization launched apart).
+# in programs beside the routing's: one launch fewer per layer where the launches dominate
+# (docs/design/triton-routing-align-reduce.md).
 ROUTE_QUANTIZES_MAX_TOKENS = 8
 WIDE_ROUTER_TOP_K = 8
 WIDE_ROUTER_EXPERTS = 128

@@ -76,7 +76,7 @@ def effective_split(split_k: int, w: WeightOperand) -> int:
 # tails (GemmConfig.tail) scales per weight. The kernel loads such a tile's scales one tile ahead
 # (POST_SCALE 2: the pipeliner stages only what feeds the dots), except in direct launches (1: in
 # the tile), where the registers the early load holds cost one-token GEMMs programs per SM
-# (`benchmarks/results/decode_gemm_issue_2026-11-30.md`).
+# (docs/design/triton-gemm-quantized.md).
 POST_SCALE_MAX_TILE = 16 * 128
 
 # K tiles per program a one-token GEMM2 asks L2 for while GEMM1 runs (`quant_direct_gemm`'s
