@@ -146,9 +146,9 @@ done
 for s in int4 mxfp4; do
   add "ab-prefetch-depth-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant shipped --variant t2=ab_patches:prefetch_tiles_2 --variant all=ab_patches:prefetch_tiles_all --out $OUT/host/ab-prefetch-depth-$s.json"
 done
-# Two quads K tiles per loop iteration (GemmConfig.pair_tiles) on both GEMMs or one, against one tile.
+# Two quads K tiles per loop iteration (GemmConfig.pair_tiles) on both GEMMs or GEMM1, against one tile.
 for s in int4 int8 mxfp4; do
-  add "ab-pair-tiles-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8 32} --rounds 5 --variant shipped --variant paired=ab_patches:pair_tiles --variant paired-gemm1=ab_patches:pair_tiles_gemm1 --variant paired-gemm2=ab_patches:pair_tiles_gemm2 --out $OUT/host/ab-pair-tiles-$s.json"
+  add "ab-pair-tiles-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8} --rounds 5 --variant shipped --variant paired=ab_patches:pair_tiles --variant paired-gemm1=ab_patches:pair_tiles_gemm1 --out $OUT/host/ab-pair-tiles-$s.json"
 done
 # GEMM1 of decode-size aligned calls on the warp-specialized Gluon kernel, and at 32 tokens both GEMMs
 # (up to 8 tokens GEMM2's sums finish by last arrival, which that kernel lacks).
