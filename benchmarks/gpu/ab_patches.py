@@ -14,8 +14,6 @@ count to those it would run, with one field of both GEMMs changed.
   gpt-oss-120b's one-token MXFP4 entry as it shipped before its GEMM2 cap (none).
 - `one_dot`, `quarters_apart`: both GEMMs with each quads K tile's quarters as one dot, or as four
   (`GemmConfig.one_dot`).
-- `pair_tiles`, `pair_tiles_gemm1`, `pair_tiles_gemm2`: two quads K tiles per loop iteration
-  (`GemmConfig.pair_tiles`) on both GEMMs, or on one.
 - `gemm1_wgmma_128`, `gemm1_wgmma_256`, `both_wgmma_128`: aligned GEMM1 (or both GEMMs) on the
   warp-specialized Gluon kernel (`GemmConfig.wgmma`, four stages) with 128 or 256 weight rows per
   program; GEMM2 cannot at up to 8 tokens (its sums finish by last arrival, which that kernel lacks).
@@ -112,12 +110,8 @@ prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
 
 
-pair_tiles = _both_gemms(pair_tiles=True)
-pair_tiles_gemm1 = _gemm1(pair_tiles=True)
-pair_tiles_gemm2 = _gemms({}, dict(pair_tiles=True))
 # The wgmma kernel's launch shape: only the tl.dot kernel's options reset.
-_WGMMA = dict(wgmma=True, num_warps=4, num_stages=4, one_dot=False, pair_tiles=False, max_registers=0, group_m=1,
-              narrow=False, tail=0)
+_WGMMA = dict(wgmma=True, num_warps=4, num_stages=4, one_dot=False, max_registers=0, group_m=1, narrow=False, tail=0)
 gemm1_wgmma_128 = _gemm1(**_WGMMA, block_n=128)
 gemm1_wgmma_256 = _gemm1(**_WGMMA, block_n=256)
 both_wgmma_128 = _both_gemms(**_WGMMA, block_n=128)

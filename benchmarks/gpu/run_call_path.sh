@@ -16,12 +16,11 @@
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
-#                ab-pair-tiles-*, ab-gluon-decode-*, ab-gluon-both-*  ab_layer.py:
+#                ab-gluon-decode-*, ab-gluon-both-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
-#                K tile's quarters as one dot, two K tiles per iteration, the Gluon kernel at decode sizes),
-#                per preset (AB_TOKENS)
+#                K tile's quarters as one dot, the Gluon kernel at decode sizes), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
@@ -145,10 +144,6 @@ done
 # A one-token GEMM2 asking L2 for more of its weights before its wait (shipped: its first K tile).
 for s in int4 mxfp4; do
   add "ab-prefetch-depth-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m 1 --rounds 5 --variant shipped --variant t2=ab_patches:prefetch_tiles_2 --variant all=ab_patches:prefetch_tiles_all --out $OUT/host/ab-prefetch-depth-$s.json"
-done
-# Two quads K tiles per loop iteration (GemmConfig.pair_tiles) on both GEMMs or GEMM1, against one tile.
-for s in int4 int8 mxfp4; do
-  add "ab-pair-tiles-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 8} --rounds 5 --variant shipped --variant paired=ab_patches:pair_tiles --variant paired-gemm1=ab_patches:pair_tiles_gemm1 --out $OUT/host/ab-pair-tiles-$s.json"
 done
 # GEMM1 of decode-size aligned calls on the warp-specialized Gluon kernel, and at 32 tokens both GEMMs
 # (up to 8 tokens GEMM2's sums finish by last arrival, which that kernel lacks).

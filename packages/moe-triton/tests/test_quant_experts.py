@@ -116,18 +116,6 @@ def test_single_token_direct_path(cls_quant):
     assert rel_l2(out, ref) < 1e-2
 
 
-@pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(128)), (TritonMxfp4Experts, mxfp4_w4a16()),
-                                           (TritonWna16Experts, int8_w8a16(-1))])
-def test_one_token_with_paired_tiles(cls, quant):
-    """One token's direct launches with two K tiles per iteration (GemmConfig.pair_tiles): GEMM1 split
-    in two of 2 tiles each (last-arrival sums, the activation), GEMM2 of 2 tiles (scales in the tile),
-    as the reference."""
-    paired = GemmConfig(16, 64, 2, 4, 2, True, pair_tiles=True)
-    out, ref = run_layer(cls, quant, Activation.silu(), torch.bfloat16, K=512, N=256, E=8, topk=4, M=1,
-                         override=QuantKernelConfig(paired, dataclasses.replace(paired, split_k=1)))
-    assert rel_l2(out, ref) < 1e-2
-
-
 def _splits(gemm1: int, gemm2: int, block_n: int = 64) -> QuantKernelConfig:
     return QuantKernelConfig(GemmConfig(16, block_n, gemm1, 4, 2, True), GemmConfig(16, block_n, gemm2, 4, 2, True))
 

@@ -26,14 +26,7 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.target import wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm import (
-    LastArrival,
-    _pairs_tiles,
-    grouped_quant_gemm,
-    quant_gemm_torch,
-    zeroed_int32,
-)
-from moe_triton.quant_gemm_details._heuristics import effective_split
+from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -240,37 +233,8 @@ def test_one_dot_tiles_match_the_quarters(quant, K, split_k, block_n, tail):
     out_joined, out, ref = _layers_with_and_without(counts, quant, quarters, K, one_dot=True)
     assert rel_l2(out_joined, ref) < 1e-2
     torch.testing.assert_close(out_joined, out, rtol=1e-3, atol=1e-3)
-    with pytest.raises(ValueError, match=r"one_dot and pair_tiles are options of the tl\.dot kernel"):
+    with pytest.raises(ValueError, match=r"one_dot is an option of the tl\.dot kernel"):
         dataclasses.replace(wgmma_launch(128, 256, 3), one_dot=True)
-
-
-@pytest.mark.parametrize(("quant", "K", "split_k", "tail", "one_dot"), [
-    (int4_w4a16(128), 1024, 2, 0, False),  # splits of 4 tiles, scaled after each tile's dot
-    (int4_w4a16(32, zero_point=True), 512, 1, 16, False),  # a scale group per quarter, a taken-in tail
-    (int8_w8a16(-1), 512, 2, 0, True),  # byte quads, one dot per tile
-    (mxfp4_w4a16(), 512, 1, 0, False),
-    (int4_w4a16(128), 640, 2, 0, False),  # splits of 3 and 2 tiles: one tile per iteration
-])
-def test_paired_tiles_match_one_tile_per_iteration(quant, K, split_k, tail, one_dot):
-    """GemmConfig.pair_tiles: two quads K tiles per loop iteration, as the twin and as one tile per
-    iteration (aligned launches, with the tile's scales loaded a tile ahead or per weight)."""
-    paired = GemmConfig(16, 64, split_k, 4, 2, True, one_dot=one_dot, pair_tiles=True)
-    assert gemm1_error(gemm1_operand(quant, K, seed=6), paired) < 1e-3
-    counts = [33, 37, 3, 64 + tail] if tail else [33, 5, 0, 17]
-    single = GemmConfig(32, 64, split_k, 4, 2, True, tail=tail, one_dot=one_dot)
-    out_paired, out, ref = _layers_with_and_without(counts, quant, single, K, pair_tiles=True)
-    assert rel_l2(out_paired, ref) < 1e-2
-    torch.testing.assert_close(out_paired, out, rtol=1e-3, atol=1e-3)
-    with pytest.raises(ValueError, match=r"one_dot and pair_tiles are options of the tl\.dot kernel"):
-        dataclasses.replace(wgmma_launch(128, 256, 3), pair_tiles=True)
-
-
-@pytest.mark.parametrize(("k_tiles", "split", "paired"), [(8, 2, True), (16, 3, True), (6, 3, True), (5, 1, False),
-                                                          (10, 2, False), (23, 1, False)])
-def test_tiles_pair_where_every_split_holds_an_even_count(k_tiles, split, paired):
-    """Splits of ceil(k_tiles / split) tiles, the last one the rest: 16 in 3 splits are 6, 6, 4."""
-    w = gemm1_operand(int4_w4a16(128), 128 * k_tiles, seed=1)
-    assert _pairs_tiles(w, effective_split(split, w)) is paired
 
 
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [

@@ -193,17 +193,12 @@ class GemmConfig:
     # tl.dot kernel, quads weights: each K tile's four quarters as one dot (one wgmma chain and one wait
     # per tile), not four; other weights ignore it.
     one_dot: bool = False
-    # tl.dot kernel, quads weights: two K tiles per loop iteration, which halves the per-iteration cost of
-    # the software pipeline (ring indices, barrier, waits; about 20-30 instructions per tile and thread)
-    # for a few registers more. Applies where every K split holds an even number of tiles; other
-    # launches (and other weights) run one tile per iteration.
-    pair_tiles: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
-        if (self.one_dot or self.pair_tiles) and self.wgmma:
-            raise ValueError(f"GemmConfig: one_dot and pair_tiles are options of the tl.dot kernel, got {self}")
+        if self.one_dot and self.wgmma:
+            raise ValueError(f"GemmConfig: one_dot is an option of the tl.dot kernel, got {self}")
         if self.max_registers and (self.wgmma or not 32 <= self.max_registers <= 255):
             raise ValueError("GemmConfig: max_registers is 0 or 32..255, an option of the tl.dot kernel (the wgmma "
                              f"kernel plans its own), got {self}")

@@ -227,18 +227,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
-        ONE_DOT=cfg.one_dot and w.quads, PAIR_TILES=cfg.pair_tiles and _pairs_tiles(w, split),
+        ONE_DOT=cfg.one_dot and w.quads,
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and nvidia else {}),
     )
-
-
-def _pairs_tiles(w: WeightOperand, split: int) -> bool:
-    """Whether every K split of a quads launch holds an even number of tiles, which two tiles per
-    loop iteration (`GemmConfig.pair_tiles`) needs: an even per-split count, and so an even remainder."""
-    per_split = -(-w.k_tiles // split)
-    return w.quads and per_split % 2 == 0 and w.k_tiles % 2 == 0
 
 
 def _swapped(w: WeightOperand) -> bool:

@@ -29,7 +29,6 @@ Launch-order and block options:
   program exits, so the expert's weights are dequantized once less.
 - SWAP_AB (4-bit weights and quads always, fp8 as launched): out^T = W . X^T, the (dequantized) weights
   as the MMA's 64-row operand and the few token rows on its narrow N side.
-- PAIR_TILES (quads, every K split an even number of tiles): two K tiles per loop iteration.
 Measurements behind each: docs/design/triton-gemm-quantized.md. The kernels keep their names
 (`_moe_wgemm_kernel`, `_zero_kernel`): profiles and the benchmark's ncu filters select them by name.
 """
@@ -206,8 +205,7 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr,
-    PAIR_TILES: tl.constexpr, trace_ptr=None,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr=None,
     TRACE: tl.constexpr = False,
 ):
     t_start = trace.now(TRACE)
@@ -307,18 +305,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, PAIR_TILES,
-                    trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, trace_ptr, TRACE)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, PAIR_TILES,
-                    trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, trace_ptr, TRACE)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, PAIR_TILES,
-                    trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
     trace.store(trace_ptr, t_start, t_released, TRACE)
 
 
@@ -356,8 +351,7 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, PAIR_TILES: tl.constexpr, trace_ptr,
-    TRACE: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
@@ -404,99 +398,91 @@ def _wgemm_rows(
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
         if POST_SCALE == 2:
             s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
-        # PAIR_TILES: two K tiles per iteration (every split holds an even count), one pass of the
-        # pipeline's per-iteration bookkeeping (ring indices, barrier, waits) for both.
-        for kt_first in range(kt0, kt1, 2 if PAIR_TILES else 1):
-            for kt_next in tl.static_range(2 if PAIR_TILES else 1):
-                kt = kt_first + kt_next
-                k0 = kt * BLOCK_K
-                if POST_SCALE == 2:
-                    # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
-                    # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for
-                    # (the last tile asks for its own again: no read past the split).
-                    s_tile = s_ahead
-                    s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk,
-                                      mask=n_mask, other=0.0)
-                words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+        for kt in range(kt0, kt1):
+            k0 = kt * BLOCK_K
+            if POST_SCALE == 2:
+                # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
+                # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for
+                # (the last tile asks for its own again: no read past the split).
+                s_tile = s_ahead
+                s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk, mask=n_mask,
+                                  other=0.0)
+            words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            if WTYPE == 3:
+                tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
+                values = unpack_e2m1_quads(words, UNPACK_T, PTX_UNPACK)
+            elif WTYPE == 1:
+                v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX_UNPACK)
+            else:
+                v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
+            k = k0 + offs_q
+            a_ptrs = a_base + k[None, :] * stride_ak
+            k_tile = k0 + tl.arange(0, BLOCK_K)
+            g = (k0 // GROUP) * stride_sk
+            if POST_SCALE:
+                tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
+                # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
+                # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
+                if WTYPE == 1:
+                    _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
+                else:
+                    z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+                    d0, d1, d2, d3 = v0, v1, v2, v3
+                else:
+                    d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
+                if ONE_DOT:
+                    part = _dot_at(_quarters_as_tile(d0, d1, d2, d3), a_base + k_tile[None, :] * stride_ak, row_mask,
+                                   k_tile, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                else:
+                    part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                    part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
+                if POST_SCALE == 1:
+                    s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
+                acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
+            else:
+                if WTYPE == 0 or WTYPE == 1:
+                    s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
+                        s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
+                    else:
+                        g = ((k0 + QK) // GROUP) * stride_sk
+                        s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 2 * QK) // GROUP) * stride_sk
+                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 3 * QK) // GROUP) * stride_sk
+                        s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
+                    # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
+                    values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                else:
+                    scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
                 if WTYPE == 3:
-                    tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
-                    values = unpack_e2m1_quads(words, UNPACK_T, PTX_UNPACK)
-                elif WTYPE == 1:
-                    v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX_UNPACK)
+                    # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
+                    # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
+                    # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
+                    exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
                 else:
-                    v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
-                k = k0 + offs_q
-                a_ptrs = a_base + k[None, :] * stride_ak
-                k_tile = k0 + tl.arange(0, BLOCK_K)
-                g = (k0 // GROUP) * stride_sk
-                if POST_SCALE:
-                    tl.static_assert(WTYPE == 0 or WTYPE == 1,
-                                     "scaled after the dots: integer tiles inside one scale group")
-                    # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
-                    # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
-                    if WTYPE == 1:
-                        _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
-                    else:
-                        z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                    if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
-                        d0, d1, d2, d3 = v0, v1, v2, v3
-                    else:
-                        d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
-                    if ONE_DOT:
-                        part = _dot_at(_quarters_as_tile(d0, d1, d2, d3), a_base + k_tile[None, :] * stride_ak,
-                                       row_mask, k_tile, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
-                    else:
-                        part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT,
-                                       K_TAIL)
-                        part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
-                        part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
-                        part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
-                    if POST_SCALE == 1:
-                        s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
-                    acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
+                    exp_words = n_mask  # unused
+                if ONE_DOT:
+                    w_tile = _quarters_as_tile(
+                        _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
+                    acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT, K_TAIL)
+                    if TAIL > 0:
+                        tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
+                                             tail_acc_t, CT, K_TAIL)
                 else:
-                    if WTYPE == 0 or WTYPE == 1:
-                        s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                        if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
-                            s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
-                        else:
-                            g = ((k0 + QK) // GROUP) * stride_sk
-                            s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                            g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                            s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                            g = ((k0 + 3 * QK) // GROUP) * stride_sk
-                            s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                        # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
-                        # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
-                        values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
-                    else:
-                        scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
-                    if WTYPE == 3:
-                        # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
-                        # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
-                        # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
-                        exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
-                    else:
-                        exp_words = n_mask  # unused
-                    if ONE_DOT:
-                        w_tile = _quarters_as_tile(
-                            _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                            _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                            _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                            _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
-                        acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT,
-                                        K_TAIL)
+                    for j in tl.static_range(4):
+                        w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT)
+                        acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
                         if TAIL > 0:
-                            tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
-                                                 tail_acc_t, CT, K_TAIL)
-                    else:
-                        for j in tl.static_range(4):
-                            w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT,
-                                                 CT)
-                            acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
-                            if TAIL > 0:
-                                tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
-                                                     k + j * QK, K, tail_acc_t, CT, K_TAIL)
+                            tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
+                                                 k + j * QK, K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
