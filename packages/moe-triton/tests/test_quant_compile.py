@@ -113,7 +113,7 @@ for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
     print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, "0x81C081C0" in ptx,
           "0x43804380" in ptx or "0x64806480" in ptx, "prmt.b32" in ptx, ".e4m3.e4m3" in ptx and "wgmma" in ptx,
-          flush=True)
+          "cp.async.cg.shared.global" in ptx, flush=True)
 """
 
 
@@ -125,8 +125,11 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
-        wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select, f8_wgmma = (
+        wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select, f8_wgmma, staged = (
             flag == "True" for flag in built[name])
+        # Quads words reach shared memory by cp.async, staged ahead by the pipeliner (as in the GPU's builds,
+        # whose unit strides the offline build specializes as a launch does).
+        assert staged or not consts.get("QUADS", False), name
         # The swapped GEMMs feed Hopper's wgmma (fp8 its fp8 wgmma); canonical int8 and fp8 may take
         # unswapped tiles of 16 rows.
         assert wgmma or not consts.get("SWAP_AB", True), name

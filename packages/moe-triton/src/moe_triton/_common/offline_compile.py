@@ -27,13 +27,17 @@ from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
 __all__ = ["BF16_WGMMA_CONSTEXPRS", "DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_bf16_wgmma_gemm",
            "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm", "run_compiler_script"]
 
-# A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it.
+# A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it. The
+# unit strides (activation and weight columns, scale rows' N) are constants as in a launch, where Triton
+# specializes arguments equal to 1: with them the loads are contiguous runs the pipeliner stages by
+# cp.async, as on the GPU.
 DEFAULT_CONSTEXPRS = dict(
+    stride_ak=1, stride_bk=1, stride_sn=1,
     GROUP=128, WTYPE=0, A_SCALE=0, W_SCALE_PER_N=True, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=1,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
     BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX_UNPACK=True,
     POST_SCALE=0, FOLDED_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, GROUP_M=1, NARROW=False, PREFETCH_TILES=0,
-    TAIL=0, ONE_DOT=False, PAIR_TILES=False, TRACE=False)
+    TAIL=0, ONE_DOT=False, TRACE=False)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
