@@ -189,6 +189,21 @@ def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_
 
 
 @triton.jit
+def _arrive_one_row(fin_ptr, sums_ptr, arrivals_ptr, expected, out_row, offs_n, n_mask, pid_n, N, stride_sm, stride_fm,
+                    alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`_arrive` for a block whose only valid row is out_row (a direct launch's pair): one count, and
+    only the row's last contributor reads its sums and runs the finish (the others skip it, where
+    `_arrive` computes every row's finish under a mask)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals_ptr + out_row * tl.num_programs(1) + pid_n, 1, sem="acq_rel")
+    if arrived == expected - 1:
+        rows = tl.zeros((1,), tl.int64) + out_row
+        tile = tl.load(sums_ptr + rows[:, None] * stride_sm + offs_n[None, :], mask=n_mask[None, :], other=0.0,
+                       cache_modifier=".cg")
+        _store_finished(fin_ptr, tile, rows, rows >= 0, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+
+
+@triton.jit
 def _moe_wgemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr,
@@ -545,8 +560,10 @@ def _wgemm_rows(
                 acc += tl.dot(a, codes)
 
     trace.mark_products_done(trace_ptr, TRACE)
+    # A direct launch's GEMM1 finishes its one row (the activation) by its last contributor alone; GEMM2's
+    # finish is a copy, and there the one-row count measured slower (docs/design/triton-gemm-quantized.md).
     _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, *sink_args, A_SCALE, W_SCALE_PER_N,
-                 HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N)
+                 HAS_BIAS, MUL_ROUTED, SINK, ACT, GATE_UP_CHUNK, BLOCK_N, pid_m // REDUCE_TOPK, DIRECT and ACT != 0)
 
 
 @triton.jit
@@ -578,10 +595,11 @@ def _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, a
                  topk_w_ptr, fin_ptr, arrivals_ptr, pid_n, N, expected, alpha, limit, stride_asm, stride_se, stride_sn,
                  stride_biase, stride_cm, stride_fm, A_SCALE: tl.constexpr, W_SCALE_PER_N: tl.constexpr,
                  HAS_BIAS: tl.constexpr, MUL_ROUTED: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
-                 GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+                 GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, row0=0, ONE_ROW: tl.constexpr = False):
     """A [rows, BLOCK_N] product of pairs `ids` (row_mask: the valid ones; their output rows and
     activation rows): activation scale, bias (once per output, by the first K-split), router
-    weight, then the sink."""
+    weight, then the sink. ONE_ROW: only the first row is valid (a direct launch's pair), its
+    output row row0."""
     if A_SCALE == 1:
         a_s = tl.load(a_scale_ptr + a_rows * stride_asm, mask=row_mask, other=0.0)
         if W_SCALE_PER_N:
@@ -600,7 +618,10 @@ def _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, a
     else:
         mask = row_mask[:, None] & n_mask[None, :]
         tl.atomic_add(c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :], acc, mask=mask, sem="relaxed")
-        if SINK == 2:
+        if SINK == 2 and ONE_ROW:
+            _arrive_one_row(fin_ptr, c_ptr, arrivals_ptr, expected, row0, offs_n, n_mask, pid_n, N, stride_cm,
+                            stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+        elif SINK == 2:
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_cm,
                     stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
 
