@@ -4,10 +4,13 @@ Triton's own ptxas and cuobjdump), for the table in docs/design/triton-gemm-quan
     python benchmarks/gpu/sass_k_loop.py [--ops]
 
 The builds specialize the unit strides (activation columns, quads words, scale columns) as Triton
-does at launch for arguments equal to 1: left as run-time values, the words would load 2 bytes at a
-time through registers instead of by cp.async, and the counts would describe another kernel. The K
-loop is the longest backward branch of the kernel (of one consumer for the wgmma kernel); per
-weight = its instructions / (weights per thread per K tile). --ops also prints each loop's opcode mix.
+does at launch for arguments equal to 1 (`offline_compile.DEFAULT_CONSTEXPRS`): left as run-time
+values, the words would load 2 bytes at a time through registers instead of by cp.async, and the
+counts would describe another kernel. The counts are the installed Triton's: with the GPU's (3.6 on
+the H200 image, e.g. a `triton==3.6.0` install ahead on PYTHONPATH) qwen3-30b-a3b's one-token int4
+GEMM1 gives the K-loop length of the GPU build (221 instructions). The K loop is the longest backward
+branch of the kernel (of one consumer for the wgmma kernel); per weight = its instructions /
+(weights per thread per K tile). --ops also prints each loop's opcode mix.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import triton
 
 from moe_triton._common.offline_compile import compile_quant_gemm, compile_wgmma_gemm
 
-UNIT_STRIDES = dict(stride_ak=1, stride_bk=1, stride_sn=1)
-QUADS = dict(UNIT_STRIDES, QUADS=True, BLOCK_K=128, SWAP_AB=True)
+QUADS = dict(QUADS=True, BLOCK_K=128, SWAP_AB=True)
 MXFP4 = dict(GROUP=32, WTYPE=3, CODE_OFFSET=0)
 MXFP4_PTRS = {"b_ptr": "*i16", "s_ptr": "*i32"}
 FP8_PTRS = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
@@ -32,7 +34,7 @@ FP8_PTRS = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
 
 def _fp8(a_scale: int, block_m: int, swap: bool = False) -> tuple:
     """An fp8 tl.dot case: activation scales per row (1) or 128-wide group (2, with 128x128 weight blocks)."""
-    return ("dot", dict(UNIT_STRIDES, GROUP=1, WTYPE=2, A_SCALE=a_scale, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=swap,
+    return ("dot", dict(GROUP=1, WTYPE=2, A_SCALE=a_scale, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=swap,
                         BLOCK_M=block_m), FP8_PTRS, 128)
 
 
@@ -51,7 +53,7 @@ CASES = {
         "dot", dict(QUADS, **MXFP4, FOLDED_SCALE=True, BLOCK_M=32, BLOCK_N=256, K_TAIL=True, ACT=4,
                     GATE_UP_CHUNK=32, HAS_BIAS=True), MXFP4_PTRS, 256),
     "tl.dot BM64 x BN128, int8 g128": (
-        "dot", dict(UNIT_STRIDES, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
+        "dot", dict(GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_K=128, SWAP_AB=False, BLOCK_M=64),
         {"b_ptr": "*u8"}, 128),
     "tl.dot BM64 x BN128, fp8 per channel x per token": _fp8(a_scale=1, block_m=64),
     "tl.dot BM64 x BN128, fp8 128x128 blocks": _fp8(a_scale=2, block_m=64),
