@@ -174,33 +174,29 @@ def _store_finished(out_ptr, acc, out_rows, row_mask, pid_n, N, stride_om, alpha
 
 @triton.jit
 def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_sm,
-            stride_fm, alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
+            stride_fm, alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, row0=0,
+            ONE_ROW: tl.constexpr = False):
     """Counts one program's contribution to its rows of an N tile (partial sums already added to
     sums_ptr; one counter per (output row, N tile)); the last of a row's `expected` contributors
-    reads the row's whole sums and stores it finished."""
+    reads the row's whole sums and stores it finished. ONE_ROW: the block's only valid row is row0
+    (a direct launch's pair): one count, and only its last contributor runs the finish (otherwise
+    every program computes its rows' finish, masked to the rows it is last for)."""
     # Every thread's atomics are issued before the acquire-release counts publish them.
     tl.debug_barrier()
-    counters = arrivals_ptr + out_rows * tl.num_programs(1) + pid_n
-    last = row_mask & (tl.atomic_add(counters, 1, mask=row_mask, sem="acq_rel") == expected - 1)
-    # Read at L2, where the other programs' atomics landed.
-    tile = tl.load(sums_ptr + out_rows[:, None] * stride_sm + offs_n[None, :], mask=last[:, None] & n_mask[None, :],
-                   other=0.0, cache_modifier=".cg")
-    _store_finished(fin_ptr, tile, out_rows, last, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
-
-
-@triton.jit
-def _arrive_one_row(fin_ptr, sums_ptr, arrivals_ptr, expected, out_row, offs_n, n_mask, pid_n, N, stride_sm, stride_fm,
-                    alpha, limit, ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, BLOCK_N: tl.constexpr):
-    """`_arrive` for a block whose only valid row is out_row (a direct launch's pair): one count, and
-    only the row's last contributor reads its sums and runs the finish (the others skip it, where
-    `_arrive` computes every row's finish under a mask)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrivals_ptr + out_row * tl.num_programs(1) + pid_n, 1, sem="acq_rel")
-    if arrived == expected - 1:
-        rows = tl.zeros((1,), tl.int64) + out_row
-        tile = tl.load(sums_ptr + rows[:, None] * stride_sm + offs_n[None, :], mask=n_mask[None, :], other=0.0,
-                       cache_modifier=".cg")
-        _store_finished(fin_ptr, tile, rows, rows >= 0, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+    if ONE_ROW:
+        if tl.atomic_add(arrivals_ptr + row0 * tl.num_programs(1) + pid_n, 1, sem="acq_rel") == expected - 1:
+            rows = tl.zeros((1,), tl.int64) + row0
+            tile = tl.load(sums_ptr + rows[:, None] * stride_sm + offs_n[None, :], mask=n_mask[None, :], other=0.0,
+                           cache_modifier=".cg")
+            _store_finished(fin_ptr, tile, rows, rows >= 0, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK,
+                            BLOCK_N)
+    else:
+        counters = arrivals_ptr + out_rows * tl.num_programs(1) + pid_n
+        last = row_mask & (tl.atomic_add(counters, 1, mask=row_mask, sem="acq_rel") == expected - 1)
+        # Read at L2, where the other programs' atomics landed.
+        tile = tl.load(sums_ptr + out_rows[:, None] * stride_sm + offs_n[None, :],
+                       mask=last[:, None] & n_mask[None, :], other=0.0, cache_modifier=".cg")
+        _store_finished(fin_ptr, tile, out_rows, last, pid_n, N, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
 
 
 @triton.jit
@@ -618,12 +614,9 @@ def _finish_rows(acc, ids, row_mask, out_rows, a_rows, e, kt0, offs_n, n_mask, a
     else:
         mask = row_mask[:, None] & n_mask[None, :]
         tl.atomic_add(c_ptr + out_rows[:, None] * stride_cm + offs_n[None, :], acc, mask=mask, sem="relaxed")
-        if SINK == 2 and ONE_ROW:
-            _arrive_one_row(fin_ptr, c_ptr, arrivals_ptr, expected, row0, offs_n, n_mask, pid_n, N, stride_cm,
-                            stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
-        elif SINK == 2:
+        if SINK == 2:
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_n, n_mask, pid_n, N, stride_cm,
-                    stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N)
+                    stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N, row0, ONE_ROW)
 
 
 @triton.jit
