@@ -4,7 +4,7 @@ process: the interpreter runs none of the compiler's checks, and cannot run Gluo
 
 import json
 
-from moe_triton._common.offline_compile import run_compiler_script
+from moe_triton._common.offline_compile import MMA_CONSTEXPRS, run_compiler_script
 
 _SPECIALIZATIONS = {
     # int4 quads, groups of 64 (scaled per weight), zero points, K padded to whole tiles; the
@@ -218,3 +218,47 @@ def test_wgmma_gemm_compiles_for_hopper():
         # int8's four quarters each take their bytes by prmt
         assert (byte_selects >= 4 * loops) == (_WGMMA_SPECIALIZATIONS[name][0].get("WTYPE", 0) == 1), (name, byte_selects)
         assert shared <= HOPPER_SHARED_BYTES, (name, shared)  # launchable: within an sm_90 block's shared memory
+
+
+# The mma kernel's specializations over MMA_CONSTEXPRS (qwen3-30b-a3b's one-token GEMM1): GEMM2
+# (weights asked for before the wait, top-k reduce, router weight), gpt-oss-like (zero points, groups
+# of 64, bias, ragged N, expert map), groups of 32 into plain atomics, fp16 with a store;
+# aligned blocks of 16 and 32 pairs (two and four 8-wide MMA columns), N tiles first.
+_MMA_SPECIALIZATIONS = {
+    "gemm1-g128": ({}, {}),
+    "gemm2-early-weights": (dict(EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1,
+                                 MUL_ROUTED=True, ZERO_SIDE=False, TILES=2, BLOCK_N=128), {}),
+    "g64-zp-bias-ragged-n": (dict(HAS_ZP=True, GROUP=64, EVEN_N=False, HAS_BIAS=True, HAS_MAP=True), {}),
+    "g32-atomic": (dict(GROUP=32, SINK=1, ACT=0, GATE_UP_CHUNK=0, TILES=1), {}),
+    "fp16-store-relu2": (dict(SINK=0, ACT=5, GATE_UP_CHUNK=0, EVEN_N=False, TILES=8),
+                         {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
+    "blocks-gemm1": (dict(DIRECT=False, BLOCK_N=128, TILES=8), {}),
+    "blocks-gemm2-32": (dict(DIRECT=False, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1, MUL_ROUTED=True,
+                             ZERO_SIDE=False, BLOCK_M=32, TILES=2), {}),
+    "blocks-n-first-atomic": (dict(DIRECT=False, N_FIRST=True, SINK=1, ACT=0, GATE_UP_CHUNK=0), {}),
+}
+
+_COMPILE_MMA = """
+import json, sys
+from moe_triton._common.offline_compile import compile_mma_gemm
+for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
+    ptx = compile_mma_gemm(consts, pointers).asm["ptx"]
+    print(name, ptx.count("mma.sync.aligned.m16n8k16"), ptx.count("cp.async.cg.shared.global"),
+          ptx.count("cp.async.wait_group"), ptx.count("griddepcontrol.wait"), flush=True)
+"""
+
+
+def test_mma_gemm_compiles_for_hopper():
+    """The Gluon mma.sync kernel built for sm_90 by the installed Triton: per K tile, 16 weight rows and
+    8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter); the words copied
+    16 bytes at a time by cp.async into the ring, a wait per tile; a dependent launch's wait."""
+    stdout = run_compiler_script(_COMPILE_MMA, json.dumps(_MMA_SPECIALIZATIONS))
+    built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
+    assert set(built) == set(_MMA_SPECIALIZATIONS)
+    for name, (mmas, copies, copy_waits, waits) in built.items():
+        consts = {**MMA_CONSTEXPRS, **_MMA_SPECIALIZATIONS[name][0]}
+        row_blocks = consts["BLOCK_N"] // 64  # 4 warps of 16 rows each
+        col_blocks = 1 if consts["DIRECT"] else consts["BLOCK_M"] // 8
+        assert mmas == 8 * consts["TILES"] * row_blocks * col_blocks, (name, mmas)
+        assert copies == 2 * consts["TILES"] * row_blocks and copy_waits == consts["TILES"], (name, copies, copy_waits)
+        assert waits == 1, (name, waits)

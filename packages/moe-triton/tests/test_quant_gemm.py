@@ -404,6 +404,87 @@ def test_wgmma_gemm_with_expert_parallel_on_gpu():
     assert rel_l2(out, ref) < 1e-2
 
 
+def mma_launch(block_n: int, split: int, warps: int = 4) -> GemmConfig:
+    return GemmConfig(16, block_n, split, warps, 1, swap_ab=True, mma=True)
+
+
+def test_mma_config_limits():
+    """GemmConfig.mma: 16 rows per warp at least, and none of the other kernels' options."""
+    mma_launch(64, 4)
+    with pytest.raises(ValueError, match="multiple of 16 x num_warps"):
+        mma_launch(64, 4, warps=8)
+    for other in (dict(one_dot=True), dict(wgmma=True), dict(max_registers=128), dict(tail=16, block_m=32)):
+        with pytest.raises(ValueError, match="the mma kernel takes none of"):
+            dataclasses.replace(mma_launch(64, 2), **other)
+
+
+def test_mma_gemm_is_refused_where_it_cannot_run():
+    """A forced mma launch fails with the reason: on CPU (the interpreter) for want of a GPU, anywhere for
+    weights it does not take (int8)."""
+    experts, _, x, tw, ids = int4_bf16_layer(3)
+    experts.config_override = QuantKernelConfig(mma_launch(64, 2), mma_launch(64, 2))
+    if DEV.type != "cuda":
+        with pytest.raises(ValueError, match="needs an NVIDIA GPU of sm_80 or later"):
+            experts.apply(x[:1], tw[:1], ids[:1])
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
+    int8 = TritonWna16Experts(cfg, int8_w8a16(-1), RUN_ON)
+    int8.load_weights(ExpertWeights.random(cfg, int8_w8a16(-1), seed=3, device=DEV))
+    int8.config_override = experts.config_override
+    with pytest.raises(ValueError, match=r"needs .*int4 weights in the quads layout"):
+        int8.apply(x[:1], tw[:1], ids[:1])
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch", "parallel"), [
+    # qwen3-30b-a3b's one-token shapes: GEMM1 4 tiles per split, GEMM2 2 (weights asked for before its wait)
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 1,
+                 QuantKernelConfig(mma_launch(64, 4), mma_launch(128, 3, warps=8)), None, id="g128-silu-1"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 2,
+                 QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 6)), None, id="g128-silu-2"),
+    # gpt-oss's: zero points in groups of 64, biases, K padded to whole tiles, GEMM2's N (2880) not a multiple of 128
+    pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 2,
+                 QuantKernelConfig(mma_launch(64, 3), mma_launch(128, 4)), None, id="g64-zp-bias-k-tail"),
+    # groups of 32 in fp16; one split (GEMM1 still finishes by last arrival); per-channel zero points
+    pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 1,
+                 QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 2)), None, id="g32-fp16-one-split"),
+    pytest.param(int4_w4a16(-1, zero_point=True), torch.float16, 1024, 512, Activation.silu(), False, 2,
+                 QuantKernelConfig(mma_launch(128, 2, warps=8), mma_launch(64, 1)), None, id="channel-zp"),
+    # another rank's experts: pairs counted, not multiplied
+    pytest.param(int4_w4a16(128), torch.bfloat16, 1024, 512, Activation.silu(), False, 2,
+                 QuantKernelConfig(mma_launch(64, 2), mma_launch(64, 2)), ParallelConfig(ep_size=2, ep_rank=1),
+                 id="expert-parallel"),
+    # aligned blocks of 16 and 32 pairs (several per expert, padding columns), last arrivals of a vector of rows
+    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 8,
+                 QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 3)), None, id="blocks-g128-8"),
+    pytest.param(int4_w4a16(64, zero_point=True), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 7,
+                 QuantKernelConfig(dataclasses.replace(mma_launch(64, 3), block_m=32),
+                                   dataclasses.replace(mma_launch(128, 4, warps=8), block_m=32)),
+                 None, id="blocks-g64-zp-bias-k-tail"),
+    pytest.param(int4_w4a16(128), torch.bfloat16, 1024, 512, Activation.silu(), False, 8,
+                 QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 2)), ParallelConfig(ep_size=2, ep_rank=0),
+                 id="blocks-expert-parallel"),
+])
+def test_mma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parallel):
+    """Decode-size launches on the mma kernel (direct up to 2 tokens, aligned blocks above), against
+    the reference, as close to it as the tl.dot kernel's launch of the same shapes (which rounds each
+    scaled weight to 16 bits, where this kernel scales the fp32 sums)."""
+    out, ref = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                         override=launch, parallel=parallel)
+    plain = QuantKernelConfig(*(dataclasses.replace(g, mma=False, num_stages=2) for g in (launch.gemm1, launch.gemm2)))
+    tl_dot, _ = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                          override=plain, parallel=parallel)
+    assert rel_l2(out, ref) < 1e-2 and rel_l2(out, ref) < 1.25 * rel_l2(tl_dot, ref)
+
+
+@pytest.mark.device("cuda")
+def test_mma_gemm_top1_store_on_gpu():
+    """Top-1 routing: GEMM2's one contribution per output row is stored (no atomics), GEMM1's gated
+    activation still finishes by last arrival."""
+    out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=8,
+                         topk=1, M=1, override=QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 1)))
+    assert rel_l2(out, ref) < 1e-2
+
+
 @pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16()),
                                            (TritonWna16Experts, int8_w8a16(-1))])  # GEMM1's K = 128: byte quads
 def test_swapped_weights_refuse_unswapped(cls, quant):

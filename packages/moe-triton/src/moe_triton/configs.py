@@ -193,10 +193,20 @@ class GemmConfig:
     # tl.dot kernel, quads weights: each K tile's four quarters as one dot (one wgmma chain and one wait
     # per tile), not four; other weights ignore it.
     one_dot: bool = False
+    # int4 quads on NVIDIA (sm_80 and later), direct launches or blocks of block_m pairs: the
+    # hand-scheduled mma.sync kernel (`quant_gemm_details._mma`) instead of the tl.dot one; GEMM1's
+    # gated activation then finishes by last arrival. block_n a multiple of 16 x num_warps (16 rows
+    # per warp at least); K tiles per split (cdiv(K / 128, split_k)) at most `_mma.MAX_TILES`;
+    # num_stages unused (its tiles are asked for two ahead in registers).
+    mma: bool = False
 
     def __post_init__(self) -> None:
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
+        if self.mma and (self.wgmma or self.one_dot or self.max_registers or self.narrow or self.tail
+                         or self.group_m > 1 or self.block_n % (16 * self.num_warps)):
+            raise ValueError("GemmConfig: the mma kernel takes none of wgmma, one_dot, max_registers, narrow, tail "
+                             f"or group_m, and block_n a multiple of 16 x num_warps, got {self}")
         if self.one_dot and self.wgmma:
             raise ValueError(f"GemmConfig: one_dot is an option of the tl.dot kernel, got {self}")
         if self.max_registers and (self.wgmma or not 32 <= self.max_registers <= 255):

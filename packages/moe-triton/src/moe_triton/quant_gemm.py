@@ -159,6 +159,29 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
                                   or zero_numel >= 2**31):
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
+    if cfg.mma:
+        _check_mma(a, w, cfg, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
+        # Gluon is imported only when a configuration asks for this kernel.
+        from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
+
+        moe_mma_gemm_kernel[grid](
+            a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
+            out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post, fin, arrivals,
+            zero_side if zero_side is not None else arrivals, w.n, w.k, num_valid, reduce_topk * split, zero_numel,
+            zero_chunk, float(activation.alpha or 0.0) if activation else 0.0,
+            float(activation.limit or 0.0) if activation else 0.0,
+            a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), w.scale.stride(1),
+            bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
+            GROUP=w.group if w.group < w.k_tiles * w.block_k else 0, HAS_ZP=w.zero is not None,
+            CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div,
+            MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk, SINK=int(sink),
+            ACT=int(act_kind(activation)) if activation else 0, GATE_UP_CHUNK=gate_up_chunk,
+            ZERO_SIDE=zero_side is not None, DIRECT=direct, HAS_MAP=has_map, N_FIRST=n_first, BLOCK_M=cfg.block_m,
+            TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,
+            STAGES=max(2, cfg.num_stages),
+            EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), num_warps=cfg.num_warps,
+            **dependent_options(a.device))
+        return
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
         # the scale-row addresses provably 16-byte aligned for cp.async.
@@ -256,6 +279,34 @@ def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
     block = 1024
     _zero_kernel[(cdiv(numel, block),)](out, numel, BLOCK=block, **dependent_options(device))
     return out
+
+
+def _check_mma(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, *, sink: Sink, a_scale_mode: AScale,
+               gate_up_chunk: int) -> None:
+    """What the mma kernel (`quant_gemm_details._mma`) takes; a clear error for anything else."""
+    from moe_triton.quant_gemm_details._mma import MAX_TILES
+
+    wants = []
+    if not (a.is_cuda and torch.version.hip is None and not interpreting()
+            and torch.cuda.get_device_capability(a.device)[0] >= 8):
+        wants.append(f"an NVIDIA GPU of sm_80 or later (mma.sync), compiled, got {a.device}"
+                     + (" under the interpreter" if interpreting() else ""))
+    if not (w.wtype is WType.INT4 and w.quads and w.block_k == 128 and (w.group % 128 == 0 or w.group in (32, 64))):
+        wants.append(f"int4 weights in the quads layout (int16 words, 128-wide K tiles) with scale groups of 32, 64 "
+                     f"or a multiple of 128, got {w.wtype.name} {w.codes.dtype} block_k={w.block_k} group={w.group}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
+        wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
+    if sink is Sink.STORE and gate_up_chunk:
+        wants.append("a gated activation finished by last arrival (not a STORE sink)")
+    tiles = cdiv(w.k_tiles, effective_split(cfg.split_k, w))
+    if tiles > MAX_TILES.value:
+        wants.append(f"at most {MAX_TILES.value} K tiles per split, got {tiles} ({w.k_tiles} tiles, split_k={cfg.split_k})")
+    if a.stride(1) != 1 or w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
+            w.zero is not None and w.zero.stride() != w.scale.stride()):
+        wants.append("unit-stride activation columns, quads words and scale columns, and zero points strided like "
+                     "the scales")
+    if wants:
+        raise ValueError("the mma GEMM (GemmConfig.mma) needs " + "; ".join(wants))
 
 
 def _check_wgmma(a: torch.Tensor, w: WeightOperand, scale_rows_stride: int, *, direct: bool, sink: Sink,

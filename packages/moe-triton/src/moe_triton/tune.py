@@ -173,7 +173,8 @@ def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) ->
     if swap_optional:
         tweaks = dict(_QUANT_TWEAKS, swap_ab=lambda c: dataclasses.replace(c, swap_ab=not c.swap_ab))
     else:
-        tweaks = dict(_QUANT_TWEAKS, one_dot=lambda c: dataclasses.replace(c, one_dot=not c.one_dot and not c.wgmma))
+        tweaks = dict(_QUANT_TWEAKS, one_dot=lambda c: dataclasses.replace(
+            c, one_dot=not c.one_dot and not c.wgmma and not c.mma))
     for name, tweak in tweaks.items():
         try:
             cand = QuantKernelConfig(tweak(base.gemm1), tweak(base.gemm2))
@@ -192,12 +193,12 @@ PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
-    (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches), the other GEMM
-    as in base."""
+    (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
+    kernel's), the other GEMM as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
-        if one_dot and not tile.wgmma:
+        if one_dot and not tile.wgmma and not tile.mma:
             found[f"{gemm}:one_dot={not tile.one_dot}"] = dataclasses.replace(
                 base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)})
         for split in PER_GEMM_SPLITS:

@@ -5,7 +5,8 @@ interpreted test and still fail to compile (a loop-carried variable changing typ
 backend refuses). `compile_quant_gemm` builds one specialization of the quantized tl.dot GEMM for
 sm_90 so CI sees those errors (the GPU benchmarks read the SASS of the same build).
 `compile_wgmma_gemm` does the same for the quantized Gluon kernel (`quant_gemm_details._wgmma`),
-which the interpreter cannot run at all, `compile_bf16_wgmma_gemm` for the 16-bit one
+which the interpreter cannot run at all, `compile_mma_gemm` for the Gluon mma.sync one
+(`quant_gemm_details._mma`), `compile_bf16_wgmma_gemm` for the 16-bit one
 (`gemm_details._wgmma`); `compile_kernel` for any other Triton kernel (the alignment's);
 `run_compiler_script` runs such builds in a child process without the interpreter, as the tests do.
 """
@@ -24,8 +25,9 @@ from triton.compiler import ASTSource
 from moe_triton.quant_gemm_details._heuristics import ws_regs
 from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
 
-__all__ = ["BF16_WGMMA_CONSTEXPRS", "DEFAULT_CONSTEXPRS", "WGMMA_CONSTEXPRS", "compile_bf16_wgmma_gemm",
-           "compile_kernel", "compile_quant_gemm", "compile_wgmma_gemm", "run_compiler_script"]
+__all__ = ["BF16_WGMMA_CONSTEXPRS", "DEFAULT_CONSTEXPRS", "MMA_CONSTEXPRS", "WGMMA_CONSTEXPRS",
+           "compile_bf16_wgmma_gemm", "compile_kernel", "compile_mma_gemm", "compile_quant_gemm", "compile_wgmma_gemm",
+           "run_compiler_script"]
 
 # A bf16 int4 (halves) GEMM storing its tiles: what a specialization changes is given over it. The
 # unit strides (activation and weight columns, scale rows' N) are constants as in a launch, where Triton
@@ -52,6 +54,14 @@ WGMMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
     MUL_ROUTED=False, REDUCE_TOPK=1, ATOMIC=False, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, SPLIT_K=1, BLOCK_M=128,
     BLOCK_N=256, STAGES=4, K_TAIL=False, TAIL=0, ROW_SCALE=False)
+
+
+# A one-token GEMM1 of a bf16 int4 (quads, group 128) layer on the mma kernel: its four K tiles per
+# split, the gated activation by the last arrival, GEMM2's sums zeroed on the side, a dependent launch.
+MMA_CONSTEXPRS = dict(
+    GROUP=128, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8, MUL_ROUTED=False, REDUCE_TOPK=1,
+    SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True, HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
+    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).
@@ -104,6 +114,18 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     src = _source(moe_w4a16_wgmma_kernel, GluonASTSource, consts,
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", "c_ptr": "*bf16", **(pointers or {})})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
+
+
+def compile_mma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4):
+    """The Gluon mma.sync GEMM (`quant_gemm_details._mma`) for sm_90, over MMA_CONSTEXPRS (int16 quads
+    words, bf16 activations and a bf16 finished output unless `pointers` says otherwise)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
+
+    src = _source(moe_mma_gemm_kernel, GluonASTSource, {**MMA_CONSTEXPRS, **constexprs},
+                  {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", **(pointers or {})})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=num_warps))
 
 
 def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True,

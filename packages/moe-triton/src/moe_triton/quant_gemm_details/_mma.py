@@ -1,0 +1,344 @@
+"""The decode-size GEMM of int4 quads written in Gluon around warp-level mma.sync (m16n8k16).
+
+Same contract as `_kernel._moe_wgemm_kernel` for int4 quads, launched direct (a program per pair,
+N tile and K split; `quant_gemm.direct_quant_gemm`) or over aligned blocks of BLOCK_M pairs
+(`grouped_quant_gemm`), into every sink but a STORE after a gated activation (whose gate and up
+rows lie in other warps: that GEMM1 finishes by last arrival); no NARROW or TAIL blocks, no
+GROUP_M. Its twin is `moe_triton.quant_gemm.quant_gemm_torch`.
+
+Why a third kernel: at one token the tl.dot kernel's K loop is bound by instruction issue (under
+Triton 3.6, 221 instructions per K tile and thread for 64 weights: cp.async staging, shared-memory
+reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K tile and thread,
+about 124 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
+- the weights are mma.sync's A operand, 16 output rows per warp; the pairs are its N side: a direct
+  launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
+  BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
+- each thread copies its quads words (k_width 8: a row's 8 neighbouring words, 16 bytes) by
+  cp.async into a ring of STAGES K tiles and reads back exactly what it copied: no barrier in the
+  K loop (the split's K tiles, at most MAX_TILES, are unrolled); the program's token rows for the
+  whole split are copied once, behind one barrier, and each quarter is read from shared memory;
+- a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
+  1024's fp16 mantissa) and one subtraction of 128 + zero point; the group's scale multiplies
+  the fp32 sums of its quarters.
+
+A dependent launch whose pairs are final before its wait (GEMM2 after GEMM1: EARLY_WEIGHTS) asks
+for its first two tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
+
+NVIDIA only (mma.sync: sm_80 and later); not run by the CPU interpreter: CI compiles it for sm_90
+and the GPU suite checks it against the twin.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_TILES", "moe_mma_gemm_kernel"]
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from moe_triton._common.activation import activate
+
+TILE_K = gl.constexpr(128)  # K per quads tile
+QUARTER = gl.constexpr(32)  # K per quarter: one word per row and k
+DIRECT_COLUMNS = gl.constexpr(8)  # mma.sync's N: a direct launch's pair in column 0
+# Renamed after Triton 3.6 (gl.barrier, async_copy.async_load).
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+MAX_TILES = gl.constexpr(8)  # K tiles per program: the loop is unrolled, its tiles' registers named at compile time
+_ZERO_BLOCK = gl.constexpr(512)
+
+
+@gluon.constexpr_function
+def _nibble_asm(j, fp16):
+    """PTX: nibble j of two int16 quads words (one 32-bit register) as the 16-bit float pair
+    (P + code_lo, P + code_hi), P = 1024 (fp16) or 128 (bf16). A shift first for j > 0: bf16's
+    7-bit mantissa has no room for a nibble left at bits 4-7."""
+    magic = "0x64006400" if fp16 else "0x43004300"
+    if j == 0:
+        return f"lop3.b32 $0, $1, 0x000F000F, {magic}, 0xEA;"
+    return f"{{.reg .b32 t; shr.u32 t, $1, {4 * j}; lop3.b32 $0, t, 0x000F000F, {magic}, 0xEA;}}"
+
+
+@gluon.jit
+def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
+    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+        v = gl.inline_asm_elementwise(_nibble_asm(j, True), "=r,r", [words], is_pure=True, pack=2, dtype=gl.float16)
+    else:
+        v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
+                                      dtype=gl.bfloat16)
+    return v
+
+
+@gluon.constexpr_function
+def _pow2_at_least(n):
+    return 1 << (n - 1).bit_length()
+
+
+@gluon.jit
+def _wait_then_release(PDL: gl.constexpr):
+    """`moe_triton._common.pdl.wait_then_release` in Gluon."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _copy_words(ring, w_ptrs, w_mask, t: gl.constexpr, kt0, k_tiles, stride_bt, TILES: gl.constexpr,
+                STAGES: gl.constexpr, EVEN_N: gl.constexpr):
+    """cp.async of K tile kt0 + t's words into ring stage t % STAGES (past the split's last tile that
+    tile again: its sums get scale 0; none past TILES), then a commit: one group per call."""
+    if t < TILES:
+        ptrs = w_ptrs + gl.minimum(kt0 + t, k_tiles - 1) * stride_bt
+        if EVEN_N:
+            _async_load(ring.index(t % STAGES), ptrs)
+        else:
+            _async_load(ring.index(t % STAGES), ptrs, mask=w_mask)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
+                  GROUP: gl.constexpr,  # K per scale row: 32, 64 or a multiple of 128; 0: one row (per channel)
+    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
+                  mma: gl.constexpr, w_op: gl.constexpr):
+    """acc + one K tile's (code - zero) . x per row, each scale group's sums times its scale
+    (a group is the whole tile or more, or one or two quarters)."""
+    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+        P: gl.constexpr = 1024.0
+    else:
+        P: gl.constexpr = 128.0
+    QPG: gl.constexpr = GROUP // QUARTER if GROUP > 0 and GROUP < TILE_K else 4  # quarters per scale group in the tile
+    valid = kt < k_tiles
+    kt_c = gl.minimum(kt, k_tiles - 1)
+    part = gl.zeros(acc.shape, gl.float32, layout=mma)
+    for j in gl.static_range(4):
+        if GROUP == 0:  # one scale row (per channel)
+            g = 0
+        elif GROUP >= TILE_K:
+            g = kt_c // (GROUP // TILE_K)
+        else:
+            g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
+        if j % QPG == 0:
+            if HAS_ZP:
+                z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P
+                z = gl.expand_dims(z, 1)
+            else:
+                z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
+        part = mma_v2(_nibble(words, j, CT) - z, xs[j], part)
+        if j % QPG == QPG - 1:
+            s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
+            acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
+            part = gl.zeros(acc.shape, gl.float32, layout=mma)
+    return acc
+
+
+@gluon.jit
+def _finish_row_tile(fin_ptr, row, out_row, pid_n, N, stride_fm, alpha, limit, ACT: gl.constexpr,
+                     GATE_UP_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, NW: gl.constexpr):
+    """Stores one output row's N tile of whole sums (at `row`, read at L2 where the atomics landed)
+    finished: after the activation, of gate and up chunks of GATE_UP_CHUNK rows interleaved
+    (`_layouts.GateUpInterleave`) when gated."""
+    fin_l: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    if GATE_UP_CHUNK > 0:
+        j = gl.arange(0, BLOCK_N // 2, layout=fin_l)
+        gate_n = pid_n * BLOCK_N + (j // GATE_UP_CHUNK) * (2 * GATE_UP_CHUNK) + j % GATE_UP_CHUNK
+        ok = gate_n < N
+        gate = gl.load(row + gate_n, mask=ok, other=0.0, cache_modifier=".cg")
+        up = gl.load(row + gate_n + GATE_UP_CHUNK, mask=ok, other=0.0, cache_modifier=".cg")
+        y = activate(gate, up, alpha, limit, ACT)
+        cols = pid_n * (BLOCK_N // 2) + j
+        gl.store(fin_ptr + out_row * stride_fm + cols, y.to(fin_ptr.dtype.element_ty), mask=cols < N // 2)
+    else:
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=fin_l)
+        sums = gl.load(row + cols, mask=cols < N, other=0.0, cache_modifier=".cg")
+        y = activate(sums, sums, alpha, limit, ACT)
+        gl.store(fin_ptr + out_row * stride_fm + cols, y.to(fin_ptr.dtype.element_ty), mask=cols < N)
+
+
+@gluon.jit
+def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, valid, pid_n, N, stride_sm, stride_fm, alpha, limit,
+            ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, NW: gl.constexpr,
+            ONE_ROW: gl.constexpr):
+    """Counts this program's contribution to its output rows' N tile (its partial sums already added
+    to sums_ptr; one counter per (output row, N tile)); each row's last of `expected` contributors
+    stores it finished (`_finish_row_tile`). ONE_ROW: out_rows is the one row (a direct launch's
+    pair), counted once; else a vector of the block's rows, `valid` those to count."""
+    _cta_barrier()  # every thread's atomics issued before the acquire-release counts publish them
+    n_tiles = gl.num_programs(1)
+    if ONE_ROW:
+        if gl.atomic_add(arrivals_ptr + out_rows * n_tiles + pid_n, 1, sem="acq_rel") == expected - 1:
+            _finish_row_tile(fin_ptr, sums_ptr + out_rows * stride_sm, out_rows, pid_n, N, stride_fm, alpha, limit, ACT,
+                             GATE_UP_CHUNK, BLOCK_N, NW)
+    else:
+        ones = gl.full(out_rows.shape, 1, gl.int32, layout=out_rows.type.layout)
+        last = valid & (gl.atomic_add(arrivals_ptr + out_rows * n_tiles + pid_n, ones, mask=valid, sem="acq_rel")
+                        == expected - 1)
+        # The block's rows in turn: a row's finish reads its whole N tile, a few of them are last.
+        for i in range(0, out_rows.shape[0]):
+            pick = gl.arange(0, out_rows.shape[0], layout=out_rows.type.layout) == i
+            if gl.max(gl.where(pick & last, 1, 0), 0) > 0:
+                row = gl.max(gl.where(pick, out_rows, 0), 0)
+                _finish_row_tile(fin_ptr, sums_ptr + row * stride_sm, row, pid_n, N, stride_fm, alpha, limit, ACT,
+                                 GATE_UP_CHUNK, BLOCK_N, NW)
+
+
+@gluon.jit
+def moe_mma_gemm_kernel(
+    a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr,
+    arrivals_ptr, zero_ptr, N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit,
+    stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, stride_fm,
+    GROUP: gl.constexpr,  # K per scale row: 32, 64 or a multiple of 128; 0: one row (per channel)
+    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
+    A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
+    SINK: gl.constexpr,  # `_kernel.Sink`: 0 STORE (not gated), 1 ATOMIC, 2 LAST_ARRIVAL (`_arrive`)
+    ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr,
+    DIRECT: gl.constexpr,  # a program per pair (sorted_ids_ptr: topk_ids; expert_ids_ptr: the expert map)
+    HAS_MAP: gl.constexpr,  # DIRECT with an expert map
+    N_FIRST: gl.constexpr,  # aligned launches: N tiles on the grid's first axis, M blocks on its second
+    BLOCK_M: gl.constexpr,  # aligned launches: pairs per block (the MMA's columns); 8 or more
+    TILES: gl.constexpr,  # K tiles per program (the split's), 1..MAX_TILES; no program's split is empty
+    BLOCK_N: gl.constexpr,  # 16 x num_warps x a power of two
+    EVEN_N: gl.constexpr,  # BLOCK_N divides N (no row masks)
+    STAGES: gl.constexpr,  # K tiles of words in flight (the ring's stages), 2 or more
+    PDL: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,  # DIRECT with PDL: the pairs are final before the wait
+):
+    """c[pair // REDUCE_TOPK, n] (+)= (a[pair // A_ROWS_DIV] @ W[expert]^T (+ bias) (* topk weight)) over
+    the program's K split, for the program's pairs and N tile; the sinks as `_kernel._moe_wgemm_kernel`'s
+    (LAST_ARRIVAL of a direct launch: one counted row per program)."""
+    NW: gl.constexpr = gl.num_warps()
+    CT: gl.constexpr = a_ptr.dtype.element_ty
+    COLS: gl.constexpr = DIRECT_COLUMNS if DIRECT else BLOCK_M
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+    x_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+    gl.static_assert(TILES >= 1 and TILES <= MAX_TILES, "K tiles per program: 1..MAX_TILES")
+    gl.static_assert(STAGES >= 2, "a ring of two stages or more")
+    gl.static_assert(GROUP % TILE_K == 0 or GROUP == 64 or GROUP == 32, "scale groups: 32, 64, multiples of 128, 0")
+    gl.static_assert(SINK != 0 or GATE_UP_CHUNK == 0, "a gated activation finishes by last arrival")
+    gl.static_assert(not EARLY_WEIGHTS or (DIRECT and PDL), "weights ahead of the wait: dependent direct launches")
+    gl.static_assert(not (N_FIRST and (DIRECT or SINK == 2)), "last-arrival counters index N tiles by the second axis")
+
+    if N_FIRST:
+        pid_n = gl.program_id(0)
+        pid_m = gl.program_id(1)
+    else:
+        pid_m = gl.program_id(0)
+        pid_n = gl.program_id(1)
+    n0 = pid_n * BLOCK_N
+    k_tiles = gl.cdiv(K, TILE_K)
+    kt0 = gl.program_id(2) * TILES
+    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_op))
+    words_i = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, w_op))
+    acc_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    rows_ok = acc_rows < N
+    z_rows_ok = rows < N
+    w_mask = gl.expand_dims(z_rows_ok, 1)  # unused with EVEN_N
+
+    # Each thread reads back only the words it copied: the ring's layout only keeps 16-byte pieces whole.
+    ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
+    if EARLY_WEIGHTS:
+        # The pairs are final before this launch's wait: the first tiles' words are on their way
+        # while the kernel ahead still runs (only its output, this GEMM's input, needs the wait).
+        e = gl.load(sorted_ids_ptr + pid_m)
+        if HAS_MAP:
+            e = gl.load(expert_ids_ptr + e)
+        e_c = gl.maximum(e, 0).to(gl.int64)  # another rank's expert (-1): read expert 0's, never used
+        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        for t in gl.static_range(STAGES - 1):
+            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        _wait_then_release(PDL)
+    else:
+        _wait_then_release(PDL)
+        if DIRECT:
+            e = gl.load(sorted_ids_ptr + pid_m)
+            if HAS_MAP:
+                e = gl.load(expert_ids_ptr + e)
+        else:
+            if pid_m * BLOCK_M >= gl.load(num_post_ptr):
+                return
+            e = gl.load(expert_ids_ptr + pid_m)
+        e_c = gl.maximum(e, 0).to(gl.int64)
+        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        for t in gl.static_range(STAGES - 1):
+            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+
+    if ZERO_SIDE:
+        # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program.
+        zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
+        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
+        z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
+        for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
+            z_offs = zero_start + gl.arange(0, _ZERO_BLOCK, layout=zl)
+            gl.store(zero_ptr + z_offs, gl.zeros([_ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
+
+    # The block's pairs: the epilogue's columns (ids, valid, out_rows) and the x copies' (clamped to a
+    # valid pair: padding columns read a real row, never stored).
+    cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, mma))
+    x_l: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, NW], [0, 1])  # 16 bytes of a token's row each
+    x_cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, x_l))
+    if DIRECT:
+        ids = pid_m + cols * 0
+        valid = cols == 0
+        x_ids = pid_m + x_cols * 0
+    else:
+        ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + cols)
+        valid = ids < num_valid
+        x_ids = gl.minimum(gl.load(sorted_ids_ptr + pid_m * BLOCK_M + x_cols), num_valid - 1)
+    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
+
+    if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
+        if SINK == 2:
+            if DIRECT:
+                _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (pid_m // REDUCE_TOPK).to(gl.int64), valid, pid_n, N,
+                        stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N, NW, True)
+            else:
+                _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, valid, pid_n, N, stride_cm, stride_fm,
+                        alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N, NW, False)
+        return
+
+    # The split's token rows, k-major per column, for every warp: read once, shared behind one barrier.
+    SPAN: gl.constexpr = _pow2_at_least(TILES) * TILE_K  # tensor shapes are powers of two
+    ks = kt0 * TILE_K + gl.arange(0, SPAN, layout=gl.SliceLayout(1, x_l))
+    x_ptrs = a_ptr + gl.expand_dims((x_ids // A_ROWS_DIV).to(gl.int64) * stride_am, 0) + gl.expand_dims(ks, 1)
+    xs = gl.allocate_shared_memory(CT, [SPAN, COLS], gl.SwizzledSharedLayout(8, 1, 1, [0, 1]))
+    # Past K (a padded last tile, or a split past the last tile): zeros.
+    xs.store(gl.load(x_ptrs, mask=gl.expand_dims(ks < K, 1), other=0.0))
+    s_ptrs = s_ptr + e_c * stride_se + acc_rows
+    z_ptrs = z_ptr + e_c * stride_se + rows
+    _cta_barrier()
+
+    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
+    for t in gl.static_range(TILES):
+        # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
+        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        async_copy.wait_group(STAGES - 1)
+        words = ring.index(t % STAGES).load(w_op)
+        x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
+        quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
+                    x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
+        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
+                            GROUP, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+
+    if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
+        if kt0 == 0:  # once per output, not once per K-split
+            acc += gl.expand_dims(gl.load(bias_ptr + e_c * stride_biase + acc_rows, mask=rows_ok,
+                                          other=0.0).to(gl.float32), 1)
+    if MUL_ROUTED:
+        acc *= gl.expand_dims(gl.load(topk_w_ptr + ids, mask=valid, other=0.0).to(gl.float32), 0)
+    keep = gl.expand_dims(valid, 0)
+    if not EVEN_N:
+        keep = keep & gl.expand_dims(rows_ok, 1)
+    c_ptrs = c_ptr + gl.expand_dims(out_rows * stride_cm, 0) + gl.expand_dims(acc_rows, 1)
+    if SINK == 0:
+        gl.store(c_ptrs, activate(acc, acc, alpha, limit, ACT).to(c_ptr.dtype.element_ty), mask=keep)
+    else:
+        gl.atomic_add(c_ptrs, acc, mask=keep, sem="relaxed")
+    if SINK == 2:
+        if DIRECT:
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (pid_m // REDUCE_TOPK).to(gl.int64), valid, pid_n, N,
+                    stride_cm, stride_fm, alpha, limit, ACT, GATE_UP_CHUNK, BLOCK_N, NW, True)
+        else:
+            _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, valid, pid_n, N, stride_cm, stride_fm, alpha,
+                    limit, ACT, GATE_UP_CHUNK, BLOCK_N, NW, False)
