@@ -390,6 +390,13 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             # Another GPU's file ("other-device", or one borrowed): its Hopper-only GEMMs run as `tl.dot` ones.
             plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
             hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
+        mma_off = [name for name, g, cols in (("gemm1", hit.config.gemm1, self.config.hidden_size),
+                                              ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
+                   if g.mma and not self._mma_serves(cols)]
+        if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
+            served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False) for name in mma_off})
+            hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4 quads without act-order "
+                         "on NVIDIA sm_80 or later)")
         if hit.source == "borrowed":
             int8 = self.quant.weight.dtype is QuantDType.INT8  # on byte quads: per channel or g128, any K
             served = borrowed_as_served(hit.config, int8=int8)
@@ -401,8 +408,18 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                     changes.append(f"tl.dot tiles of 32+ pairs at most {BORROWED_INT8_DOT_MAX_N} wide")
                 if lent.fused is not None:
                     changes.append("the lender's fused decode options dropped")
+                if lent.gemm1.mma or lent.gemm2.mma:
+                    changes.append("mma off (its kernel takes int4 only)")
                 hit = Lookup(served, hit.source, ", ".join([hit.detail, *changes]))
         return hit
+
+    def _mma_serves(self, cols: int) -> bool:
+        """Whether the mma kernel (`GemmConfig.mma`) takes this layer's GEMM of K = cols on its device:
+        int4 in a quads layout without act-order, an NVIDIA GPU of sm_80 or later, compiled."""
+        key, dev = self.quant.weight, self.device
+        return (key.dtype is QuantDType.INT4 and not key.act_order and _takes_quads(WType.INT4, cols, _group(key, cols))
+                and dev.platform is Platform.CUDA and dev.capability is not None and dev.capability >= (8, 0)
+                and not interpreting())
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
@@ -499,7 +516,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
             return 0
         gemm1 = self.config_for(num_tokens).config.gemm1
-        if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1:
+        if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1 and not (
+                gemm1.mma and self._gate_up_chunk):
             return 0
         pairs = num_tokens * cfg.top_k
         return _gemm1_sums_len(pairs, cfg.w13_rows, gemm1.block_n) if self._qmode is QMode.NONE else pairs * cfg.w13_rows
@@ -585,7 +603,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
-            if split1 == 1:
+            # The mma kernel's gated activation finishes by last arrival, split or not.
+            if split1 == 1 and not (c1.mma and chunk):
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
                 # A zeroing launch is a noticeable share of a one-token layer: FusedMoE's routing
@@ -699,8 +718,10 @@ BORROWED_INT8_DOT_MAX_N = 128
 
 def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> QuantKernelConfig:
     """A borrowed int4 launch shape as MXFP4 (wgmma GEMMs) or int8 (every GEMM) runs it: at most
-    BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide."""
+    BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide;
+    the mma kernel's GEMMs (int4 only) on the tl.dot kernel."""
     def served(g: GemmConfig) -> GemmConfig:
+        g = replace(g, mma=False)  # the mma kernel takes int4 only
         if g.wgmma or int8:
             g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
         if int8 and not g.wgmma and g.block_m >= 32:
