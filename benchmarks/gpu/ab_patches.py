@@ -17,6 +17,11 @@ count to those it would run, with one field of both GEMMs changed.
 - `gemm1_wgmma_128`, `gemm1_wgmma_256`, `both_wgmma_128`: aligned GEMM1 (or both GEMMs) on the
   warp-specialized Gluon kernel (`GemmConfig.wgmma`, four stages) with 128 or 256 weight rows per
   program; GEMM2 cannot at up to 8 tokens (its sums finish by last arrival, which that kernel lacks).
+- `mma_both`, `mma_gemm1`, `mma_gemm2`, `mma_both_split2x`: decode-size int4 launches on the
+  hand-scheduled mma.sync kernel (`GemmConfig.mma`), both GEMMs or one, at the served block_m, block_n
+  and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
+  `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
+  qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -115,3 +120,44 @@ _WGMMA = dict(wgmma=True, num_warps=4, num_stages=4, one_dot=False, max_register
 gemm1_wgmma_128 = _gemm1(**_WGMMA, block_n=128)
 gemm1_wgmma_256 = _gemm1(**_WGMMA, block_n=256)
 both_wgmma_128 = _both_gemms(**_WGMMA, block_n=128)
+
+
+def _as_mma(g, k: int, split_factor: int):
+    """A served launch shape on the mma kernel (`GemmConfig.mma`): its block_m and block_n, warps cut to
+    16 rows each at least, split_k times split_factor but each split at most `_mma.MAX_TILES` K tiles,
+    none of the tl.dot kernel's options."""
+    k_tiles = -(-k // 128)
+    split = min(k_tiles, max(g.split_k * split_factor, -(-k_tiles // 8)))
+    return dataclasses.replace(g, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
+                               wgmma=False, num_warps=min(g.num_warps, g.block_n // 16), split_k=split)
+
+
+def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1):
+    def patch(layer, tokens: int):
+        served = layer.experts._find_config(tokens).config
+        cfg = layer.experts.config
+        changed = QuantKernelConfig(
+            _as_mma(served.gemm1, cfg.hidden_size, split_factor) if gemm1 else served.gemm1,
+            _as_mma(served.gemm2, cfg.intermediate_size_per_partition, split_factor) if gemm2 else served.gemm2)
+        return mock.patch.object(layer.experts, "config_override", changed)
+    return patch
+
+
+mma_both = _mma(True, True)
+mma_gemm1 = _mma(True, False)
+mma_gemm2 = _mma(False, True)
+mma_both_split2x = _mma(True, True, split_factor=2)
+
+
+# The one-token H200 int4 entries the mma kernel replaced, per (hidden, intermediate) shape: the GEMM's
+# fields before (tl.dot kernel).
+_BEFORE_MMA = {(2048, 768): ("gemm1", dict(one_dot=True)), (4096, 1536): ("gemm2", dict(group_m=16)),
+               (2880, 2880): ("gemm2", dict(one_dot=True))}
+
+
+def mma_entries_before(layer, tokens: int):
+    cfg = layer.experts.config
+    gemm, fields = _BEFORE_MMA[cfg.hidden_size, cfg.intermediate_size_per_partition]
+    served = layer.experts._find_config(tokens).config
+    before = dataclasses.replace(getattr(served, gemm), mma=False, **fields)
+    return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **{gemm: before}))

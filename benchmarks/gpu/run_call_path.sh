@@ -16,13 +16,14 @@
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
-#                ab-gluon-decode-*, ab-gluon-both-*  ab_layer.py:
+#                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
-#                K tile's quarters as one dot, the Gluon kernel at decode sizes), per preset (AB_TOKENS)
+#                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
+#   mma-tests, decode-mma  the mma.sync GEMM's device tests; decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
@@ -46,6 +47,10 @@ add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
 add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
+# The hand-scheduled mma.sync GEMM (GemmConfig.mma): its device tests, then each one-token GEMM alone
+# against the tl.dot kernel (decode_mma.py).
+add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_quant_gemm.py -k \"mma and not wgmma\""
+add decode-mma "python3 decode_mma.py check-and-time --out $OUT/host/decode-mma.json"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
 # the 48-layer eager targets against transformers, the schemes against fused bf16, compiled decode.
 add e2e-interleaved-qwen3 "python3 bench_e2e_interleaved.py --model qwen3-30b-a3b --experts transformers bf16 --out $OUT/e2e"
@@ -151,6 +156,11 @@ for s in int4 mxfp4 int8; do
   add "ab-gluon-decode-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b --dtype $s --m ${AB_TOKENS:-8 32} --rounds 5 --variant shipped --variant g1-wgmma128=ab_patches:gemm1_wgmma_128 --variant g1-wgmma256=ab_patches:gemm1_wgmma_256 --out $OUT/host/ab-gluon-decode-$s.json"
   add "ab-gluon-both-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b --dtype $s --m 32 --rounds 5 --variant shipped --variant both-wgmma128=ab_patches:both_wgmma_128 --out $OUT/host/ab-gluon-both-$s.json"
 done
+# Decode-size int4 launches on the hand-scheduled mma.sync kernel (GemmConfig.mma; direct at 1 and 2 tokens,
+# aligned blocks at 8), in two halves of the presets (one per GPU).
+add ab-mma-int4-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b deepseek-v3 --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-a.json"
+add ab-mma-int4-b "python3 ab_layer.py --preset qwen3-235b-a22b mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-b.json"
+add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 --variant before=ab_patches:mma_entries_before --variant shipped --out $OUT/host/ab-mma-entries.json"
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"
 add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtype fp8-block --m 8 --rounds 7 --variant before=ab_patches:qwen3_fp8_block_8_before --variant shipped --out $OUT/host/ab-retune-qwen3-fp8-block.json"
