@@ -375,3 +375,36 @@ def test_heuristic_swaps_fp8_blocks_below_64_pairs():
     assert not pick_config(8, 8, narrow_k, 132).swap_ab
     int8 = WeightOperand(WType.INT8, meta, meta, None, 2 * 768, 2048, 2048, 128, 128)
     assert not pick_config(8, 8, int8, 132).swap_ab
+
+
+# The H200 one-token entries on the mma kernel (`GemmConfig.mma`, `mma_decode_2026-11-30.md`).
+MMA_ON_H200 = {"qwen3-30b-a3b": {"gemm1"}, "qwen3-235b-a22b": {"gemm2"}, "gpt-oss-120b": {"gemm2"}}
+
+
+@pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
+def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
+    """The shipped H200 int4 files ask for the mma kernel at one token where it measured faster; an int4
+    layer on an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a
+    layer borrowing the file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
+    from moe_triton import quantized
+
+    monkeypatch.setattr(quantized, "interpreting", lambda: False)  # as compiled on the H200 it names
+    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
+    p = get_preset(preset)
+    cfg = p.config
+    h200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))
+    int4 = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), h200)
+    for m in (1, 8, 32, 128, 512, 2048, 8192):
+        raw, hit = configs.lookup_exact(int4.config_key, m).config, int4.file_config(m)
+        assert hit.config == raw
+        assert {g for g in ("gemm1", "gemm2") if getattr(raw, g).mma} == (MMA_ON_H200.get(preset, set()) if m == 1
+                                                                          else set()), m
+    if preset not in MMA_ON_H200:
+        return
+    hit = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size, act_order=True), h200).file_config(1)
+    assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
+    monkeypatch.setattr(quantized, "interpreting", lambda: True)
+    hit = int4.file_config(1)
+    assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
+    lent = configs.lookup_exact(int4.config_key, 1).config
+    assert not any(g.mma for g in (borrowed_as_served(lent).gemm1, borrowed_as_served(lent, int8=True).gemm2))
