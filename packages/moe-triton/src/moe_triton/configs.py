@@ -197,7 +197,7 @@ class GemmConfig:
     # hand-scheduled mma.sync kernel (`quant_gemm_details._mma`) instead of the tl.dot one; GEMM1's
     # gated activation then finishes by last arrival. block_n a multiple of 16 x num_warps (16 rows
     # per warp at least); K tiles per split (cdiv(K / 128, split_k)) at most `_mma.MAX_TILES`;
-    # num_stages unused (its tiles are asked for two ahead in registers).
+    # num_stages the K tiles of words in flight (its cp.async ring; 2 at least).
     mma: bool = False
 
     def __post_init__(self) -> None:

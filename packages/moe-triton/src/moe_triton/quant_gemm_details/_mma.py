@@ -9,20 +9,23 @@ GROUP_M. Its twin is `moe_triton.quant_gemm.quant_gemm_torch`.
 Why a third kernel: at one token the tl.dot kernel's K loop is bound by instruction issue (under
 Triton 3.6, 221 instructions per K tile and thread for 64 weights: cp.async staging, shared-memory
 reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K tile and thread,
-about 124 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
+142 for 64 weights, 246 for 128 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
 - the weights are mma.sync's A operand, 16 output rows per warp; the pairs are its N side: a direct
   launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
   BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
 - each thread copies its quads words (k_width 8: a row's 8 neighbouring words, 16 bytes) by
-  cp.async into a ring of STAGES K tiles and reads back exactly what it copied: no barrier in the
-  K loop (the split's K tiles, at most MAX_TILES, are unrolled); the program's token rows for the
-  whole split are copied once, behind one barrier, and each quarter is read from shared memory;
+  cp.async into a ring of STAGES K tiles and reads back exactly what it copied (Triton's hazard
+  analysis, which cannot see that, still puts two CTA barriers per tile around the ring); the
+  split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
+  are read into shared memory once, and each quarter from there;
 - a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
   1024's fp16 mantissa) and one subtraction of 128 + zero point; the group's scale multiplies
   the fp32 sums of its quarters.
 
 A dependent launch whose pairs are final before its wait (GEMM2 after GEMM1: EARLY_WEIGHTS) asks
-for its first two tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
+for its first STAGES - 1 tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
+
+Where it wins and loses (short programs against long ones): docs/design/triton-gemm-quantized.md.
 
 NVIDIA only (mma.sync: sm_80 and later); not run by the CPU interpreter: CI compiles it for sm_90
 and the GPU suite checks it against the twin.
@@ -37,6 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from moe_triton._common.activation import activate
+from moe_triton.quant_gemm_details._wgmma import _nibble
 
 TILE_K = gl.constexpr(128)  # K per quads tile
 QUARTER = gl.constexpr(32)  # K per quarter: one word per row and k
@@ -47,27 +51,6 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 MAX_TILES = gl.constexpr(8)  # K tiles per program: the loop is unrolled, its tiles' registers named at compile time
 _ZERO_BLOCK = gl.constexpr(512)
-
-
-@gluon.constexpr_function
-def _nibble_asm(j, fp16):
-    """PTX: nibble j of two int16 quads words (one 32-bit register) as the 16-bit float pair
-    (P + code_lo, P + code_hi), P = 1024 (fp16) or 128 (bf16). A shift first for j > 0: bf16's
-    7-bit mantissa has no room for a nibble left at bits 4-7."""
-    magic = "0x64006400" if fp16 else "0x43004300"
-    if j == 0:
-        return f"lop3.b32 $0, $1, 0x000F000F, {magic}, 0xEA;"
-    return f"{{.reg .b32 t; shr.u32 t, $1, {4 * j}; lop3.b32 $0, t, 0x000F000F, {magic}, 0xEA;}}"
-
-
-@gluon.jit
-def _nibble(words, j: gl.constexpr, CT: gl.constexpr):
-    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-        v = gl.inline_asm_elementwise(_nibble_asm(j, True), "=r,r", [words], is_pure=True, pack=2, dtype=gl.float16)
-    else:
-        v = gl.inline_asm_elementwise(_nibble_asm(j, False), "=r,r", [words], is_pure=True, pack=2,
-                                      dtype=gl.bfloat16)
-    return v
 
 
 @gluon.constexpr_function
@@ -99,12 +82,12 @@ def _copy_words(ring, w_ptrs, w_mask, t: gl.constexpr, kt0, k_tiles, stride_bt, 
 
 
 @gluon.jit
-def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                  GROUP: gl.constexpr,  # K per scale row: 32, 64 or a multiple of 128; 0: one row (per channel)
-    HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
-                  mma: gl.constexpr, w_op: gl.constexpr):
-    """acc + one K tile's (code - zero) . x per row, each scale group's sums times its scale
-    (a group is the whole tile or more, or one or two quarters)."""
+def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
+                  HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr, mma: gl.constexpr,
+                  w_op: gl.constexpr):
+    """acc + one K tile's (code - zero) . x per row, each scale group's sums times its scale (GROUP as
+    the kernel's: the whole tile or more, one or two quarters; 0 one row); a tile past the last
+    (kt >= k_tiles: the split's words repeated its last) adds nothing."""
     if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
         P: gl.constexpr = 1024.0
     else:
@@ -289,6 +272,7 @@ def moe_mma_gemm_kernel(
     out_rows = (ids // REDUCE_TOPK).to(gl.int64)
 
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
+        async_copy.wait_group(0)  # no copy outlives the program (EARLY_WEIGHTS read expert 0's)
         if SINK == 2:
             if DIRECT:
                 _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (pid_m // REDUCE_TOPK).to(gl.int64), valid, pid_n, N,
