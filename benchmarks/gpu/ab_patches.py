@@ -42,6 +42,7 @@ from unittest import mock
 
 from moe_triton import act_quant, quant_gemm, quantized
 from moe_triton.configs import QuantKernelConfig
+from moe_triton.tune import as_mma
 
 
 def _gemms(gemm1: dict, gemm2: dict):
@@ -123,13 +124,11 @@ both_wgmma_128 = _both_gemms(**_WGMMA, block_n=128)
 
 
 def _as_mma(g, k: int, split_factor: int):
-    """A served launch shape on the mma kernel (`GemmConfig.mma`): its block_m and block_n, warps cut to
-    16 rows each at least, split_k times split_factor but each split at most `_mma.MAX_TILES` K tiles,
-    none of the tl.dot kernel's options."""
+    """A served launch shape on the mma kernel (`tune.as_mma`, a wgmma one as tl.dot's first), split_k
+    times split_factor but each split at most `_mma.MAX_TILES` K tiles."""
     k_tiles = -(-k // 128)
     split = min(k_tiles, max(g.split_k * split_factor, -(-k_tiles // 8)))
-    return dataclasses.replace(g, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
-                               wgmma=False, num_warps=min(g.num_warps, g.block_n // 16), split_k=split)
+    return as_mma(dataclasses.replace(g, wgmma=False, split_k=split))
 
 
 def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1):

@@ -19,7 +19,14 @@ from moe_triton.quantized import (
     TritonWna16Experts,
     borrowed_as_served,
 )
-from moe_triton.tune import PER_GEMM_SPLITS, _tune_quant_layer, per_gemm_grid, quant_candidates, wgmma_grid
+from moe_triton.tune import (
+    PER_GEMM_SPLITS,
+    _tune_quant_layer,
+    as_mma,
+    per_gemm_grid,
+    quant_candidates,
+    wgmma_grid,
+)
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -132,6 +139,21 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
         assert getattr(cand, kept) == getattr(base, kept)
         tile, was = getattr(cand, changed), getattr(base, changed)
         assert (tile.block_m, tile.num_stages, tile.swap_ab) == (was.block_m, was.num_stages, was.swap_ab)
+
+
+def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
+    """With mma (int4 quads at decode sizes) each GEMM also runs on the other of the tl.dot and mma
+    kernels: its shape kept, warps cut to 16 rows each, the tl.dot kernel's options dropped."""
+    base = QuantKernelConfig(GemmConfig(16, 64, 4, 8, 3, True, one_dot=True), GemmConfig(16, 128, 2, 4, 3, True, group_m=16))
+    grid = per_gemm_grid(base, mma=True)
+    assert len(grid) == len(per_gemm_grid(base)) + 2
+    on = grid["gemm1:mma=True"].gemm1
+    assert on == GemmConfig(16, 64, 4, 4, 3, True, mma=True) == as_mma(base.gemm1)
+    assert grid["gemm2:mma=True"].gemm2 == GemmConfig(16, 128, 2, 4, 3, True, mma=True)
+    assert grid["gemm1:mma=True"].gemm2 == base.gemm2
+    back = per_gemm_grid(dataclasses.replace(base, gemm1=on), mma=True)
+    assert back["gemm1:mma=False"].gemm1 == GemmConfig(16, 64, 4, 4, 3, True)
+    assert "gemm1:one_dot=True" not in back  # one_dot is the tl.dot kernel's
 
 
 def test_per_gemm_search_times_both_gemms_fastest_tiles_together():

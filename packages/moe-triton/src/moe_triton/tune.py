@@ -24,8 +24,9 @@ GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRI
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps and its `one_dot` flipped (`per_gemm_grid`) with the other GEMM held at the best so
-far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
+block_n x warps, its `one_dot` flipped and (int4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens on
+NVIDIA) it on the other of the tl.dot and mma kernels (`per_gemm_grid`) with the other GEMM held at
+the best so far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
 searched (a shipped entry's cap is timed with it). The layer is timed
 as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
@@ -64,8 +65,8 @@ from moe_triton.configs import (
 from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
 from moe_triton.topk_sum import topk_sum
 
-__all__ = ["block_m_for", "candidates", "direct_candidates", "fused_decode_candidates", "main", "per_gemm_grid",
-           "quant_candidates", "wgmma_grid"]
+__all__ = ["as_mma", "block_m_for", "candidates", "direct_candidates", "fused_decode_candidates", "main",
+           "per_gemm_grid", "quant_candidates", "wgmma_grid"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -191,16 +192,20 @@ def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) ->
 PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 
 
-def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True) -> dict[str, QuantKernelConfig]:
+def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
-    kernel's), the other GEMM as in base."""
+    kernel's), with mma (int4 quads at decode sizes) that GEMM on the other kernel of the two
+    (`as_mma`), the other GEMM as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
         if one_dot and not tile.wgmma and not tile.mma:
             found[f"{gemm}:one_dot={not tile.one_dot}"] = dataclasses.replace(
                 base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)})
+        if mma and not tile.wgmma:
+            other = dataclasses.replace(tile, mma=False) if tile.mma else as_mma(tile)
+            found[f"{gemm}:mma={other.mma}"] = dataclasses.replace(base, **{gemm: other})
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
@@ -213,6 +218,13 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True) -> dict[str,
                     if cand != base:
                         found[f"{gemm}:split={split},block_n={block_n},warps={warps}"] = cand
     return found
+
+
+def as_mma(tile: GemmConfig) -> GemmConfig:
+    """A tl.dot launch shape on the mma kernel (`GemmConfig.mma`): its block_m, block_n, split and
+    stages, warps cut to 16 weight rows each at least, none of the tl.dot kernel's options."""
+    return dataclasses.replace(tile, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
+                               num_warps=min(tile.num_warps, tile.block_n // 16))
 
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
@@ -327,7 +339,10 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
                       if k != "heuristic"})
         second = min(times, key=times.get)
         if per_gemm and cands[second].fused is None:
-            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second], one_dot=not fp8).items()}
+            # The mma kernel where the layer's GEMMs finish by last arrival (its gated GEMM1 needs it).
+            mma = M <= LAST_ARRIVAL_MAX_TOKENS and all(
+                experts._mma_serves(k) for k in (cfg.hidden_size, cfg.intermediate_size_per_partition))
+            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
@@ -456,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
-                        f"and its one_dot flipped (up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M)")
+                        f"and its one_dot flipped, int4 at decode sizes on the mma kernel or off it (up to "
+                        f"{2 * len(PER_GEMM_SPLITS) * 3 * 2 + 4} more layer timings per M)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
