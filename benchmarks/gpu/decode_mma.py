@@ -15,52 +15,36 @@ one kernel reading the pairs' weight and scale bytes (the limit under the same p
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import re
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 import triton
 
-# qwen3-30b-a3b's one-token GEMMs: (name, N, K, A_ROWS_DIV (top-k for GEMM1), the tl.dot kernel's H200 launch
-# shape before the mma entries)
+# qwen3-30b-a3b's one-token GEMMs: (name, N, K, A_ROWS_DIV (top-k for GEMM1), the tl.dot kernel's launch shape
+# the mma kernel is timed against)
 CASES = [("gemm1", 1536, 2048, 8, dict(block_n=64, split_k=4, num_warps=4, num_stages=3, one_dot=True)),
          ("gemm2", 2048, 768, 1, dict(block_n=128, split_k=3, num_warps=8, num_stages=3, one_dot=True))]
-
-
-def _sass(kern) -> list[str]:
-    """The SASS instructions of a compiled kernel's cubin."""
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kern.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [m.group(1).strip() for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)]
-
-
-def _ops(code: list[str]) -> collections.Counter:
-    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in code)
 
 
 def count(argv) -> int:
     """Offline sm_90 builds (no GPU) of the one-token GEMM1 (`offline_compile.MMA_CONSTEXPRS`), direct
     and over blocks of 16 pairs: the kernel unrolls its K tiles, so a tile's instructions are the
     difference between builds of 4 and 8 tiles, over 4."""
+    from sass_k_loop import opcodes, sass
+
     from moe_triton._common.offline_compile import compile_mma_gemm
 
     p = argparse.ArgumentParser()
     p.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
     args = p.parse_args(argv)
     for (block_n, direct) in ((bn, d) for d in (True, False) for bn in args.block_n):
-        small, large = (_sass(compile_mma_gemm(dict(TILES=t, BLOCK_N=block_n, DIRECT=direct))) for t in (4, 8))
+        small, large = ([text for _, text in sass(compile_mma_gemm(dict(TILES=t, BLOCK_N=block_n, DIRECT=direct))
+                                                 .asm["cubin"])] for t in (4, 8))
         weights = block_n * 128 // 128  # 4 warps of 32 threads
         per_tile = (len(large) - len(small)) / 4
-        diff = _ops(large)
-        diff.subtract(_ops(small))
+        diff = opcodes(large)
+        diff.subtract(opcodes(small))
         print(f"{'direct (8 columns)' if direct else 'blocks of 16 pairs'}, BLOCK_N {block_n}: {len(small)} "
               f"instructions at 4 tiles; per K tile {per_tile:.1f} for {weights} weights per thread "
               f"({per_tile / weights:.2f} per weight)")

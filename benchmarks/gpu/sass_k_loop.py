@@ -75,16 +75,25 @@ CASES = {
 }
 
 
-def k_loop(cubin: bytes) -> list[str]:
-    """The instructions of the innermost loop (backward branch) around an MMA (wgmma: [HQI]GMMA; mma: HMMA) in a
-    cubin's SASS."""
+def sass(cubin: bytes) -> list[tuple[int, str]]:
+    """(address, instruction) of each SASS instruction of a cubin (Triton's cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    code = [(int(m.group(1), 16), m.group(2).strip())
-            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+        text = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)]
+
+
+def opcodes(code: list[str]) -> collections.Counter:
+    """How many of each opcode (predicates and modifiers dropped) the instructions hold."""
+    return collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in code)
+
+
+def k_loop(cubin: bytes) -> list[str]:
+    """The instructions of the innermost loop (backward branch) around an MMA (wgmma: [HQI]GMMA; mma: HMMA) in a
+    cubin's SASS."""
+    code = sass(cubin)
     loops = [(int(t.group(1), 16), addr) for addr, text in code
              if (t := re.search(r"BRA\s.*?0x([0-9a-f]+)", text)) and int(t.group(1), 16) < addr]
     bodies = [[text for addr, text in code if start <= addr <= end] for start, end in loops]
@@ -100,7 +109,7 @@ def main() -> None:
         loop = k_loop(built.asm["cubin"])
         print(f"{name}: {len(loop)} instructions, {len(loop) / weights_per_thread:.2f} per weight")
         if args.ops:
-            ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loop)
+            ops = opcodes(loop)
             print("   ", ", ".join(f"{op} {n}" for op, n in ops.most_common(14)))
 
 

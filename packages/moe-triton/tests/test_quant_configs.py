@@ -377,7 +377,7 @@ def test_heuristic_swaps_fp8_blocks_below_64_pairs():
     assert not pick_config(8, 8, int8, 132).swap_ab
 
 
-# The H200 one-token entries on the mma kernel (`GemmConfig.mma`, `mma_decode_2026-11-30.md`).
+# The GEMMs the H200 int4 files run on the mma kernel (`GemmConfig.mma`), all at one token.
 MMA_ON_H200 = {"qwen3-30b-a3b": {"gemm1"}, "qwen3-235b-a22b": {"gemm2"}, "gpt-oss-120b": {"gemm2"}}
 
 
@@ -387,8 +387,9 @@ def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
     layer on an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a
     layer borrowing the file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
     from moe_triton import quantized
+    from moe_triton._common import target
 
-    monkeypatch.setattr(quantized, "interpreting", lambda: False)  # as compiled on the H200 it names
+    monkeypatch.setattr(target, "interpreting", lambda: False)  # as compiled on the H200 it names
     monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
     p = get_preset(preset)
     cfg = p.config
@@ -403,7 +404,7 @@ def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
         return
     hit = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size, act_order=True), h200).file_config(1)
     assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
-    monkeypatch.setattr(quantized, "interpreting", lambda: True)
+    monkeypatch.setattr(target, "interpreting", lambda: True)
     hit = int4.file_config(1)
     assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
     lent = configs.lookup_exact(int4.config_key, 1).config

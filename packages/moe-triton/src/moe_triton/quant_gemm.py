@@ -21,7 +21,7 @@ from moe_triton._common import trace
 from moe_triton._common.activation import act_kind
 from moe_triton._common.intmath import cdiv
 from moe_triton._common.pdl import dependent_launch, dependent_options
-from moe_triton._common.target import interpreting, wgmma_capable
+from moe_triton._common.target import device_info, interpreting, mma_capable, wgmma_capable
 from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._heuristics import (
@@ -160,7 +160,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
     if cfg.mma:
-        _check_mma(a, w, cfg, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
+        _check_mma(a, w, split, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
         # Gluon is imported only when a configuration asks for this kernel.
         from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
@@ -281,14 +281,13 @@ def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
     return out
 
 
-def _check_mma(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, *, sink: Sink, a_scale_mode: AScale,
+def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_scale_mode: AScale,
                gate_up_chunk: int) -> None:
     """What the mma kernel (`quant_gemm_details._mma`) takes; a clear error for anything else."""
     from moe_triton.quant_gemm_details._mma import MAX_TILES
 
     wants = []
-    if not (a.is_cuda and torch.version.hip is None and not interpreting()
-            and torch.cuda.get_device_capability(a.device)[0] >= 8):
+    if not mma_capable(device_info(a.device)):
         wants.append(f"an NVIDIA GPU of sm_80 or later (mma.sync), compiled, got {a.device}"
                      + (" under the interpreter" if interpreting() else ""))
     if not (w.wtype is WType.INT4 and w.quads and w.block_k == 128 and (w.group % 128 == 0 or w.group in (32, 64))):
@@ -298,9 +297,9 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, *, sink: Sink
         wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
     if sink is Sink.STORE and gate_up_chunk:
         wants.append("a gated activation finished by last arrival (not a STORE sink)")
-    tiles = cdiv(w.k_tiles, effective_split(cfg.split_k, w))
+    tiles = cdiv(w.k_tiles, split)
     if tiles > MAX_TILES.value:
-        wants.append(f"at most {MAX_TILES.value} K tiles per split, got {tiles} ({w.k_tiles} tiles, split_k={cfg.split_k})")
+        wants.append(f"at most {MAX_TILES.value} K tiles per split, got {tiles} ({w.k_tiles} tiles in {split} splits)")
     if a.stride(1) != 1 or w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
             w.zero is not None and w.zero.stride() != w.scale.stride()):
         wants.append("unit-stride activation columns, quads words and scale columns, and zero points strided like "

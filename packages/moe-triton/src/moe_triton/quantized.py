@@ -46,7 +46,7 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, Ze
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4, unpack_int4
 from moe_core.weights.processor import PackedWeights
-from moe_triton._common.target import interpreting, num_sms, wgmma_capable
+from moe_triton._common.target import interpreting, mma_capable, num_sms, wgmma_capable
 from moe_triton.act_order import permute_pair_rows
 from moe_triton.act_quant import QMode, act_quant
 from moe_triton.align import align_block_size
@@ -416,10 +416,9 @@ class _QuantTritonExperts(Experts, TunedLaunch):
     def _mma_serves(self, cols: int) -> bool:
         """Whether the mma kernel (`GemmConfig.mma`) takes this layer's GEMM of K = cols on its device:
         int4 in a quads layout without act-order, an NVIDIA GPU of sm_80 or later, compiled."""
-        key, dev = self.quant.weight, self.device
+        key = self.quant.weight
         return (key.dtype is QuantDType.INT4 and not key.act_order and _takes_quads(WType.INT4, cols, _group(key, cols))
-                and dev.platform is Platform.CUDA and dev.capability is not None and dev.capability >= (8, 0)
-                and not interpreting())
+                and mma_capable(self.device))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
@@ -516,8 +515,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
             return 0
         gemm1 = self.config_for(num_tokens).config.gemm1
-        if effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size)) == 1 and not (
-                gemm1.mma and self._gate_up_chunk):
+        split = effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size))
+        if not _gemm1_adds_sums(gemm1, split, self._gate_up_chunk):
             return 0
         pairs = num_tokens * cfg.top_k
         return _gemm1_sums_len(pairs, cfg.w13_rows, gemm1.block_n) if self._qmode is QMode.NONE else pairs * cfg.w13_rows
@@ -603,8 +602,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
-            # The mma kernel's gated activation finishes by last arrival, split or not.
-            if split1 == 1 and not (c1.mma and chunk):
+            if not _gemm1_adds_sums(c1, split1, chunk):
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
                 # A zeroing launch is a noticeable share of a one-token layer: FusedMoE's routing
@@ -694,6 +692,12 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         sorted_ids, expert_ids, num_post = align_block_size(half_ids, block_m, 2 * self.config.num_experts, half_map)
         return a1, partial(grouped_quant_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
                            num_valid=2 * M * topk)
+
+
+def _gemm1_adds_sums(gemm1: GemmConfig, split: int, gate_up_chunk: int) -> bool:
+    """Whether GEMM1 adds into fp32 sums (split over K, or on the mma kernel with a gated activation,
+    whose gate and up rows lie in other warps: it finishes by last arrival) rather than storing its rows."""
+    return split > 1 or (gemm1.mma and gate_up_chunk > 0)
 
 
 def _gemm1_sums_len(pairs: int, rows: int, block_n: int) -> int:

@@ -1,4 +1,5 @@
-"""What the kernels run on: the CPU interpreter, NVIDIA Hopper (wgmma, TMA), and the GPU's SM count."""
+"""What the kernels run on: the CPU interpreter, NVIDIA Hopper (wgmma, TMA), NVIDIA sm_80+ (mma.sync), and
+the GPU's SM count."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 
 import torch
 
-from moe_core.backends import DeviceInfo, Platform
+from moe_core.backends import DeviceInfo, Platform, detect_device
 
 
 @functools.cache
@@ -29,6 +30,18 @@ def tma_capable(device: DeviceInfo) -> bool:
     if device.platform is Platform.CPU:
         return interpreting()
     return device.platform is Platform.CUDA and device.capability is not None and device.capability >= (9, 0)
+
+
+def mma_capable(device: DeviceInfo) -> bool:
+    """The mma.sync kernel's GPUs (`quant_gemm_details._mma`): NVIDIA sm_80 and later, compiled kernels."""
+    return (device.platform is Platform.CUDA and device.capability is not None and device.capability >= (8, 0)
+            and not interpreting())
+
+
+@functools.cache
+def device_info(device: torch.device) -> DeviceInfo:
+    """`detect_device` of a tensor's device, once per device: launchers check it on every call."""
+    return detect_device(device)
 
 
 def num_sms(device: torch.device) -> int:

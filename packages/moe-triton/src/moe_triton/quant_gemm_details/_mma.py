@@ -9,7 +9,7 @@ GROUP_M. Its twin is `moe_triton.quant_gemm.quant_gemm_torch`.
 Why a third kernel: at one token the tl.dot kernel's K loop is bound by instruction issue (under
 Triton 3.6, 221 instructions per K tile and thread for 64 weights: cp.async staging, shared-memory
 reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K tile and thread,
-142 for 64 weights, 246 for 128 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
+140 for 64 weights, 246 for 128 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
 - the weights are mma.sync's A operand, 16 output rows per warp; the pairs are its N side: a direct
   launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
   BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
@@ -40,6 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from moe_triton._common.activation import activate
+from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._wgmma import _nibble
 
 TILE_K = gl.constexpr(128)  # K per quads tile
@@ -56,15 +57,6 @@ _ZERO_BLOCK = gl.constexpr(512)
 @gluon.constexpr_function
 def _pow2_at_least(n):
     return 1 << (n - 1).bit_length()
-
-
-@gluon.jit
-def _wait_then_release(PDL: gl.constexpr):
-    """`moe_triton._common.pdl.wait_then_release` in Gluon."""
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -231,9 +223,9 @@ def moe_mma_gemm_kernel(
         w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-        _wait_then_release(PDL)
+        wait_then_release(PDL)
     else:
-        _wait_then_release(PDL)
+        wait_then_release(PDL)
         if DIRECT:
             e = gl.load(sorted_ids_ptr + pid_m)
             if HAS_MAP:
