@@ -12,15 +12,17 @@
 #   launch-cost  launch_cost.py: what one launch, one graph replay and one input copy cost this host
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS), each GEMM build's PTX and SASS
+#   trace-whole-share  the same for one-token int4 cells with GEMM2's whole share asked for before its wait
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
-#                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries  ab_layer.py:
+#                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries, ab-whole-share-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
-#                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel), per preset (AB_TOKENS)
+#                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
+#                asked for before its wait), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   mma-tests, decode-mma  the mma.sync GEMM's device tests; decode_mma.py: each one-token GEMM alone against tl.dot's
@@ -161,6 +163,16 @@ done
 add ab-mma-int4-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b deepseek-v3 --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-a.json"
 add ab-mma-int4-b "python3 ab_layer.py --preset qwen3-235b-a22b mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-b.json"
 add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 --variant before=ab_patches:mma_entries_before --variant shipped --out $OUT/host/ab-mma-entries.json"
+# GEMM2's weights all asked for before its wait on GEMM1 (mma kernel, ring deeper than its split), and
+# whether its programs find room on the SMs while GEMM1 runs (trace: GEMM2's start against GEMM1's end).
+ws="--variant shipped --variant g2ws=ab_patches:gemm2_whole_share --variant g2wsf=ab_patches:gemm2_whole_share_fewest --variant g2wsf64=ab_patches:gemm2_whole_share_fewest_64 --variant both-g2wsf=ab_patches:both_mma_gemm2_whole_share_fewest"
+add ab-whole-share-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-a.json"
+add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-b.json"
+ws_cells=""
+for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b; do
+  ws_cells+=" $p/int4/1 $p/int4/1/g2wsf=ab_patches:gemm2_whole_share_fewest $p/int4/1/both-g2wsf=ab_patches:both_mma_gemm2_whole_share_fewest"
+done
+add trace-whole-share "python3 trace_decode.py --out $OUT/host/trace-whole-share.json --cells$ws_cells qwen3-30b-a3b/int4/1/g2ws=ab_patches:gemm2_whole_share"
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"
 add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtype fp8-block --m 8 --rounds 7 --variant before=ab_patches:qwen3_fp8_block_8_before --variant shipped --out $OUT/host/ab-retune-qwen3-fp8-block.json"

@@ -13,6 +13,9 @@ same layer untraced under the benchmark protocol (`time_layer`), and the traced 
 process (registers, spills, shared memory, its PTX's memory instructions).
 
     python benchmarks/gpu/trace_decode.py --cells qwen3-30b-a3b/int4/1 qwen3-30b-a3b/int4/8 --out trace.json
+
+A cell may name a variant after a fourth slash, as `ab_layer.py` takes them (`NAME=CHANGE[,CHANGE...]`,
+e.g. `qwen3-30b-a3b/int4/1/gemm2-mma=ab_patches:mma_gemm2`): the layer is traced and timed with it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from ab_layer import Variant, parse_variant
 from layer_timing import build_layer, input_sets, random_weights, time_layer
 
 from moe_core.bench.timing import CUDA_L2_FLUSH_BYTES
@@ -73,11 +77,16 @@ def median_summary(replays: list[list[dict]]) -> list[dict]:
     return merged
 
 
-def trace_cell(preset_name: str, dtype: str, tokens: int, replays: int, dev: torch.device) -> dict:
+def trace_cell(preset_name: str, dtype: str, tokens: int, variant: Variant, replays: int, dev: torch.device) -> dict:
     preset = get_preset(preset_name)
     weights = random_weights(preset, dtype, dev)
     layer = build_layer(preset, dtype, dev, weights)
     inputs = input_sets(preset, tokens, dev)
+    with variant.active(layer, tokens):
+        return _trace_cell(preset_name, dtype, tokens, variant, layer, inputs, replays, dev)
+
+
+def _trace_cell(preset_name, dtype, tokens, variant, layer, inputs, replays, dev) -> dict:
     untraced_us = time_layer(layer, inputs)["us"]
     x, logits = inputs[0]
     with trace.recording() as first:  # an eager call: builds the traced kernels and the buffers
@@ -105,37 +114,47 @@ def trace_cell(preset_name: str, dtype: str, tokens: int, replays: int, dev: tor
             replay_us.append(before.elapsed_time(after) * 1e3)
     launches = median_summary(summaries)
     span = max(row["end"][2] for row in launches if row.get("traced"))
-    return {"preset": preset_name, "dtype": dtype, "tokens": tokens, "untraced_us": untraced_us,
+    return {"preset": preset_name, "dtype": dtype, "tokens": tokens, "variant": variant.name,
+            "changes": variant.describe(), "untraced_us": untraced_us,
             "traced_replay_us": statistics.median(replay_us), "traced_span_us": span, "launches": launches,
             "config": str(layer.experts.config_for(tokens)) if hasattr(layer.experts, "config_for") else ""}
 
 
 def kernel_builds(dump: Path | None = None) -> list[dict]:
-    """What Triton built of the quantized GEMM in this process: per build its registers, spills,
+    """What Triton built of the quantized GEMMs (tl.dot and mma kernels) in this process: per build its registers, spills,
     shared memory and a count of the PTX's memory instructions (are the weight loads asynchronous
     copies the pipeline runs ahead, or register loads?). dump: a folder for each build's PTX and
     SASS (`build<i>.ptx`, `build<i>.sass`; the JSON's `dump` names them)."""
     from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
+    from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
     builds = []
-    for caches in _moe_wgemm_kernel.device_caches.values():
+    for fn, keys in ((_moe_wgemm_kernel, ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK", "ACT", "TRACE")),
+                     (moe_mma_gemm_kernel, ("BLOCK_N", "TILES", "STAGES", "DIRECT", "SINK", "ACT", "EARLY_WEIGHTS",
+                                            "TRACE"))):
+        builds += _builds(fn, keys, dump, len(builds))
+    return builds
+
+
+def _builds(fn, keys: tuple[str, ...], dump: Path | None, first: int) -> list[dict]:
+    builds = []
+    for caches in fn.device_caches.values():
         for kernel in caches[0].values():
             kernel._init_handles()
             ptx = kernel.asm["ptx"]
             # The build's compile-time arguments, keyed by argument index (a tuple) in Triton's source.
             constants = getattr(getattr(kernel, "src", None), "constants", {}) or {}
-            named = {_moe_wgemm_kernel.arg_names[k[0]] if isinstance(k, tuple) else str(k): v
-                     for k, v in constants.items()}
-            shape = {k: named[k] for k in ("WTYPE", "BLOCK_N", "SPLIT_K", "DIRECT", "SINK", "ACT", "TRACE") if k in named}
+            named = {fn.arg_names[k[0]] if isinstance(k, tuple) else str(k): v for k, v in constants.items()}
+            shape = {k: named[k] for k in keys if k in named}
             builds.append({
-                "shape": {k: str(v) for k, v in shape.items()},
+                "kernel": fn.fn.__name__, "shape": {k: str(v) for k, v in shape.items()},
                 "regs": kernel.n_regs, "spills": kernel.n_spills, "shared": kernel.metadata.shared,
                 "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages,
                 **{op: ptx.count(op) for op in ("cp.async.cg", "cp.async.ca", "cp.async.bulk", "ld.global",
                                                 "ld.global.v4", "wgmma.mma_async", "wgmma.wait_group", "mma.sync",
                                                 "atom.global", "red.global")}})
             if dump is not None:
-                builds[-1]["dump"] = _dump_build(kernel, ptx, dump / f"build{len(builds) - 1}")
+                builds[-1]["dump"] = _dump_build(kernel, ptx, dump / f"build{first + len(builds) - 1}")
     return builds
 
 
@@ -153,7 +172,7 @@ def _dump_build(kernel, ptx: str, stem: Path) -> str:
 
 
 def show(cell: dict) -> None:
-    print(f"{cell['preset']} {cell['dtype']} M={cell['tokens']}: untraced {cell['untraced_us']:.1f} us, traced replay "
+    print(f"{cell['preset']} {cell['dtype']} M={cell['tokens']} {cell['variant']}: untraced {cell['untraced_us']:.1f} us, traced replay "
           f"{cell['traced_replay_us']:.1f} us, router start -> last end {cell['traced_span_us']:.1f} us  {cell['config']}")
     print(f"  {'launch':8s} {'progs':>6s} {'SMs':>4s} {'/SM':>4s}  {'start first/med/last':>22s}  "
           f"{'released first/med/last':>24s}  {'end first/med/last':>22s}  {'run':>6s} {'loop':>6s} {'sink':>6s}")
@@ -177,8 +196,9 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     cells = []
     for spec in args.cells:
-        preset, dtype, tokens = spec.split("/")
-        cell = trace_cell(preset, dtype, int(tokens), args.replays, dev)
+        preset, dtype, tokens, *variant = spec.split("/", 3)
+        cell = trace_cell(preset, dtype, int(tokens), parse_variant(variant[0] if variant else "shipped"),
+                          args.replays, dev)
         show(cell)
         cells.append(cell)
         torch.cuda.empty_cache()

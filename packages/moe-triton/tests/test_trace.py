@@ -28,7 +28,7 @@ def test_buffers_exist_only_while_recording_and_are_handed_out_again_in_order():
 
 
 _COMPILE_TRACED = """
-from moe_triton._common.offline_compile import compile_kernel, compile_quant_gemm
+from moe_triton._common.offline_compile import compile_kernel, compile_mma_gemm, compile_quant_gemm
 from moe_triton.routing_details._kernel import _route_kernel, route_constexprs
 one_token_gemm1 = dict(QUADS=True, BLOCK_K=128, BLOCK_N=64, SPLIT_K=4, DIRECT=True, PDL=True, SINK=2, ACT=1,
                        GATE_UP_CHUNK=32)
@@ -43,12 +43,15 @@ for traced in (False, True):
                         "zero_ptr": "*i32", "x_ptr": "*bf16", "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32",
                         "trace_ptr": "*i64", "renormalize_eps": "fp32", "scaling": "fp32"}, num_warps=1)
     print("route", traced, r.asm["ptx"].count("%globaltimer"), r.asm["ptx"].count("%smid"))
+    m = compile_mma_gemm({"TRACE": traced}, {"trace_ptr": "*i64"})
+    print("mma", traced, m.asm["ptx"].count("%globaltimer"), m.asm["ptx"].count("%smid"))
 """
 
 
 def test_traced_kernels_read_the_timer_four_times_in_a_gemm_and_twice_in_the_router_and_never_untraced():
-    """A traced GEMM program reads the global timer at its start, after its wait, after its K loop and
-    at its end, the router's at its start and end, each its SM id once; untraced builds hold neither
-    instruction."""
+    """A traced GEMM program (the tl.dot kernel and the mma one) reads the global timer at its start,
+    after its wait, after its K loop and at its end, the router's at its start and end, each its SM id
+    once; untraced builds hold neither instruction."""
     lines = run_compiler_script(_COMPILE_TRACED).split("\n")
-    assert lines[:4] == ["gemm False 0 0", "route False 0 0", "gemm True 4 1", "route True 2 1"], lines
+    assert lines[:6] == ["gemm False 0 0", "route False 0 0", "mma False 0 0",
+                         "gemm True 4 1", "route True 2 1", "mma True 4 1"], lines

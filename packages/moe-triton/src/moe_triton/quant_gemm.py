@@ -164,6 +164,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         # Gluon is imported only when a configuration asks for this kernel.
         from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
+        trace_buf = trace.buffer("gemm", programs, a.device)
         moe_mma_gemm_kernel[grid](
             a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
             out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post, fin, arrivals,
@@ -179,8 +180,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             ZERO_SIDE=zero_side is not None, DIRECT=direct, HAS_MAP=has_map, N_FIRST=n_first, BLOCK_M=cfg.block_m,
             TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,
             STAGES=max(2, cfg.num_stages),
-            EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), num_warps=cfg.num_warps,
-            **dependent_options(a.device))
+            EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), trace_ptr=trace_buf,
+            TRACE=trace_buf is not None, num_warps=cfg.num_warps, **dependent_options(a.device))
         return
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
