@@ -166,13 +166,13 @@ add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b g
 # GEMM2's weights all asked for before its wait on GEMM1 (mma kernel, ring deeper than its split), and
 # whether its programs find room on the SMs while GEMM1 runs (trace: GEMM2's start against GEMM1's end).
 ws="--variant shipped --variant g2ws=ab_patches:gemm2_whole_share --variant g2wsf=ab_patches:gemm2_whole_share_fewest --variant g2wsf64=ab_patches:gemm2_whole_share_fewest_64 --variant both-g2wsf=ab_patches:both_mma_gemm2_whole_share_fewest"
-add ab-whole-share-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-a.json"
-add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-b.json"
 ws_cells=""
 for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b; do
   ws_cells+=" $p/int4/1 $p/int4/1/g2wsf=ab_patches:gemm2_whole_share_fewest $p/int4/1/both-g2wsf=ab_patches:both_mma_gemm2_whole_share_fewest"
 done
 add trace-whole-share "python3 trace_decode.py --out $OUT/host/trace-whole-share.json --cells$ws_cells qwen3-30b-a3b/int4/1/g2ws=ab_patches:gemm2_whole_share"
+add ab-whole-share-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-a.json"
+add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-b.json"
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"
 add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtype fp8-block --m 8 --rounds 7 --variant before=ab_patches:qwen3_fp8_block_8_before --variant shipped --out $OUT/host/ab-retune-qwen3-fp8-block.json"
