@@ -22,11 +22,12 @@ count to those it would run, with one field of both GEMMs changed.
   and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
-- `gemm2_whole_share`, `gemm2_whole_share_fewest`, `gemm2_whole_share_fewest_64`,
-  `both_mma_gemm2_whole_share_fewest`: a direct GEMM2 on the mma kernel asking for all its weights
-  before its wait on GEMM1 (ring one stage deeper than its K tiles), at the served split or the
-  fewest splits of at most 8 K tiles (fewer, heavier programs), 64 rows wide, or with GEMM1 on the mma
-  kernel too (whose programs hold fewer registers, leaving GEMM2's room on the SMs while GEMM1 runs).
+- `gemm2_whole_share`, `gemm2_whole_share_split2`, `gemm2_whole_share_split6`, `gemm2_whole_share_64`,
+  `gemm2_whole_share_fewest`, `gemm2_whole_share_fewest_64`, `both_mma_gemm2_whole_share_fewest`: a
+  direct GEMM2 on the mma kernel asking for all its weights before its wait on GEMM1 (ring one stage
+  deeper than its K tiles), at the served split, 2 or 6 splits, or the fewest splits of at most 8 K
+  tiles (fewer, heavier programs), 64 rows wide, or with GEMM1 on the mma kernel too (whose programs
+  hold fewer registers, leaving GEMM2 room on the SMs while GEMM1 runs).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -153,28 +154,34 @@ mma_gemm2 = _mma(False, True)
 mma_both_split2x = _mma(True, True, split_factor=2)
 
 
-def _gemm2_whole_share(fewest_splits: bool, block_n: int | None = None, gemm1_mma: bool = False):
+def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gemm1_mma: bool = False):
     """GEMM2 on the mma kernel with a ring one stage deeper than its split's K tiles: a dependent direct
-    launch then asks for all of its weights before its wait on GEMM1 (EARLY_WEIGHTS). Its split the
-    served one, or the fewest of at most `_mma.MAX_TILES` K tiles each; block_n the served one or given;
-    gemm1_mma: GEMM1 on the mma kernel too (`_as_mma`, served split)."""
+    launch then asks for all of its weights before its wait on GEMM1 (EARLY_WEIGHTS). split: the served
+    one (None), the fewest of at most `_mma.MAX_TILES` K tiles each (0), or that many (raised to the
+    fewest); block_n: the served one or given (16 rows per warp); gemm1_mma: GEMM1 on the mma kernel too
+    (`_as_mma`, served split)."""
     def patch(layer, tokens: int):
         served = layer.experts._find_config(tokens).config
         cfg = layer.experts.config
         k_tiles = -(-cfg.intermediate_size_per_partition // 128)
-        g2 = served.gemm2 if block_n is None else dataclasses.replace(served.gemm2, block_n=block_n, num_warps=8)
-        split = -(-k_tiles // 8) if fewest_splits else g2.split_k
-        g2 = _as_mma(dataclasses.replace(g2, split_k=split), cfg.intermediate_size_per_partition, 1)
+        g2 = dataclasses.replace(served.gemm2, mma=False)
+        if block_n is not None:
+            g2 = dataclasses.replace(g2, block_n=block_n, num_warps=block_n // 16)
+        g2 = dataclasses.replace(g2, split_k=g2.split_k if split is None else max(split, 1))
+        g2 = _as_mma(g2, cfg.intermediate_size_per_partition, 1)
         g2 = dataclasses.replace(g2, num_stages=-(-k_tiles // g2.split_k) + 1)
         g1 = _as_mma(served.gemm1, cfg.hidden_size, 1) if gemm1_mma else served.gemm1
         return mock.patch.object(layer.experts, "config_override", QuantKernelConfig(g1, g2))
     return patch
 
 
-gemm2_whole_share = _gemm2_whole_share(False)
-gemm2_whole_share_fewest = _gemm2_whole_share(True)
-gemm2_whole_share_fewest_64 = _gemm2_whole_share(True, block_n=64)
-both_mma_gemm2_whole_share_fewest = _gemm2_whole_share(True, gemm1_mma=True)
+gemm2_whole_share = _gemm2_whole_share()
+gemm2_whole_share_fewest = _gemm2_whole_share(0)
+gemm2_whole_share_fewest_64 = _gemm2_whole_share(0, block_n=64)
+both_mma_gemm2_whole_share_fewest = _gemm2_whole_share(0, gemm1_mma=True)
+gemm2_whole_share_split2 = _gemm2_whole_share(2)
+gemm2_whole_share_split6 = _gemm2_whole_share(6)
+gemm2_whole_share_64 = _gemm2_whole_share(block_n=64)
 
 
 # The one-token H200 int4 entries the mma kernel replaced, per (hidden, intermediate) shape: the GEMM's

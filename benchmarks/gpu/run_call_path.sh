@@ -170,7 +170,12 @@ ws_cells=""
 for p in qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b; do
   ws_cells+=" $p/int4/1 $p/int4/1/g2wsf=ab_patches:gemm2_whole_share_fewest $p/int4/1/both-g2wsf=ab_patches:both_mma_gemm2_whole_share_fewest"
 done
-add trace-whole-share "python3 trace_decode.py --out $OUT/host/trace-whole-share.json --cells$ws_cells qwen3-30b-a3b/int4/1/g2ws=ab_patches:gemm2_whole_share"
+for v in g2ws=ab_patches:gemm2_whole_share g2ws-s2=ab_patches:gemm2_whole_share_split2 g2ws-s6=ab_patches:gemm2_whole_share_split6 g2ws64=ab_patches:gemm2_whole_share_64; do
+  ws_cells+=" qwen3-30b-a3b/int4/1/$v"
+done
+add trace-whole-share "python3 trace_decode.py --out $OUT/host/trace-whole-share.json --cells ${WS_CELLS:-$ws_cells}"
+# qwen3-30b-a3b, whose GEMM1 (mma kernel) leaves GEMM2's programs room on the SMs while it runs.
+add ab-whole-share-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 7 --variant shipped --variant g2ws=ab_patches:gemm2_whole_share --variant g2ws-s2=ab_patches:gemm2_whole_share_split2 --variant g2ws-s6=ab_patches:gemm2_whole_share_split6 --variant g2ws64=ab_patches:gemm2_whole_share_64 --out $OUT/host/ab-whole-share-qwen3.json"
 add ab-whole-share-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-a.json"
 add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-b.json"
 # This session's 8-token retunes against the entries they replaced.
