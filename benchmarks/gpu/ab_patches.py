@@ -27,7 +27,9 @@ count to those it would run, with one field of both GEMMs changed.
   direct GEMM2 on the mma kernel asking for all its weights before its wait on GEMM1 (ring one stage
   deeper than its K tiles), at the served split, 2 or 6 splits, or the fewest splits of at most 8 K
   tiles (fewer, heavier programs), 64 rows wide, or with GEMM1 on the mma kernel too (whose programs
-  hold fewer registers, leaving GEMM2 room on the SMs while GEMM1 runs).
+  hold fewer registers, leaving GEMM2 room on the SMs while GEMM1 runs);
+  `one_token_entry_gemm2_whole_share`: the one-token entry's launch shapes with GEMM2's whole share
+  asked for before its wait, at any token count (a 2-token entry as it would serve 2 and 3 tokens).
 - `gemm1_stages5`, `gemm1_n128_stages5`, `gemm1_split8`, `gemm1_n128_split8`: GEMM1 alone, its
   pipeline deep enough (or its K-splits short enough) that a one-token program of qwen3-30b-a3b
   (K = 2048: 16 tiles of 128, split 4 or 8) asks for all its weight tiles before computing.
@@ -154,14 +156,15 @@ mma_gemm2 = _mma(False, True)
 mma_both_split2x = _mma(True, True, split_factor=2)
 
 
-def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gemm1_mma: bool = False):
+def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gemm1_mma: bool = False,
+                       from_one_token: bool = False):
     """GEMM2 on the mma kernel with a ring one stage deeper than its split's K tiles: a dependent direct
     launch then asks for all of its weights before its wait on GEMM1 (EARLY_WEIGHTS). split: the served
     one (None), the fewest of at most `_mma.MAX_TILES` K tiles each (0), or that many (raised to the
     fewest); block_n: the served one or given (16 rows per warp); gemm1_mma: GEMM1 on the mma kernel too
-    (`_as_mma`, served split)."""
+    (`_as_mma`, served split); from_one_token: the one-token entry's launch shapes at any token count."""
     def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
+        served = layer.experts._find_config(1 if from_one_token else tokens).config
         cfg = layer.experts.config
         k_tiles = -(-cfg.intermediate_size_per_partition // 128)
         g2 = dataclasses.replace(served.gemm2, mma=False)
@@ -182,6 +185,7 @@ both_mma_gemm2_whole_share_fewest = _gemm2_whole_share(0, gemm1_mma=True)
 gemm2_whole_share_split2 = _gemm2_whole_share(2)
 gemm2_whole_share_split6 = _gemm2_whole_share(6)
 gemm2_whole_share_64 = _gemm2_whole_share(block_n=64)
+one_token_entry_gemm2_whole_share = _gemm2_whole_share(from_one_token=True)
 
 
 # The one-token H200 int4 entries the mma kernel replaced, per (hidden, intermediate) shape: the GEMM's

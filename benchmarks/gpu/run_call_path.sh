@@ -176,6 +176,7 @@ done
 add trace-whole-share "python3 trace_decode.py --out $OUT/host/trace-whole-share.json --cells ${WS_CELLS:-$ws_cells}"
 # qwen3-30b-a3b, whose GEMM1 (mma kernel) leaves GEMM2's programs room on the SMs while it runs.
 add ab-whole-share-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 7 --variant shipped --variant g2ws=ab_patches:gemm2_whole_share --variant g2ws-s2=ab_patches:gemm2_whole_share_split2 --variant g2ws-s6=ab_patches:gemm2_whole_share_split6 --variant g2ws64=ab_patches:gemm2_whole_share_64 --out $OUT/host/ab-whole-share-qwen3.json"
+add ab-whole-share-entry2 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 2 3 4 --rounds 7 --variant shipped --variant entry2=ab_patches:one_token_entry_gemm2_whole_share --out $OUT/host/ab-whole-share-entry2.json"
 add ab-whole-share-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-a.json"
 add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2} --rounds 5 $ws --out $OUT/host/ab-whole-share-b.json"
 # This session's 8-token retunes against the entries they replaced.
