@@ -17,7 +17,7 @@ count to those it would run, with one field of both GEMMs changed.
 - `gemm1_wgmma_128`, `gemm1_wgmma_256`, `both_wgmma_128`: aligned GEMM1 (or both GEMMs) on the
   warp-specialized Gluon kernel (`GemmConfig.wgmma`, four stages) with 128 or 256 weight rows per
   program; GEMM2 cannot at up to 8 tokens (its sums finish by last arrival, which that kernel lacks).
-- `mma_both`, `mma_gemm1`, `mma_gemm2`, `mma_both_split2x`: decode-size int4 launches on the
+- `mma_both`, `mma_gemm1`, `mma_gemm2`, `mma_both_split2x`: decode-size launches (int4, int8, MXFP4) on the
   hand-scheduled mma.sync kernel (`GemmConfig.mma`), both GEMMs or one, at the served block_m, block_n
   and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,

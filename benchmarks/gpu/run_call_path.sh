@@ -25,7 +25,7 @@
 #                asked for before its wait), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
-#   mma-tests, decode-mma  the mma.sync GEMM's device tests; decode_mma.py: each one-token GEMM alone against tl.dot's
+#   mma-tests, decode-mma  the mma.sync GEMM's tests on the GPU (ab-mma-int8, ab-mma-mxfp4: int8 and MXFP4 on it); decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
@@ -51,7 +51,7 @@ add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pyte
 add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 # The hand-scheduled mma.sync GEMM (GemmConfig.mma): its device tests, then each one-token GEMM alone
 # against the tl.dot kernel (decode_mma.py).
-add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_quant_gemm.py -k \"mma and not wgmma\""
+add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py packages/moe-triton/tests/test_quant_configs.py -k \"mma and not wgmma\""
 add decode-mma "python3 decode_mma.py check-and-time --out $OUT/host/decode-mma.json"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
 # the 48-layer eager targets against transformers, the schemes against fused bf16, compiled decode.
@@ -162,6 +162,10 @@ done
 # aligned blocks at 8), in two halves of the presets (one per GPU).
 add ab-mma-int4-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b deepseek-v3 --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-a.json"
 add ab-mma-int4-b "python3 ab_layer.py --preset qwen3-235b-a22b mixtral-8x7b --dtype int4 --m ${AB_TOKENS:-1 2 8} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant mma-split2x=ab_patches:mma_both_split2x --out $OUT/host/ab-mma-int4-b.json"
+# int8 and MXFP4 on the mma kernel at one and two tokens: either GEMM or both, GEMM2's whole share before its wait.
+for s in int8 mxfp4; do
+  add "ab-mma-$s" "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype $s --m ${AB_TOKENS:-1 2} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --variant g2ws=ab_patches:gemm2_whole_share --out $OUT/host/ab-mma-$s.json"
+done
 add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 --variant before=ab_patches:mma_entries_before --variant shipped --out $OUT/host/ab-mma-entries.json"
 # GEMM2's weights all asked for before its wait on GEMM1 (mma kernel, ring deeper than its split), and
 # whether its programs find room on the SMs while GEMM1 runs (trace: GEMM2's start against GEMM1's end).

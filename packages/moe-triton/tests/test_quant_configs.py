@@ -378,12 +378,14 @@ def test_heuristic_swaps_fp8_blocks_below_64_pairs():
 
 
 # The GEMMs the H200 int4 files run on the mma kernel (`GemmConfig.mma`), all at one token.
-MMA_ON_H200 = {"qwen3-30b-a3b": {"gemm1"}, "qwen3-235b-a22b": {"gemm2"}, "gpt-oss-120b": {"gemm2"}}
+# Per token count, the GEMMs the shipped H200 int4 entry serving it runs on the mma kernel.
+MMA_ON_H200 = {"qwen3-30b-a3b": {1: {"gemm1"}, 2: {"gemm1", "gemm2"}, 3: {"gemm1", "gemm2"}},
+               "qwen3-235b-a22b": {1: {"gemm2"}, 2: {"gemm2"}}, "gpt-oss-120b": {1: {"gemm2"}, 2: {"gemm2"}}}
 
 
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
 def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
-    """The shipped H200 int4 files ask for the mma kernel at one token where it measured faster; an int4
+    """The shipped H200 int4 files ask for the mma kernel at 1-3 tokens where it measured faster; an int4
     layer on an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a
     layer borrowing the file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
     from moe_triton import quantized
@@ -395,11 +397,10 @@ def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
     cfg = p.config
     h200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))
     int4 = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), h200)
-    for m in (1, 8, 32, 128, 512, 2048, 8192):
+    for m in (1, 2, 3, 4, 8, 32, 128, 512, 2048, 8192):
         raw, hit = configs.lookup_exact(int4.config_key, m).config, int4.file_config(m)
         assert hit.config == raw
-        assert {g for g in ("gemm1", "gemm2") if getattr(raw, g).mma} == (MMA_ON_H200.get(preset, set()) if m == 1
-                                                                          else set()), m
+        assert {g for g in ("gemm1", "gemm2") if getattr(raw, g).mma} == MMA_ON_H200.get(preset, {}).get(m, set()), m
     if preset not in MMA_ON_H200:
         return
     hit = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size, act_order=True), h200).file_config(1)

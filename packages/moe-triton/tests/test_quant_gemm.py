@@ -23,7 +23,7 @@ from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
-from moe_triton._common.target import wgmma_capable
+from moe_triton._common.target import device_info, mma_capable, wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
@@ -292,13 +292,16 @@ def test_tl_dot_tail_refuses_other_weights():
                  GemmConfig(32, 64, 1, 4, 2, swap_ab=True, tail=16), atomic=True)
 
 
-@pytest.mark.parametrize("wgmma", [False, True])
-def test_mxfp4_scales_above_two_take_two_factors(wgmma):
+@pytest.mark.parametrize("kernel", ["tl.dot", "wgmma", "mma"])
+def test_mxfp4_scales_above_two_take_two_factors(kernel):
     """An MXFP4 tensor with an e8m0 scale above 2^1 (here w2's, up to 2^4) cannot fold 2^126 into one
     bf16 factor: the processor marks it, and its GEMM scales each weight by two factors, exactly as
-    the reference (w13 keeps the folded scale); on a Hopper GPU on the wgmma kernel too."""
-    if wgmma and not wgmma_capable(DEV):
+    the reference (w13 keeps the folded scale); on a Hopper GPU on the wgmma kernel too, and on an
+    NVIDIA GPU on the mma kernel (two tokens: its decode-size launches)."""
+    if kernel == "wgmma" and not wgmma_capable(DEV):
         pytest.skip("the wgmma kernel needs an NVIDIA Hopper GPU")
+    if kernel == "mma" and not mma_capable(device_info(DEV)):
+        pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
     quant = mxfp4_w4a16()
     weights = ExpertWeights.random(cfg, quant, seed=6, device=DEV)
@@ -308,11 +311,14 @@ def test_mxfp4_scales_above_two_take_two_factors(wgmma):
     experts = TritonMxfp4Experts(cfg, quant, RUN_ON)
     experts.load_weights(weights)
     assert experts._operand("w13", 256, 256).folded_scale and not experts._operand("w2", 256, 128).folded_scale
-    if wgmma:
+    if kernel == "wgmma":
         experts.config_override = QuantKernelConfig(wgmma_launch(64, 128, 3), wgmma_launch(64, 128, 3))
+    if kernel == "mma":
+        experts.config_override = QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 1))
+    tokens = 2 if kernel == "mma" else 24
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(24, 256, generator=gen).to(torch.bfloat16).to(DEV)
-    tw, ids = route_torch(torch.randn(24, 4, generator=gen).to(DEV), cfg.routing, 2)
+    x = torch.randn(tokens, 256, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(tokens, 4, generator=gen).to(DEV), cfg.routing, 2)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
     assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
 
@@ -420,22 +426,42 @@ def test_mma_config_limits():
 
 def test_mma_gemm_is_refused_where_it_cannot_run():
     """A forced mma launch fails with the reason: on CPU (the interpreter) for want of a GPU, anywhere for
-    weights it does not take (int8)."""
+    weights it does not take (int8 in groups of 96: byte quads, but no scale group the kernel indexes;
+    fp8)."""
     experts, _, x, tw, ids = int4_bf16_layer(3)
     experts.config_override = QuantKernelConfig(mma_launch(64, 2), mma_launch(64, 2))
     if DEV.type != "cuda":
         with pytest.raises(ValueError, match="needs an NVIDIA GPU of sm_80 or later"):
             experts.apply(x[:1], tw[:1], ids[:1])
-    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    int8 = TritonWna16Experts(cfg, int8_w8a16(-1), RUN_ON)
-    int8.load_weights(ExpertWeights.random(cfg, int8_w8a16(-1), seed=3, device=DEV))
-    int8.config_override = experts.config_override
-    with pytest.raises(ValueError, match=r"needs .*int4 weights in the quads layout"):
-        int8.apply(x[:1], tw[:1], ids[:1])
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=384, intermediate_size=384, dtype=torch.bfloat16)
+    x384 = torch.randn(1, 384, dtype=torch.bfloat16, device=DEV)
+    for cls, quant in ((TritonWna16Experts, int8_w8a16(96)), (TritonFp8Experts, fp8_w8a8())):
+        layer = cls(cfg, quant, RUN_ON)
+        layer.load_weights(ExpertWeights.random(cfg, quant, seed=3, device=DEV))
+        layer.config_override = experts.config_override
+        with pytest.raises(ValueError, match=r"needs .*int4, int8 or MXFP4 weights in a quads layout"):
+            layer.apply(x384, tw[:1], ids[:1])
 
 
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch", "parallel"), [
+    # int8 byte quads: per channel (qwen3-30b-a3b's one-token shapes), zero points in groups of 128 at
+    # two tokens, per channel with K padded and a ragged N in fp16, aligned blocks
+    pytest.param(int8_w8a16(-1), torch.bfloat16, 2048, 768, Activation.silu(), False, 1,
+                 QuantKernelConfig(mma_launch(64, 4), mma_launch(128, 3, warps=8)), None, id="int8-channel-1"),
+    pytest.param(int8_w8a16(128, zero_point=True), torch.bfloat16, 1024, 512, Activation.silu(), False, 2,
+                 QuantKernelConfig(mma_launch(64, 2), mma_launch(64, 2)), None, id="int8-g128-zp-2"),
+    pytest.param(int8_w8a16(-1), torch.float16, 2880, 2880, Activation.swiglu_oai(), True, 1,
+                 QuantKernelConfig(mma_launch(64, 3), mma_launch(128, 4)), None, id="int8-channel-fp16-k-tail"),
+    pytest.param(int8_w8a16(-1), torch.bfloat16, 2048, 768, Activation.silu(), False, 8,
+                 QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 3)), None, id="int8-blocks-8"),
+    # MXFP4: gpt-oss's shapes (biases, SwiGLU, K padded, N ragged) direct and over blocks, fp16
+    pytest.param(mxfp4_w4a16(), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 1,
+                 QuantKernelConfig(mma_launch(64, 3), mma_launch(128, 4)), None, id="mxfp4-gpt-oss-1"),
+    pytest.param(mxfp4_w4a16(), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 2,
+                 QuantKernelConfig(mma_launch(128, 4, warps=8), mma_launch(64, 6)), None, id="mxfp4-gpt-oss-2"),
+    pytest.param(mxfp4_w4a16(), torch.float16, 2048, 768, Activation.silu(), False, 8,
+                 QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 3)), None, id="mxfp4-fp16-blocks-8"),
     # qwen3-30b-a3b's one-token shapes: GEMM1 4 tiles per split, GEMM2 2 (weights asked for before its wait)
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 1,
                  QuantKernelConfig(mma_launch(64, 4), mma_launch(128, 3, warps=8)), None, id="g128-silu-1"),
@@ -467,11 +493,12 @@ def test_mma_gemm_is_refused_where_it_cannot_run():
 def test_mma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parallel):
     """Decode-size launches on the mma kernel (direct up to 2 tokens, aligned blocks above), against
     the reference, as close to it as the tl.dot kernel's launch of the same shapes (which rounds each
-    scaled weight to 16 bits, where this kernel scales the fp32 sums)."""
-    out, ref = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+    scaled weight to 16 bits, where this kernel scales the fp32 sums of int4 and int8)."""
+    cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
+    out, ref = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
                          override=launch, parallel=parallel)
     plain = QuantKernelConfig(*(dataclasses.replace(g, mma=False, num_stages=2) for g in (launch.gemm1, launch.gemm2)))
-    tl_dot, _ = run_layer(TritonWna16Experts, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+    tl_dot, _ = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
                           override=plain, parallel=parallel)
     assert rel_l2(out, ref) < 1e-2 and rel_l2(out, ref) < 1.25 * rel_l2(tl_dot, ref)
 

@@ -193,7 +193,7 @@ class GemmConfig:
     # tl.dot kernel, quads weights: each K tile's four quarters as one dot (one wgmma chain and one wait
     # per tile), not four; other weights ignore it.
     one_dot: bool = False
-    # int4 quads on NVIDIA (sm_80 and later), direct launches or blocks of block_m pairs: the
+    # int4, int8 or MXFP4 quads on NVIDIA (sm_80 and later), direct launches or blocks of block_m pairs: the
     # hand-scheduled mma.sync kernel (`quant_gemm_details._mma`) instead of the tl.dot one; GEMM1's
     # gated activation then finishes by last arrival. block_n a multiple of 16 x num_warps (16 rows
     # per warp at least); K tiles per split (cdiv(K / 128, split_k)) at most `_mma.MAX_TILES`;

@@ -173,7 +173,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             float(activation.limit or 0.0) if activation else 0.0,
             a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), w.scale.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
-            GROUP=w.group if w.group < w.k_tiles * w.block_k else 0, HAS_ZP=w.zero is not None,
+            GROUP=w.group if w.group < w.k_tiles * w.block_k else 0, WTYPE=int(w.wtype), FOLDED_SCALE=w.folded_scale,
+            HAS_ZP=w.zero is not None,
             CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div,
             MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk, SINK=int(sink),
             ACT=int(act_kind(activation)) if activation else 0, GATE_UP_CHUNK=gate_up_chunk,
@@ -291,9 +292,13 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_s
     if not mma_capable(device_info(a.device)):
         wants.append(f"an NVIDIA GPU of sm_80 or later (mma.sync), compiled, got {a.device}"
                      + (" under the interpreter" if interpreting() else ""))
-    if not (w.wtype is WType.INT4 and w.quads and w.block_k == 128 and (w.group % 128 == 0 or w.group in (32, 64))):
-        wants.append(f"int4 weights in the quads layout (int16 words, 128-wide K tiles) with scale groups of 32, 64 "
-                     f"or a multiple of 128, got {w.wtype.name} {w.codes.dtype} block_k={w.block_k} group={w.group}")
+    takes_weights = w.quads and w.block_k == 128 and (
+        (w.wtype in (WType.INT4, WType.INT8) and (w.group % 128 == 0 or w.group in (32, 64)))
+        or (w.wtype is WType.MXFP4 and w.group == 32))
+    if not takes_weights:
+        wants.append(f"int4, int8 or MXFP4 weights in a quads layout (128-wide K tiles; int4 and int8 scale groups of "
+                     f"32, 64 or a multiple of 128, MXFP4's of 32), got {w.wtype.name} {w.codes.dtype} "
+                     f"quads={w.quads} block_k={w.block_k} group={w.group}")
     if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
         wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
     if sink is Sink.STORE and gate_up_chunk:
@@ -301,8 +306,8 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_s
     tiles = cdiv(w.k_tiles, split)
     if tiles > MAX_TILES.value:
         wants.append(f"at most {MAX_TILES.value} K tiles per split, got {tiles} ({w.k_tiles} tiles in {split} splits)")
-    if a.stride(1) != 1 or w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
-            w.zero is not None and w.zero.stride() != w.scale.stride()):
+    if a.stride(1) != 1 or (takes_weights and (w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
+            w.zero is not None and w.zero.stride() != w.scale.stride()))):
         wants.append("unit-stride activation columns, quads words and scale columns, and zero points strided like "
                      "the scales")
     if wants:

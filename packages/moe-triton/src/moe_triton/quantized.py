@@ -395,8 +395,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                    if g.mma and not self._mma_serves(cols)]
         if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
             served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False) for name in mma_off})
-            hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4 quads without act-order "
-                         "on NVIDIA sm_80 or later)")
+            hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
+                         "without act-order on NVIDIA sm_80 or later)")
         if hit.source == "borrowed":
             int8 = self.quant.weight.dtype is QuantDType.INT8  # on byte quads: per channel or g128, any K
             served = borrowed_as_served(hit.config, int8=int8)
@@ -409,16 +409,18 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                 if lent.fused is not None:
                     changes.append("the lender's fused decode options dropped")
                 if lent.gemm1.mma or lent.gemm2.mma:
-                    changes.append("mma off (its kernel takes int4 only)")
+                    changes.append("mma off (the lender's choice, measured on int4)")
                 hit = Lookup(served, hit.source, ", ".join([hit.detail, *changes]))
         return hit
 
     def _mma_serves(self, cols: int) -> bool:
         """Whether the mma kernel (`GemmConfig.mma`) takes this layer's GEMM of K = cols on its device:
-        int4 in a quads layout without act-order, an NVIDIA GPU of sm_80 or later, compiled."""
+        int4, int8 or MXFP4 in a quads layout without act-order, scale groups of 32, 64 or a multiple of
+        128 (per channel: the padded K), an NVIDIA GPU of sm_80 or later, compiled."""
         key = self.quant.weight
-        return (key.dtype is QuantDType.INT4 and not key.act_order and _takes_quads(WType.INT4, cols, _group(key, cols))
-                and mma_capable(self.device))
+        wtype, group = _wtype(key), _group(key, cols)
+        return (wtype in (WType.INT4, WType.INT8, WType.MXFP4) and not key.act_order and _takes_quads(wtype, cols, group)
+                and (_operand_group(wtype, cols, group) % 128 == 0 or group in (32, 64)) and mma_capable(self.device))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""
@@ -723,9 +725,9 @@ BORROWED_INT8_DOT_MAX_N = 128
 def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> QuantKernelConfig:
     """A borrowed int4 launch shape as MXFP4 (wgmma GEMMs) or int8 (every GEMM) runs it: at most
     BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide;
-    the mma kernel's GEMMs (int4 only) on the tl.dot kernel."""
+    the mma kernel's GEMMs on the tl.dot kernel (the lender chose that kernel for int4's dequantization)."""
     def served(g: GemmConfig) -> GemmConfig:
-        g = replace(g, mma=False)  # the mma kernel takes int4 only
+        g = replace(g, mma=False)
         if g.wgmma or int8:
             g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
         if int8 and not g.wgmma and g.block_m >= 32:

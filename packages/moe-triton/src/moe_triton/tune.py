@@ -24,8 +24,8 @@ GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRI
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps, its `one_dot` flipped and (int4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens on
-NVIDIA) it on the other of the tl.dot and mma kernels (`per_gemm_grid`) with the other GEMM held at
+block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens
+on NVIDIA) it on the other of the tl.dot and mma kernels (`per_gemm_grid`) with the other GEMM held at
 the best so far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
 searched (a shipped entry's cap is timed with it). The layer is timed
@@ -195,7 +195,7 @@ PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
-    kernel's), with mma (int4 quads at decode sizes) that GEMM on the other kernel of the two
+    kernel's), with mma (quads weights at decode sizes) that GEMM on the other kernel of the two
     (`as_mma`), the other GEMM as in base."""
     found = {}
     for gemm in ("gemm1", "gemm2"):

@@ -1,6 +1,6 @@
-"""The decode-size GEMM of int4 quads written in Gluon around warp-level mma.sync (m16n8k16).
+"""The decode-size GEMM of quads weights (int4, int8, MXFP4) written in Gluon around warp-level mma.sync (m16n8k16).
 
-Same contract as `_kernel._moe_wgemm_kernel` for int4 quads, launched direct (a program per pair,
+Same contract as `_kernel._moe_wgemm_kernel` for quads weights, launched direct (a program per pair,
 N tile and K split; `quant_gemm.direct_quant_gemm`) or over aligned blocks of BLOCK_M pairs
 (`grouped_quant_gemm`), into every sink but a STORE after a gated activation (whose gate and up
 rows lie in other warps: that GEMM1 finishes by last arrival); no NARROW or TAIL blocks, no
@@ -13,14 +13,16 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
 - the weights are mma.sync's A operand, 16 output rows per warp; the pairs are its N side: a direct
   launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
   BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
-- each thread copies its quads words (k_width 8: a row's 8 neighbouring words, 16 bytes) by
-  cp.async into a ring of STAGES K tiles and reads back exactly what it copied (Triton's hazard
+- each thread copies its quads words (k_width 8: a row's 8 neighbouring words, 16 bytes of int16
+  words, 32 of int8's int32 ones) by cp.async into a ring of STAGES K tiles and reads back exactly what it copied (Triton's hazard
   analysis, which cannot see that, still puts two CTA barriers per tile around the ring); the
   split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
   are read into shared memory once, and each quarter from there;
-- a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
-  1024's fp16 mantissa) and one subtraction of 128 + zero point; the group's scale multiplies
-  the fp32 sums of its quarters.
+- int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
+  1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, a lop3 and an fma
+  per pair of words (`_dequant.byte_quarter_ptx`: code - 128), minus any zero point's offset from
+  128; the group's scale multiplies the fp32 sums of its quarters. MXFP4: the e2m1 fields in place
+  (`_dequant.e2m1_quarter_ptx`) times their quarter's power of two, exact, before the MMAs.
 
 A dependent launch whose pairs are final before its wait (GEMM2 after GEMM1: EARLY_WEIGHTS) asks
 for its first STAGES - 1 tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
@@ -42,7 +44,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
 from moe_triton._common.trace import COLUMNS
-from moe_triton.quant_gemm_details._wgmma import _nibble
+from moe_triton.quant_gemm_details._dequant import e2m1_weights, quarter_e8m0_factors
+from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble
 
 TILE_K = gl.constexpr(128)  # K per quads tile
 QUARTER = gl.constexpr(32)  # K per quarter: one word per row and k
@@ -106,37 +109,58 @@ def _copy_words(ring, w_ptrs, w_mask, t: gl.constexpr, kt0, k_tiles, stride_bt, 
 
 @gluon.jit
 def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
-                  HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr, mma: gl.constexpr,
-                  w_op: gl.constexpr):
-    """acc + one K tile's (code - zero) . x per row, each scale group's sums times its scale (GROUP as
-    the kernel's: the whole tile or more, one or two quarters; 0 one row); a tile past the last
-    (kt >= k_tiles: the split's words repeated its last) adds nothing."""
-    if CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
-        P: gl.constexpr = 1024.0
-    else:
-        P: gl.constexpr = 128.0
-    QPG: gl.constexpr = GROUP // QUARTER if GROUP > 0 and GROUP < TILE_K else 4  # quarters per scale group in the tile
+                  WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
+                  CT: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
+    """acc + one K tile's weights . x per row; a tile past the last (kt >= k_tiles: the split's words
+    repeated its last) adds nothing. int4 and int8: (code - zero) . x in fp32, each scale group's sums
+    times its scale (GROUP as the kernel's: the whole tile or more, one or two quarters; 0 one row);
+    MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`),
+    the exponent words at s_ptrs (rows in w_op's slice)."""
     valid = kt < k_tiles
     kt_c = gl.minimum(kt, k_tiles - 1)
-    part = gl.zeros(acc.shape, gl.float32, layout=mma)
-    for j in gl.static_range(4):
-        if GROUP == 0:  # one scale row (per channel)
-            g = 0
-        elif GROUP >= TILE_K:
-            g = kt_c // (GROUP // TILE_K)
+    if WTYPE == 3:  # MXFP4 (`_layouts.WType`)
+        FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300
+        exp_words = gl.load(s_ptrs + kt_c * stride_sk, mask=z_rows_ok, other=0)
+        part = gl.zeros(acc.shape, gl.float32, layout=mma)
+        for j in gl.static_range(4):
+            lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
+            part = mma_v2(e2m1_weights(_e2m1_quarter(words, j), lo, hi, FOLDED_SCALE, CT), xs[j], part)
+        acc += gl.where(valid, part, 0.0)
+    else:
+        if WTYPE == 1:  # int8: `_byte_quarter` is code - 128 already
+            P: gl.constexpr = -128.0
+        elif CT == gl.float16:  # noqa: SIM300 (CT is the compile-time dtype, not a literal)
+            P: gl.constexpr = 1024.0
         else:
-            g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
-        if j % QPG == 0:
-            if HAS_ZP:
-                z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P
-                z = gl.expand_dims(z, 1)
+            P: gl.constexpr = 128.0
+        QPG: gl.constexpr = GROUP // QUARTER if GROUP > 0 and GROUP < TILE_K else 4  # quarters per scale group in the tile
+        part = gl.zeros(acc.shape, gl.float32, layout=mma)
+        for j in gl.static_range(4):
+            if GROUP == 0:  # one scale row (per channel)
+                g = 0
+            elif GROUP >= TILE_K:
+                g = kt_c // (GROUP // TILE_K)
             else:
-                z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
-        part = mma_v2(_nibble(words, j, CT) - z, xs[j], part)
-        if j % QPG == QPG - 1:
-            s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
-            acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
-            part = gl.zeros(acc.shape, gl.float32, layout=mma)
+                g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
+            if WTYPE == 1:
+                w = _byte_quarter(words, j, CT)
+                if HAS_ZP:
+                    if j % QPG == 0:
+                        z = gl.expand_dims(gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P, 1)
+                    w = w - z
+            else:
+                if j % QPG == 0:
+                    if HAS_ZP:
+                        z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P
+                        z = gl.expand_dims(z, 1)
+                    else:
+                        z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
+                w = _nibble(words, j, CT) - z
+            part = mma_v2(w, xs[j], part)
+            if j % QPG == QPG - 1:
+                s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
+                acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
+                part = gl.zeros(acc.shape, gl.float32, layout=mma)
     return acc
 
 
@@ -196,6 +220,8 @@ def moe_mma_gemm_kernel(
     arrivals_ptr, zero_ptr, N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit,
     stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, stride_biase, stride_cm, stride_fm,
     GROUP: gl.constexpr,  # K per scale row: 32, 64 or a multiple of 128; 0: one row (per channel)
+    WTYPE: gl.constexpr,  # `_layouts.WType`: 0 int4 (int16 quads words), 1 int8 (int32 byte quads), 3 MXFP4 (int16)
+    FOLDED_SCALE: gl.constexpr,  # MXFP4: every e8m0 exponent at most 128 (one factor per weight)
     HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
     A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
     SINK: gl.constexpr,  # `_kernel.Sink`: 0 STORE (not gated), 1 ATOMIC, 2 LAST_ARRIVAL (`_arrive`)
@@ -223,6 +249,8 @@ def moe_mma_gemm_kernel(
     gl.static_assert(TILES >= 1 and TILES <= MAX_TILES, "K tiles per program: 1..MAX_TILES")
     gl.static_assert(STAGES >= 2, "a ring of two stages or more")
     gl.static_assert(GROUP % TILE_K == 0 or GROUP == 64 or GROUP == 32, "scale groups: 32, 64, multiples of 128, 0")
+    gl.static_assert(WTYPE != 3 or (GROUP == QUARTER and not HAS_ZP), "MXFP4: an exponent per quarter, no zero points")
+    gl.static_assert(WTYPE == 0 or WTYPE == 1 or WTYPE == 3, "int4, int8 or MXFP4 quads")
     gl.static_assert(SINK != 0 or GATE_UP_CHUNK == 0, "a gated activation finishes by last arrival")
     gl.static_assert(not EARLY_WEIGHTS or (DIRECT and PDL), "weights ahead of the wait: dependent direct launches")
     gl.static_assert(not (N_FIRST and (DIRECT or SINK == 2)), "last-arrival counters index N tiles by the second axis")
@@ -244,7 +272,8 @@ def moe_mma_gemm_kernel(
     w_mask = gl.expand_dims(z_rows_ok, 1)  # unused with EVEN_N
 
     # Each thread reads back only the words it copied: the ring's layout only keeps 16-byte pieces whole.
-    ring = gl.allocate_shared_memory(gl.int16, [STAGES, BLOCK_N, QUARTER], gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
+    ring = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [STAGES, BLOCK_N, QUARTER],
+                                     gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
     t_start = _now(TRACE)
     if EARLY_WEIGHTS:
         # The pairs are final before this launch's wait: the first tiles' words are on their way
@@ -316,7 +345,10 @@ def moe_mma_gemm_kernel(
     xs = gl.allocate_shared_memory(CT, [SPAN, COLS], gl.SwizzledSharedLayout(8, 1, 1, [0, 1]))
     # Past K (a padded last tile, or a split past the last tile): zeros.
     xs.store(gl.load(x_ptrs, mask=gl.expand_dims(ks < K, 1), other=0.0))
-    s_ptrs = s_ptr + e_c * stride_se + acc_rows
+    if WTYPE == 3:  # MXFP4: its exponent words are read with the weights' rows
+        s_ptrs = s_ptr + e_c * stride_se + rows
+    else:
+        s_ptrs = s_ptr + e_c * stride_se + acc_rows
     z_ptrs = z_ptr + e_c * stride_se + rows
     _cta_barrier()
 
@@ -330,7 +362,7 @@ def moe_mma_gemm_kernel(
         quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
                     x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
         acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
 
     t_products = _now(TRACE)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
