@@ -20,6 +20,8 @@ count to those it would run, with one field of both GEMMs changed.
 - `mma_both`, `mma_gemm1`, `mma_gemm2`, `mma_both_split2x`: decode-size launches (int4, int8, MXFP4) on the
   hand-scheduled mma.sync kernel (`GemmConfig.mma`), both GEMMs or one, at the served block_m, block_n
   and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
+  `one_token_entry_mma_both`, `one_token_entry_mma_gemm2`: the one-token entry's launch shapes with both
+  GEMMs or GEMM2 on the mma kernel at any token count;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
 - `gemm2_whole_share`, `gemm2_whole_share_split2`, `gemm2_whole_share_split6`, `gemm2_whole_share_64`,
@@ -139,9 +141,11 @@ def _as_mma(g, k: int, split_factor: int):
     return as_mma(dataclasses.replace(g, wgmma=False, split_k=split))
 
 
-def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1):
+def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1, from_one_token: bool = False):
+    """from_one_token: the one-token entry's launch shapes at any token count (a 2-token entry as it
+    would serve 2 and 3 tokens)."""
     def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
+        served = layer.experts._find_config(1 if from_one_token else tokens).config
         cfg = layer.experts.config
         changed = QuantKernelConfig(
             _as_mma(served.gemm1, cfg.hidden_size, split_factor) if gemm1 else served.gemm1,
@@ -154,6 +158,8 @@ mma_both = _mma(True, True)
 mma_gemm1 = _mma(True, False)
 mma_gemm2 = _mma(False, True)
 mma_both_split2x = _mma(True, True, split_factor=2)
+one_token_entry_mma_both = _mma(True, True, from_one_token=True)
+one_token_entry_mma_gemm2 = _mma(False, True, from_one_token=True)
 
 
 def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gemm1_mma: bool = False,
