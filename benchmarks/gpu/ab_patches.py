@@ -22,6 +22,7 @@ count to those it would run, with one field of both GEMMs changed.
   and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
   `one_token_entry_mma_both`, `one_token_entry_mma_gemm2`: the one-token entry's launch shapes with both
   GEMMs or GEMM2 on the mma kernel at any token count;
+  `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
 - `gemm2_whole_share`, `gemm2_whole_share_split2`, `gemm2_whole_share_split6`, `gemm2_whole_share_64`,
@@ -50,8 +51,9 @@ from __future__ import annotations
 import dataclasses
 from unittest import mock
 
+from moe_core.quant import QuantDType
 from moe_triton import act_quant, quant_gemm, quantized
-from moe_triton.configs import QuantKernelConfig
+from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.tune import as_mma
 
 
@@ -206,3 +208,23 @@ def mma_entries_before(layer, tokens: int):
     served = layer.experts._find_config(tokens).config
     before = dataclasses.replace(getattr(served, gemm), mma=False, **fields)
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **{gemm: before}))
+
+
+# The one-token H200 int8 entries this session's mma entries replaced, per (hidden, intermediate) shape.
+_INT8_ONE_TOKEN_BEFORE = {
+    (2048, 768): QuantKernelConfig(GemmConfig(16, 64, 4, 4, 2, swap_ab=True), GemmConfig(16, 64, 4, 4, 2, swap_ab=True)),
+    (2880, 2880): QuantKernelConfig(GemmConfig(16, 128, 2, 4, 3, swap_ab=True, one_dot=True),
+                                    GemmConfig(16, 128, 4, 4, 3, swap_ab=True, one_dot=True)),
+}
+
+
+def mma_entries_21_before(layer, tokens: int):
+    """What served `tokens` before the twenty-first session's H200 entries: int8's one-token entries
+    as they were (`_INT8_ONE_TOKEN_BEFORE`, at 1 and 2 tokens); elsewhere, where a 2-token entry was
+    added, the one-token entry at 2 tokens and the 8-token one at 3 (the nearest then)."""
+    cfg = layer.experts.config
+    if layer.experts.quant.weight.dtype is QuantDType.INT8:
+        before = _INT8_ONE_TOKEN_BEFORE[cfg.hidden_size, cfg.intermediate_size_per_partition]
+    else:
+        before = layer.experts._find_config(1 if tokens <= 2 else 8).config
+    return mock.patch.object(layer.experts, "config_override", before)

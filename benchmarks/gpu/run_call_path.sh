@@ -25,6 +25,7 @@
 #                asked for before its wait), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
+#   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
 #   mma-tests, decode-mma  the mma.sync GEMM's tests on the GPU (ab-mma-int8, ab-mma-mxfp4: int8 and MXFP4 on it); decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
@@ -51,6 +52,8 @@ add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pyte
 add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 # The hand-scheduled mma.sync GEMM (GemmConfig.mma): its device tests, then each one-token GEMM alone
 # against the tl.dot kernel (decode_mma.py).
+# moe-triton's whole device suite (as run_moe_cuda.sh's triton-tests), for a call that also times.
+add triton-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 -m device packages/moe-triton/tests; rc=\$?; python3 -m pytest -q -p no:cacheprovider -n 8 packages/moe-triton/tests/test_act_order.py && exit \$rc"
 add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py packages/moe-triton/tests/test_quant_configs.py -k \"mma and not wgmma\""
 add decode-mma "python3 decode_mma.py check-and-time --out $OUT/host/decode-mma.json"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
@@ -168,6 +171,11 @@ add ab-mma-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b qwen3-
 add ab-mma-int8 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b deepseek-v3 mixtral-8x7b --dtype int8 --m ${AB_TOKENS:-1 2} --rounds 5 --variant shipped --variant mma=ab_patches:mma_both --variant mma-gemm1=ab_patches:mma_gemm1 --variant mma-gemm2=ab_patches:mma_gemm2 --out $OUT/host/ab-mma-int8.json"
 # MXFP4's one-token entries with GEMM2 (or both GEMMs) on the mma kernel as 2-token entries would serve 2-4 tokens.
 add ab-mma-mxfp4-entry2 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b --dtype mxfp4 --m 2 3 4 --rounds 7 --variant shipped --variant both=ab_patches:one_token_entry_mma_both --variant gemm2=ab_patches:one_token_entry_mma_gemm2 --out $OUT/host/ab-mma-mxfp4-entry2.json"
+# The twenty-first session's H200 mma entries against what served those token counts before.
+for s in int4 mxfp4 int8; do
+  case $s in int4) ps="qwen3-30b-a3b"; ms="2 3";; mxfp4) ps="qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b"; ms="2 3";; int8) ps="qwen3-30b-a3b gpt-oss-120b"; ms="1 2";; esac
+  add "ab-mma-entries-21-$s" "python3 ab_layer.py --preset $ps --dtype $s --m $ms --rounds 7 --variant before=ab_patches:mma_entries_21_before --variant shipped --out $OUT/host/ab-mma-entries-21-$s.json"
+done
 add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 --variant before=ab_patches:mma_entries_before --variant shipped --out $OUT/host/ab-mma-entries.json"
 # GEMM2's weights all asked for before its wait on GEMM1 (mma kernel, ring deeper than its split), and
 # whether its programs find room on the SMs while GEMM1 runs (trace: GEMM2's start against GEMM1's end).

@@ -377,17 +377,26 @@ def test_heuristic_swaps_fp8_blocks_below_64_pairs():
     assert not pick_config(8, 8, int8, 132).swap_ab
 
 
-# The GEMMs the H200 int4 files run on the mma kernel (`GemmConfig.mma`), all at one token.
-# Per token count, the GEMMs the shipped H200 int4 entry serving it runs on the mma kernel.
-MMA_ON_H200 = {"qwen3-30b-a3b": {1: {"gemm1"}, 2: {"gemm1", "gemm2"}, 3: {"gemm1", "gemm2"}},
-               "qwen3-235b-a22b": {1: {"gemm2"}, 2: {"gemm2"}}, "gpt-oss-120b": {1: {"gemm2"}, 2: {"gemm2"}}}
+# Per scheme, preset and token count, the GEMMs the shipped H200 entry serving it runs on the mma kernel.
+_BOTH = {"gemm1", "gemm2"}
+MMA_ON_H200 = {
+    ("int4", "qwen3-30b-a3b"): {1: {"gemm1"}, 2: _BOTH, 3: _BOTH},
+    ("int4", "qwen3-235b-a22b"): {1: {"gemm2"}, 2: {"gemm2"}},
+    ("int4", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
+    ("int8", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH},
+    ("int8", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
+    ("mxfp4", "qwen3-30b-a3b"): {2: _BOTH, 3: _BOTH},
+    ("mxfp4", "qwen3-235b-a22b"): {2: {"gemm2"}, 3: {"gemm2"}},
+    ("mxfp4", "gpt-oss-120b"): {2: {"gemm2"}, 3: {"gemm2"}},
+}
 
 
+@pytest.mark.parametrize("scheme", ["int4", "int8", "mxfp4"])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
-def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
-    """The shipped H200 int4 files ask for the mma kernel at 1-3 tokens where it measured faster; an int4
-    layer on an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a
-    layer borrowing the file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
+def test_mma_entries_run_where_their_kernel_does(scheme, preset, monkeypatch):
+    """The shipped H200 files ask for the mma kernel at 1-3 tokens where it measured faster; a layer on
+    an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a layer
+    borrowing an int4 file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
     from moe_triton import quantized
     from moe_triton._common import target
 
@@ -396,17 +405,25 @@ def test_mma_entries_run_where_their_kernel_does(preset, monkeypatch):
     p = get_preset(preset)
     cfg = p.config
     h200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))
-    int4 = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size), h200)
+    quants = {"int4": lambda **kw: int4_w4a16(p.int4_group_size, **kw), "int8": lambda: int8_w8a16(-1),
+              "mxfp4": mxfp4_w4a16}
+    cls = TritonMxfp4Experts if scheme == "mxfp4" else TritonWna16Experts
+    layer = cls(cfg, quants[scheme](), h200)
+    expected = MMA_ON_H200.get((scheme, preset), {})
     for m in (1, 2, 3, 4, 8, 32, 128, 512, 2048, 8192):
-        raw, hit = configs.lookup_exact(int4.config_key, m).config, int4.file_config(m)
-        assert hit.config == raw
-        assert {g for g in ("gemm1", "gemm2") if getattr(raw, g).mma} == MMA_ON_H200.get(preset, {}).get(m, set()), m
-    if preset not in MMA_ON_H200:
+        raw, hit = configs.lookup_exact(layer.config_key, m), layer.file_config(m)
+        if hit.source != "borrowed":
+            assert hit.config == raw.config
+        assert {g for g in ("gemm1", "gemm2") if getattr(hit.config, g).mma} == expected.get(m, set()), m
+    if not expected:
         return
-    hit = TritonWna16Experts(cfg, int4_w4a16(p.int4_group_size, act_order=True), h200).file_config(1)
-    assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
+    first = min(expected)
     monkeypatch.setattr(target, "interpreting", lambda: True)
-    hit = int4.file_config(1)
+    hit = layer.file_config(first)
     assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
-    lent = configs.lookup_exact(int4.config_key, 1).config
-    assert not any(g.mma for g in (borrowed_as_served(lent).gemm1, borrowed_as_served(lent, int8=True).gemm2))
+    if scheme == "int4":  # (act-order int8 has grouped scales: another file)
+        monkeypatch.setattr(target, "interpreting", lambda: False)
+        hit = cls(cfg, quants[scheme](act_order=True), h200).file_config(first)
+        assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
+        lent = configs.lookup_exact(layer.config_key, first).config
+        assert not any(g.mma for g in (borrowed_as_served(lent).gemm1, borrowed_as_served(lent, int8=True).gemm2))
