@@ -377,6 +377,13 @@ def test_heuristic_swaps_fp8_blocks_below_64_pairs():
     assert not pick_config(8, 8, int8, 132).swap_ab
 
 
+def test_quant_config_text_names_each_gemms_kernel_and_options():
+    """What `moe explain` and the benchmarks print of a launch shape: every field a file may set."""
+    cfg = QuantKernelConfig(GemmConfig(16, 64, 4, 4, 3, swap_ab=True, mma=True),
+                            GemmConfig(16, 128, 4, 4, 3, swap_ab=True, one_dot=True, max_registers=168, group_m=16))
+    assert str(cfg) == "BM16 | gemm1 64 split4 w4 s3 swap mma | gemm2 128 split4 w4 s3 swap group16 one-dot regs168"
+
+
 # Per scheme, preset and token count, the GEMMs the shipped H200 entry serving it runs on the mma kernel.
 _BOTH = {"gemm1", "gemm2"}
 MMA_ON_H200 = {

@@ -281,7 +281,8 @@ class QuantKernelConfig:
         def t(c: GemmConfig) -> str:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
-                    f"{f' group{c.group_m}' if c.group_m > 1 else ''}")
+                    f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
+                    f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
                if fused is not None else "")
