@@ -52,11 +52,12 @@ def buffer(name: str, programs: int, device: torch.device) -> torch.Tensor | Non
 
 @triton.jit
 def now(TRACE: tl.constexpr = True):
-    """The global timer (ns) where TRACE, else 0 (no instruction)."""
+    """The global timer (ns) where TRACE, else 0 (no instruction). Gluon kernels call these helpers
+    too (scalars only: no layout)."""
     if TRACE:
         t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
     else:
-        t = tl.zeros((), tl.int64)
+        t = 0
     return t
 
 

@@ -41,9 +41,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from moe_triton._common import trace
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
-from moe_triton._common.trace import COLUMNS
 from moe_triton.quant_gemm_details._dequant import e2m1_weights, quarter_e8m0_factors
 from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble
 
@@ -56,36 +56,6 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 
 MAX_TILES = gl.constexpr(8)  # K tiles per program: the loop is unrolled, its tiles' registers named at compile time
 _ZERO_BLOCK = gl.constexpr(512)
-_TRACE_COLUMNS = gl.constexpr(COLUMNS)  # start, released, products done, end, SM
-
-
-@gluon.jit
-def _now(TRACE: gl.constexpr):
-    """`moe_triton._common.trace.now` for Gluon: the global timer (ns) where TRACE, else 0."""
-    if TRACE:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    else:
-        t = 0
-    return t
-
-
-@gluon.jit
-def _trace_row(trace_ptr):
-    pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
-    return trace_ptr + pid.to(gl.int64) * _TRACE_COLUMNS
-
-
-@gluon.jit
-def _trace_store(trace_ptr, t_start, t_released, t_products, TRACE: gl.constexpr):
-    """The program's row of `moe_triton._common.trace`'s buffer."""
-    if TRACE:
-        row = _trace_row(trace_ptr)
-        gl.store(row, t_start)
-        gl.store(row + 1, t_released)
-        gl.store(row + 2, t_products)
-        gl.store(row + 3, _now(True))
-        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-        gl.store(row + 4, sm.to(gl.int64))
 
 
 @gluon.constexpr_function
@@ -274,7 +244,7 @@ def moe_mma_gemm_kernel(
     # Each thread reads back only the words it copied: the ring's layout only keeps 16-byte pieces whole.
     ring = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [STAGES, BLOCK_N, QUARTER],
                                      gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
-    t_start = _now(TRACE)
+    t_start = trace.now(TRACE)
     if EARLY_WEIGHTS:
         # The pairs are final before this launch's wait: the first tiles' words are on their way
         # while the kernel ahead still runs (only its output, this GEMM's input, needs the wait).
@@ -286,10 +256,10 @@ def moe_mma_gemm_kernel(
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
         wait_then_release(PDL)
-        t_released = _now(TRACE)
+        t_released = trace.now(TRACE)
     else:
         wait_then_release(PDL)
-        t_released = _now(TRACE)
+        t_released = trace.now(TRACE)
         if DIRECT:
             e = gl.load(sorted_ids_ptr + pid_m)
             if HAS_MAP:
@@ -364,7 +334,7 @@ def moe_mma_gemm_kernel(
         acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
                             GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
 
-    t_products = _now(TRACE)
+    trace.mark_products_done(trace_ptr, TRACE)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
         if kt0 == 0:  # once per output, not once per K-split
             acc += gl.expand_dims(gl.load(bias_ptr + e_c * stride_biase + acc_rows, mask=rows_ok,
@@ -386,4 +356,4 @@ def moe_mma_gemm_kernel(
         else:
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, out_rows, valid, pid_n, N, stride_cm, stride_fm, alpha,
                     limit, ACT, GATE_UP_CHUNK, BLOCK_N, NW, False)
-    _trace_store(trace_ptr, t_start, t_released, t_products, TRACE)
+    trace.store(trace_ptr, t_start, t_released, TRACE)
