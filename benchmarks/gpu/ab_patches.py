@@ -212,7 +212,8 @@ def mma_entries_before(layer, tokens: int):
 
 # The one-token H200 int8 entries this session's mma entries replaced, per (hidden, intermediate) shape.
 _INT8_ONE_TOKEN_BEFORE = {
-    (2048, 768): QuantKernelConfig(GemmConfig(16, 64, 4, 4, 2, swap_ab=True), GemmConfig(16, 64, 4, 4, 2, swap_ab=True)),
+    (2048, 768): QuantKernelConfig(GemmConfig(16, 64, 4, 4, 2, swap_ab=True),
+                                   GemmConfig(16, 64, 4, 4, 2, swap_ab=True)),
     (2880, 2880): QuantKernelConfig(GemmConfig(16, 128, 2, 4, 3, swap_ab=True, one_dot=True),
                                     GemmConfig(16, 128, 4, 4, 3, swap_ab=True, one_dot=True)),
 }

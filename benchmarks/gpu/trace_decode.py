@@ -121,8 +121,8 @@ def _trace_cell(preset_name, dtype, tokens, variant, layer, inputs, replays, dev
 
 
 def kernel_builds(dump: Path | None = None) -> list[dict]:
-    """What Triton built of the quantized GEMMs (tl.dot and mma kernels) in this process: per build its registers, spills,
-    shared memory and a count of the PTX's memory instructions (are the weight loads asynchronous
+    """What Triton built of the quantized GEMMs (tl.dot and mma kernels) in this process: per build its
+    registers, spills, shared memory and a count of the PTX's memory instructions (are the weight loads asynchronous
     copies the pipeline runs ahead, or register loads?). dump: a folder for each build's PTX and
     SASS (`build<i>.ptx`, `build<i>.sass`; the JSON's `dump` names them)."""
     from moe_triton.quant_gemm_details._kernel import _moe_wgemm_kernel
@@ -172,8 +172,9 @@ def _dump_build(kernel, ptx: str, stem: Path) -> str:
 
 
 def show(cell: dict) -> None:
-    print(f"{cell['preset']} {cell['dtype']} M={cell['tokens']} {cell['variant']}: untraced {cell['untraced_us']:.1f} us, traced replay "
-          f"{cell['traced_replay_us']:.1f} us, router start -> last end {cell['traced_span_us']:.1f} us  {cell['config']}")
+    print(f"{cell['preset']} {cell['dtype']} M={cell['tokens']} {cell['variant']}: untraced {cell['untraced_us']:.1f} us, "
+          f"traced replay {cell['traced_replay_us']:.1f} us, router start -> last end {cell['traced_span_us']:.1f} us  "
+          f"{cell['config']}")
     print(f"  {'launch':8s} {'progs':>6s} {'SMs':>4s} {'/SM':>4s}  {'start first/med/last':>22s}  "
           f"{'released first/med/last':>24s}  {'end first/med/last':>22s}  {'run':>6s} {'loop':>6s} {'sink':>6s}")
     for r in cell["launches"]:

@@ -419,7 +419,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         128 (per channel: the padded K), an NVIDIA GPU of sm_80 or later, compiled."""
         key = self.quant.weight
         wtype, group = _wtype(key), _group(key, cols)
-        return (wtype in (WType.INT4, WType.INT8, WType.MXFP4) and not key.act_order and _takes_quads(wtype, cols, group)
+        return (wtype in (WType.INT4, WType.INT8, WType.MXFP4) and not key.act_order
+                and _takes_quads(wtype, cols, group)
                 and (_operand_group(wtype, cols, group) % 128 == 0 or group in (32, 64)) and mma_capable(self.device))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:

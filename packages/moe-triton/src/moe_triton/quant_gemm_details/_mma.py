@@ -1,4 +1,4 @@
-"""The decode-size GEMM of quads weights (int4, int8, MXFP4) written in Gluon around warp-level mma.sync (m16n8k16).
+"""The decode-size GEMM of quads weights (int4, int8, MXFP4) in Gluon around warp-level mma.sync (m16n8k16).
 
 Same contract as `_kernel._moe_wgemm_kernel` for quads weights, launched direct (a program per pair,
 N tile and K split; `quant_gemm.direct_quant_gemm`) or over aligned blocks of BLOCK_M pairs
@@ -14,8 +14,9 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
   launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
   BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
 - each thread copies its quads words (k_width 8: a row's 8 neighbouring words, 16 bytes of int16
-  words, 32 of int8's int32 ones) by cp.async into a ring of STAGES K tiles and reads back exactly what it copied (Triton's hazard
-  analysis, which cannot see that, still puts two CTA barriers per tile around the ring); the
+  words, 32 of int8's int32 ones) by cp.async into a ring of STAGES K tiles and reads back exactly
+  what it copied (Triton's hazard analysis, which cannot see that, still puts two CTA barriers per
+  tile around the ring); the
   split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
   are read into shared memory once, and each quarter from there;
 - int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
@@ -103,7 +104,8 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_o
             P: gl.constexpr = 1024.0
         else:
             P: gl.constexpr = 128.0
-        QPG: gl.constexpr = GROUP // QUARTER if GROUP > 0 and GROUP < TILE_K else 4  # quarters per scale group in the tile
+        # Quarters per scale group in the tile.
+        QPG: gl.constexpr = GROUP // QUARTER if GROUP > 0 and GROUP < TILE_K else 4
         part = gl.zeros(acc.shape, gl.float32, layout=mma)
         for j in gl.static_range(4):
             if GROUP == 0:  # one scale row (per channel)
@@ -205,7 +207,8 @@ def moe_mma_gemm_kernel(
     EVEN_N: gl.constexpr,  # BLOCK_N divides N (no row masks)
     STAGES: gl.constexpr,  # K tiles of words in flight (the ring's stages), 2 or more
     PDL: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,  # DIRECT with PDL: the pairs are final before the wait
-    trace_ptr=None, TRACE: gl.constexpr = False,  # `moe_triton._common.trace`: a row per program that does not return early
+    # `moe_triton._common.trace`: a row per program that does not return early
+    trace_ptr=None, TRACE: gl.constexpr = False,
 ):
     """c[pair // REDUCE_TOPK, n] (+)= (a[pair // A_ROWS_DIV] @ W[expert]^T (+ bias) (* topk weight)) over
     the program's K split, for the program's pairs and N tile; the sinks as `_kernel._moe_wgemm_kernel`'s
