@@ -142,11 +142,18 @@ def test_per_gemm_grid_changes_one_gemm_at_a_time():
 
 
 def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
-    """With mma (int4 quads at decode sizes) each GEMM also runs on the other of the tl.dot and mma
-    kernels: its shape kept, warps cut to 16 rows each, the tl.dot kernel's options dropped."""
+    """With mma (quads at decode sizes) each GEMM, and each tile of its grid, also runs on the other of
+    the tl.dot and mma kernels: its shape kept, warps cut to 16 rows each, the tl.dot kernel's options
+    dropped; a tile that comes out the same (64 rows: 4 warps from 8) is timed once."""
     base = QuantKernelConfig(GemmConfig(16, 64, 4, 8, 3, True, one_dot=True), GemmConfig(16, 128, 2, 4, 3, True, group_m=16))
-    grid = per_gemm_grid(base, mma=True)
-    assert len(grid) == len(per_gemm_grid(base)) + 2
+    grid, plain = per_gemm_grid(base, mma=True), per_gemm_grid(base)
+    assert all(grid[name] == cand for name, cand in plain.items()) and len(set(grid.values())) == len(grid)
+    flipped = {name: cand for name, cand in grid.items() if name.endswith(",mma=True")}
+    for name, cand in flipped.items():
+        gemm = name.partition(":")[0]
+        assert getattr(cand, gemm) == as_mma(getattr(plain[name.removesuffix(",mma=True")], gemm)), name
+    assert grid["gemm1:split=2,block_n=64,warps=4,mma=True"].gemm1 == GemmConfig(16, 64, 2, 4, 3, True, mma=True)
+    assert "gemm1:split=2,block_n=64,warps=8,mma=True" not in grid  # the same tile as 4 warps
     on = grid["gemm1:mma=True"].gemm1
     assert on == GemmConfig(16, 64, 4, 4, 3, True, mma=True) == as_mma(base.gemm1)
     assert grid["gemm2:mma=True"].gemm2 == GemmConfig(16, 128, 2, 4, 3, True, mma=True)

@@ -25,7 +25,8 @@ tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKEN
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens
-on NVIDIA) it on the other of the tl.dot and mma kernels (`per_gemm_grid`) with the other GEMM held at
+on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels (`per_gemm_grid`),
+with the other GEMM held at
 the best so far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
 searched (a shipped entry's cap is timed with it). The layer is timed
@@ -195,28 +196,37 @@ PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
-    kernel's), with mma (quads weights at decode sizes) that GEMM on the other kernel of the two
-    (`as_mma`), the other GEMM as in base."""
+    kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
+    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), the other
+    GEMM as in base."""
     found = {}
+
+    def add(name: str, cand: QuantKernelConfig) -> None:
+        if cand != base and cand not in found.values():
+            found[name] = cand
+
+    def on_other(tile: GemmConfig) -> GemmConfig:
+        return dataclasses.replace(tile, mma=False) if tile.mma else as_mma(tile)
+
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
         if one_dot and not tile.wgmma and not tile.mma:
-            found[f"{gemm}:one_dot={not tile.one_dot}"] = dataclasses.replace(
-                base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)})
+            add(f"{gemm}:one_dot={not tile.one_dot}",
+                dataclasses.replace(base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)}))
         if mma and not tile.wgmma:
-            other = dataclasses.replace(tile, mma=False) if tile.mma else as_mma(tile)
-            found[f"{gemm}:mma={other.mma}"] = dataclasses.replace(base, **{gemm: other})
+            add(f"{gemm}:mma={not tile.mma}", dataclasses.replace(base, **{gemm: on_other(tile)}))
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
                     try:
                         tile = dataclasses.replace(getattr(base, gemm), split_k=split, block_n=block_n,
                                                    num_warps=warps)
-                    except ValueError:  # a tile the wgmma kernel does not take (block_n, warps)
+                    except ValueError:  # a tile the wgmma or mma kernel does not take (block_n, warps)
                         continue
-                    cand = dataclasses.replace(base, **{gemm: tile})
-                    if cand != base:
-                        found[f"{gemm}:split={split},block_n={block_n},warps={warps}"] = cand
+                    name = f"{gemm}:split={split},block_n={block_n},warps={warps}"
+                    add(name, dataclasses.replace(base, **{gemm: tile}))
+                    if mma and not tile.wgmma:
+                        add(f"{name},mma={not tile.mma}", dataclasses.replace(base, **{gemm: on_other(tile)}))
     return found
 
 
@@ -471,8 +481,10 @@ def main(argv: list[str] | None = None) -> int:
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
-                        f"and its one_dot flipped, int4 at decode sizes on the mma kernel or off it (up to "
-                        f"{2 * len(PER_GEMM_SPLITS) * 3 * 2 + 4} more layer timings per M)")
+                        "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
+                        "other of the tl.dot and mma kernels (up to "
+                        f"{2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M, "
+                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
