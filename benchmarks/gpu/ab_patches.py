@@ -22,6 +22,8 @@ count to those it would run, with one field of both GEMMs changed.
   and split (warps cut to 16 weight rows each at least, splits to at most 8 K tiles), or twice the splits;
   `one_token_entry_mma_both`, `one_token_entry_mma_gemm2`: the one-token entry's launch shapes with both
   GEMMs or GEMM2 on the mma kernel at any token count;
+  `mma_gemm1_64x4`, `mma_gemm1_64x4_gemm2_64x3`, `mma_gemm2_256x4`, `mma_gemm2_64x4`: the served shapes
+  with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
   `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
@@ -229,3 +231,19 @@ def mma_entries_21_before(layer, tokens: int):
     else:
         before = layer.experts._find_config(1 if tokens <= 2 else 8).config
     return mock.patch.object(layer.experts, "config_override", before)
+
+
+def _mma_tiles(**tiles: tuple[int, int]):
+    """The served launch shapes with the named GEMMs (gemm1=, gemm2=) on the mma kernel at (block_n,
+    split), four warps, three stages: the one-token int4 entries' mma tiles tried on other schemes."""
+    def patch(layer, tokens: int):
+        served = layer.experts._find_config(tokens).config
+        changed = {g: GemmConfig(16, bn, split, 4, 3, swap_ab=True, mma=True) for g, (bn, split) in tiles.items()}
+        return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
+    return patch
+
+
+mma_gemm1_64x4 = _mma_tiles(gemm1=(64, 4))
+mma_gemm1_64x4_gemm2_64x3 = _mma_tiles(gemm1=(64, 4), gemm2=(64, 3))
+mma_gemm2_256x4 = _mma_tiles(gemm2=(256, 4))
+mma_gemm2_64x4 = _mma_tiles(gemm2=(64, 4))

@@ -179,6 +179,11 @@ for s in int4 mxfp4 int8; do
   case $s in int4) ps="qwen3-30b-a3b"; ms="2 3";; mxfp4) ps="qwen3-30b-a3b gpt-oss-120b qwen3-235b-a22b"; ms="2 3";; int8) ps="qwen3-30b-a3b gpt-oss-120b"; ms="1 2";; esac
   add "ab-mma-entries-21-$s" "python3 ab_layer.py --preset $ps --dtype $s --m $ms --rounds 7 --variant before=ab_patches:mma_entries_21_before --variant shipped --out $OUT/host/ab-mma-entries-21-$s.json"
 done
+# The one-token int4 entries' mma tiles on MXFP4 and int8 (qwen3-30b-a3b's GEMM1 64 x split 4, gpt-oss-120b's GEMM2 256 x split 4).
+add ab-mma-shapes-qwen3-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --rounds 7 --variant shipped --variant g1-64x4=ab_patches:mma_gemm1_64x4 --variant g1-64x4-g2-64x3=ab_patches:mma_gemm1_64x4_gemm2_64x3 --out $OUT/host/ab-mma-shapes-qwen3-mxfp4.json"
+for s in mxfp4 int8; do
+  add "ab-mma-shapes-gpt-oss-$s" "python3 ab_layer.py --preset gpt-oss-120b --dtype $s --m 1 --rounds 7 --variant shipped --variant g2-256x4=ab_patches:mma_gemm2_256x4 --variant g2-64x4=ab_patches:mma_gemm2_64x4 --out $OUT/host/ab-mma-shapes-gpt-oss-$s.json"
+done
 add ab-mma-entries "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 --variant before=ab_patches:mma_entries_before --variant shipped --out $OUT/host/ab-mma-entries.json"
 # GEMM2's weights all asked for before its wait on GEMM1 (mma kernel, ring deeper than its split), and
 # whether its programs find room on the SMs while GEMM1 runs (trace: GEMM2's start against GEMM1's end).
