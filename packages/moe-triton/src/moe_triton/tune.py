@@ -24,10 +24,10 @@ GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRI
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens
-on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels (`per_gemm_grid`),
-with the other GEMM held at
-the best so far, and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and
+block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
+tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
+(`per_gemm_grid`), with the other GEMM held at the best so far, and both GEMMs' fastest tiles together
+where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
 searched (a shipped entry's cap is timed with it). The layer is timed
 as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
