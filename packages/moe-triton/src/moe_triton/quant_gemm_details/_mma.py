@@ -20,7 +20,7 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
   split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
   are read into shared memory once, and each quarter from there;
 - int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
-  1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, a lop3 and an fma
+  1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, two lop3 and an fma
   per pair of words (`_dequant.byte_quarter_ptx`: code - 128), minus any zero point's offset from
   128; the group's scale multiplies the fp32 sums of its quarters. MXFP4: the e2m1 fields in place
   (`_dequant.e2m1_quarter_ptx`) times their quarter's power of two, exact, before the MMAs.
