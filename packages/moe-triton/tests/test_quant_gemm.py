@@ -443,6 +443,33 @@ def test_mma_gemm_is_refused_where_it_cannot_run():
             layer.apply(x384, tw[:1], ids[:1])
 
 
+@pytest.mark.parametrize(("quant", "hidden"), [
+    pytest.param(int4_w4a16(128), 1152, id="int4-g128"),
+    pytest.param(int4_w4a16(64, zero_point=True), 2880, id="int4-g64-zp"),
+    pytest.param(int4_w4a16(-1), 2880, id="int4-channel-k-padded"),
+    pytest.param(int8_w8a16(-1), 2880, id="int8-channel-k-padded"),
+    pytest.param(int8_w8a16(128), 1152, id="int8-g128"),
+    pytest.param(int8_w8a16(96), 2880, id="int8-g96"),
+    pytest.param(mxfp4_w4a16(), 2880, id="mxfp4"),
+    pytest.param(fp8_w8a8(), 2880, id="fp8"),
+])
+def test_layer_and_launcher_agree_on_what_the_mma_kernel_takes(quant, hidden, monkeypatch):
+    """The layer decides from its quantization key (before any weights) whether an entry's mma GEMM
+    runs (`_mma_serves`); the launcher checks the operand it gets (`quant_gemm.mma_takes`): for both
+    GEMMs (GEMM1's K = hidden, padded to whole tiles where 128 does not divide it; GEMM2's 384) they agree."""
+    from moe_triton import quantized
+    from moe_triton.quant_gemm import mma_takes
+
+    monkeypatch.setattr(quantized, "mma_capable", lambda device: True)
+    cls = {"fp4e2m1": TritonMxfp4Experts, "fp8e4m3": TritonFp8Experts}.get(quant.weight.dtype.value, TritonWna16Experts)
+    cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=hidden, intermediate_size=384, dtype=torch.bfloat16)
+    layer = cls(cfg, quant, RUN_ON)
+    layer.load_weights(ExpertWeights.random(cfg, quant, seed=0, device=DEV))
+    for name, rows, cols in (("w13", cfg.w13_rows, hidden), ("w2", hidden, 384)):
+        w = layer._operand(name, rows, cols)
+        assert layer._mma_serves(cols) == mma_takes(w.wtype, w.quads, w.block_k, w.group), name
+
+
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch", "parallel"), [
     # int8 byte quads: per channel (qwen3-30b-a3b's one-token shapes), zero points in groups of 128 at

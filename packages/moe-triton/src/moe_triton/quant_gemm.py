@@ -33,7 +33,7 @@ from moe_triton.quant_gemm_details._heuristics import (
 from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "quant_gemm_torch", "zeroed_int32"]
+__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes", "quant_gemm_torch", "zeroed_int32"]
 
 
 @dataclass(frozen=True)
@@ -283,6 +283,15 @@ def zeroed_int32(numel: int, device: torch.device) -> torch.Tensor:
     return out
 
 
+def mma_takes(wtype: WType, quads: bool, block_k: int, group: int) -> bool:
+    """Weights the mma kernel (`quant_gemm_details._mma`) takes: int4, int8 or MXFP4 in a quads layout
+    of 128-wide K tiles, int4 and int8 with scale groups of 32, 64 or a multiple of 128 (a per-channel
+    row covers the padded K: `WeightOperand.group`), MXFP4 with its groups of 32."""
+    return quads and block_k == 128 and (
+        (wtype in (WType.INT4, WType.INT8) and (group % 128 == 0 or group in (32, 64)))
+        or (wtype is WType.MXFP4 and group == 32))
+
+
 def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_scale_mode: AScale,
                gate_up_chunk: int) -> None:
     """What the mma kernel (`quant_gemm_details._mma`) takes; a clear error for anything else."""
@@ -292,9 +301,7 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_s
     if not mma_capable(device_info(a.device)):
         wants.append(f"an NVIDIA GPU of sm_80 or later (mma.sync), compiled, got {a.device}"
                      + (" under the interpreter" if interpreting() else ""))
-    takes_weights = w.quads and w.block_k == 128 and (
-        (w.wtype in (WType.INT4, WType.INT8) and (w.group % 128 == 0 or w.group in (32, 64)))
-        or (w.wtype is WType.MXFP4 and w.group == 32))
+    takes_weights = mma_takes(w.wtype, w.quads, w.block_k, w.group)
     if not takes_weights:
         wants.append(f"int4, int8 or MXFP4 weights in a quads layout (128-wide K tiles; int4 and int8 scale groups of "
                      f"32, 64 or a multiple of 128, MXFP4's of 32), got {w.wtype.name} {w.codes.dtype} "

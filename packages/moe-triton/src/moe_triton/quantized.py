@@ -61,7 +61,7 @@ from moe_triton.configs import (
     lookup_exact,
 )
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
-from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, zeroed_int32
+from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, mma_takes, zeroed_int32
 from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
 from moe_triton.quant_gemm_details._kernel import AScale
 from moe_triton.quant_gemm_details._layouts import (
@@ -415,13 +415,13 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def _mma_serves(self, cols: int) -> bool:
         """Whether the mma kernel (`GemmConfig.mma`) takes this layer's GEMM of K = cols on its device:
-        int4, int8 or MXFP4 in a quads layout without act-order, scale groups of 32, 64 or a multiple of
-        128 (per channel: the padded K), an NVIDIA GPU of sm_80 or later, compiled."""
+        weights its launcher takes (`quant_gemm.mma_takes`, from the layout this layer gives them),
+        without act-order, on an NVIDIA GPU of sm_80 or later, compiled."""
         key = self.quant.weight
         wtype, group = _wtype(key), _group(key, cols)
-        return (wtype in (WType.INT4, WType.INT8, WType.MXFP4) and not key.act_order
-                and _takes_quads(wtype, cols, group)
-                and (_operand_group(wtype, cols, group) % 128 == 0 or group in (32, 64)) and mma_capable(self.device))
+        quads = _takes_quads(wtype, cols, group)  # a quads layout's K tiles are 128 wide (`_block_k`)
+        return (not key.act_order and mma_takes(wtype, quads, 128, _operand_group(wtype, cols, group))
+                and mma_capable(self.device))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:
         """`pick_config`'s launch shapes for both GEMMs (what `moe tune --quant int4` searches around)."""

@@ -46,6 +46,7 @@ from moe_triton._common import trace
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import e2m1_weights, quarter_e8m0_factors
+from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK  # the launcher sizes zero_chunk in these
 from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble
 
 TILE_K = gl.constexpr(128)  # K per quads tile
@@ -56,7 +57,6 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 MAX_TILES = gl.constexpr(8)  # K tiles per program: the loop is unrolled, its tiles' registers named at compile time
-_ZERO_BLOCK = gl.constexpr(512)
 
 
 @gluon.constexpr_function
@@ -281,9 +281,9 @@ def moe_mma_gemm_kernel(
         zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
         z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-        for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
-            z_offs = zero_start + gl.arange(0, _ZERO_BLOCK, layout=zl)
-            gl.store(zero_ptr + z_offs, gl.zeros([_ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
+        for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
+            z_offs = zero_start + gl.arange(0, ZERO_BLOCK, layout=zl)
+            gl.store(zero_ptr + z_offs, gl.zeros([ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
 
     # The block's pairs: the epilogue's columns (ids, valid, out_rows) and the x copies' (clamped to a
     # valid pair: padding columns read a real row, never stored).

@@ -67,12 +67,12 @@ from moe_triton.quant_gemm_details._dequant import (
     e2m1_weights,
     quarter_e8m0_factors,
 )
+from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK  # the launcher sizes zero_chunk in these
 
 # Renamed after Triton 3.6 (async_copy.async_load).
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 QUARTER = gl.constexpr(32)  # K per quarter of a 128-wide quads tile: one word per row and k
-_ZERO_BLOCK = gl.constexpr(512)
 
 
 @gluon.constexpr_function
@@ -539,9 +539,9 @@ def moe_w4a16_wgmma_kernel(
         zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         pid = (pid_m * gl.num_programs(0) + pid_n) * gl.num_programs(2) + gl.program_id(2)
         z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-        for zero_start in range(pid * zero_chunk, z_end, _ZERO_BLOCK):
-            z_offs = zero_start + gl.arange(0, _ZERO_BLOCK, layout=zl)
-            gl.store(zero_ptr + z_offs, gl.zeros([_ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
+        for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
+            z_offs = zero_start + gl.arange(0, ZERO_BLOCK, layout=zl)
+            gl.store(zero_ptr + z_offs, gl.zeros([ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
     k_tiles = gl.cdiv(K, TILE_K)
     per_split = gl.cdiv(k_tiles, SPLIT_K)
     kt0 = gl.program_id(2) * per_split
