@@ -45,10 +45,7 @@ or one, launch their GEMMs without the alignment, whatever the router: `quantize
 `input_quantized_apart` (block fp8's input quantized by an `act_quant` launch, not by the routing
 launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch_tiles_all` (a one-token GEMM2
 asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
-`quant_gemm.L2_PREFETCH_TILES`, shipped 1); `route_prefetch_off`, `route_prefetch_48mb`,
-`route_prefetch_8_per_pair`, `route_prefetch_gemm2`, `route_prefetch_gemm2_48mb` (the routing launch
-asking L2 for the chosen experts' weights: not at all, within 48 MB, from 8 programs per pair, GEMM2's
-tensors only, within 24 or 48 MB: `quantized.ROUTE_PREFETCH_*`).
+`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 """
 
 from __future__ import annotations
@@ -131,19 +128,6 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
-
-
-def _route_prefetch(**changes):
-    def patch(layer, tokens: int):
-        return mock.patch.multiple(quantized, **changes)
-    return patch
-
-
-route_prefetch_off = _route_prefetch(ROUTE_PREFETCH_MAX_BYTES=0)
-route_prefetch_48mb = _route_prefetch(ROUTE_PREFETCH_MAX_BYTES=48 << 20)
-route_prefetch_8_per_pair = _route_prefetch(ROUTE_PREFETCH_PROGRAMS_PER_PAIR=8)
-route_prefetch_gemm2 = _route_prefetch(ROUTE_PREFETCH_TENSORS=("w2", "w2_scale"))
-route_prefetch_gemm2_48mb = _route_prefetch(ROUTE_PREFETCH_TENSORS=("w2", "w2_scale"), ROUTE_PREFETCH_MAX_BYTES=48 << 20)
 
 
 # The wgmma kernel's launch shape: only the tl.dot kernel's options reset.

@@ -13,19 +13,17 @@
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS), each GEMM build's PTX and SASS
 #   trace-whole-share  the same for one-token int4 cells with GEMM2's whole share asked for before its wait
-#   trace-route-prefetch  the same with and without the routing launch's L2 prefetch of the chosen experts
-#   route-prefetch-tests  that prefetch's device tests (the router's and the layer's)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-route-prefetch-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
-#                asked for before its wait, the routing launch's L2 prefetch of the chosen experts), per preset (AB_TOKENS)
+#                asked for before its wait), per preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
@@ -207,17 +205,6 @@ add ab-whole-share-b "python3 ab_layer.py --preset qwen3-235b-a22b deepseek-v3 m
 # This session's 8-token retunes against the entries they replaced.
 add ab-retune-mixtral-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 --m 8 --rounds 7 --variant before=ab_patches:mixtral_int4_8_before --variant shipped --out $OUT/host/ab-retune-mixtral-int4.json"
 add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtype fp8-block --m 8 --rounds 7 --variant before=ab_patches:qwen3_fp8_block_8_before --variant shipped --out $OUT/host/ab-retune-qwen3-fp8-block.json"
-# The routing launch asking L2 for the chosen experts' weights (quantized.ROUTE_PREFETCH_*): its device
-# tests, then against not asking (the baseline), asking within 48 MB, for GEMM2's tensors only, from 8
-# programs per pair; per-program timestamps with and without.
-add route-prefetch-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_routing.py packages/moe-triton/tests/test_quant_experts.py -k \"prefetch or routing_launch\""
-rp_variants="--variant off=ab_patches:route_prefetch_off --variant on --variant 48mb=ab_patches:route_prefetch_48mb --variant g2=ab_patches:route_prefetch_gemm2 --variant pp8=ab_patches:route_prefetch_8_per_pair"
-add ab-route-prefetch-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype int4 --m ${AB_TOKENS:-1 2 4} --rounds 5 $rp_variants --out $OUT/host/ab-route-prefetch-int4.json"
-for s in mxfp4 int8 fp8-channel; do
-  add "ab-route-prefetch-$s" "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $s --m ${AB_TOKENS:-1 2} --rounds 5 $rp_variants --out $OUT/host/ab-route-prefetch-$s.json"
-done
-add ab-route-prefetch-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 --dtype fp8-block --m ${AB_TOKENS:-1 2} --rounds 5 $rp_variants --out $OUT/host/ab-route-prefetch-fp8-block.json"
-add trace-route-prefetch "python3 trace_decode.py --out $OUT/host/trace-route-prefetch.json --cells ${RP_CELLS:-qwen3-30b-a3b/int4/1/off=ab_patches:route_prefetch_off qwen3-30b-a3b/int4/1 gpt-oss-120b/int4/1/off=ab_patches:route_prefetch_off gpt-oss-120b/int4/1/g2=ab_patches:route_prefetch_gemm2}"
 # One-token GEMM1 asking for all its weight tiles up front (a deeper pipeline, or shorter K-splits).
 for s in int4 mxfp4 int8; do
   add "ab-gemm1-upfront-$s" "python3 ab_layer.py --preset qwen3-30b-a3b --dtype $s --m 1 --rounds 5 --variant shipped --variant stages5=ab_patches:gemm1_stages5 --variant n128-stages5=ab_patches:gemm1_n128_stages5 --variant split8=ab_patches:gemm1_split8 --variant n128-split8=ab_patches:gemm1_n128_split8 --out $OUT/host/ab-gemm1-upfront-$s.json"

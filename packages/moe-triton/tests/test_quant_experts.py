@@ -210,46 +210,6 @@ def test_routing_launch_quantizes_block_fp8_input(monkeypatch, M):
     assert rel_l2(out, reference_moe(x, weights.to(DEV), cfg, tw, ids, quant)) < 2e-2
 
 
-@pytest.mark.parametrize(("quant", "M"), [(int4_w4a16(128), 1), (mxfp4_w4a16(), 3), (int4_w4a16(128), 5)])
-def test_routing_launch_prefetches_the_chosen_experts(monkeypatch, quant, M):
-    """FusedMoE's call of up to ROUTE_PREFETCH_MAX_TOKENS tokens, with dependent launches (forced on
-    the CPU): the routing launch asks L2 for each packed tensor in GEMM order whose slabs for every
-    pair fit what the byte budget leaves (here w13's do not, the rest do), beside clearing GEMM1's
-    split sums; the output is bitwise the call's without it; beyond that many tokens, nothing."""
-    from moe_triton import quantized
-
-    if DEV.type == "cpu":
-        monkeypatch.setattr(quantized, "dependent_launch", lambda device: True)
-    cls = TritonMxfp4Experts if quant.weight.dtype.name == "MXFP4" else TritonWna16Experts
-    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
-    experts = cls(cfg, quant, RUN_ON)
-    weights = ExpertWeights.random(cfg, quant, seed=M, device=DEV)
-    experts.load_weights(weights)
-    experts.config_override = _splits(2, 2)
-    p = experts._packed()
-    names = ("w13", "w13_scale", "w2", "w2_scale")
-    slabs = {n: p[n][0].nbytes for n in names}
-    pairs = M * cfg.top_k
-    monkeypatch.setattr(quantized, "ROUTE_PREFETCH_MAX_BYTES", pairs * (slabs["w13"] - 1))
-    assert slabs["w13_scale"] + slabs["w2"] + slabs["w2_scale"] < slabs["w13"]  # w13's is what does not fit
-    spec = experts._route_prefetch(M, DEV)
-    if M > quantized.ROUTE_PREFETCH_MAX_TOKENS or not quantized.dependent_launch(DEV):
-        assert spec is None
-    else:
-        assert [t.data_ptr() for t in spec.tensors] == [p[n].data_ptr() for n in names[1:]]
-        assert spec.programs_per_pair == quantized.ROUTE_PREFETCH_PROGRAMS_PER_PAIR
-    gen = torch.Generator().manual_seed(M + 1)
-    x = torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(DEV)
-    logits = torch.randn(M, 8, generator=gen).to(DEV)
-    out = experts.apply_monolithic(x, logits, None)
-    monkeypatch.setattr(quantized, "ROUTE_PREFETCH_MAX_BYTES", 0)
-    experts._prefetches = (None, {})
-    assert experts._route_prefetch(M, DEV) is None
-    torch.testing.assert_close(out, experts.apply_monolithic(x, logits, None), rtol=0, atol=0)
-    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
-    assert rel_l2(out, reference_moe(x, weights.to(DEV), cfg, tw, ids, quant)) < 2e-2
-
-
 def test_routing_inside_the_experts_checks_its_rows():
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=128, dtype=torch.float16)
     quant = int4_w4a16(128)

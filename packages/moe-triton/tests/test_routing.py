@@ -6,7 +6,7 @@ import torch
 from moe_core.config import Routing, Scoring
 from moe_triton._common.offline_compile import run_compiler_script
 from moe_triton.act_quant import QMode, act_quant
-from moe_triton.routing import ExpertPrefetch, route, route_torch
+from moe_triton.routing import route, route_torch
 
 ROUTINGS = {
     "softmax": (Routing.softmax_topk(False), 16, 4),
@@ -104,44 +104,6 @@ def test_quantizes_the_input_beside_routing(M, K, dtype, device):
     assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
 
 
-@pytest.mark.parametrize(("M", "per_pair"), [(1, 1), (3, 2)])
-def test_prefetches_the_chosen_experts_beside_quantizing_and_clearing(M, per_pair, device):
-    """`prefetch`: programs of the routing launch ask L2 for the chosen experts' slabs (on the GPU a
-    real bulk prefetch of each; 2.3 MB slabs take several 64 KB chunks per lane, 1200-byte ones less
-    than one granule-aligned chunk), between the routing's programs and the quantizing and clearing
-    ones, which still do their work; the routing is unchanged."""
-    routing, E, k = ROUTINGS["deepseek-v3"]
-    gen = torch.Generator().manual_seed(M + 40)
-    logits = (torch.randn(M, E, generator=gen) * 2).to(device)
-    bias = (torch.randn(E, generator=gen) * 0.1).to(device)
-    x = torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(device)
-    codes = torch.empty(M, 256, dtype=torch.float8_e4m3fn, device=device)
-    scales = torch.empty(M, 2, device=device)
-    buf = torch.full((2500,), 0x5A5A5A5A, dtype=torch.int32, device=device)
-    slabs = (torch.empty(E, 9, 1 << 16, dtype=torch.int32, device=device), torch.empty(E, 3, 100, device=device))
-    w, ids = route(logits, routing, k, bias, zero=buf, quantize=(x, codes, scales),
-                   prefetch=ExpertPrefetch(slabs, per_pair))
-    assert not buf.any()
-    want_codes, want_scales = act_quant(x, None, QMode.GROUP128, torch.float8_e4m3fn, M)
-    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scales, want_scales)
-    w_ref, ids_ref = route(logits, routing, k, bias)
-    assert torch.equal(ids, ids_ref) and torch.equal(w, w_ref)
-
-
-def test_rejects_what_it_cannot_prefetch(device):
-    logits = torch.randn(2, 8, device=device)
-    w = torch.empty(8, 4, 64, device=device)
-    cases = [(lambda: ExpertPrefetch((), 1), "one tensor or more"),
-             (lambda: ExpertPrefetch((w,), 0), "programs_per_pair >= 1"),
-             (lambda: ExpertPrefetch((w, w[:4]), 1), "share one device and their expert count"),
-             (lambda: ExpertPrefetch((w.transpose(1, 2),), 1), "each expert's slab contiguous"),
-             (lambda: route(logits[:, :6], Routing.softmax_topk(True), 2, prefetch=ExpertPrefetch((w,))),
-              "prefetch holds 8 experts")]
-    for make, message in cases:
-        with pytest.raises(ValueError, match=message):
-            make()
-
-
 def test_rejects_what_it_cannot_quantize(device):
     logits = torch.randn(2, 8, device=device)
     x = torch.randn(2, 256, device=device, dtype=torch.bfloat16)
@@ -195,15 +157,13 @@ _COMPILE_ROUTE = """
 from moe_triton._common.offline_compile import compile_kernel
 from moe_triton.routing_details._kernel import _route_kernel
 ptrs = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "zero_ptr": "*i32",
-        "x_ptr": "*bf16", "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "renormalize_eps": "fp32", "scaling": "fp32",
-        "prefetch_ptr": "*i64"}
+        "x_ptr": "*bf16", "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "renormalize_eps": "fp32", "scaling": "fp32"}
 for grouped in (False, True):
     compile_kernel(_route_kernel, dict(TOP_K=8, K_P2=8, SOFTMAX=not grouped, HAS_BIAS=grouped, GROUPS=8 if grouped else 1,
                                        G_P2=8 if grouped else 1, PER_GROUP=32 if grouped else 128,
                                        PG_P2=32 if grouped else 128, TOPK_GROUPS=4 if grouped else 1,
                                        RENORMALIZE=True, SCALE=grouped, BLOCK_M=1, ZERO_BLOCK=1024 if grouped else 0,
-                                       QUANT_BLOCK=512 if grouped else 0, PF_TENSORS=3 if grouped else 0, PF_SPLIT=2,
-                                       PF_CHUNK=65536, INTERPRET=False, LAUNCH_DEPENDENTS=True, TRACE=False),
+                                       QUANT_BLOCK=512 if grouped else 0, INTERPRET=False, LAUNCH_DEPENDENTS=True, TRACE=False),
                    ptrs,
                    num_warps=1)
 print("built")
@@ -211,9 +171,9 @@ print("built")
 
 
 def test_kernel_compiles_for_hopper():
-    """Triton's compiler on the router for sm_90 with its dependent-launch trigger and bulk L2
-    prefetches, which the interpreter never runs, with and without its prefetching, quantizing and
-    zeroing programs (in a child process, since this module may interpret the kernel)."""
+    """Triton's compiler on the router for sm_90 with its dependent-launch trigger, which the
+    interpreter never runs, with and without its quantizing and zeroing programs (in a child process,
+    since this module may interpret the kernel)."""
     assert run_compiler_script(_COMPILE_ROUTE).split() == ["built"]
 
 

@@ -46,7 +46,6 @@ from moe_core.quant import Granularity, MoEQuantConfig, QuantDType, QuantKey, Ze
 from moe_core.weights.canonical import ExpertWeights
 from moe_core.weights.packing import pack_int4, unpack_int4
 from moe_core.weights.processor import PackedWeights
-from moe_triton._common.pdl import dependent_launch
 from moe_triton._common.target import interpreting, mma_capable, num_sms, wgmma_capable
 from moe_triton.act_order import permute_pair_rows
 from moe_triton.act_quant import QMode, act_quant
@@ -76,7 +75,7 @@ from moe_triton.quant_gemm_details._layouts import (
     WType,
     pack_e8m0_tiles,
 )
-from moe_triton.routing import ExpertPrefetch, route
+from moe_triton.routing import route
 from moe_triton.topk_sum import topk_sum
 
 __all__ = ["LAST_ARRIVAL_MAX_TOKENS", "ROWS_SUM_MIN_PAIRS", "ROWS_SUM_MIN_PAIRS_TOP8", "TritonFp8Experts",
@@ -116,14 +115,6 @@ DIRECT_MAX_TOKENS_WIDE_ROUTER = 4
 # in programs beside the routing's: one launch fewer per layer where the launches dominate
 # (docs/design/triton-routing-align-reduce.md).
 ROUTE_QUANTIZES_MAX_TOKENS = 8
-# Calls of up to ROUTE_PREFETCH_MAX_TOKENS tokens have the routing launch ask L2 for the chosen experts'
-# weights (`moe_triton.routing.ExpertPrefetch`, ROUTE_PREFETCH_PROGRAMS_PER_PAIR programs per pair):
-# each packed tensor of ROUTE_PREFETCH_TENSORS, in that order, whose slabs for every pair still fit in
-# ROUTE_PREFETCH_MAX_BYTES beside those taken before it (L2 also carries the GEMMs' own stream).
-ROUTE_PREFETCH_MAX_TOKENS = 4
-ROUTE_PREFETCH_MAX_BYTES = 24 << 20
-ROUTE_PREFETCH_PROGRAMS_PER_PAIR = 2
-ROUTE_PREFETCH_TENSORS = ("w13", "w13_scale", "w2", "w2_scale")  # the order the GEMMs read them
 WIDE_ROUTER_TOP_K = 8
 WIDE_ROUTER_EXPERTS = 128
 
@@ -373,8 +364,6 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         self._fused_paths: dict[FusedDecodeConfig, object] = {}  # `_fused_decode`'s, by options
         # The GEMM operands of the loaded weights, built on first use (a call builds them several times).
         self._operands: tuple[PackedWeights | None, dict[tuple[str, int, int], WeightOperand]] = (None, {})
-        # `_route_prefetch`'s, by token count, of the loaded weights.
-        self._prefetches: tuple[PackedWeights | None, dict[int, ExpertPrefetch | None]] = (None, {})
 
     def kernel_family(self) -> str | None:
         """The tuned-config family (`moe_triton.configs`) of this scheme; None: always the heuristic."""
@@ -518,37 +507,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             gemm1_input = (torch.empty(M, cfg.hidden_size, dtype=torch.float8_e4m3fn, device=hidden_states.device),
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
-                                       quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None,
-                                       prefetch=self._route_prefetch(M, router_logits.device))
+                                       quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
         return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input)
-
-    def _route_prefetch(self, num_tokens: int, device: torch.device) -> ExpertPrefetch | None:
-        """What the routing launch asks L2 for at this many tokens (ROUTE_PREFETCH_MAX_BYTES): None
-        beyond ROUTE_PREFETCH_MAX_TOKENS, off sm_90+ NVIDIA, with an expert map (the router's ids are
-        global) or act-order weights (GEMM1 reads them in a permuted order of its own), and in a CUDA
-        graph's capture until an eager call at this token count built it."""
-        p = self._packed()
-        loaded, built = self._prefetches
-        if loaded is not p:
-            loaded, built = self._prefetches = (p, {})
-        if num_tokens in built:
-            return built[num_tokens]
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # its table is copied to the GPU: built on an eager call (a warm-up), not in a graph
-        spec = None
-        if (num_tokens <= ROUTE_PREFETCH_MAX_TOKENS and dependent_launch(device) and self.expert_map is None
-                and p.get("w13_perm") is None):
-            pairs = num_tokens * self.config.top_k
-            budget, tensors = ROUTE_PREFETCH_MAX_BYTES, []
-            for name in ROUTE_PREFETCH_TENSORS:
-                t = p.get(name)
-                if t is not None and t.is_contiguous() and pairs * t[0].nbytes <= budget:
-                    tensors.append(t)
-                    budget -= pairs * t[0].nbytes
-            if tensors:
-                spec = ExpertPrefetch(tuple(tensors), ROUTE_PREFETCH_PROGRAMS_PER_PAIR)
-        built[num_tokens] = spec
-        return spec
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and

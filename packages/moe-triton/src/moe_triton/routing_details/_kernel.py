@@ -2,8 +2,8 @@
 
 Columns are laid out as [groups, experts per group], each padded to a power of two; an
 ungrouped router is one group. Padded columns hold -inf so they are never chosen. Programs past
-the routing's own may ask L2 for the routed experts' weights, quantize the layer input for the
-kernels behind, and then clear a buffer for them (`launch_route`'s prefetch, quantize and zero).
+the routing's own may quantize the layer input for the kernels behind, and then clear a buffer for
+them (`launch_route`'s quantize and zero).
 """
 
 from __future__ import annotations
@@ -29,29 +29,15 @@ _WARP_SCORES = 128
 _ZERO_BLOCK = 1024
 # Input columns (four fp8 groups of 128) each quantizing program takes (`launch_route`'s quantize).
 _QUANT_BLOCK = 512
-# Bytes per bulk L2 prefetch of an expert's weights; each prefetching program is one warp whose
-# lanes ask for one such chunk each (`launch_route`'s prefetch).
-_PREFETCH_CHUNK = 64 << 10
-
-# A bulk prefetch into L2 (sm_90) per lane, of $2 bytes from $1 (16-byte aligned and sized); none
-# where $2 is 0.
-_PREFETCH_L2_ASM = tl.constexpr("""{
-.reg .pred p;
-setp.ne.u32 p, $2, 0;
-@p cp.async.bulk.prefetch.L2.global [$1], $2;
-mov.u32 $0, 0;
-}""")
 
 
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, x_ptr, xq_ptr, xs_ptr, M, stride_m, zero_numel,
                   K, stride_x, stride_xq, stride_xs, renormalize_eps, scaling,
-                  prefetch_ptr,
                   TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
                   GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
                   TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
                   BLOCK_M: tl.constexpr, ZERO_BLOCK: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                  PF_TENSORS: tl.constexpr, PF_SPLIT: tl.constexpr, PF_CHUNK: tl.constexpr,
                   INTERPRET: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr, trace_ptr=None,
                   TRACE: tl.constexpr = False):
     t_start = trace.now(TRACE)
@@ -65,59 +51,18 @@ def _route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, zero_ptr, x_ptr, x
                     TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS, RENORMALIZE, SCALE,
                     BLOCK_M)
     else:
-        side = tl.program_id(0) - route_programs  # the side jobs' programs: prefetching, quantizing, zeroing
-        if PF_TENSORS > 0:
-            if side < M * TOP_K * PF_SPLIT:
-                _prefetch_routed(side, logits_ptr, bias_ptr, prefetch_ptr, M, stride_m, renormalize_eps, scaling,
-                                 TOP_K, K_P2, SOFTMAX, HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS,
-                                 RENORMALIZE, SCALE, BLOCK_M, PF_TENSORS, PF_SPLIT, PF_CHUNK, INTERPRET)
-            side = side - M * TOP_K * PF_SPLIT
+        side = tl.program_id(0) - route_programs  # the side jobs' programs: quantizing, then zeroing
         if QUANT_BLOCK > 0:
             chunks = tl.cdiv(K, QUANT_BLOCK)
-            if (side >= 0) & (side < M * chunks):  # (a prefetching program's side is negative here)
+            if side < M * chunks:
                 _quantize_chunk(x_ptr, xq_ptr, xs_ptr, side // chunks, side % chunks, K, stride_x, stride_xq,
                                 stride_xs, QUANT_BLOCK, INTERPRET)
             side = side - M * chunks
         if ZERO_BLOCK > 0:
             offs = side * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
-            # (An earlier side job's program's side is negative here, and so are its offsets: it stores nothing.)
+            # (A quantizing program's side is negative here, and so are its offsets: it stores nothing.)
             tl.store(zero_ptr + offs, tl.zeros([ZERO_BLOCK], dtype=tl.int32), mask=(offs >= 0) & (offs < zero_numel))
     trace.store(trace_ptr, t_start, t_start, TRACE)
-
-
-@triton.jit
-def _prefetch_routed(side, logits_ptr, bias_ptr, prefetch_ptr, M, stride_m, renormalize_eps, scaling,
-                     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
-                     TOPK_GROUPS: tl.constexpr, RENORMALIZE: tl.constexpr, SCALE: tl.constexpr,
-                     BLOCK_M: tl.constexpr, PF_TENSORS: tl.constexpr, PF_SPLIT: tl.constexpr,
-                     PF_CHUNK: tl.constexpr, INTERPRET: tl.constexpr):
-    """Prefetching program `side`: routes its pair's token as the routing program does (the same
-    choice, bit for bit), then asks L2 for part `side % PF_SPLIT` of the chosen expert's slab of
-    each tensor in the prefetch table (int64 rows: address, bytes between experts, bytes per
-    expert), so that the GEMMs behind find those weights on their way in. A hint: nothing is read
-    back, and the CPU interpreter (which has no bulk prefetch) asks for nothing."""
-    pair = side // PF_SPLIT
-    part = side % PF_SPLIT
-    row = pair // TOP_K
-    rows = (row // BLOCK_M) * BLOCK_M + tl.arange(0, BLOCK_M)
-    _, top_id = route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling, TOP_K, K_P2, SOFTMAX,
-                           HAS_BIAS, GROUPS, G_P2, PER_GROUP, PG_P2, TOPK_GROUPS, RENORMALIZE, SCALE, BLOCK_M)
-    mine = (rows == row)[:, None] & (tl.arange(0, K_P2) == pair % TOP_K)[None, :]
-    e = tl.sum(tl.where(mine, top_id, 0)).to(tl.int64)
-    lanes = tl.arange(0, 32)
-    for t in tl.static_range(PF_TENSORS):
-        base = tl.load(prefetch_ptr + 3 * t) + e * tl.load(prefetch_ptr + 3 * t + 1)
-        nbytes = tl.load(prefetch_ptr + 3 * t + 2)
-        # Lane l asks for chunk first + l; 16-byte granules, rounded out (allocations are 256-byte aligned).
-        for first in range(part * 32, tl.cdiv(nbytes, PF_CHUNK), 32 * PF_SPLIT):
-            lo = (first + lanes).to(tl.int64) * PF_CHUNK
-            size = tl.maximum(tl.minimum(nbytes - lo, PF_CHUNK), 0)
-            start = (base + lo) & -16
-            length = tl.where(size > 0, ((base + lo + size + 15) & -16) - start, 0).to(tl.int32)
-            if not INTERPRET:
-                tl.inline_asm_elementwise(_PREFETCH_L2_ASM, "=r,l,r", [start, length], dtype=tl.int32,
-                                          is_pure=False, pack=1)
 
 
 @triton.jit
@@ -271,15 +216,11 @@ def route_constexprs(num_experts: int, top_k: int, *, softmax: bool, has_bias: b
 def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch.Tensor, ids: torch.Tensor, *,
                  top_k: int, softmax: bool, groups: int, topk_groups: int, renormalize: bool,
                  renormalize_eps: float, scaling: float, zero: torch.Tensor | None = None,
-                 quantize: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                 prefetch: tuple[torch.Tensor, int] | None = None) -> None:
+                 quantize: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
     """zero: a contiguous int32 buffer that programs of this launch beside the routing's fill with
     zeros (the sums a split GEMM1 adds into), so that it needs no launch of its own. quantize: (x
     [M, K], codes e4m3 [M, K], scales fp32 [M, K / 128]) that programs beside the routing's fill from
-    x per 128-wide group (`act_quant`'s GROUP128), checked by `moe_triton.routing.route`. prefetch:
-    (table, programs per pair): that many programs per (token, choice) pair ask L2 for the chosen
-    expert's slab of each tensor the int64 table [T, 3] describes (address, bytes between experts,
-    bytes per expert), built by `moe_triton.routing.ExpertPrefetch`."""
+    x per 128-wide group (`act_quant`'s GROUP128), checked by `moe_triton.routing.route`."""
     M, E = logits.shape
     zero_programs = 0
     if zero is not None:
@@ -292,16 +233,13 @@ def launch_route(logits: torch.Tensor, bias: torch.Tensor | None, weights: torch
     block_m = max(1, min(_WARP_SCORES // (consts["G_P2"] * consts["PG_P2"]), next_power_of_2(M)))
     x, codes, scales = quantize if quantize is not None else (logits, ids, weights)
     quant_programs = M * cdiv(x.shape[1], _QUANT_BLOCK) if quantize is not None else 0
-    table, per_pair = prefetch if prefetch is not None else (logits, 0)
-    prefetch_programs = M * top_k * per_pair
-    programs = cdiv(M, block_m) + prefetch_programs + quant_programs + zero_programs
+    programs = cdiv(M, block_m) + quant_programs + zero_programs
     trace_buf = trace.buffer("route", programs, logits.device)
     _route_kernel[(programs,)](
         logits, bias if bias is not None else logits, weights, ids, zero if zero is not None else ids,
         x, codes, scales, M, logits.stride(0), zero.numel() if zero is not None else 0,
-        x.shape[1], x.stride(0), codes.stride(0), scales.stride(0), float(renormalize_eps), float(scaling), table,
+        x.shape[1], x.stride(0), codes.stride(0), scales.stride(0), float(renormalize_eps), float(scaling),
         **consts, BLOCK_M=block_m, ZERO_BLOCK=_ZERO_BLOCK if zero_programs else 0,
-        QUANT_BLOCK=_QUANT_BLOCK if quantize is not None else 0,
-        PF_TENSORS=table.shape[0] if per_pair else 0, PF_SPLIT=max(per_pair, 1), PF_CHUNK=_PREFETCH_CHUNK,
-        INTERPRET=interpreting(), LAUNCH_DEPENDENTS=dependent_launch(logits.device), trace_ptr=trace_buf,
-        TRACE=trace_buf is not None, num_warps=1)
+        QUANT_BLOCK=_QUANT_BLOCK if quantize is not None else 0, INTERPRET=interpreting(),
+        LAUNCH_DEPENDENTS=dependent_launch(logits.device), trace_ptr=trace_buf, TRACE=trace_buf is not None,
+        num_warps=1)
