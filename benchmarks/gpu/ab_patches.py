@@ -25,6 +25,9 @@ count to those it would run, with one field of both GEMMs changed.
   `mma_gemm1_64x4`, `mma_gemm1_64x4_gemm2_64x3`, `mma_gemm2_256x4`, `mma_gemm2_64x4`: the served shapes
   with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
   `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
+  `one_token_entries_22_before`: what served 1-3 tokens before the twenty-second session's one-token
+  entries (int4 on four presets, deepseek-v3 MXFP4); `one_token_entry`: the shipped one-token entry at
+  any token count;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
 - `gemm2_whole_share`, `gemm2_whole_share_split2`, `gemm2_whole_share_split6`, `gemm2_whole_share_64`,
@@ -231,6 +234,40 @@ def mma_entries_21_before(layer, tokens: int):
     else:
         before = layer.experts._find_config(1 if tokens <= 2 else 8).config
     return mock.patch.object(layer.experts, "config_override", before)
+
+
+# The H200 one-token entries the twenty-second session's per-GEMM searches replaced, per (scheme, hidden,
+# intermediate): int4's four and deepseek-v3 MXFP4's (then int4's file, borrowed as served).
+_DEEPSEEK_BEFORE_22 = QuantKernelConfig(GemmConfig(16, 256, 2, 4, 4, swap_ab=True), GemmConfig(16, 256, 1, 4, 4, swap_ab=True))
+_ONE_TOKEN_BEFORE_22 = {
+    ("int4", 2048, 768): QuantKernelConfig(GemmConfig(16, 64, 4, 4, 3, swap_ab=True, mma=True),
+                                           GemmConfig(16, 128, 3, 8, 3, swap_ab=True, one_dot=True)),
+    ("int4", 4096, 1536): QuantKernelConfig(GemmConfig(16, 128, 3, 4, 3, swap_ab=True, group_m=16),
+                                            GemmConfig(16, 128, 2, 4, 3, swap_ab=True, mma=True)),
+    ("int4", 2880, 2880): QuantKernelConfig(GemmConfig(16, 256, 2, 4, 3, swap_ab=True, one_dot=True),
+                                            GemmConfig(16, 256, 4, 4, 3, swap_ab=True, mma=True)),
+    ("int4", 7168, 2048): _DEEPSEEK_BEFORE_22,
+    ("mxfp4", 7168, 2048): _DEEPSEEK_BEFORE_22,
+}
+
+
+def one_token_entries_22_before(layer, tokens: int):
+    """What served `tokens` before the twenty-second session's H200 entries: the one-token entry as it
+    was at 1 token, and at 2 where it was the nearest (no 2-token entry then); the 8-token entry at 3."""
+    experts = layer.experts
+    cfg = experts.config
+    scheme = "mxfp4" if experts.quant.weight.dtype is QuantDType.MXFP4 else "int4"
+    own_two = scheme == "int4" and cfg.hidden_size == 2048  # qwen3-30b-a3b had a 2-token entry
+    if tokens == 1 or (tokens == 2 and not own_two):
+        before = _ONE_TOKEN_BEFORE_22[scheme, cfg.hidden_size, cfg.intermediate_size_per_partition]
+    else:
+        before = experts._find_config(2 if own_two and tokens <= 3 else 8).config
+    return mock.patch.object(experts, "config_override", before)
+
+
+def one_token_entry(layer, tokens: int):
+    """The shipped one-token entry at any token count."""
+    return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(1).config)
 
 
 def _mma_tiles(**tiles: tuple[int, int]):

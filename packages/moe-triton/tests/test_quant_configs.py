@@ -206,9 +206,9 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
 
 # The token counts where the shipped MXFP4 files differ from the int4 shapes they otherwise copy
 # (qwen3-235b-a22b on the H200: the int4 one-token entry from before int4's retune, faster for MXFP4;
-# qwen3-30b-a3b and mixtral-8x7b: searches of their own at one and eight tokens).
+# qwen3-30b-a3b, deepseek-v3 and mixtral-8x7b: searches of their own at one and eight tokens).
 MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}},
-               "NVIDIA_H200": {"gpt-oss-120b": {1, 8}, "qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1},
+               "NVIDIA_H200": {"gpt-oss-120b": {1, 8}, "qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1}, "deepseek-v3": {1},
                                # (its 8-token entry, tuned apart, is now the int4 one's: the int4 retune found it too)
                                "mixtral-8x7b": set()}}
 
@@ -219,7 +219,7 @@ MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {
 def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
     """Each preset's MXFP4 layer takes the int4 file of its shape on that GPU (gpt-oss's groups of 64, the
     others' 128), entry for entry, and says so, unless an MXFP4 file of that GPU ships (three H100 shapes,
-    gpt-oss-120b's, both qwen3's and mixtral-8x7b's on the H200):
+    every preset's on the H200):
     then that one, whose entries are the int4 ones as MXFP4 serves them but where tuning found faster.
     The H100's MXFP4 files do not reach the H200, whose own file borrows its int4 shapes."""
     p = get_preset(preset)
@@ -387,14 +387,16 @@ def test_quant_config_text_names_each_gemms_kernel_and_options():
 # Per scheme, preset and token count, the GEMMs the shipped H200 entry serving it runs on the mma kernel.
 _BOTH = {"gemm1", "gemm2"}
 MMA_ON_H200 = {
-    ("int4", "qwen3-30b-a3b"): {1: {"gemm1"}, 2: _BOTH, 3: _BOTH},
-    ("int4", "qwen3-235b-a22b"): {1: {"gemm2"}, 2: {"gemm2"}},
-    ("int4", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
+    ("int4", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH, 3: _BOTH},
+    ("int4", "qwen3-235b-a22b"): {1: _BOTH, 2: {"gemm2"}, 3: {"gemm2"}},
+    ("int4", "gpt-oss-120b"): {1: _BOTH, 2: {"gemm2"}, 3: {"gemm2"}},
+    ("int4", "deepseek-v3"): {1: {"gemm2"}},
     ("int8", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH},
     ("int8", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
     ("mxfp4", "qwen3-30b-a3b"): {2: _BOTH, 3: _BOTH},
     ("mxfp4", "qwen3-235b-a22b"): {2: {"gemm2"}, 3: {"gemm2"}},
     ("mxfp4", "gpt-oss-120b"): {2: {"gemm2"}, 3: {"gemm2"}},
+    ("mxfp4", "deepseek-v3"): {1: {"gemm2"}},
 }
 
 
