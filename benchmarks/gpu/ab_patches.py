@@ -256,7 +256,7 @@ def one_token_entries_22_before(layer, tokens: int):
     was at 1 token, and at 2 where it was the nearest (no 2-token entry then); the 8-token entry at 3."""
     experts = layer.experts
     cfg = experts.config
-    scheme = "mxfp4" if experts.quant.weight.dtype is QuantDType.MXFP4 else "int4"
+    scheme = "mxfp4" if experts.quant.weight.dtype is QuantDType.FP4_E2M1 else "int4"
     own_two = scheme == "int4" and cfg.hidden_size == 2048  # qwen3-30b-a3b had a 2-token entry
     if tokens == 1 or (tokens == 2 and not own_two):
         before = _ONE_TOKEN_BEFORE_22[scheme, cfg.hidden_size, cfg.intermediate_size_per_partition]
