@@ -2,7 +2,7 @@
 # One device call for the layer where users call it (issue: host path, torch.compile, end to end):
 # install the project from wheels, then run jobs over every visible GPU (gpu_jobs.py):
 #   tests         integration/test_call_path.py and the transformers parity tests on the GPU
-#   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block (host-mma-qwen3: the mma entries)
+#   host-*        bench_host_path.py: host and GPU time per eager call, layer and fused block (host-mma-qwen3, host-mma-22: the mma entries)
 #   e2e-*         bench_e2e.py: one process per model, experts and mode
 #                 (e2e-interleaved-*: bench_e2e_interleaved.py, several variants in one process)
 #   load-checkpoint  bench_load_checkpoint.py: a real-shape GPTQ int4 qwen3-30b-a3b through from_pretrained
@@ -104,6 +104,8 @@ add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3
 # Host time per eager call where the mma kernel serves qwen3-30b-a3b (int4 at 1-3 tokens, MXFP4 at 2-3, int8 at 1-2)
 # beside paths it does not (bf16, 8 tokens) in the same run.
 add host-mma-qwen3 "python3 bench_host_path.py --out $OUT/host/mma --presets qwen3-30b-a3b --schemes bf16 int4 int8 mxfp4 --tokens 1 2 3 8"
+# The same where the twenty-second session's one-token entries put both GEMMs (or GEMM2) on the mma kernel.
+add host-mma-22 "python3 bench_host_path.py --out $OUT/host/mma-22 --presets qwen3-235b-a22b gpt-oss-120b deepseek-v3 --schemes int4 --tokens 1 2 8"
 add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3"
