@@ -253,7 +253,8 @@ _ONE_TOKEN_BEFORE_22 = {
 
 def one_token_entries_22_before(layer, tokens: int):
     """What served `tokens` before the twenty-second session's H200 entries: the one-token entry as it
-    was at 1 token, and at 2 where it was the nearest (no 2-token entry then); the 8-token entry at 3."""
+    was at 1 token, and at 2 where it was the nearest (no 2-token entry then), the 8-token entry at 3;
+    qwen3-30b-a3b int4's own 2-token entry at 2 and 3."""
     experts = layer.experts
     cfg = experts.config
     scheme = "mxfp4" if experts.quant.weight.dtype is QuantDType.FP4_E2M1 else "int4"
