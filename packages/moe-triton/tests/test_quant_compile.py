@@ -220,6 +220,36 @@ def test_wgmma_gemm_compiles_for_hopper():
         assert shared <= HOPPER_SHARED_BYTES, (name, shared)  # launchable: within an sm_90 block's shared memory
 
 
+_COMPILE_WGMMA_SHARED = """
+import json, sys
+from moe_triton._common.offline_compile import compile_wgmma_gemm
+for name, consts in json.loads(sys.stdin.read()).items():
+    print(name, compile_wgmma_gemm(consts, {"b_ptr": "*i32"}).metadata.shared, flush=True)
+"""
+
+
+def test_int8_wgmma_grid_fits_an_sm90_block():
+    """Each tile of int8's wgmma grid (`tune.wgmma_grid(int8=True)`: per channel, a taken-in tail of 16
+    on 128-pair blocks as shipped entries have) fits an sm_90 block's shared memory, and the capped
+    tiles (`tune.INT8_WGMMA_STAGES`) would not one stage deeper: the cap is the deepest ring that fits."""
+    from moe_triton.tune import INT8_WGMMA_STAGES, wgmma_grid
+
+    int8 = dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, ROW_SCALE=True)
+    builds = {}
+    for cand in wgmma_grid(int8=True).values():
+        t = cand.gemm1
+        tail = 16 if t.block_m == 128 else 0
+        builds[f"fits-{t.block_m}x{t.block_n}-s{t.num_stages}-t{tail}"] = dict(
+            int8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.num_stages, TAIL=tail)
+    for (bm, bn), stages in INT8_WGMMA_STAGES.items():
+        builds[f"deeper-{bm}x{bn}-s{stages + 1}"] = dict(int8, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages + 1, TAIL=0)
+    stdout = run_compiler_script(_COMPILE_WGMMA_SHARED, json.dumps(builds))
+    shared = {name: int(n) for name, n in map(str.split, stdout.splitlines())}
+    assert set(shared) == set(builds)
+    for name, n in shared.items():
+        assert (n <= HOPPER_SHARED_BYTES) == name.startswith("fits"), (name, n)
+
+
 # The mma kernel's specializations over MMA_CONSTEXPRS (qwen3-30b-a3b's one-token GEMM1): GEMM2
 # (weights asked for before the wait, top-k reduce, router weight), gpt-oss-like (zero points, groups
 # of 64, bias, ragged N, expert map), groups of 32 into plain atomics, fp16 with a store;

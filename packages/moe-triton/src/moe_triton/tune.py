@@ -20,7 +20,7 @@ included) is captured in a CUDA graph and timed the same way for the measured he
 (`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if
 any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), the
 heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
-GEMMs (`wgmma_grid`, int8's at most `BORROWED_MAX_STAGES` deep; above `LAST_ARRIVAL_MAX_TOKENS`
+GEMMs (`wgmma_grid`, int8's as deep as its wider words fit; above `LAST_ARRIVAL_MAX_TOKENS`
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
@@ -66,8 +66,8 @@ from moe_triton.configs import (
 from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
 from moe_triton.topk_sum import topk_sum
 
-__all__ = ["as_mma", "block_m_for", "candidates", "direct_candidates", "fused_decode_candidates", "main",
-           "per_gemm_grid", "quant_candidates", "wgmma_grid"]
+__all__ = ["INT8_WGMMA_STAGES", "as_mma", "block_m_for", "candidates", "direct_candidates", "fused_decode_candidates",
+           "main", "per_gemm_grid", "quant_candidates", "wgmma_grid"]
 
 DEFAULT_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 DEFAULT_M = (1, 8, 32, 128, 512, 2048, 8192)
@@ -244,12 +244,21 @@ _WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128
                 (128, 128, 4), (128, 256, 3), (128, 256, 4))
 
 
-def wgmma_grid(max_stages: int | None = None) -> dict[str, QuantKernelConfig]:
+# The deepest ring of the tiles whose int4 depth int8's byte quads outgrow (int32 words: twice int4's
+# bytes per stage) within an sm_90 block's 227 KB, tails of 16 pairs included on 128-pair blocks
+# (offline sm_90 builds, Triton 3.6: 128 x 256 takes 214,588 bytes at three stages, 280,644 at four;
+# test_quant_compile builds each). The other tiles fit int8 at int4's depth.
+INT8_WGMMA_STAGES = {(16, 256): 5, (32, 256): 5, (64, 256): 4, (128, 256): 3}
+
+
+def wgmma_grid(*, int8: bool = False) -> dict[str, QuantKernelConfig]:
     """Both GEMMs on the wgmma kernel (`quant_gemm_details._wgmma`), one candidate per tile of
-    _WGMMA_TILES, at most `max_stages` deep (int8: its words are twice int4's bytes per stage)."""
+    _WGMMA_TILES; int8's at most INT8_WGMMA_STAGES deep (a tile the cap brings to another's depth is
+    one candidate)."""
     found = {}
     for bm, bn, stages in _WGMMA_TILES:
-        stages = min(stages, max_stages or stages)
+        if int8:
+            stages = min(stages, INT8_WGMMA_STAGES.get((bm, bn), stages))
         tile = GemmConfig(bm, bn, 1, 4, stages, swap_ab=True, wgmma=True)
         found[f"wgmma:{bm}x{bn},s{stages}"] = QuantKernelConfig(tile, tile)
     return found
@@ -298,7 +307,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
-    from moe_triton.quantized import BORROWED_MAX_STAGES, LAST_ARRIVAL_MAX_TOKENS
+    from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
 
     cfg = experts.config
     dev = experts.device.torch_device
@@ -339,7 +348,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             time_all({"shipped": shipped.config})
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
             int8 = experts.quant.weight.dtype is QuantDType.INT8
-            time_all(wgmma_grid(BORROWED_MAX_STAGES if int8 else None))
+            time_all(wgmma_grid(int8=int8))
         if M <= FUSED_MAX_TOKENS and fused_unsupported(experts) is None:
             time_all(fused_decode_candidates(cands["heuristic"]))
         # A fused winner's GEMMs only serve larger calls (a file's nearest entry): no search around it.
@@ -493,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{CORRECTION_BIAS_STD:g})")
     p.add_argument("--wgmma", action="store_true",
                    help="int4, int8, mxfp4 on Hopper (sm_90): also time both GEMMs on the Gluon wgmma kernel "
-                        f"(tune.wgmma_grid, 10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
+                        f"(tune.wgmma_grid, 8-10 more layer timings per M above {LAST_ARRIVAL_MAX_TOKENS} tokens)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("moe tune: torch sees no GPU; tuning needs the GPU the configurations are for", file=sys.stderr)
