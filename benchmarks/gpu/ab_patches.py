@@ -26,8 +26,8 @@ count to those it would run, with one field of both GEMMs changed.
   with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
   `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
   `one_token_entries_22_before`: what served 1-3 tokens before the twenty-second session's one-token
-  entries (int4 on four presets, deepseek-v3 MXFP4); `one_token_entry`: the shipped one-token entry at
-  any token count;
+  and 2-token entries (int4 on four presets, deepseek-v3 MXFP4); `one_token_entry`: the shipped
+  one-token entry at any token count;
   `mma_entries_before`: the one-token H200 int4 entries the mma kernel replaced (qwen3-30b-a3b's GEMM1,
   qwen3-235b-a22b's and gpt-oss-120b's GEMM2) as they were.
 - `gemm2_whole_share`, `gemm2_whole_share_split2`, `gemm2_whole_share_split6`, `gemm2_whole_share_64`,
@@ -249,6 +249,9 @@ _ONE_TOKEN_BEFORE_22 = {
     ("int4", 7168, 2048): _DEEPSEEK_BEFORE_22,
     ("mxfp4", 7168, 2048): _DEEPSEEK_BEFORE_22,
 }
+# qwen3-30b-a3b int4's 2-token entry (serving 2 and 3 tokens) the same session replaced.
+_QWEN3_30B_TWO_TOKEN_BEFORE_22 = QuantKernelConfig(GemmConfig(16, 64, 4, 4, 3, swap_ab=True, mma=True),
+                                                   GemmConfig(16, 128, 3, 8, 3, swap_ab=True, mma=True))
 
 
 def one_token_entries_22_before(layer, tokens: int):
@@ -261,8 +264,10 @@ def one_token_entries_22_before(layer, tokens: int):
     own_two = scheme == "int4" and cfg.hidden_size == 2048  # qwen3-30b-a3b had a 2-token entry
     if tokens == 1 or (tokens == 2 and not own_two):
         before = _ONE_TOKEN_BEFORE_22[scheme, cfg.hidden_size, cfg.intermediate_size_per_partition]
+    elif own_two and tokens <= 3:
+        before = _QWEN3_30B_TWO_TOKEN_BEFORE_22
     else:
-        before = experts._find_config(2 if own_two and tokens <= 3 else 8).config
+        before = experts._find_config(8).config
     return mock.patch.object(experts, "config_override", before)
 
 
