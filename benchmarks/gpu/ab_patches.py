@@ -58,7 +58,9 @@ from unittest import mock
 
 from moe_core.quant import QuantDType
 from moe_triton import act_quant, quant_gemm, quantized
+from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
+from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
 
@@ -143,8 +145,8 @@ both_wgmma_128 = _both_gemms(**_WGMMA, block_n=128)
 def _as_mma(g, k: int, split_factor: int):
     """A served launch shape on the mma kernel (`tune.as_mma`, a wgmma one as tl.dot's first), split_k
     times split_factor but each split at most `_mma.MAX_TILES` K tiles."""
-    k_tiles = -(-k // 128)
-    split = min(k_tiles, max(g.split_k * split_factor, -(-k_tiles // 8)))
+    k_tiles = cdiv(k, TILE_K.value)
+    split = min(k_tiles, max(g.split_k * split_factor, cdiv(k_tiles, MAX_TILES.value)))
     return as_mma(dataclasses.replace(g, wgmma=False, split_k=split))
 
 
@@ -179,13 +181,13 @@ def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gem
     def patch(layer, tokens: int):
         served = layer.experts._find_config(1 if from_one_token else tokens).config
         cfg = layer.experts.config
-        k_tiles = -(-cfg.intermediate_size_per_partition // 128)
+        k_tiles = cdiv(cfg.intermediate_size_per_partition, TILE_K.value)
         g2 = dataclasses.replace(served.gemm2, mma=False)
         if block_n is not None:
             g2 = dataclasses.replace(g2, block_n=block_n, num_warps=block_n // 16)
         g2 = dataclasses.replace(g2, split_k=g2.split_k if split is None else max(split, 1))
         g2 = _as_mma(g2, cfg.intermediate_size_per_partition, 1)
-        g2 = dataclasses.replace(g2, num_stages=-(-k_tiles // g2.split_k) + 1)
+        g2 = dataclasses.replace(g2, num_stages=cdiv(k_tiles, g2.split_k) + 1)
         g1 = _as_mma(served.gemm1, cfg.hidden_size, 1) if gemm1_mma else served.gemm1
         return mock.patch.object(layer.experts, "config_override", QuantKernelConfig(g1, g2))
     return patch

@@ -419,8 +419,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         without act-order, on an NVIDIA GPU of sm_80 or later, compiled."""
         key = self.quant.weight
         wtype, group = _wtype(key), _group(key, cols)
-        quads = _takes_quads(wtype, cols, group)  # a quads layout's K tiles are 128 wide (`_block_k`)
-        return (not key.act_order and mma_takes(wtype, quads, 128, _operand_group(wtype, cols, group))
+        return (not key.act_order and mma_takes(wtype, _takes_quads(wtype, cols, group), _block_k(wtype, cols, group),
+                                                _operand_group(wtype, cols, group))
                 and mma_capable(self.device))
 
     def heuristic_config(self, num_tokens: int) -> QuantKernelConfig:

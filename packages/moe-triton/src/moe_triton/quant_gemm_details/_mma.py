@@ -46,8 +46,7 @@ from moe_triton._common import trace
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import e2m1_weights, quarter_e8m0_factors
-from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK  # the launcher sizes zero_chunk in these
-from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble
+from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble, zero_side_slice
 
 TILE_K = gl.constexpr(128)  # K per quads tile
 QUARTER = gl.constexpr(32)  # K per quarter: one word per row and k
@@ -277,13 +276,7 @@ def moe_mma_gemm_kernel(
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
 
     if ZERO_SIDE:
-        # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program.
-        zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
-        pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
-        z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-        for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
-            z_offs = zero_start + gl.arange(0, ZERO_BLOCK, layout=zl)
-            gl.store(zero_ptr + z_offs, gl.zeros([ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
+        zero_side_slice(zero_ptr, zero_numel, zero_chunk)
 
     # The block's pairs: the epilogue's columns (ids, valid, out_rows) and the x copies' (clamped to a
     # valid pair: padding columns read a real row, never stored).

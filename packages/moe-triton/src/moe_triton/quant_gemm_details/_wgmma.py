@@ -47,7 +47,7 @@ compiles it for sm_90 and the GPU suite checks it against the fp32 reference.
 
 from __future__ import annotations
 
-__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves"]
+__all__ = ["QUARTER", "moe_w4a16_wgmma_kernel", "row_halves", "zero_side_slice"]
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -128,6 +128,19 @@ def _e2m1_quarter(words, j: gl.constexpr):
     (`_dequant.e2m1_quarter_ptx` on each 32-bit register)."""
     return gl.inline_asm_elementwise(e2m1_quarter_ptx(j, "$0", "$1"), "=r,r", [words], is_pure=True, pack=2,
                                      dtype=gl.bfloat16)
+
+
+@gluon.jit
+def zero_side_slice(zero_ptr, zero_numel, zero_chunk):
+    """A side job of a Gluon GEMM: clear this program's slice of the next GEMM's int32/fp32 sums (zero
+    bits), zero_chunk elements (a multiple of ZERO_BLOCK, the launcher's) from the program's linear
+    index over the whole grid, which saves that GEMM a fill launch."""
+    zl: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    pid = (gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
+    z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
+    for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
+        z_offs = zero_start + gl.arange(0, ZERO_BLOCK, layout=zl)
+        gl.store(zero_ptr + z_offs, gl.zeros([ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
 
 
 @gluon.constexpr_function
@@ -536,12 +549,7 @@ def moe_w4a16_wgmma_kernel(
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     if ZERO_SIDE:
-        zl: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
-        pid = (pid_m * gl.num_programs(0) + pid_n) * gl.num_programs(2) + gl.program_id(2)
-        z_end = gl.minimum(pid * zero_chunk + zero_chunk, zero_numel)
-        for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
-            z_offs = zero_start + gl.arange(0, ZERO_BLOCK, layout=zl)
-            gl.store(zero_ptr + z_offs, gl.zeros([ZERO_BLOCK], gl.int32, layout=zl), mask=z_offs < z_end)
+        zero_side_slice(zero_ptr, zero_numel, zero_chunk)
     k_tiles = gl.cdiv(K, TILE_K)
     per_split = gl.cdiv(k_tiles, SPLIT_K)
     kt0 = gl.program_id(2) * per_split
