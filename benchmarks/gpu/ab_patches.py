@@ -292,3 +292,24 @@ mma_gemm1_64x4 = _mma_tiles(gemm1=(64, 4))
 mma_gemm1_64x4_gemm2_64x3 = _mma_tiles(gemm1=(64, 4), gemm2=(64, 3))
 mma_gemm2_256x4 = _mma_tiles(gemm2=(256, 4))
 mma_gemm2_64x4 = _mma_tiles(gemm2=(64, 4))
+
+
+# The twenty-third session's int8 searches at 2048 tokens (`moe tune --quant int8 --wgmma --per-gemm`, int8's
+# deeper wgmma rings), keyed by hidden size: the tuner's winners, set against the served entries at the token
+# counts a 2048-token entry serves (1024-4095).
+_WGMMA_128x256 = GemmConfig(128, 256, 1, 4, 3, swap_ab=True, wgmma=True)
+_INT8_2048_TUNED = {
+    7168: QuantKernelConfig(_WGMMA_128x256, _WGMMA_128x256),  # deepseek-v3
+    2880: QuantKernelConfig(*(GemmConfig(64, 128, 1, 4, 3, swap_ab=True, tail=32, one_dot=True),) * 2),  # gpt-oss-120b
+}
+
+
+def int8_2048_tuned(layer, tokens: int):
+    return mock.patch.object(layer.experts, "config_override", _INT8_2048_TUNED[layer.experts.config.hidden_size])
+
+
+def int8_2048_tuned_tail16(layer, tokens: int):
+    """The tuned entry with a 16-pair tail on its wgmma GEMMs (the tuner tried tails on tl.dot tiles only)."""
+    tuned = _INT8_2048_TUNED[layer.experts.config.hidden_size]
+    tail = {g: dataclasses.replace(getattr(tuned, g), tail=16) for g in ("gemm1", "gemm2") if getattr(tuned, g).wgmma}
+    return mock.patch.object(layer.experts, "config_override", dataclasses.replace(tuned, **tail))

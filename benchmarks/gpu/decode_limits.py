@@ -8,10 +8,14 @@ graphs, the L2 flushed before each replay, median; `moe_core.bench.time_cuda_lay
   routing selects, `moe_core.bench.routed_work`, times `expert_weight_bytes`) from a contiguous
   buffer, the faster of a Triton read (16 KiB per program) and torch's sum: what streaming those
   bytes costs after the flush, which at a few MB is latency, not bandwidth;
+- routed_read_us (one token): one kernel whose programs first route the token (top-k of its logits, plus the
+  correction bias where the router has one, read after the flush like the layer's) and then read their
+  share of the chosen experts' bytes, each expert's at its own place in a buffer of every expert's: the
+  bare read with the dependency no layer avoids (which bytes is known only once the logits are read);
 - launch_us: a graph of one trivial kernel (the cost of a launch under the protocol);
 - floor_us: the roofline floor (`moe_core.bench.roofline_floor`, this run's ceilings);
 - limit_us = max(read_us, launch_us); layer_over_limit = layer_us / limit_us (a cell within 1.1 of its
-  measured limit is done, issue 60).
+  measured limit is done, issue 60); layer_over_routed_read = layer_us / routed_read_us.
 
     python3 decode_limits.py --out DIR [--presets ...] [--schemes ...] [--tokens 1 8]
 """
@@ -43,6 +47,27 @@ def _read(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(words, 0))
 
 
+@triton.jit
+def _routed_read(logits_ptr, bias_ptr, src_ptr, out_ptr, expert_words, chunks, E: tl.constexpr,
+                 E_POW2: tl.constexpr, TOP_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program p reads chunk p % chunks of the (p // chunks)-th choice's expert; every program routes the
+    token itself, so no read starts before the logits are in."""
+    pid = tl.program_id(0)
+    choice = pid // chunks
+    e = tl.arange(0, E_POW2)
+    scores = tl.load(logits_ptr + e, mask=e < E, other=float("-inf")).to(tl.float32)
+    if HAS_BIAS:
+        scores += tl.load(bias_ptr + e, mask=e < E, other=0.0).to(tl.float32)
+    expert = 0
+    for i in tl.static_range(TOP_K):
+        best = tl.min(tl.where(scores == tl.max(scores, 0), e, E_POW2), 0)
+        expert = tl.where(i == choice, best, expert)
+        scores = tl.where(e == best, float("-inf"), scores)
+    offs = (pid % chunks) * BLOCK + tl.arange(0, BLOCK)
+    words = tl.load(src_ptr + expert.to(tl.int64) * expert_words + offs, mask=offs < expert_words, other=0)
+    tl.store(out_ptr + pid, tl.sum(words, 0))
+
+
 def protocol_us(fn) -> float:
     """Median microseconds of `fn()` under the layer protocol (its arguments are ignored)."""
     dummy = torch.empty(1, device="cuda")
@@ -60,6 +85,25 @@ def read_us(nbytes: int) -> float:
     triton_read = protocol_us(lambda: _read[(programs,)](src, out, words, BLOCK=READ_BLOCK))
     torch_read = protocol_us(src.sum)
     return min(triton_read, torch_read)
+
+
+def routed_read_us(config, inputs, expert_bytes: int, bias) -> float:
+    """One token's routing and then the read of its chosen experts' bytes, in one launch under the protocol
+    (the cell's input sets: each replay routes its own logits)."""
+    expert_words = max(1, expert_bytes // 4)
+    chunks = triton.cdiv(expert_words, READ_BLOCK)
+    top_k, E = config.routing.top_k, config.num_experts
+    src = torch.ones(E * expert_words, dtype=torch.int32, device="cuda")
+    out = torch.empty(top_k * chunks, dtype=torch.int32, device="cuda")
+
+    def call(x, logits):
+        _routed_read[(top_k * chunks,)](logits, bias if bias is not None else logits, src, out, expert_words,
+                                        chunks, E=E, E_POW2=triton.next_power_of_2(E), TOP_K=top_k,
+                                        HAS_BIAS=bias is not None, BLOCK=READ_BLOCK)
+    samples, method = time_cuda_layer(call, inputs)
+    if method != "cuda-graph":
+        raise RuntimeError(f"not captured: {method}")
+    return statistics.median(samples) * 1e6
 
 
 def layer_cell(preset, layer, quant, tokens: int, dev: torch.device):
@@ -107,12 +151,16 @@ def main() -> int:
                 print(f"{name} {scheme}: refused ({str(exc).splitlines()[0][:160]})", flush=True)
                 continue
             for tokens in args.tokens:
-                _, work, nbytes, layer_us = layer_cell(preset, layer, quant, tokens, dev)
+                inputs, work, nbytes, layer_us = layer_cell(preset, layer, quant, tokens, dev)
                 row = {"preset": name, "scheme": scheme, "tokens": tokens, "experts": work.experts, "bytes": nbytes,
                        "layer_us": layer_us, "read_us": round(read_us(nbytes), 2),
                        "floor_us": round(roofline_floor(config, quant, work, ceilings).seconds * 1e6, 2)}
                 row["limit_us"] = max(row["read_us"], round(launch, 2))
                 row["layer_over_limit"] = round(row["layer_us"] / row["limit_us"], 3)
+                if tokens == 1:
+                    row["routed_read_us"] = round(routed_read_us(
+                        config, inputs, int(expert_weight_bytes(config, quant)), correction_bias(preset, dev)), 2)
+                    row["layer_over_routed_read"] = round(row["layer_us"] / row["routed_read_us"], 3)
                 record(result, path, row)
             del layer
             torch.cuda.empty_cache()

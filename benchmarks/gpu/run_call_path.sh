@@ -18,12 +18,13 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
-#                asked for before its wait, one-token entries against those they replaced), per preset (AB_TOKENS)
+#                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners), per
+#                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
@@ -212,6 +213,10 @@ add ab-retune-qwen3-fp8-block "python3 ab_layer.py --preset qwen3-30b-a3b --dtyp
 e22="--m 1 2 3 --rounds 7 --variant before=ab_patches:one_token_entries_22_before --variant shipped --variant one-token-entry=ab_patches:one_token_entry"
 add ab-entries-22-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 $e22 --out $OUT/host/ab-entries-22-int4.json"
 add ab-entries-22-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype mxfp4 $e22 --out $OUT/host/ab-entries-22-mxfp4.json"
+# The twenty-third session's int8 2048-token searches against the served entries, at token counts the entry serves.
+i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:int8_2048_tuned"
+add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
+add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
 # One-token GEMM1 asking for all its weight tiles up front (a deeper pipeline, or shorter K-splits).
 for s in int4 mxfp4 int8; do
   add "ab-gemm1-upfront-$s" "python3 ab_layer.py --preset qwen3-30b-a3b --dtype $s --m 1 --rounds 5 --variant shipped --variant stages5=ab_patches:gemm1_stages5 --variant n128-stages5=ab_patches:gemm1_n128_stages5 --variant split8=ab_patches:gemm1_split8 --variant n128-split8=ab_patches:gemm1_n128_split8 --out $OUT/host/ab-gemm1-upfront-$s.json"
