@@ -92,7 +92,7 @@ def routed_read_us(config, inputs, expert_bytes: int, bias) -> float:
     (the cell's input sets: each replay routes its own logits)."""
     expert_words = max(1, expert_bytes // 4)
     chunks = triton.cdiv(expert_words, READ_BLOCK)
-    top_k, E = config.routing.top_k, config.num_experts
+    top_k, E = config.top_k, config.num_experts
     src = torch.ones(E * expert_words, dtype=torch.int32, device="cuda")
     out = torch.empty(top_k * chunks, dtype=torch.int32, device="cuda")
 
