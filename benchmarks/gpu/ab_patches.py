@@ -313,3 +313,13 @@ def int8_2048_tuned_tail16(layer, tokens: int):
     tuned = _INT8_2048_TUNED[layer.experts.config.hidden_size]
     tail = {g: dataclasses.replace(getattr(tuned, g), tail=16) for g in ("gemm1", "gemm2") if getattr(tuned, g).wgmma}
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(tuned, **tail))
+
+
+# qwen3-235b-a22b int4's one-token GEMM2 (mma kernel, 256 rows on 8 warps, split 4: 512 programs) holds three
+# programs per SM (77 registers x 256 threads), so 116 of them run in a second wave; fewer programs, or
+# smaller ones, fit one.
+gemm2_split3 = _gemms({}, dict(split_k=3))
+gemm2_split3_ring4 = _gemms({}, dict(split_k=3, num_stages=4))
+gemm2_split2 = _gemms({}, dict(split_k=2))
+gemm2_split2_ring6 = _gemms({}, dict(split_k=2, num_stages=6))
+gemm2_n128_split3 = _gemms({}, dict(block_n=128, num_warps=4, split_k=3))
