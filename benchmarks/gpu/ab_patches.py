@@ -323,3 +323,9 @@ gemm2_split3_ring4 = _gemms({}, dict(split_k=3, num_stages=4))
 gemm2_split2 = _gemms({}, dict(split_k=2))
 gemm2_split2_ring6 = _gemms({}, dict(split_k=2, num_stages=6))
 gemm2_n128_split3 = _gemms({}, dict(block_n=128, num_warps=4, split_k=3))
+
+
+def tile_of_8192(layer, tokens: int):
+    """The served 8192-token entry at any token count (deepseek-v3 int8: its wgmma tile, against the
+    2048-token entry where that serves)."""
+    return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(8192).config)

@@ -87,23 +87,31 @@ def read_us(nbytes: int) -> float:
     return min(triton_read, torch_read)
 
 
+# (warps, int32 words) per program of the routed read: the routing is each program's own reductions over the
+# logits, cheaper on fewer warps, the read wants bytes in flight; the limit is the fastest.
+ROUTED_READ_SHAPES = ((4, 4096), (2, 2048), (1, 1024))
+
+
 def routed_read_us(config, inputs, expert_bytes: int, bias) -> float:
     """One token's routing and then the read of its chosen experts' bytes, in one launch under the protocol
-    (the cell's input sets: each replay routes its own logits)."""
+    (the cell's input sets: each replay routes its own logits); the fastest of ROUTED_READ_SHAPES."""
     expert_words = max(1, expert_bytes // 4)
-    chunks = triton.cdiv(expert_words, READ_BLOCK)
     top_k, E = config.top_k, config.num_experts
     src = torch.ones(E * expert_words, dtype=torch.int32, device="cuda")
-    out = torch.empty(top_k * chunks, dtype=torch.int32, device="cuda")
+    times = []
+    for warps, block in ROUTED_READ_SHAPES:
+        chunks = triton.cdiv(expert_words, block)
+        out = torch.empty(top_k * chunks, dtype=torch.int32, device="cuda")
 
-    def call(x, logits):
-        _routed_read[(top_k * chunks,)](logits, bias if bias is not None else logits, src, out, expert_words,
-                                        chunks, E=E, E_POW2=triton.next_power_of_2(E), TOP_K=top_k,
-                                        HAS_BIAS=bias is not None, BLOCK=READ_BLOCK)
-    samples, method = time_cuda_layer(call, inputs)
-    if method != "cuda-graph":
-        raise RuntimeError(f"not captured: {method}")
-    return statistics.median(samples) * 1e6
+        def call(x, logits, chunks=chunks, out=out, warps=warps, block=block):
+            _routed_read[(top_k * chunks,)](logits, bias if bias is not None else logits, src, out, expert_words,
+                                            chunks, E=E, E_POW2=triton.next_power_of_2(E), TOP_K=top_k,
+                                            HAS_BIAS=bias is not None, BLOCK=block, num_warps=warps)
+        samples, method = time_cuda_layer(call, inputs)
+        if method != "cuda-graph":
+            raise RuntimeError(f"not captured: {method}")
+        times.append(statistics.median(samples) * 1e6)
+    return min(times)
 
 
 def layer_cell(preset, layer, quant, tokens: int, dev: torch.device):

@@ -217,6 +217,7 @@ add ab-entries-22-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype mxfp4 
 i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:int8_2048_tuned"
 add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
 add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
+add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 --m 2600 3072 4095 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-3072-deepseek.json"
 # qwen3-235b-a22b int4's one-token GEMM2 in one wave (ab_patches.gemm2_split3 and the rest).
 add ab-one-wave-gemm2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 2 3 --rounds 7 --variant shipped --variant split3=ab_patches:gemm2_split3 --variant split3-ring4=ab_patches:gemm2_split3_ring4 --variant split2=ab_patches:gemm2_split2 --variant split2-ring6=ab_patches:gemm2_split2_ring6 --variant n128-split3=ab_patches:gemm2_n128_split3 --out $OUT/host/ab-one-wave-gemm2.json"
 # One-token GEMM1 asking for all its weight tiles up front (a deeper pipeline, or shorter K-splits).
