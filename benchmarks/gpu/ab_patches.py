@@ -329,3 +329,8 @@ def tile_of_8192(layer, tokens: int):
     """The served 8192-token entry at any token count (deepseek-v3 int8: its wgmma tile, against the
     2048-token entry where that serves)."""
     return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(8192).config)
+
+
+def own_route_off(layer, tokens: int):
+    """GEMM1 waits for the routing launch's choice (no `direct_quant_gemm` own_route)."""
+    return mock.patch.object(quantized, "GEMM1_OWN_ROUTE", False)

@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -218,6 +218,10 @@ i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:i
 add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
 add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
 add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 --m 2600 3072 4095 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-3072-deepseek.json"
+# GEMM1 ranking its own pairs' experts (quantized.GEMM1_OWN_ROUTE) against waiting for the routing launch's.
+own="--m 1 2 3 --rounds 7 --variant waits=ab_patches:own_route_off --variant own"
+add ab-own-route-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 $own --out $OUT/host/ab-own-route-int4.json"
+add ab-own-route-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int8 mxfp4 $own --out $OUT/host/ab-own-route-qwen3.json"
 # qwen3-235b-a22b int4's one-token GEMM2 in one wave (ab_patches.gemm2_split3 and the rest).
 add ab-one-wave-gemm2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 2 3 --rounds 7 --variant shipped --variant split3=ab_patches:gemm2_split3 --variant split3-ring4=ab_patches:gemm2_split3_ring4 --variant split2=ab_patches:gemm2_split2 --variant split2-ring6=ab_patches:gemm2_split2_ring6 --variant n128-split3=ab_patches:gemm2_n128_split3 --out $OUT/host/ab-one-wave-gemm2.json"
 # One-token GEMM1 asking for all its weight tiles up front (a deeper pipeline, or shorter K-splits).

@@ -18,7 +18,7 @@ from _quant_support import (
     wgmma_launch,
 )
 
-from moe_core.config import Activation, MoEConfig, ParallelConfig
+from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
 from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
@@ -537,6 +537,57 @@ def test_mma_gemm_top1_store_on_gpu():
     out, ref = run_layer(TritonWna16Experts, int4_w4a16(128), Activation.silu(), torch.bfloat16, K=1024, N=512, E=8,
                          topk=1, M=1, override=QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 1)))
     assert rel_l2(out, ref) < 1e-2
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("agree", [True, False], ids=["routing-agrees", "routing-differs"])
+def test_mma_gemm1_ranks_its_pairs_experts_on_gpu(agree):
+    """GEMM1 on the mma kernel given the router logits (`direct_quant_gemm`'s own_route) writes what it
+    writes without them: from logits whose top-k are the pairs' experts, and from logits that rank
+    them otherwise (every pair then computed again with the routing's expert)."""
+    from moe_triton.quant_gemm import direct_quant_gemm
+
+    if not mma_capable(device_info(DEV)):
+        pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
+    quant = int4_w4a16(128)
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, quant, seed=3, device=DEV))
+    w13 = experts._operand("w13", cfg.w13_rows, cfg.hidden_size)
+    gen = torch.Generator(device=DEV).manual_seed(4)
+    x = torch.randn(2, 1024, generator=gen, device=DEV).to(torch.bfloat16)
+    logits = torch.randn(2, 16, generator=gen, device=DEV)
+    ids = (logits if agree else -logits).topk(4, dim=1).indices.to(torch.int32)
+    sums = {}
+    for own in (None, logits):
+        sums[own is None] = torch.zeros(8, cfg.w13_rows, dtype=torch.float32, device=DEV)
+        direct_quant_gemm(x, w13, sums[own is None], ids, None, mma_launch(64, 2), a_rows_div=4, atomic=True,
+                          own_route=own)
+    torch.testing.assert_close(sums[False], sums[True], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_mma_layer_from_logits_on_gpu(tokens):
+    """FusedMoE's call (`apply_monolithic`, the routing launch then GEMM1 ranking its own pairs' experts)
+    on the mma kernel against the reference, and against the same layer routed apart (`apply`)."""
+    if not mma_capable(device_info(DEV)):
+        pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
+    quant = int4_w4a16(128)
+    cfg = MoEConfig(num_experts=32, top_k=8, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16,
+                    routing=Routing.softmax_topk(True))
+    weights = ExpertWeights.random(cfg, quant, seed=5, device=DEV)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = QuantKernelConfig(mma_launch(64, 2), mma_launch(128, 4))
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    x = torch.randn(tokens, 1024, generator=gen, device=DEV).to(torch.bfloat16)
+    logits = torch.randn(tokens, 32, generator=gen, device=DEV)
+    out = experts.apply_monolithic(x, logits, None)
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
+    apart = experts.apply(x, tw, ids)
+    ref = reference_moe(x, weights, cfg, tw, ids, quant)
+    assert rel_l2(out, ref) < 1e-2 and rel_l2(out, apart) < 1e-3
 
 
 @pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16()),

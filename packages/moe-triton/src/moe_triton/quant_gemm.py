@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
 from moe_core.config import Activation
 from moe_triton._common import trace
@@ -81,7 +82,8 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
-                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
+                    zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
+                    own_route: torch.Tensor | None = None) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
@@ -91,6 +93,12 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     program's first weight tiles (`L2_PREFETCH_TILES`) head for L2 while that one still runs.
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
     are quads stored tile-major, and changes no result.
+    `own_route`: for GEMM1 right behind the routing launch (a_rows_div = top_k), the router logits
+    [M, E] that topk_ids was chosen from by a routing that ranks experts by an increasing function of
+    their logit (lower ids first among equals): the mma kernel's programs take their pair's expert
+    from them and run their whole split while the routing launch still does, then check it against
+    topk_ids (a pair the routing chose otherwise is computed again). It takes effect on the mma
+    kernel in a dependent launch without an expert map, and changes no result.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -99,7 +107,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2)
+            prefetch_l2=prefetch_l2, own_route=own_route)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -113,7 +121,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None, prefetch_l2: bool = False) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False, own_route: torch.Tensor | None = None) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
@@ -165,6 +173,10 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
         trace_buf = trace.buffer("gemm", programs, a.device)
+        own = own_route is not None and direct and not has_map and dependent_launch(a.device)
+        if own and (own_route.dim() != 2 or own_route.stride(1) != 1 or own_route.shape[0] * a_rows_div != num_valid):
+            raise ValueError(f"own_route must be the router logits [tokens, experts] with unit column stride, a row per "
+                             f"{a_rows_div} pairs of {num_valid}, got {list(own_route.shape)}")
         moe_mma_gemm_kernel[grid](
             a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
             out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post, fin, arrivals,
@@ -182,7 +194,10 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,
             STAGES=max(2, cfg.num_stages),
             EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), trace_ptr=trace_buf,
-            TRACE=trace_buf is not None, num_warps=cfg.num_warps, **dependent_options(a.device))
+            TRACE=trace_buf is not None, num_warps=cfg.num_warps,
+            OWN_ROUTE=own, ROUTE_E_P2=max(32, triton.next_power_of_2(own_route.shape[1])) if own else 32,
+            route_ptr=own_route if own else w.scale, stride_route=own_route.stride(0) if own else 0,
+            num_experts=own_route.shape[1] if own else 0, **dependent_options(a.device))
         return
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps

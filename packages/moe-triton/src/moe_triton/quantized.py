@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import ActivationKind, MoEConfig
+from moe_core.config import ActivationKind, MoEConfig, Scoring
 from moe_core.experts import (
     Capability,
     Experts,
@@ -98,6 +98,9 @@ GATE_UP_CHUNK = 32
 # Most tokens whose sums are finished by their last contributor: beyond, every GEMM2 program's
 # acquire-release count per row costs more than the cast launch it saves.
 LAST_ARRIVAL_MAX_TOKENS = 8
+# FusedMoE's calls with a direct GEMM1 on the mma kernel: its programs rank their pair's expert from the
+# router logits and run their split while the routing launch still does (`direct_quant_gemm`'s own_route).
+GEMM1_OWN_ROUTE = True
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
 # rows (`moe_triton.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
 # layers of 8 or more choices per token, whose GEMM2 would issue that many atomics per output,
@@ -508,7 +511,15 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
-        return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input)
+        return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input,
+                           router_logits if self._ranks_by_logit(correction_bias) else None)
+
+    def _ranks_by_logit(self, correction_bias: torch.Tensor | None) -> bool:
+        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts, no bias):
+        GEMM1's programs can then find their pair's expert themselves (`direct_quant_gemm`'s own_route)."""
+        r = self.config.routing
+        return (GEMM1_OWN_ROUTE and r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and correction_bias is None
+                and not r.weight_on_input and self.expert_map is None)
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and
@@ -526,11 +537,13 @@ class _QuantTritonExperts(Experts, TunedLaunch):
 
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                gemm1_sums: torch.Tensor | None,
-               gemm1_input: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               gemm1_input: tuple[torch.Tensor, torch.Tensor] | None = None,
+               router_logits: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on inputs its callers checked (`apply`, or `apply_monolithic` whose router made the
         top-k). gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch),
         or None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3
-        codes, scales per 128-wide group) already quantized (by the routing launch), or None."""
+        codes, scales per 128-wide group) already quantized (by the routing launch), or None.
+        router_logits: the logits topk_ids are the top-k of (`_ranks_by_logit`), or None."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         M, topk = topk_ids.shape
@@ -601,6 +614,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         halves_apart = perm is not None and perm.dim() == 3
         gemm1 = partial(gemm1_launch, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
+        if direct and router_logits is not None and perm is None and qm is QMode.NONE:
+            gemm1 = partial(gemm1, own_route=router_logits.contiguous())
         chunk = self._gate_up_chunk
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
             # The activation in GEMM1's epilogue, once a tile's sums are whole.

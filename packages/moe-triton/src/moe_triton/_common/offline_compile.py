@@ -45,7 +45,7 @@ DEFAULT_CONSTEXPRS = dict(
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
              "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
              "num_post_ptr": "*i32", "fin_ptr": "*bf16", "arrivals_ptr": "*i32", "zero_ptr": "*i32",
-             "alpha": "fp32", "limit": "fp32"}
+             "alpha": "fp32", "limit": "fp32", "route_ptr": "*fp32"}
 
 
 # GEMM1 of a bf16 int4 (quads, group 128) layer with its gated activation, on the wgmma kernel
@@ -61,7 +61,7 @@ WGMMA_CONSTEXPRS = dict(
 MMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True, HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
-    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False)
+    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False, OWN_ROUTE=False, ROUTE_E_P2=128)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).

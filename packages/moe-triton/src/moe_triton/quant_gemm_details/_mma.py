@@ -77,6 +77,52 @@ def _copy_words(ring, w_ptrs, w_mask, t: gl.constexpr, kt0, k_tiles, stride_bt, 
     async_copy.commit_group()
 
 
+_LOWEST_KEY = gl.constexpr(-9223372036854775807 - 1)
+
+
+@gluon.jit
+def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
+    """The token's slot-th expert by its logits (highest first, equal logits to the lower id: the
+    router's order for a routing that ranks experts by any increasing function of their logit): each
+    warp ranks its own copy of the row with shuffles, no barrier until the last reduction."""
+    NW: gl.constexpr = gl.num_warps()
+    row_l: gl.constexpr = gl.BlockedLayout([1, E_P2 // 32], [1, 32], [NW, 1], [1, 0])
+    cols = gl.arange(0, E_P2, layout=gl.SliceLayout(0, row_l))
+    ids = gl.expand_dims(gl.arange(0, NW, layout=gl.SliceLayout(1, row_l)) * 0, 1) + gl.expand_dims(cols, 0)
+    ok = ids < num_experts
+    bits = gl.load(route_ptr + ids, mask=ok, other=0.0).to(gl.float32).to(gl.int32, bitcast=True)
+    # The logit's bits made order-preserving as a signed integer, the column inverted below them: one
+    # max per rank gives the winner (the lower column among equal logits).
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    keys = gl.where(ok, (ordered.to(gl.int64) << 32) | (E_P2 - 1 - ids).to(gl.int64), _LOWEST_KEY)
+    for _ in range(slot):
+        keys = gl.where(keys == gl.expand_dims(gl.max(keys, axis=1), 1), _LOWEST_KEY, keys)
+    col = E_P2 - 1 - (gl.max(keys, axis=1) & 0xFFFFFFFF).to(gl.int32)
+    return gl.minimum(gl.max(col, axis=0), num_experts - 1)
+
+
+@gluon.jit
+def _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
+              BLOCK_N: gl.constexpr, COLS: gl.constexpr, TILES: gl.constexpr, STAGES: gl.constexpr,
+              EVEN_N: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr,
+              HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr, mma: gl.constexpr,
+              w_op: gl.constexpr, x_op: gl.constexpr):
+    """The split's products (fp32 [BLOCK_N, COLS]): its K tiles' words through the ring (the first
+    STAGES - 1 already asked for), each against the token rows in xs."""
+    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
+    for t in gl.static_range(TILES):
+        # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
+        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        async_copy.wait_group(STAGES - 1)
+        words = ring.index(t % STAGES).load(w_op)
+        x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
+        quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
+                    x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
+        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
+                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+    return acc
+
+
 @gluon.jit
 def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
                   WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
@@ -206,6 +252,10 @@ def moe_mma_gemm_kernel(
     EVEN_N: gl.constexpr,  # BLOCK_N divides N (no row masks)
     STAGES: gl.constexpr,  # K tiles of words in flight (the ring's stages), 2 or more
     PDL: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,  # DIRECT with PDL: the pairs are final before the wait
+    # DIRECT GEMM1 with PDL and no expert map, right behind the routing launch (a_rows_div = top_k): each pair's
+    # expert from the logits [tokens, num_experts] at route_ptr, checked against the routing's after the wait
+    OWN_ROUTE: gl.constexpr = False, ROUTE_E_P2: gl.constexpr = 32,  # num_experts' power of two, 32 or more
+    route_ptr=None, stride_route=0, num_experts=0,
     # `moe_triton._common.trace`: a row per program that does not return early
     trace_ptr=None, TRACE: gl.constexpr = False,
 ):
@@ -225,6 +275,8 @@ def moe_mma_gemm_kernel(
     gl.static_assert(WTYPE == 0 or WTYPE == 1 or WTYPE == 3, "int4, int8 or MXFP4 quads")
     gl.static_assert(SINK != 0 or GATE_UP_CHUNK == 0, "a gated activation finishes by last arrival")
     gl.static_assert(not EARLY_WEIGHTS or (DIRECT and PDL), "weights ahead of the wait: dependent direct launches")
+    gl.static_assert(not OWN_ROUTE or (DIRECT and PDL and not HAS_MAP and not EARLY_WEIGHTS),
+                     "a pair's own routing: dependent direct launches without an expert map")
     gl.static_assert(not (N_FIRST and (DIRECT or SINK == 2)), "last-arrival counters index N tiles by the second axis")
 
     if N_FIRST:
@@ -247,7 +299,17 @@ def moe_mma_gemm_kernel(
     ring = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [STAGES, BLOCK_N, QUARTER],
                                      gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
     t_start = trace.now(TRACE)
-    if EARLY_WEIGHTS:
+    if OWN_ROUTE:
+        # GEMM1 of a few tokens: the pair's expert from the router's logits, so that the whole split runs
+        # while the routing launch ahead still does; its choice, read after the wait, is checked below.
+        e = _own_expert(route_ptr + (pid_m // A_ROWS_DIV).to(gl.int64) * stride_route, pid_m % A_ROWS_DIV,
+                        num_experts, ROUTE_E_P2)
+        e_c = e.to(gl.int64)
+        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        for t in gl.static_range(STAGES - 1):
+            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        t_released = t_start
+    elif EARLY_WEIGHTS:
         # The pairs are final before this launch's wait: the first tiles' words are on their way
         # while the kernel ahead still runs (only its output, this GEMM's input, needs the wait).
         e = gl.load(sorted_ids_ptr + pid_m)
@@ -275,7 +337,7 @@ def moe_mma_gemm_kernel(
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
 
-    if ZERO_SIDE:
+    if ZERO_SIDE and not OWN_ROUTE:  # after the wait (OWN_ROUTE: after its own, below)
         zero_side_slice(zero_ptr, zero_numel, zero_chunk)
 
     # The block's pairs: the epilogue's columns (ids, valid, out_rows) and the x copies' (clamped to a
@@ -318,17 +380,29 @@ def moe_mma_gemm_kernel(
     z_ptrs = z_ptr + e_c * stride_se + rows
     _cta_barrier()
 
-    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
-    for t in gl.static_range(TILES):
-        # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
-        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-        async_copy.wait_group(STAGES - 1)
-        words = ring.index(t % STAGES).load(w_op)
-        x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
-        quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
-                    x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
-        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+    acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
+                    BLOCK_N, COLS, TILES, STAGES, EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma,
+                    w_op, x_op)
+    if OWN_ROUTE:
+        wait_then_release(PDL)
+        t_released = trace.now(TRACE)
+        if ZERO_SIDE:
+            zero_side_slice(zero_ptr, zero_numel, zero_chunk)
+        routed = gl.load(sorted_ids_ptr + pid_m)
+        if routed != e:  # the routing chose otherwise (non-finite logits): its expert's products instead
+            async_copy.wait_group(0)
+            e_c = routed.to(gl.int64)
+            w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+            if WTYPE == 3:
+                s_ptrs = s_ptr + e_c * stride_se + rows
+            else:
+                s_ptrs = s_ptr + e_c * stride_se + acc_rows
+            z_ptrs = z_ptr + e_c * stride_se + rows
+            for t in gl.static_range(STAGES - 1):
+                _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+            acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok,
+                            stride_sk, BLOCK_N, COLS, TILES, STAGES, EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP,
+                            CODE_OFFSET, CT, mma, w_op, x_op)
 
     trace.mark_products_done(trace_ptr, TRACE)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
