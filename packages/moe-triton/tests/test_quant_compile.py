@@ -256,7 +256,7 @@ def test_int8_wgmma_grid_fits_an_sm90_block():
 # aligned blocks of 16 and 32 pairs (two and four 8-wide MMA columns), N tiles first; int8 (int32 byte
 # quads: 32 bytes of words per thread and row block) per channel and with zero points in groups of 128;
 # MXFP4 (exponent words as scales) with one factor per weight and with two, in fp16; GEMM1 ranking its
-# pairs' experts itself (its split built twice: the second for a pair the routing chose otherwise).
+# pairs' experts itself.
 _MMA_SPECIALIZATIONS = {
     "gemm1-g128": ({}, {}),
     "gemm2-early-weights": (dict(EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1,
@@ -294,8 +294,7 @@ def test_mma_gemm_compiles_for_hopper():
     """The Gluon mma.sync kernel built for sm_90 by the installed Triton: per K tile, 16 weight rows and
     8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter); the words copied
     16 bytes at a time by cp.async into the ring, a wait per tile (and one before an early exit); a
-    dependent launch's wait; int8's quarters taken by prmt, MXFP4's by the e2m1 masks. A GEMM1 that
-    ranks its pairs' experts itself has its split's loop twice (and a wait before the second)."""
+    dependent launch's wait; int8's quarters taken by prmt, MXFP4's by the e2m1 masks."""
     stdout = run_compiler_script(_COMPILE_MMA, json.dumps(_MMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_MMA_SPECIALIZATIONS)
@@ -303,13 +302,13 @@ def test_mma_gemm_compiles_for_hopper():
         consts = {**MMA_CONSTEXPRS, **_MMA_SPECIALIZATIONS[name][0]}
         row_blocks = consts["BLOCK_N"] // 64  # 4 warps of 16 rows each
         col_blocks = 1 if consts["DIRECT"] else consts["BLOCK_M"] // 8
-        loops = 2 if consts["OWN_ROUTE"] else 1
-        assert mmas == loops * 8 * consts["TILES"] * row_blocks * col_blocks, (name, mmas)
-        # A wait per tile, and one where another rank's expert ends the program early (and one before
-        # the second loop); int8's words are twice int4's bytes.
+        # A GEMM1 ranking its pairs' experts adds a loop (not unrolled) for a pair the routing chose otherwise.
+        tiles = consts["TILES"] + (1 if consts["OWN_ROUTE"] else 0)
+        assert mmas == 8 * tiles * row_blocks * col_blocks, (name, mmas)
+        # A wait per tile, and one where another rank's expert ends the program early; int8's words
+        # are twice int4's bytes.
         pieces = 4 if consts["WTYPE"] == 1 else 2
-        assert copies == loops * pieces * consts["TILES"] * row_blocks, (name, copies)
-        assert copy_waits == loops * (consts["TILES"] + 1), (name, copy_waits)
+        assert copies == pieces * tiles * row_blocks and copy_waits == tiles + 1, (name, copies, copy_waits)
         assert waits == 1, (name, waits)
         # Per tile and row block: quarters 0 and 1 of MXFP4 mask with 0x81C081C0, int8's four take their bytes by prmt.
         tiles = consts["TILES"] * row_blocks

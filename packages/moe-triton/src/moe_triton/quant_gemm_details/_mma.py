@@ -124,6 +124,53 @@ def _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt,
 
 
 @gluon.jit
+def _x_quarter(x_row, ks, K):
+    """A quarter's token columns [QUARTER, COLS] (k at ks, zeros past K) read from memory."""
+    kq = gl.expand_dims(ks, 1)
+    return gl.load(x_row + kq, mask=kq < K, other=0.0)
+
+
+@gluon.jit
+def _products_of(acc, ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, token, n0, kt0, k_tiles, N, K, stride_am, stride_be,
+                 stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N: gl.constexpr, COLS: gl.constexpr,
+                 TILES: gl.constexpr, EVEN_N: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
+                 FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
+                 mma: gl.constexpr, w_op: gl.constexpr, x_op: gl.constexpr):
+    """`_products` of expert e_c for a direct launch's one token row, a tile at a time through ring stage 0
+    and the token's columns read from memory, everything from the program's scalars: a rare path
+    (a pair the routing chose otherwise than GEMM1 ranked it), a loop that holds few registers."""
+    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_op))
+    acc_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+    w_ptrs = (b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn
+              + gl.expand_dims(gl.arange(0, QUARTER, layout=gl.SliceLayout(0, w_op)), 0))
+    if WTYPE == 3:
+        s_ptrs = s_ptr + e_c * stride_se + rows
+    else:
+        s_ptrs = s_ptr + e_c * stride_se + acc_rows
+    z_ptrs = z_ptr + e_c * stride_se + rows
+    k_in = gl.arange(0, QUARTER, layout=gl.SliceLayout(1, x_op))
+    x_row = a_ptr + token.to(gl.int64) * stride_am + gl.expand_dims(
+        gl.arange(0, COLS, layout=gl.SliceLayout(0, x_op)) * 0, 0)
+    acc = gl.zeros(acc.shape, gl.float32, layout=mma)
+    for step in range(TILES):
+        kt = kt0 + step
+        if EVEN_N:
+            _async_load(ring.index(0), w_ptrs + gl.minimum(kt, k_tiles - 1) * stride_bt)
+        else:
+            _async_load(ring.index(0), w_ptrs + gl.minimum(kt, k_tiles - 1) * stride_bt,
+                        mask=gl.expand_dims(rows < N, 1))
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+        words = ring.index(0).load(w_op)
+        k0 = kt * TILE_K + k_in
+        quarters = (_x_quarter(x_row, k0, K), _x_quarter(x_row, k0 + QUARTER, K),
+                    _x_quarter(x_row, k0 + 2 * QUARTER, K), _x_quarter(x_row, k0 + 3 * QUARTER, K))
+        acc = _tile_product(acc, words, quarters, kt, k_tiles, s_ptrs, z_ptrs, acc_rows < N, rows < N, stride_sk,
+                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+    return acc
+
+
+@gluon.jit
 def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
                   WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
                   CT: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
@@ -388,21 +435,12 @@ def moe_mma_gemm_kernel(
         t_released = trace.now(TRACE)
         if ZERO_SIDE:
             zero_side_slice(zero_ptr, zero_numel, zero_chunk)
-        routed = gl.load(sorted_ids_ptr + pid_m)
-        if routed != e:  # the routing chose otherwise (non-finite logits): its expert's products instead
-            async_copy.wait_group(0)
-            e_c = routed.to(gl.int64)
-            w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
-            if WTYPE == 3:
-                s_ptrs = s_ptr + e_c * stride_se + rows
-            else:
-                s_ptrs = s_ptr + e_c * stride_se + acc_rows
-            z_ptrs = z_ptr + e_c * stride_se + rows
-            for t in gl.static_range(STAGES - 1):
-                _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-            acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok,
-                            stride_sk, BLOCK_N, COLS, TILES, STAGES, EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP,
-                            CODE_OFFSET, CT, mma, w_op, x_op)
+        routed = gl.load(sorted_ids_ptr + pid_m).to(gl.int64)
+        if routed != e_c:  # the routing chose otherwise (non-finite logits, ties after its scoring)
+            e_c = routed
+            acc = _products_of(acc, ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, pid_m // A_ROWS_DIV, n0, kt0, k_tiles, N, K,
+                               stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N, COLS, TILES,
+                               EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op, x_op)
 
     trace.mark_products_done(trace_ptr, TRACE)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)
