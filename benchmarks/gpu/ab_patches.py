@@ -213,7 +213,7 @@ def mma_entries_before(layer, tokens: int):
     cfg = layer.experts.config
     gemm, fields = _BEFORE_MMA[cfg.hidden_size, cfg.intermediate_size_per_partition]
     served = layer.experts._find_config(tokens).config
-    before = dataclasses.replace(getattr(served, gemm), mma=False, **fields)
+    before = dataclasses.replace(getattr(served, gemm), mma=False, own_route=False, **fields)
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **{gemm: before}))
 
 
@@ -331,6 +331,14 @@ def tile_of_8192(layer, tokens: int):
     return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(8192).config)
 
 
-def own_route_off(layer, tokens: int):
-    """GEMM1 waits for the routing launch's choice (no `direct_quant_gemm` own_route)."""
-    return mock.patch.object(quantized, "GEMM1_OWN_ROUTE", False)
+def _gemm1_own_route(on: bool):
+    def patch(layer, tokens: int):
+        served = layer.experts._find_config(tokens).config
+        return mock.patch.object(layer.experts, "config_override", dataclasses.replace(
+            served, gemm1=dataclasses.replace(served.gemm1, own_route=on)))
+    return patch
+
+
+# GEMM1 on the mma kernel ranking its pairs' experts itself (`GemmConfig.own_route`), or waiting for the routing's.
+own_route_on = _gemm1_own_route(True)
+own_route_off = _gemm1_own_route(False)

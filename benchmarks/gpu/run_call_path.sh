@@ -218,8 +218,8 @@ i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:i
 add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
 add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
 add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 --m 2600 3072 4095 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-3072-deepseek.json"
-# GEMM1 ranking its own pairs' experts (quantized.GEMM1_OWN_ROUTE) against waiting for the routing launch's.
-own="--m 1 2 3 --rounds 7 --variant waits=ab_patches:own_route_off --variant own"
+# GEMM1 ranking its own pairs' experts (GemmConfig.own_route, one token) against waiting for the routing launch's.
+own="--m 1 --rounds 7 --variant waits=ab_patches:own_route_off --variant own=ab_patches:own_route_on"
 add ab-own-route-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 $own --out $OUT/host/ab-own-route-int4.json"
 add ab-own-route-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int8 mxfp4 $own --out $OUT/host/ab-own-route-qwen3.json"
 # qwen3-235b-a22b int4's one-token GEMM2 in one wave (ab_patches.gemm2_split3 and the rest).

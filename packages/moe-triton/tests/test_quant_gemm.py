@@ -422,6 +422,25 @@ def test_mma_config_limits():
     for other in (dict(one_dot=True), dict(wgmma=True), dict(max_registers=128), dict(tail=16, block_m=32)):
         with pytest.raises(ValueError, match="the mma kernel takes none of"):
             dataclasses.replace(mma_launch(64, 2), **other)
+    dataclasses.replace(mma_launch(64, 2), own_route=True)
+    with pytest.raises(ValueError, match="own_route is an option of the mma kernel"):
+        GemmConfig(16, 64, 2, 4, 3, swap_ab=True, own_route=True)
+
+
+@pytest.mark.parametrize(("routing", "bias", "parallel", "ranks"), [
+    (Routing.softmax_topk(True), False, None, True),
+    (Routing.softmax_topk(False), False, None, True),
+    (Routing.sigmoid_topk(True), False, None, False),  # sigmoid saturates: equal scores the logits rank apart
+    (Routing.deepseek_v3(num_expert_groups=2, topk_groups=1), True, None, False),
+    (Routing.softmax_topk(True), False, ParallelConfig(ep_size=2, ep_rank=0), False),
+])
+def test_gemm1_ranks_its_pairs_experts_only_where_the_logits_rank_them(routing, bias, parallel, ranks):
+    """`GemmConfig.own_route` takes effect where the routing's top-k are the logits' (a softmax over
+    ungrouped experts, no correction bias) and every expert is this rank's."""
+    cfg = MoEConfig(num_experts=8, top_k=2, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16,
+                    routing=routing, parallel=parallel or ParallelConfig())
+    experts = TritonWna16Experts(cfg, int4_w4a16(128), RUN_ON)
+    assert experts._ranks_by_logit(torch.zeros(8) if bias else None) is ranks
 
 
 def test_mma_gemm_is_refused_where_it_cannot_run():
@@ -569,8 +588,9 @@ def test_mma_gemm1_ranks_its_pairs_experts_on_gpu(agree):
 @pytest.mark.device("cuda")
 @pytest.mark.parametrize("tokens", [1, 2])
 def test_mma_layer_from_logits_on_gpu(tokens):
-    """FusedMoE's call (`apply_monolithic`, the routing launch then GEMM1 ranking its own pairs' experts)
-    on the mma kernel against the reference, and against the same layer routed apart (`apply`)."""
+    """FusedMoE's call (`apply_monolithic`: the routing launch, then GEMM1 with `own_route`, which ranks
+    its pairs' experts itself at one token) on the mma kernel against the reference, and against the
+    same layer routed apart (`apply`)."""
     if not mma_capable(device_info(DEV)):
         pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
     quant = int4_w4a16(128)
@@ -579,7 +599,8 @@ def test_mma_layer_from_logits_on_gpu(tokens):
     weights = ExpertWeights.random(cfg, quant, seed=5, device=DEV)
     experts = TritonWna16Experts(cfg, quant, RUN_ON)
     experts.load_weights(weights)
-    experts.config_override = QuantKernelConfig(mma_launch(64, 2), mma_launch(128, 4))
+    experts.config_override = QuantKernelConfig(dataclasses.replace(mma_launch(64, 2), own_route=True),
+                                                mma_launch(128, 4))
     gen = torch.Generator(device=DEV).manual_seed(6)
     x = torch.randn(tokens, 1024, generator=gen, device=DEV).to(torch.bfloat16)
     logits = torch.randn(tokens, 32, generator=gen, device=DEV)

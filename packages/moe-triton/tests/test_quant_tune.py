@@ -162,6 +162,13 @@ def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
     back = per_gemm_grid(dataclasses.replace(base, gemm1=on), mma=True)
     assert back["gemm1:mma=False"].gemm1 == GemmConfig(16, 64, 4, 4, 3, True)
     assert "gemm1:one_dot=True" not in back  # one_dot is the tl.dot kernel's
+    # At one token an mma GEMM1's own routing is flipped too; leaving the mma kernel drops it.
+    assert "gemm1:own_route=True" not in back
+    one = per_gemm_grid(dataclasses.replace(base, gemm1=on), mma=True, own_route=True)
+    assert one["gemm1:own_route=True"].gemm1 == dataclasses.replace(on, own_route=True)
+    own = dataclasses.replace(on, own_route=True)
+    assert per_gemm_grid(dataclasses.replace(base, gemm1=own), mma=True)["gemm1:mma=False"].gemm1 == back[
+        "gemm1:mma=False"].gemm1
 
 
 def test_per_gemm_search_times_both_gemms_fastest_tiles_together():

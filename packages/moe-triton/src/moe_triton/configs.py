@@ -199,8 +199,16 @@ class GemmConfig:
     # per warp at least); K tiles per split (cdiv(K / 128, split_k)) at most `_mma.MAX_TILES`;
     # num_stages the K tiles of words in flight (its cp.async ring; 2 at least).
     mma: bool = False
+    # GEMM1 on the mma kernel, FusedMoE's one-token calls whose routing ranks experts by their logits (a
+    # softmax over ungrouped experts, no bias) and no expert map: its programs rank their pair's expert
+    # from the logits and run their split while the routing launch still does, checked against its
+    # choice after the wait (`quant_gemm.direct_quant_gemm`'s own_route). Faster where every program is
+    # resident from the start; a program of a later wave only adds the ranking to its time.
+    own_route: bool = False
 
     def __post_init__(self) -> None:
+        if self.own_route and not self.mma:
+            raise ValueError(f"GemmConfig: own_route is an option of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.mma and (self.wgmma or self.one_dot or self.max_registers or self.narrow or self.tail
@@ -282,7 +290,8 @@ class QuantKernelConfig:
             return (f"{c.block_n} split{c.split_k} w{c.num_warps} s{c.num_stages}{' swap' if c.swap_ab else ''}"
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
-                    f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}")
+                    f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}"
+                    f"{' own-route' if c.own_route else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
                if fused is not None else "")

@@ -98,9 +98,6 @@ GATE_UP_CHUNK = 32
 # Most tokens whose sums are finished by their last contributor: beyond, every GEMM2 program's
 # acquire-release count per row costs more than the cast launch it saves.
 LAST_ARRIVAL_MAX_TOKENS = 8
-# FusedMoE's calls with a direct GEMM1 on the mma kernel: its programs rank their pair's expert from the
-# router logits and run their split while the routing launch still does (`direct_quant_gemm`'s own_route).
-GEMM1_OWN_ROUTE = True
 # Fewest (token, k) pairs whose top-k sums GEMM2 leaves to one reduce launch over its stored 16-bit
 # rows (`moe_triton.topk_sum`), instead of fp32 atomic sums and a cast: ROWS_SUM_MIN_PAIRS_TOP8 for
 # layers of 8 or more choices per token, whose GEMM2 would issue that many atomics per output,
@@ -397,7 +394,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                                               ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
                    if g.mma and not self._mma_serves(cols)]
         if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
-            served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False) for name in mma_off})
+            served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False, own_route=False)
+                                            for name in mma_off})
             hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
                          "without act-order on NVIDIA sm_80 or later)")
         if hit.source == "borrowed":
@@ -511,14 +509,15 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
+        own_route = M == 1 and self.config_for(M).config.gemm1.own_route and self._ranks_by_logit(correction_bias)
         return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input,
-                           router_logits if self._ranks_by_logit(correction_bias) else None)
+                           router_logits if own_route else None)
 
     def _ranks_by_logit(self, correction_bias: torch.Tensor | None) -> bool:
-        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts, no bias):
-        GEMM1's programs can then find their pair's expert themselves (`direct_quant_gemm`'s own_route)."""
+        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts, no bias) and
+        the experts all this rank's, so that GEMM1's programs can find their pair's expert themselves."""
         r = self.config.routing
-        return (GEMM1_OWN_ROUTE and r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and correction_bias is None
+        return (r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and correction_bias is None
                 and not r.weight_on_input and self.expert_map is None)
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
@@ -543,7 +542,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         top-k). gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch),
         or None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3
         codes, scales per 128-wide group) already quantized (by the routing launch), or None.
-        router_logits: the logits topk_ids are the top-k of (`_ranks_by_logit`), or None."""
+        router_logits: the logits topk_ids are the top-k of, for GEMM1's own routing (`GemmConfig.own_route`), or None."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         M, topk = topk_ids.shape
@@ -743,7 +742,7 @@ def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> Quan
     BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide;
     the mma kernel's GEMMs on the tl.dot kernel (the lender chose that kernel for int4's dequantization)."""
     def served(g: GemmConfig) -> GemmConfig:
-        g = replace(g, mma=False)
+        g = replace(g, mma=False, own_route=False)
         if g.wgmma or int8:
             g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
         if int8 and not g.wgmma and g.block_m >= 32:

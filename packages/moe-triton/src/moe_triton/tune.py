@@ -26,7 +26,8 @@ one-launch decode path where it serves the layer (`fused_decode_candidates`), an
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`), with the other GEMM held at the best so far, and both GEMMs' fastest tiles together
+(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too), with the other GEMM held at the
+best so far, and both GEMMs' fastest tiles together
 where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
 searched (a shipped entry's cap is timed with it). The layer is timed
@@ -193,12 +194,13 @@ def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) ->
 PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
 
 
-def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False) -> dict[str, QuantKernelConfig]:
+def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False,
+                  own_route: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
-    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), the other
-    GEMM as in base."""
+    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), with
+    own_route (one token) base with an mma GEMM1's `own_route` flipped; the other GEMM as in base."""
     found = {}
 
     def add(name: str, cand: QuantKernelConfig) -> None:
@@ -206,7 +208,7 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
             found[name] = cand
 
     def on_other(tile: GemmConfig) -> GemmConfig:
-        return dataclasses.replace(tile, mma=False) if tile.mma else as_mma(tile)
+        return dataclasses.replace(tile, mma=False, own_route=False) if tile.mma else as_mma(tile)
 
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
@@ -215,6 +217,9 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
                 dataclasses.replace(base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)}))
         if mma and not tile.wgmma:
             add(f"{gemm}:mma={not tile.mma}", dataclasses.replace(base, **{gemm: on_other(tile)}))
+        if own_route and gemm == "gemm1" and tile.mma:
+            add(f"gemm1:own_route={not tile.own_route}",
+                dataclasses.replace(base, gemm1=dataclasses.replace(tile, own_route=not tile.own_route)))
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
@@ -361,7 +366,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             # The mma kernel where the layer's GEMMs finish by last arrival (its gated GEMM1 needs it).
             mma = M <= LAST_ARRIVAL_MAX_TOKENS and all(
                 experts._mma_serves(k) for k in (cfg.hidden_size, cfg.intermediate_size_per_partition))
-            grid = {f"{second}+{k}": c for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma).items()}
+            grid = {f"{second}+{k}": c
+                    for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma, own_route=M == 1).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
