@@ -509,16 +509,17 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
-        own_route = M == 1 and self.config_for(M).config.gemm1.own_route and self._ranks_by_logit(correction_bias)
         return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input,
-                           router_logits if own_route else None)
+                           router_logits if correction_bias is None and self._ranks_by_logit else None)
 
-    def _ranks_by_logit(self, correction_bias: torch.Tensor | None) -> bool:
-        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts, no bias) and
-        the experts all this rank's, so that GEMM1's programs can find their pair's expert themselves."""
+    @cached_property
+    def _ranks_by_logit(self) -> bool:
+        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts; a call without a
+        correction bias) and the experts all this rank's, so that GEMM1's programs can find their pair's
+        expert themselves (`GemmConfig.own_route`)."""
         r = self.config.routing
-        return (r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and correction_bias is None
-                and not r.weight_on_input and self.expert_map is None)
+        return (r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and not r.weight_on_input
+                and self.expert_map is None)
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and
@@ -542,7 +543,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         top-k). gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch),
         or None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3
         codes, scales per 128-wide group) already quantized (by the routing launch), or None.
-        router_logits: the logits topk_ids are the top-k of, for GEMM1's own routing (`GemmConfig.own_route`), or None."""
+        router_logits: the logits topk_ids are the top-k of (`_ranks_by_logit`), for GEMM1's own routing at
+        one token (`GemmConfig.own_route`), or None."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         M, topk = topk_ids.shape
@@ -613,7 +615,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         halves_apart = perm is not None and perm.dim() == 3
         gemm1 = partial(gemm1_launch, a1, w13, cfg=c1, a_rows_div=a1_div, a_scale=a1_scale, a_scale_mode=a_mode,
                         bias=packed.get("w13_bias"), zero_side=scratch2)
-        if direct and router_logits is not None and perm is None and qm is QMode.NONE:
+        if M == 1 and c1.own_route and router_logits is not None and perm is None and qm is QMode.NONE:
             gemm1 = partial(gemm1, own_route=router_logits.contiguous())
         chunk = self._gate_up_chunk
         if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:

@@ -27,6 +27,9 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
 
 A dependent launch whose pairs are final before its wait (GEMM2 after GEMM1: EARLY_WEIGHTS) asks
 for its first STAGES - 1 tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
+A direct GEMM1 right behind the routing launch (OWN_ROUTE) ranks its pair's expert from the router
+logits and runs its whole split before the wait; after it, a pair the routing chose otherwise is
+computed again, by a loop that is not unrolled (a second unrolled split would hold its registers).
 
 Where it wins and loses (short programs against long ones): docs/design/triton-gemm-quantized.md.
 
