@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from moe_core.config import Activation
 from moe_triton._common import trace
 from moe_triton._common.activation import act_kind
-from moe_triton._common.intmath import cdiv
+from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_launch, dependent_options
 from moe_triton._common.target import device_info, interpreting, mma_capable, wgmma_capable
 from moe_triton.configs import GemmConfig
@@ -195,7 +194,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             STAGES=max(2, cfg.num_stages),
             EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), trace_ptr=trace_buf,
             TRACE=trace_buf is not None, num_warps=cfg.num_warps,
-            OWN_ROUTE=own, ROUTE_E_P2=max(32, triton.next_power_of_2(own_route.shape[1])) if own else 32,
+            OWN_ROUTE=own, ROUTE_E_P2=max(32, next_power_of_2(own_route.shape[1])) if own else 32,
             route_ptr=own_route if own else w.scale, stride_route=own_route.stride(0) if own else 0,
             num_experts=own_route.shape[1] if own else 0, **dependent_options(a.device))
         return
