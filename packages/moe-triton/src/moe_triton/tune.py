@@ -497,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
-                        "other of the tl.dot and mma kernels (up to "
-                        f"{2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M, "
-                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2} with the mma kernel)")
+                        "other of the tl.dot and mma kernels, and at one token an mma GEMM1's own_route flipped "
+                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M, "
+                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 1} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
