@@ -273,9 +273,16 @@ def one_token_entries_22_before(layer, tokens: int):
     return mock.patch.object(experts, "config_override", before)
 
 
-def one_token_entry(layer, tokens: int):
-    """The shipped one-token entry at any token count."""
-    return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(1).config)
+def _entry_of(m: int):
+    """The entry served at m tokens, at any token count."""
+    def patch(layer, tokens: int):
+        return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(m).config)
+    return patch
+
+
+one_token_entry = _entry_of(1)
+# deepseek-v3 int8: the 8192-token entry's wgmma tile against the 2048-token entry where that serves.
+tile_of_8192 = _entry_of(8192)
 
 
 def _mma_tiles(**tiles: tuple[int, int]):
@@ -325,20 +332,7 @@ gemm2_split2_ring6 = _gemms({}, dict(split_k=2, num_stages=6))
 gemm2_n128_split3 = _gemms({}, dict(block_n=128, num_warps=4, split_k=3))
 
 
-def tile_of_8192(layer, tokens: int):
-    """The served 8192-token entry at any token count (deepseek-v3 int8: its wgmma tile, against the
-    2048-token entry where that serves)."""
-    return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(8192).config)
-
-
-def _gemm1_own_route(on: bool):
-    def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
-        return mock.patch.object(layer.experts, "config_override", dataclasses.replace(
-            served, gemm1=dataclasses.replace(served.gemm1, own_route=on)))
-    return patch
-
 
 # GEMM1 on the mma kernel ranking its pairs' experts itself (`GemmConfig.own_route`), or waiting for the routing's.
-own_route_on = _gemm1_own_route(True)
-own_route_off = _gemm1_own_route(False)
+own_route_on = _gemm1(own_route=True)
+own_route_off = _gemm1(own_route=False)

@@ -84,6 +84,23 @@ _LOWEST_KEY = gl.constexpr(-9223372036854775807 - 1)
 
 
 @gluon.jit
+def _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn):
+    """Expert e_c's quads words of the tile's rows, [rows, words_i] (a K tile's offset added per copy)."""
+    return b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+
+
+@gluon.jit
+def _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE: gl.constexpr):
+    """Expert e_c's scale rows (MXFP4's exponent words, read with the weights' rows; the others' in the
+    accumulator's row layout) and zero points of the tile's rows (a scale row's offset added per group)."""
+    if WTYPE == 3:
+        s_ptrs = s_ptr + e_c * stride_se + rows
+    else:
+        s_ptrs = s_ptr + e_c * stride_se + acc_rows
+    return s_ptrs, z_ptr + e_c * stride_se + rows
+
+
+@gluon.jit
 def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
     """The token's slot-th expert by its logits (highest first, equal logits to the lower id: the
     router's order for a routing that ranks experts by any increasing function of their logit): each
@@ -134,7 +151,7 @@ def _x_quarter(x_row, ks, K):
 
 
 @gluon.jit
-def _products_of(acc, ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, token, n0, kt0, k_tiles, N, K, stride_am, stride_be,
+def _products_of(ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, token, n0, kt0, k_tiles, N, K, stride_am, stride_be,
                  stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N: gl.constexpr, COLS: gl.constexpr,
                  TILES: gl.constexpr, EVEN_N: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
                  FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
@@ -144,17 +161,12 @@ def _products_of(acc, ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, token, n0, kt0, k_t
     (a pair the routing chose otherwise than GEMM1 ranked it), a loop that holds few registers."""
     rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_op))
     acc_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    w_ptrs = (b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn
-              + gl.expand_dims(gl.arange(0, QUARTER, layout=gl.SliceLayout(0, w_op)), 0))
-    if WTYPE == 3:
-        s_ptrs = s_ptr + e_c * stride_se + rows
-    else:
-        s_ptrs = s_ptr + e_c * stride_se + acc_rows
-    z_ptrs = z_ptr + e_c * stride_se + rows
+    w_ptrs = _word_ptrs(b_ptr, e_c, rows, gl.arange(0, QUARTER, layout=gl.SliceLayout(0, w_op)), stride_be, stride_bn)
+    s_ptrs, z_ptrs = _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE)
     k_in = gl.arange(0, QUARTER, layout=gl.SliceLayout(1, x_op))
     x_row = a_ptr + token.to(gl.int64) * stride_am + gl.expand_dims(
         gl.arange(0, COLS, layout=gl.SliceLayout(0, x_op)) * 0, 0)
-    acc = gl.zeros(acc.shape, gl.float32, layout=mma)
+    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
     for step in range(TILES):
         kt = kt0 + step
         if EVEN_N:
@@ -355,7 +367,7 @@ def moe_mma_gemm_kernel(
         e = _own_expert(route_ptr + (pid_m // A_ROWS_DIV).to(gl.int64) * stride_route, pid_m % A_ROWS_DIV,
                         num_experts, ROUTE_E_P2)
         e_c = e.to(gl.int64)
-        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
         t_released = t_start
@@ -366,7 +378,7 @@ def moe_mma_gemm_kernel(
         if HAS_MAP:
             e = gl.load(expert_ids_ptr + e)
         e_c = gl.maximum(e, 0).to(gl.int64)  # another rank's expert (-1): read expert 0's, never used
-        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
         wait_then_release(PDL)
@@ -383,7 +395,7 @@ def moe_mma_gemm_kernel(
                 return
             e = gl.load(expert_ids_ptr + pid_m)
         e_c = gl.maximum(e, 0).to(gl.int64)
-        w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
         for t in gl.static_range(STAGES - 1):
             _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
 
@@ -423,11 +435,7 @@ def moe_mma_gemm_kernel(
     xs = gl.allocate_shared_memory(CT, [SPAN, COLS], gl.SwizzledSharedLayout(8, 1, 1, [0, 1]))
     # Past K (a padded last tile, or a split past the last tile): zeros.
     xs.store(gl.load(x_ptrs, mask=gl.expand_dims(ks < K, 1), other=0.0))
-    if WTYPE == 3:  # MXFP4: its exponent words are read with the weights' rows
-        s_ptrs = s_ptr + e_c * stride_se + rows
-    else:
-        s_ptrs = s_ptr + e_c * stride_se + acc_rows
-    z_ptrs = z_ptr + e_c * stride_se + rows
+    s_ptrs, z_ptrs = _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE)
     _cta_barrier()
 
     acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
@@ -441,7 +449,7 @@ def moe_mma_gemm_kernel(
         routed = gl.load(sorted_ids_ptr + pid_m).to(gl.int64)
         if routed != e_c:  # the routing chose otherwise (non-finite logits, ties after its scoring)
             e_c = routed
-            acc = _products_of(acc, ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, pid_m // A_ROWS_DIV, n0, kt0, k_tiles, N, K,
+            acc = _products_of(ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, pid_m // A_ROWS_DIV, n0, kt0, k_tiles, N, K,
                                stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N, COLS, TILES,
                                EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op, x_op)
 
