@@ -302,8 +302,7 @@ def test_mma_gemm_compiles_for_hopper():
         consts = {**MMA_CONSTEXPRS, **_MMA_SPECIALIZATIONS[name][0]}
         row_blocks = consts["BLOCK_N"] // 64  # 4 warps of 16 rows each
         col_blocks = 1 if consts["DIRECT"] else consts["BLOCK_M"] // 8
-        # A GEMM1 ranking its pairs' experts adds a loop (not unrolled) for a pair the routing chose otherwise.
-        tiles = consts["TILES"] + (1 if consts["OWN_ROUTE"] else 0)
+        tiles = consts["TILES"]
         assert mmas == 8 * tiles * row_blocks * col_blocks, (name, mmas)
         # A wait per tile, and one where another rank's expert ends the program early; int8's words
         # are twice int4's bytes.

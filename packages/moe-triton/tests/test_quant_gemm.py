@@ -559,12 +559,12 @@ def test_mma_gemm_top1_store_on_gpu():
 
 
 @pytest.mark.device("cuda")
-@pytest.mark.parametrize("agree", [True, False], ids=["routing-agrees", "routing-differs"])
-def test_mma_gemm1_ranks_its_pairs_experts_on_gpu(agree):
-    """GEMM1 on the mma kernel given the router logits (`direct_quant_gemm`'s own_route) writes what it
-    writes without them: from logits whose top-k are the pairs' experts, and from logits that rank
-    them otherwise (every pair then computed again with the routing's expert)."""
+def test_mma_gemm1_ranks_its_pairs_experts_as_the_routing_on_gpu():
+    """GEMM1 on the mma kernel given the router logits (`direct_quant_gemm`'s own_route) ranks each pair's
+    expert as the routing launch chose it, ties and infinite logits included: it writes what it writes
+    from the routing's ids."""
     from moe_triton.quant_gemm import direct_quant_gemm
+    from moe_triton.routing import route
 
     if not mma_capable(device_info(DEV)):
         pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
@@ -574,12 +574,19 @@ def test_mma_gemm1_ranks_its_pairs_experts_on_gpu(agree):
     experts.load_weights(ExpertWeights.random(cfg, quant, seed=3, device=DEV))
     w13 = experts._operand("w13", cfg.w13_rows, cfg.hidden_size)
     gen = torch.Generator(device=DEV).manual_seed(4)
-    x = torch.randn(2, 1024, generator=gen, device=DEV).to(torch.bfloat16)
-    logits = torch.randn(2, 16, generator=gen, device=DEV)
-    ids = (logits if agree else -logits).topk(4, dim=1).indices.to(torch.int32)
+    x = torch.randn(5, 1024, generator=gen, device=DEV).to(torch.bfloat16)
+    inf = float("inf")
+    logits = torch.stack([
+        torch.randn(16, generator=gen, device=DEV),
+        torch.randint(-2, 2, (16,), generator=gen, device=DEV).float(),  # four values: ties
+        torch.tensor([-inf, 3, -inf, -inf, 1] + [-inf] * 11, device=DEV),  # fewer possible experts than 4
+        torch.tensor([0, inf, -1, inf] + [-2] * 12, device=DEV),
+        torch.tensor([0, -200, -150, -300, -120, -250, -180, -90] * 2, device=DEV),  # probabilities underflow
+    ]).to(torch.bfloat16)
+    _, ids = route(logits, cfg.routing, 4)
     sums = {}
     for own in (None, logits):
-        sums[own is None] = torch.zeros(8, cfg.w13_rows, dtype=torch.float32, device=DEV)
+        sums[own is None] = torch.zeros(20, cfg.w13_rows, dtype=torch.float32, device=DEV)
         direct_quant_gemm(x, w13, sums[own is None], ids, None, mma_launch(64, 2), a_rows_div=4, atomic=True,
                           own_route=own)
     torch.testing.assert_close(sums[False], sums[True], rtol=1e-5, atol=1e-4)

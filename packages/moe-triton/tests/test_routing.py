@@ -65,6 +65,19 @@ def test_ties_go_to_the_lower_expert(routing, device):
     torch.testing.assert_close(w, scores.gather(1, expected), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_softmax_chooses_by_logit_where_probabilities_round_alike(renormalize, device):
+    """A softmax over ungrouped experts without a bias ranks the logits (`Routing`): where probabilities
+    underflow to equal values, the larger logits are still chosen first, as exact arithmetic would."""
+    logits = torch.tensor([[0.0, -200.0, -150.0, -300.0, -120.0, -250.0, -180.0, -90.0],
+                           [-300.0, -100.0, 5.0, -100.0, -220.0, -130.0, -99.5, -400.0]], device=device)
+    routing = Routing.softmax_topk(renormalize)
+    for router in (route, route_torch):
+        w, ids = router(logits, routing, 4)
+        assert ids.tolist() == [[0, 7, 4, 2], [2, 6, 1, 3]], router.__name__
+        torch.testing.assert_close(w, torch.tensor([[1.0, 0, 0, 0], [1.0, 0, 0, 0]], device=device), atol=1e-30, rtol=0)
+
+
 @pytest.mark.parametrize(("M", "numel"), [(1, 2500), (1030, 7), (0, 300)])
 def test_clears_a_buffer_beside_routing(M, numel, device):
     """`zero`: programs of the routing launch beside the routing's fill a buffer that held garbage

@@ -172,7 +172,9 @@ class Routing:
     """How router logits [M, E] become (topk_weights, topk_ids). Computed in fp32.
 
     scores = softmax(logits), sigmoid(logits) or sqrt(softplus(logits)); choice = scores +
-    correction_bias (if any; logits + correction_bias with `correction_bias_on_logits`);
+    correction_bias (if any; logits + correction_bias with `correction_bias_on_logits`), except
+    that a softmax over ungrouped experts without a bias chooses by the logits themselves (the same
+    top-k, without the ties fp32 rounding makes among nearly equal or underflowing probabilities);
     with groups: keep the `topk_groups` groups that score highest by `group_scoring`, mask the rest
     with -inf; ids = top-k of choice; weights = scores[ids] (never the biased values); if
     renormalize: weights /= (sum(weights) + renormalize_eps); weights *= routed_scaling_factor.

@@ -199,11 +199,11 @@ class GemmConfig:
     # per warp at least); K tiles per split (cdiv(K / 128, split_k)) at most `_mma.MAX_TILES`;
     # num_stages the K tiles of words in flight (its cp.async ring; 2 at least).
     mma: bool = False
-    # GEMM1 on the mma kernel, FusedMoE's one-token calls whose routing ranks experts by their logits (a
-    # softmax over ungrouped experts, no bias) and no expert map: its programs rank their pair's expert
-    # from the logits and run their split while the routing launch still does, checked against its
-    # choice after the wait (`quant_gemm.direct_quant_gemm`'s own_route). Faster where every program is
-    # resident from the start; a program of a later wave only adds the ranking to its time.
+    # GEMM1 on the mma kernel, FusedMoE's one-token calls whose routing chooses experts by their logits
+    # (a softmax over ungrouped experts, no bias) and no expert map: its programs rank their pair's
+    # expert from the logits as the routing launch does and run their split while that launch still
+    # runs (`quant_gemm.direct_quant_gemm`'s own_route). Faster where every program is resident from
+    # the start; a program of a later wave only adds the ranking to its time.
     own_route: bool = False
 
     def __post_init__(self) -> None:

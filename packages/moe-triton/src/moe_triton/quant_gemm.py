@@ -93,11 +93,12 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     It takes effect where the launch is dependent (`moe_triton._common.pdl`) and the weights
     are quads stored tile-major, and changes no result.
     `own_route`: for GEMM1 right behind the routing launch (a_rows_div = top_k), the router logits
-    [M, E] that topk_ids was chosen from by a routing that ranks experts by an increasing function of
-    their logit (lower ids first among equals): the mma kernel's programs take their pair's expert
-    from them and run their whole split while the routing launch still does, then check it against
-    topk_ids (a pair the routing chose otherwise is computed again). It takes effect on the mma
-    kernel in a dependent launch without an expert map, and changes no result.
+    [M, E] whose top-k by logit topk_ids is, as `moe_triton.routing.route` chooses for a softmax over
+    ungrouped experts without a bias (lower ids first among equal logits, -Inf at the lowest finite
+    value): the mma kernel's programs rank their pair's expert from them in the same way and run
+    their whole split while the routing launch still does; topk_ids itself is not read. It takes
+    effect on the mma kernel in a dependent launch without an expert map, and changes no result for
+    such topk_ids (other ids would not be the ones computed).
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.

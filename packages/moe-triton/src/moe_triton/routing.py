@@ -4,7 +4,8 @@ Same signature and semantics as `moe_core.routing.route_torch` (its twin, which 
 against): softmax or sigmoid scores, optional correction bias for selection only, DeepSeek-V3
 groups scored by their best two experts, top-k, optional renormalization and routed scaling.
 Llama4's top-1 sigmoid is the sigmoid case with k = 1 (its weight is applied to the input by the
-experts, not here). Ties between equal scores go to the lower expert id. Infinite logits follow
+experts, not here). A softmax over ungrouped experts without a bias chooses by logit (`Routing`).
+Ties between equal choices go to the lower expert id. Infinite logits follow
 `route_torch`'s rules (+Inf chooses its expert, a row of -Inf chooses none, with weight 0), with
 the same ids. The launch can also quantize the layer input to fp8 (`quantize`) and clear a buffer
 (`zero`) for the kernels behind it.

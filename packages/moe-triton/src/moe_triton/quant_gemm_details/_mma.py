@@ -28,8 +28,8 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
 A dependent launch whose pairs are final before its wait (GEMM2 after GEMM1: EARLY_WEIGHTS) asks
 for its first STAGES - 1 tiles of weights before griddepcontrol.wait, while the kernel ahead still runs.
 A direct GEMM1 right behind the routing launch (OWN_ROUTE) ranks its pair's expert from the router
-logits and runs its whole split before the wait; after it, a pair the routing chose otherwise is
-computed again, by a loop that is not unrolled (a second unrolled split would hold its registers).
+logits exactly as that launch does (a softmax over ungrouped experts without a bias chooses by logit:
+`moe_core.config.Routing`) and runs its whole split before the wait.
 
 Where it wins and loses (short programs against long ones): docs/design/triton-gemm-quantized.md.
 
@@ -102,15 +102,17 @@ def _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE: gl.constexp
 
 @gluon.jit
 def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
-    """The token's slot-th expert by its logits (highest first, equal logits to the lower id: the
-    router's order for a routing that ranks experts by any increasing function of their logit): each
-    warp ranks its own copy of the row with shuffles, no barrier until the last reduction."""
+    """The token's slot-th expert as the routing launch chooses it for a softmax over ungrouped experts
+    without a bias (`routing_details._kernel.route_topk`'s BY_LOGIT): by logit, highest first, equal
+    logits (-Inf ones standing at the lowest finite value) to the lower id. Each warp ranks its own copy
+    of the row with shuffles, no barrier until the last reduction."""
     NW: gl.constexpr = gl.num_warps()
     row_l: gl.constexpr = gl.BlockedLayout([1, E_P2 // 32], [1, 32], [NW, 1], [1, 0])
     cols = gl.arange(0, E_P2, layout=gl.SliceLayout(0, row_l))
     ids = gl.expand_dims(gl.arange(0, NW, layout=gl.SliceLayout(1, row_l)) * 0, 1) + gl.expand_dims(cols, 0)
     ok = ids < num_experts
-    bits = gl.load(route_ptr + ids, mask=ok, other=0.0).to(gl.float32).to(gl.int32, bitcast=True)
+    x = gl.load(route_ptr + ids, mask=ok, other=0.0).to(gl.float32)
+    bits = gl.where(x == float("-inf"), -3.4028234663852886e38, x).to(gl.int32, bitcast=True)
     # The logit's bits made order-preserving as a signed integer, the column inverted below them: one
     # max per rank gives the winner (the lower column among equal logits).
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -139,48 +141,6 @@ def _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt,
         quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
                     x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
         acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
-    return acc
-
-
-@gluon.jit
-def _x_quarter(x_row, ks, K):
-    """A quarter's token columns [QUARTER, COLS] (k at ks, zeros past K) read from memory."""
-    kq = gl.expand_dims(ks, 1)
-    return gl.load(x_row + kq, mask=kq < K, other=0.0)
-
-
-@gluon.jit
-def _products_of(ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, token, n0, kt0, k_tiles, N, K, stride_am, stride_be,
-                 stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N: gl.constexpr, COLS: gl.constexpr,
-                 TILES: gl.constexpr, EVEN_N: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
-                 FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
-                 mma: gl.constexpr, w_op: gl.constexpr, x_op: gl.constexpr):
-    """`_products` of expert e_c for a direct launch's one token row, a tile at a time through ring stage 0
-    and the token's columns read from memory, everything from the program's scalars: a rare path
-    (a pair the routing chose otherwise than GEMM1 ranked it), a loop that holds few registers."""
-    rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_op))
-    acc_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-    w_ptrs = _word_ptrs(b_ptr, e_c, rows, gl.arange(0, QUARTER, layout=gl.SliceLayout(0, w_op)), stride_be, stride_bn)
-    s_ptrs, z_ptrs = _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE)
-    k_in = gl.arange(0, QUARTER, layout=gl.SliceLayout(1, x_op))
-    x_row = a_ptr + token.to(gl.int64) * stride_am + gl.expand_dims(
-        gl.arange(0, COLS, layout=gl.SliceLayout(0, x_op)) * 0, 0)
-    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
-    for step in range(TILES):
-        kt = kt0 + step
-        if EVEN_N:
-            _async_load(ring.index(0), w_ptrs + gl.minimum(kt, k_tiles - 1) * stride_bt)
-        else:
-            _async_load(ring.index(0), w_ptrs + gl.minimum(kt, k_tiles - 1) * stride_bt,
-                        mask=gl.expand_dims(rows < N, 1))
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        words = ring.index(0).load(w_op)
-        k0 = kt * TILE_K + k_in
-        quarters = (_x_quarter(x_row, k0, K), _x_quarter(x_row, k0 + QUARTER, K),
-                    _x_quarter(x_row, k0 + 2 * QUARTER, K), _x_quarter(x_row, k0 + 3 * QUARTER, K))
-        acc = _tile_product(acc, words, quarters, kt, k_tiles, s_ptrs, z_ptrs, acc_rows < N, rows < N, stride_sk,
                             GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
     return acc
 
@@ -315,7 +275,7 @@ def moe_mma_gemm_kernel(
     STAGES: gl.constexpr,  # K tiles of words in flight (the ring's stages), 2 or more
     PDL: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,  # DIRECT with PDL: the pairs are final before the wait
     # DIRECT GEMM1 with PDL and no expert map, right behind the routing launch (a_rows_div = top_k): each pair's
-    # expert from the logits [tokens, num_experts] at route_ptr, checked against the routing's after the wait
+    # expert from the logits [tokens, num_experts] at route_ptr, ranked as that launch ranks them (`_own_expert`)
     OWN_ROUTE: gl.constexpr = False, ROUTE_E_P2: gl.constexpr = 32,  # num_experts' power of two, 32 or more
     route_ptr=None, stride_route=0, num_experts=0,
     # `moe_triton._common.trace`: a row per program that does not return early
@@ -363,7 +323,7 @@ def moe_mma_gemm_kernel(
     t_start = trace.now(TRACE)
     if OWN_ROUTE:
         # GEMM1 of a few tokens: the pair's expert from the router's logits, so that the whole split runs
-        # while the routing launch ahead still does; its choice, read after the wait, is checked below.
+        # while the routing launch ahead still does (its choice is the same by construction).
         e = _own_expert(route_ptr + (pid_m // A_ROWS_DIV).to(gl.int64) * stride_route, pid_m % A_ROWS_DIV,
                         num_experts, ROUTE_E_P2)
         e_c = e.to(gl.int64)
@@ -441,17 +401,11 @@ def moe_mma_gemm_kernel(
     acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
                     BLOCK_N, COLS, TILES, STAGES, EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma,
                     w_op, x_op)
-    if OWN_ROUTE:
+    if OWN_ROUTE:  # the routing launch clears the sums and counts the sinks add to: wait for it now
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
         if ZERO_SIDE:
             zero_side_slice(zero_ptr, zero_numel, zero_chunk)
-        routed = gl.load(sorted_ids_ptr + pid_m).to(gl.int64)
-        if routed != e_c:  # the routing chose otherwise (non-finite logits, ties after its scoring)
-            e_c = routed
-            acc = _products_of(ring, a_ptr, b_ptr, s_ptr, z_ptr, e_c, pid_m // A_ROWS_DIV, n0, kt0, k_tiles, N, K,
-                               stride_am, stride_be, stride_bn, stride_bt, stride_se, stride_sk, BLOCK_N, COLS, TILES,
-                               EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op, x_op)
 
     trace.mark_products_done(trace_ptr, TRACE)
     if HAS_BIAS:  # noqa: SIM102 (HAS_BIAS is a compile-time switch, kt0 a run-time value)

@@ -136,11 +136,17 @@ def route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling
     else:
         scores = tl.sigmoid(x)
         unbounded_score = tl.full([BLOCK_M], 1.0, tl.float32)
-    choice = scores
-    if HAS_BIAS:
-        choice = choice + tl.load(bias_ptr + expert, mask=col_ok, other=0.0)[None, :]
+    # A softmax over ungrouped experts without a bias chooses by the logits (`Routing`): the same order,
+    # without the ties fp32 rounding makes among probabilities (GEMM1's own ranking relies on it).
+    BY_LOGIT: tl.constexpr = SOFTMAX and not HAS_BIAS and GROUPS == 1
+    if BY_LOGIT:
+        choice = x
+    elif HAS_BIAS:
+        choice = scores + tl.load(bias_ptr + expert, mask=col_ok, other=0.0)[None, :]
     elif SOFTMAX:  # the other experts of a +Inf row score 0: their logits keep softmax's order
-        choice = tl.where(row_unbounded[:, None], x, choice)
+        choice = tl.where(row_unbounded[:, None], x, scores)
+    else:
+        choice = scores
     choice = tl.where(unbounded, pos_inf, choice)
     choice = tl.where(col_ok[None, :], choice, neg_inf)
     # -Inf experts rank below every possible one whatever the bias (lower ids first), above dropped groups.
@@ -182,7 +188,7 @@ def route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling
         best = tl.max(keys, axis=1)
         c = C - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         hit = cols[None, :] == c[:, None]
-        if HAS_BIAS:  # the bias steers the choice only: the weight is the plain score
+        if HAS_BIAS or BY_LOGIT:  # the choice is not the score: the weight is the plain score
             w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
         else:
             top_bits = (best >> 32).to(tl.int32)
