@@ -8,10 +8,11 @@ count to those it would run, with one field of both GEMMs changed.
 - `mixtral_int4_8_before`, `qwen3_fp8_block_8_before`: the 8-token entries these two cells shipped
   before their per-GEMM retunes (`mixtral-8x7b` int4: GEMM2 split 2; `qwen3-30b-a3b` block fp8:
   GEMM1 split 2, both GEMMs four stages deep).
-- `max_registers_168`, `max_registers_128`, `max_registers_96`, `max_registers_80`: both GEMMs capped
-  at that many registers per thread (`GemmConfig.max_registers`; 4-warp programs per H200 SM: 3, 4,
-  5, 6); `max_registers_168_gemm1`, `max_registers_168_gemm2`: one GEMM only; `gpt_oss_mxfp4_1_before`:
+- `max_registers_168`, `max_registers_128`, `max_registers_96`, `max_registers_80`, `max_registers_64`: both
+  GEMMs capped at that many registers per thread (`GemmConfig.max_registers`; 4-warp programs per H200
+  SM: 3, 4, 5, 6, 8); `max_registers_168_gemm1`, `max_registers_168_gemm2`: one GEMM only; `gpt_oss_mxfp4_1_before`:
   gpt-oss-120b's one-token MXFP4 entry as it shipped before its GEMM2 cap (none).
+- `stages4`, `stages5`: both GEMMs' pipelines (`num_stages`) that many K tiles deep.
 - `one_dot`, `quarters_apart`: both GEMMs with each quads K tile's quarters as one dot, or as four
   (`GemmConfig.one_dot`).
 - `gemm1_wgmma_128`, `gemm1_wgmma_256`, `both_wgmma_128`: aligned GEMM1 (or both GEMMs) on the
@@ -120,6 +121,9 @@ max_registers_168 = _both_gemms(max_registers=168)
 max_registers_128 = _both_gemms(max_registers=128)
 max_registers_96 = _both_gemms(max_registers=96)
 max_registers_80 = _both_gemms(max_registers=80)
+max_registers_64 = _both_gemms(max_registers=64)
+stages4 = _both_gemms(num_stages=4)
+stages5 = _both_gemms(num_stages=5)
 gpt_oss_mxfp4_1_before = _gemms({}, dict(max_registers=0))
 quarters_apart = _both_gemms(one_dot=False)
 one_dot = _both_gemms(one_dot=True)

@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*, ab-no-zero-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*, ab-no-zero-*, ab-eight-token-occupancy-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -230,6 +230,12 @@ add ab-one-wave-gemm2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4
 nz="--m 1 8 32 --rounds 5 --variant shipped --variant no-zero=MOE_CEILING_NO_ZERO=1"
 add ab-no-zero-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b deepseek-v3 --dtype int4 $nz --out $OUT/host/ab-no-zero-a.json"
 add ab-no-zero-b "python3 ab_layer.py --preset qwen3-235b-a22b mixtral-8x7b --dtype int4 $nz --out $OUT/host/ab-no-zero-b.json"
+# The 8-token cells below issue 60's 0.6, latency-bound with few warps per scheduler: more programs per SM
+# (register caps) or more K tiles in flight (deeper pipelines).
+occ="--m 8 --rounds 5 --variant shipped --variant r96=ab_patches:max_registers_96 --variant r80=ab_patches:max_registers_80 --variant r64=ab_patches:max_registers_64 --variant s4=ab_patches:stages4 --variant s5=ab_patches:stages5"
+add ab-eight-token-occupancy-int4 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b mixtral-8x7b --dtype int4 $occ --out $OUT/host/ab-eight-token-occupancy-int4.json"
+add ab-eight-token-occupancy-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b mixtral-8x7b --dtype mxfp4 $occ --out $OUT/host/ab-eight-token-occupancy-mxfp4.json"
+add ab-eight-token-occupancy-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int8 fp8-channel $occ --out $OUT/host/ab-eight-token-occupancy-qwen3.json"
 # One-token GEMM1 asking for all its weight tiles up front (a deeper pipeline, or shorter K-splits).
 for s in int4 mxfp4 int8; do
   add "ab-gemm1-upfront-$s" "python3 ab_layer.py --preset qwen3-30b-a3b --dtype $s --m 1 --rounds 5 --variant shipped --variant stages5=ab_patches:gemm1_stages5 --variant n128-stages5=ab_patches:gemm1_n128_stages5 --variant split8=ab_patches:gemm1_split8 --variant n128-split8=ab_patches:gemm1_n128_split8 --out $OUT/host/ab-gemm1-upfront-$s.json"
