@@ -129,8 +129,10 @@ def route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling
     if SOFTMAX:
         x = tl.where(col_ok[None, :], x, neg_inf)
         bounded = tl.where(row_unbounded[:, None] & col_ok[None, :], 0.0, x)  # +Inf rows: scored below
-        e = tl.exp(bounded - tl.max(bounded, axis=1)[:, None])
-        scores = e / tl.sum(e, axis=1)[:, None]
+        row_max = tl.max(bounded, axis=1)
+        e = tl.exp(bounded - row_max[:, None])
+        row_sum = tl.sum(e, axis=1)
+        scores = e / row_sum[:, None]
         unbounded_score = 1.0 / tl.maximum(num_unbounded, 1).to(tl.float32)
         scores = tl.where(row_unbounded[:, None], tl.where(unbounded, unbounded_score[:, None], 0.0), scores)
     else:
@@ -188,12 +190,14 @@ def route_topk(logits_ptr, bias_ptr, rows, M, stride_m, renormalize_eps, scaling
         best = tl.max(keys, axis=1)
         c = C - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         hit = cols[None, :] == c[:, None]
-        if HAS_BIAS or BY_LOGIT:  # the choice is not the score: the weight is the plain score
+        if HAS_BIAS:  # the bias steers the choice only: the weight is the plain score
             w = tl.sum(tl.where(hit, scores, 0.0), axis=1)
         else:
             top_bits = (best >> 32).to(tl.int32)
             w = (top_bits ^ ((top_bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
             chose_unbounded = w == pos_inf
+            if BY_LOGIT:  # the chosen logit's probability, as `scores` computes it (no reduction per choice)
+                w = tl.exp(w - row_max) / row_sum
             if SOFTMAX:  # in a +Inf row the others' choice is their logit; their score is 0
                 w = tl.where(row_unbounded, 0.0, w)
             w = tl.where(chose_unbounded, unbounded_score, tl.where(w == lowest, 0.0, w))
