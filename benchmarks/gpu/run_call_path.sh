@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*, ab-no-zero-*, ab-eight-token-occupancy-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -224,12 +224,6 @@ add ab-own-route-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22
 add ab-own-route-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int8 $own --out $OUT/host/ab-own-route-qwen3.json"
 # qwen3-235b-a22b int4's one-token GEMM2 in one wave (ab_patches.gemm2_split3 and the rest).
 add ab-one-wave-gemm2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 2 3 --rounds 7 --variant shipped --variant split3=ab_patches:gemm2_split3 --variant split3-ring4=ab_patches:gemm2_split3_ring4 --variant split2=ab_patches:gemm2_split2 --variant split2-ring6=ab_patches:gemm2_split2_ring6 --variant n128-split3=ab_patches:gemm2_n128_split3 --out $OUT/host/ab-one-wave-gemm2.json"
-# int4's dequantization without the zero point's subtraction: a ceiling, timed on a build whose kernels skip
-# it when MOE_CEILING_NO_ZERO=1 (wrong outputs; that build is not main's, see
-# benchmarks/results/own_route_by_logit_2026-12-01.md section 2).
-nz="--m 1 8 32 --rounds 5 --variant shipped --variant no-zero=MOE_CEILING_NO_ZERO=1"
-add ab-no-zero-a "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b deepseek-v3 --dtype int4 $nz --out $OUT/host/ab-no-zero-a.json"
-add ab-no-zero-b "python3 ab_layer.py --preset qwen3-235b-a22b mixtral-8x7b --dtype int4 $nz --out $OUT/host/ab-no-zero-b.json"
 # The 8-token cells below issue 60's 0.6, latency-bound with few warps per scheduler: more programs per SM
 # (register caps) or more K tiles in flight (deeper pipelines).
 occ="--m 8 --rounds 5 --variant shipped --variant r96=ab_patches:max_registers_96 --variant r80=ab_patches:max_registers_80 --variant r64=ab_patches:max_registers_64 --variant s4=ab_patches:stages4 --variant s5=ab_patches:stages5"
