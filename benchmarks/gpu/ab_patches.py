@@ -336,7 +336,13 @@ gemm2_split2_ring6 = _gemms({}, dict(split_k=2, num_stages=6))
 gemm2_n128_split3 = _gemms({}, dict(block_n=128, num_warps=4, split_k=3))
 
 
-
 # GEMM1 on the mma kernel ranking its pairs' experts itself (`GemmConfig.own_route`), or waiting for the routing's.
 own_route_on = _gemm1(own_route=True)
 own_route_off = _gemm1(own_route=False)
+# own_route pays where all of GEMM1's programs are resident from the start: smaller or fewer programs that
+# fit one wave (qwen3-235b-a22b: 128 or 64 rows on 4 warps; gpt-oss-120b: split 3 of 23 K tiles).
+gemm1_128w4 = _gemm1(block_n=128, num_warps=4)
+gemm1_128w4_own = _gemm1(block_n=128, num_warps=4, own_route=True)
+gemm1_64w4_own = _gemm1(block_n=64, num_warps=4, own_route=True)
+gemm1_split3 = _gemm1(split_k=3)
+gemm1_split3_own = _gemm1(split_k=3, own_route=True)

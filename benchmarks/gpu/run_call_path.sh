@@ -222,6 +222,9 @@ add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8
 own="--m 1 --rounds 7 --variant waits=ab_patches:own_route_off --variant own=ab_patches:own_route_on"
 add ab-own-route-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype int4 $own --out $OUT/host/ab-own-route-int4.json"
 add ab-own-route-qwen3 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int8 $own --out $OUT/host/ab-own-route-qwen3.json"
+# own_route with GEMM1 in one wave (ab_patches.gemm1_128w4_own and the rest), where its served shape runs in two.
+add ab-own-route-one-wave-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 --rounds 7 --variant shipped --variant own=ab_patches:own_route_on --variant g1-128w4=ab_patches:gemm1_128w4 --variant g1-128w4-own=ab_patches:gemm1_128w4_own --variant g1-64w4-own=ab_patches:gemm1_64w4_own --out $OUT/host/ab-own-route-one-wave-235b.json"
+add ab-own-route-one-wave-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 1 --rounds 7 --variant shipped --variant own=ab_patches:own_route_on --variant g1-split3=ab_patches:gemm1_split3 --variant g1-split3-own=ab_patches:gemm1_split3_own --out $OUT/host/ab-own-route-one-wave-gpt-oss.json"
 # qwen3-235b-a22b int4's one-token GEMM2 in one wave (ab_patches.gemm2_split3 and the rest).
 add ab-one-wave-gemm2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 2 3 --rounds 7 --variant shipped --variant split3=ab_patches:gemm2_split3 --variant split3-ring4=ab_patches:gemm2_split3_ring4 --variant split2=ab_patches:gemm2_split2 --variant split2-ring6=ab_patches:gemm2_split2_ring6 --variant n128-split3=ab_patches:gemm2_n128_split3 --out $OUT/host/ab-one-wave-gemm2.json"
 # The 8-token cells below issue 60's 0.6, latency-bound with few warps per scheduler: more programs per SM
