@@ -222,6 +222,11 @@ class Routing:
         return self.num_expert_groups > 1
 
     @property
+    def chooses_by_logit(self) -> bool:
+        """A softmax over ungrouped experts without a bias: the top-k of its logits (see above)."""
+        return self.scoring is Scoring.SOFTMAX and not self.grouped and not self.has_correction_bias
+
+    @property
     def features(self) -> frozenset[Feature]:
         found = set()
         if self.scoring is Scoring.SQRT_SOFTPLUS:

@@ -73,7 +73,7 @@ def route_torch(router_logits: torch.Tensor, routing: Routing, top_k: int,
         scores = torch.sigmoid(logits)
     else:
         scores = F.softplus(logits).sqrt()
-    if correction_bias is None and routing.scoring is Scoring.SOFTMAX and not routing.grouped:
+    if routing.chooses_by_logit:
         choice = logits  # softmax's order (`Routing`), and the order it keeps in a +Inf row whose other scores are 0
     elif correction_bias is None:
         # Softmax scores the other experts of a +Inf row 0: their logits keep the order softmax has.

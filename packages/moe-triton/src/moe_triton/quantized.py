@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 
 from moe_core.backends import DeviceInfo, Platform
-from moe_core.config import ActivationKind, MoEConfig, Scoring
+from moe_core.config import ActivationKind, MoEConfig
 from moe_core.experts import (
     Capability,
     Experts,
@@ -510,16 +510,15 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
         return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input,
-                           router_logits if correction_bias is None and self._ranks_by_logit else None)
+                           router_logits if self._ranks_by_logit else None)
 
     @cached_property
     def _ranks_by_logit(self) -> bool:
-        """Whether the routing's top-k are the logits' (a softmax over ungrouped experts; a call without a
-        correction bias) and the experts all this rank's, so that GEMM1's programs can find their pair's
-        expert themselves (`GemmConfig.own_route`)."""
+        """Whether the routing's top-k are the logits' (`Routing.chooses_by_logit`), the layer's input is
+        GEMM1's (no routing weight on it) and the experts are all this rank's, so that GEMM1's programs can
+        find their pair's expert themselves (`GemmConfig.own_route`)."""
         r = self.config.routing
-        return (r.scoring is Scoring.SOFTMAX and r.num_expert_groups == 1 and not r.weight_on_input
-                and self.expert_map is None)
+        return r.chooses_by_logit and not r.weight_on_input and self.expert_map is None
 
     def _gemm1_sums_numel(self, num_tokens: int) -> int:
         """int32 elements, zero on entry, of a GEMM1 split over K at this many tokens: the sums and

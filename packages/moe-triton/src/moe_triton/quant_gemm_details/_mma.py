@@ -84,23 +84,6 @@ _LOWEST_KEY = gl.constexpr(-9223372036854775807 - 1)
 
 
 @gluon.jit
-def _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn):
-    """Expert e_c's quads words of the tile's rows, [rows, words_i] (a K tile's offset added per copy)."""
-    return b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
-
-
-@gluon.jit
-def _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE: gl.constexpr):
-    """Expert e_c's scale rows (MXFP4's exponent words, read with the weights' rows; the others' in the
-    accumulator's row layout) and zero points of the tile's rows (a scale row's offset added per group)."""
-    if WTYPE == 3:
-        s_ptrs = s_ptr + e_c * stride_se + rows
-    else:
-        s_ptrs = s_ptr + e_c * stride_se + acc_rows
-    return s_ptrs, z_ptr + e_c * stride_se + rows
-
-
-@gluon.jit
 def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
     """The token's slot-th expert as the routing launch chooses it for a softmax over ungrouped experts
     without a bias (`routing_details._kernel.route_topk`'s BY_LOGIT): by logit, highest first, equal
@@ -121,28 +104,6 @@ def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
         keys = gl.where(keys == gl.expand_dims(gl.max(keys, axis=1), 1), _LOWEST_KEY, keys)
     col = E_P2 - 1 - (gl.max(keys, axis=1) & 0xFFFFFFFF).to(gl.int32)
     return gl.minimum(gl.max(col, axis=0), num_experts - 1)
-
-
-@gluon.jit
-def _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
-              BLOCK_N: gl.constexpr, COLS: gl.constexpr, TILES: gl.constexpr, STAGES: gl.constexpr,
-              EVEN_N: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr,
-              HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr, mma: gl.constexpr,
-              w_op: gl.constexpr, x_op: gl.constexpr):
-    """The split's products (fp32 [BLOCK_N, COLS]): its K tiles' words through the ring (the first
-    STAGES - 1 already asked for), each against the token rows in xs."""
-    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
-    for t in gl.static_range(TILES):
-        # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
-        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-        async_copy.wait_group(STAGES - 1)
-        words = ring.index(t % STAGES).load(w_op)
-        x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
-        quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
-                    x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
-        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
-    return acc
 
 
 @gluon.jit
@@ -322,27 +283,16 @@ def moe_mma_gemm_kernel(
                                      gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
     t_start = trace.now(TRACE)
     if OWN_ROUTE:
-        # GEMM1 of a few tokens: the pair's expert from the router's logits, so that the whole split runs
-        # while the routing launch ahead still does (its choice is the same by construction).
+        # GEMM1 of a few tokens: the pair's expert from the router's logits (the routing launch's choice by
+        # construction), so that the whole split runs while that launch still does.
         e = _own_expert(route_ptr + (pid_m // A_ROWS_DIV).to(gl.int64) * stride_route, pid_m % A_ROWS_DIV,
                         num_experts, ROUTE_E_P2)
-        e_c = e.to(gl.int64)
-        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
-        for t in gl.static_range(STAGES - 1):
-            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-        t_released = t_start
     elif EARLY_WEIGHTS:
         # The pairs are final before this launch's wait: the first tiles' words are on their way
         # while the kernel ahead still runs (only its output, this GEMM's input, needs the wait).
         e = gl.load(sorted_ids_ptr + pid_m)
         if HAS_MAP:
             e = gl.load(expert_ids_ptr + e)
-        e_c = gl.maximum(e, 0).to(gl.int64)  # another rank's expert (-1): read expert 0's, never used
-        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
-        for t in gl.static_range(STAGES - 1):
-            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
-        wait_then_release(PDL)
-        t_released = trace.now(TRACE)
     else:
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
@@ -354,10 +304,16 @@ def moe_mma_gemm_kernel(
             if pid_m * BLOCK_M >= gl.load(num_post_ptr):
                 return
             e = gl.load(expert_ids_ptr + pid_m)
-        e_c = gl.maximum(e, 0).to(gl.int64)
-        w_ptrs = _word_ptrs(b_ptr, e_c, rows, words_i, stride_be, stride_bn)
-        for t in gl.static_range(STAGES - 1):
-            _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+    if OWN_ROUTE:
+        e_c = e.to(gl.int64)  # one of this rank's experts
+    else:
+        e_c = gl.maximum(e, 0).to(gl.int64)  # another rank's expert (-1): read expert 0's, never used
+    w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+    for t in gl.static_range(STAGES - 1):
+        _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+    if EARLY_WEIGHTS:
+        wait_then_release(PDL)
+        t_released = trace.now(TRACE)
 
     if ZERO_SIDE and not OWN_ROUTE:  # after the wait (OWN_ROUTE: after its own, below)
         zero_side_slice(zero_ptr, zero_numel, zero_chunk)
@@ -395,12 +351,24 @@ def moe_mma_gemm_kernel(
     xs = gl.allocate_shared_memory(CT, [SPAN, COLS], gl.SwizzledSharedLayout(8, 1, 1, [0, 1]))
     # Past K (a padded last tile, or a split past the last tile): zeros.
     xs.store(gl.load(x_ptrs, mask=gl.expand_dims(ks < K, 1), other=0.0))
-    s_ptrs, z_ptrs = _scale_ptrs(s_ptr, z_ptr, e_c, rows, acc_rows, stride_se, WTYPE)
+    if WTYPE == 3:  # MXFP4: its exponent words are read with the weights' rows
+        s_ptrs = s_ptr + e_c * stride_se + rows
+    else:
+        s_ptrs = s_ptr + e_c * stride_se + acc_rows
+    z_ptrs = z_ptr + e_c * stride_se + rows
     _cta_barrier()
 
-    acc = _products(ring, xs, w_ptrs, w_mask, s_ptrs, z_ptrs, kt0, k_tiles, stride_bt, rows_ok, z_rows_ok, stride_sk,
-                    BLOCK_N, COLS, TILES, STAGES, EVEN_N, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma,
-                    w_op, x_op)
+    acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
+    for t in gl.static_range(TILES):
+        # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
+        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        async_copy.wait_group(STAGES - 1)
+        words = ring.index(t % STAGES).load(w_op)
+        x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
+        quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
+                    x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
+        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
+                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
     if OWN_ROUTE:  # the routing launch clears the sums and counts the sinks add to: wait for it now
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
