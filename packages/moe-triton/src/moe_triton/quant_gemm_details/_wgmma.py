@@ -349,16 +349,16 @@ def _consume(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, ready, 
 
 
 @gluon.jit
-def row_halves(acc, out_l: gl.constexpr):
-    """A consumer's [WG_ROWS, MMA_N] accumulator as its two halves of rows, [WG_ROWS / 2, MMA_N]
-    each in out_l, ring rows r and r + WG_ROWS / 2 (a gate and its up when gated) at the same place."""
+def row_halves(acc):
+    """A consumer's [WG_ROWS, MMA_N] accumulator as its two halves of rows, [WG_ROWS / 2, MMA_N] each,
+    ring rows r and r + WG_ROWS / 2 (a gate and its up when gated) in the same thread: 128 rows in the
+    accumulator's own registers (wgmma's M repeats every 64 rows), 64 rows through EPILOGUE_LAYOUT
+    (which repeats every 32 rows)."""
     HALF: gl.constexpr = acc.shape[0] // 2
     MMA_N: gl.constexpr = acc.shape[1]
-    if acc.shape[0] == 128:  # rows r and r + 64 are already one thread's (wgmma's M repeats every 64 rows)
-        half0, half1 = acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
-    else:  # EPILOGUE_LAYOUT repeats every 32 rows: rows r and r + 32 become one thread's there
-        half0, half1 = gl.convert_layout(acc, EPILOGUE_LAYOUT).reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
-    return gl.convert_layout(half0, out_l), gl.convert_layout(half1, out_l)
+    if acc.shape[0] != 128:
+        acc = gl.convert_layout(acc, EPILOGUE_LAYOUT)
+    return acc.reshape([2, HALF, MMA_N]).permute((1, 2, 0)).split()
 
 
 @gluon.jit
@@ -467,6 +467,28 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                 BLOCK_M, s_ptr, stride_se, ROW_SCALE)
 
 
+@gluon.constexpr_function
+def _store_layout(half):
+    """Layout of a consumer's [half, n] outputs as they are stored: eight consecutive weight rows per
+    thread (the outputs' contiguous dimension: one 16-byte store), tokens across the warp's other
+    lanes and across the warps."""
+    return gl.BlockedLayout([8, 1], [half // 8, 32 // (half // 8)], [1, 4], [0, 1])
+
+
+@gluon.jit
+def _store_rows(c_ptr, y, col0, num_cols, ids_ptr, num_valid, stride_cm, REDUCE_TOPK: gl.constexpr):
+    """y [half, n] (fp32, any layout) into c[pair // REDUCE_TOPK, col0 + r] for the n pairs at ids_ptr
+    that are valid: cast to c's dtype, then moved to `_store_layout` (half the bytes through shared
+    memory that fp32 would take)."""
+    st_l: gl.constexpr = _store_layout(y.shape[0])
+    y = gl.convert_layout(y.to(c_ptr.dtype.element_ty), st_l)
+    cols = col0 + gl.arange(0, y.shape[0], layout=gl.SliceLayout(1, st_l))
+    ids = gl.load(ids_ptr + gl.arange(0, y.shape[1], layout=gl.SliceLayout(0, st_l)))
+    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
+    gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y,
+             mask=(cols < num_cols)[:, None] & (ids < num_valid)[None, :])
+
+
 @gluon.jit
 def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, e, n0,
                 pid_m, kt0, N, num_valid, alpha, limit, stride_biase, stride_cm, HAS_BIAS: gl.constexpr,
@@ -475,15 +497,19 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
                 ROW_SCALE: gl.constexpr):
     """Epilogue of a consumer's accumulator [WG_ROWS, n] for the block's rows row_off .. row_off + n
     (row_off BLOCK_M: the taken-in tail): with ROW_SCALE each row's scale (row 0 of the scales
-    [E, 1, N]), then bias, router weight, activation, then the sink."""
+    [E, 1, N]), then bias, router weight, activation, in the registers `row_halves` leaves them in;
+    then the sink (stores: `_store_rows`)."""
     HALF: gl.constexpr = WG_ROWS // 2
     MMA_N: gl.constexpr = acc.shape[1]
-    out_l: gl.constexpr = EPILOGUE_LAYOUT
-    res0, res1 = row_halves(acc, out_l)
+    res0, res1 = row_halves(acc)
+    if ATOMIC:  # fp32 atomics, one per output: threads along the outputs' contiguous rows
+        res0 = gl.convert_layout(res0, EPILOGUE_LAYOUT)
+        res1 = gl.convert_layout(res1, EPILOGUE_LAYOUT)
+    out_l: gl.constexpr = res0.type.layout
     rows = gl.arange(0, HALF, layout=gl.SliceLayout(1, out_l))
-    ids = gl.load(sorted_ids_ptr + pid_m * BLOCK_M + row_off + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
+    ids_ptr = sorted_ids_ptr + pid_m * BLOCK_M + row_off
+    ids = gl.load(ids_ptr + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, out_l)))
     rows_ok = ids < num_valid
-    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
     n_0 = n0 + _ring_row(WG * WG_ROWS + rows, CHUNK, WG_ROWS)
     n_1 = n0 + _ring_row(WG * WG_ROWS + HALF + rows, CHUNK, WG_ROWS)
     if ROW_SCALE:
@@ -498,22 +524,19 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
         res0 *= w_routed
         res1 *= w_routed
     if CHUNK > 0:
-        y = activate(res0, res1, alpha, limit, ACT)
-        cols = n0 // 2 + WG * HALF + rows
-        gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y.to(c_ptr.dtype.element_ty),
-                 mask=(cols < N // 2)[:, None] & rows_ok[None, :])
+        y = activate(res0, res1, alpha, limit, ACT, FAST_SIGMOID=True)
+        _store_rows(c_ptr, y, n0 // 2 + WG * HALF, N // 2, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
     elif ATOMIC:
+        out_rows = (ids // REDUCE_TOPK).to(gl.int64)
         gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + n_0[:, None], res0,
                       mask=(n_0 < N)[:, None] & rows_ok[None, :], sem="relaxed")
         gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + n_1[:, None], res1,
                       mask=(n_1 < N)[:, None] & rows_ok[None, :], sem="relaxed")
-    else:
-        y0 = activate(res0, res0, alpha, limit, ACT)
-        gl.store(c_ptr + out_rows[None, :] * stride_cm + n_0[:, None], y0.to(c_ptr.dtype.element_ty),
-                 mask=(n_0 < N)[:, None] & rows_ok[None, :])
-        y1 = activate(res1, res1, alpha, limit, ACT)
-        gl.store(c_ptr + out_rows[None, :] * stride_cm + n_1[:, None], y1.to(c_ptr.dtype.element_ty),
-                 mask=(n_1 < N)[:, None] & rows_ok[None, :])
+    else:  # not gated: the halves are runs of HALF consecutive rows
+        y0 = activate(res0, res0, alpha, limit, ACT, FAST_SIGMOID=True)
+        y1 = activate(res1, res1, alpha, limit, ACT, FAST_SIGMOID=True)
+        _store_rows(c_ptr, y0, n0 + WG * WG_ROWS, N, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
+        _store_rows(c_ptr, y1, n0 + WG * WG_ROWS + HALF, N, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
 
 
 @gluon.jit
