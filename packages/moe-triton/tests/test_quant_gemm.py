@@ -349,6 +349,10 @@ def test_wgmma_gemm_is_refused_off_hopper():
                  QuantKernelConfig(wgmma_launch(16, 128, 3), wgmma_launch(16, 256, 3)), id="channel-zp-relu2"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
                  QuantKernelConfig(wgmma_launch(64, 128, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
+    # the epilogue's three sigmoid activations: SiLU above, SwiGLU (gpt-oss) below, GELU-tanh here
+    pytest.param(int4_w4a16(128), torch.bfloat16, 1024, 512, Activation.gelu_tanh(), False, 600,
+                 QuantKernelConfig(dataclasses.replace(wgmma_launch(128, 256, 3), tail=16), wgmma_launch(128, 256, 3)),
+                 id="gelu-tanh-tail"),
     # MXFP4 (gpt-oss's shape: K padded to whole tiles, clamped SwiGLU with biases), quarter j in scale group j
     pytest.param(mxfp4_w4a16(), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 300,
                  QuantKernelConfig(wgmma_launch(128, 256, 3), wgmma_launch(128, 256, 3)), id="mxfp4-gpt-oss-folded"),
