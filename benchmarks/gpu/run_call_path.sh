@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*, ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -28,7 +28,7 @@
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
-#   mma-tests, decode-mma  the mma.sync GEMM's tests on the GPU; decode_mma.py: each one-token GEMM alone against tl.dot's
+#   mma-tests, wgmma-tests, decode-mma  the mma.sync (wgmma) GEMM's tests on the GPU; decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
@@ -57,6 +57,7 @@ add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 # moe-triton's whole device suite (as run_moe_cuda.sh's triton-tests), for a call that also times.
 add triton-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 -m device packages/moe-triton/tests; rc=\$?; python3 -m pytest -q -p no:cacheprovider -n 8 packages/moe-triton/tests/test_act_order.py && exit \$rc"
 add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py packages/moe-triton/tests/test_quant_configs.py -k \"mma and not wgmma\""
+add wgmma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py -k wgmma"
 add decode-mma "python3 decode_mma.py check-and-time --out $OUT/host/decode-mma.json"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):
 # the 48-layer eager targets against transformers, the schemes against fused bf16, compiled decode.
@@ -217,6 +218,8 @@ add ab-entries-22-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype mxfp4 
 i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:int8_2048_tuned"
 add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
 add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
+# int8 at 1024-2048 tokens on the 8192-token entry's wgmma tile (with the epilogue of `wgmma_epilogue_2026-12-01.md`).
+add ab-int8-2048-wgmma "python3 ab_layer.py --preset gpt-oss-120b deepseek-v3 --dtype int8 --m 1024 2048 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-2048-wgmma.json"
 add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 --m 2600 3072 4095 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-3072-deepseek.json"
 # GEMM1 ranking its own pairs' experts (GemmConfig.own_route, one token) against waiting for the routing launch's.
 own="--m 1 --rounds 7 --variant waits=ab_patches:own_route_off --variant own=ab_patches:own_route_on"
