@@ -231,10 +231,12 @@ for name, consts in json.loads(sys.stdin.read()).items():
 def test_int8_wgmma_grid_fits_an_sm90_block():
     """Each tile of int8's wgmma grid (`tune.wgmma_grid(int8=True)`: per channel, a taken-in tail of 16
     on 128-pair blocks as shipped entries have) fits an sm_90 block's shared memory, and the capped
-    tiles (`tune.INT8_WGMMA_STAGES`) would not one stage deeper: the cap is the deepest ring that fits."""
+    tiles (`tune.INT8_WGMMA_STAGES`) would not one stage deeper: the cap is the deepest ring that fits.
+    Built as a GEMM2 into fp32 atomics, the epilogue's larger exchange (a GEMM1's 16-bit outputs take less)."""
     from moe_triton.tune import INT8_WGMMA_STAGES, wgmma_grid
 
-    int8 = dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, ROW_SCALE=True)
+    int8 = dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, ROW_SCALE=True, ACT=0, GATE_UP_CHUNK=0, MUL_ROUTED=True,
+                REDUCE_TOPK=2, ATOMIC=True)
     builds = {}
     for cand in wgmma_grid(int8=True).values():
         t = cand.gemm1

@@ -243,17 +243,18 @@ def as_mma(tile: GemmConfig) -> GemmConfig:
 
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
-# bytes, and the epilogue's exchange of its 16-bit outputs, fit Hopper's 227 KB of shared memory.
+# bytes, and the epilogue's exchange (16-bit outputs; fp32 sums into atomics), fit Hopper's 227 KB of shared memory.
 # One CTA per SM whatever the tile (its register plan fills the register file), so small blocks get deeper rings.
 _WGMMA_TILES = ((16, 256, 6), (32, 128, 6), (32, 256, 4), (32, 256, 6), (64, 128, 4), (64, 256, 4), (64, 256, 5),
                 (128, 128, 4), (128, 256, 3), (128, 256, 4))
 
 
 # The deepest ring of the tiles whose int4 depth int8's byte quads outgrow (int32 words: twice int4's
-# bytes per stage) within an sm_90 block's 227 KB, tails of 16 pairs included on 128-pair blocks
-# (offline sm_90 builds, Triton 3.6 and 3.9 alike: 128 x 256 takes 214,588 bytes at three stages, 284,740
-# at four; test_quant_compile builds each). The other tiles fit int8 at int4's depth.
-INT8_WGMMA_STAGES = {(32, 256): 5, (64, 256): 4, (128, 256): 3}
+# bytes per stage) within an sm_90 block's 227 KB, tails of 16 pairs included on 128-pair blocks, with
+# the larger of the epilogue's exchanges, a GEMM2's fp32 sums into atomics (offline sm_90 builds, Triton
+# 3.6 and 3.9 alike: 128 x 256 takes 227,900 bytes at three stages; 16 x 256 195,168 at five, 232,552
+# at six; test_quant_compile builds each). The other tiles fit int8 at int4's depth.
+INT8_WGMMA_STAGES = {(16, 256): 5, (32, 256): 5, (64, 256): 4, (128, 256): 3}
 
 
 def wgmma_grid(*, int8: bool = False) -> dict[str, QuantKernelConfig]:
