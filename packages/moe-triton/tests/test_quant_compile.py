@@ -194,18 +194,21 @@ for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = kernel.asm["ptx"]
     print(name, ptx.count("wgmma.mma_async"), ptx.count("wgmma.wait_group.sync.aligned 1;"),
           ptx.count("cp.async.mbarrier.arrive.noinc"), ptx.count("setmaxnreg"), ptx.count("0x81C081C0"),
-          ptx.count("prmt.b32"), kernel.metadata.shared, flush=True)
+          ptx.count("prmt.b32"), kernel.metadata.shared, ptx.count("st.global.b16"), ptx.count("ex2.approx.ftz.f32"),
+          flush=True)
 """
 
 
 def test_wgmma_gemm_compiles_for_hopper():
     """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
     between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
-    with one in flight at each of its four waits per 128-wide tile; MXFP4 unpacked by the PTX lop3s."""
+    with one in flight at each of its four waits per 128-wide tile; MXFP4 unpacked by the PTX lop3s;
+    the epilogue's stores 16 bytes wide and its sigmoid approximate (`wgmma_epilogue_2026-12-01.md`)."""
     stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
-    for name, (mmas, waits, copy_arrivals, setmaxnreg, e2m1_masks, byte_selects, shared) in built.items():
+    for name, (mmas, waits, copy_arrivals, setmaxnreg, e2m1_masks, byte_selects, shared, two_byte_stores,
+               approx_exps) in built.items():
         # Two consumers (the default partition and a worker) run the same loop; with 128-pair blocks
         # (copies folded into the consumers) each has a second one for blocks of at most 64 valid pairs,
         # and with TAIL a third one, two MMAs per quarter (block and tail) that it waits for (wait 0).
@@ -218,6 +221,10 @@ def test_wgmma_gemm_compiles_for_hopper():
         # int8's four quarters each take their bytes by prmt
         assert (byte_selects >= 4 * loops) == (_WGMMA_SPECIALIZATIONS[name][0].get("WTYPE", 0) == 1), (name, byte_selects)
         assert shared <= HOPPER_SHARED_BYTES, (name, shared)  # launchable: within an sm_90 block's shared memory
+        # The epilogue stores eight 16-bit outputs at a time (`_store_rows`), never one, and its sigmoid
+        # (SiLU, GELU-tanh, SwiGLU) is the ex2/rcp approximation.
+        assert two_byte_stores == 0, (name, two_byte_stores)
+        assert (approx_exps > 0) == (_WGMMA_SPECIALIZATIONS[name][0].get("ACT", 1) in (1, 3, 4)), (name, approx_exps)
 
 
 _COMPILE_WGMMA_SHARED = """
