@@ -218,7 +218,7 @@ add ab-entries-22-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype mxfp4 
 i8="--m 1024 2048 4000 --rounds 5 --variant shipped --variant tuned=ab_patches:int8_2048_tuned"
 add ab-int8-2048-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 $i8 --variant tuned-tail16=ab_patches:int8_2048_tuned_tail16 --out $OUT/host/ab-int8-2048-deepseek.json"
 add ab-int8-2048-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int8 $i8 --out $OUT/host/ab-int8-2048-gpt-oss.json"
-# int8 at 1024-2048 tokens on the 8192-token entry's wgmma tile (with the epilogue of `wgmma_epilogue_2026-12-01.md`).
+# int8 at 1024-2048 tokens on the 8192-token entry's wgmma tile, against the tl.dot entry that serves them.
 add ab-int8-2048-wgmma "python3 ab_layer.py --preset gpt-oss-120b deepseek-v3 --dtype int8 --m 1024 2048 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-2048-wgmma.json"
 add ab-int8-3072-deepseek "python3 ab_layer.py --preset deepseek-v3 --dtype int8 --m 2600 3072 4095 --rounds 5 --variant shipped --variant tile-of-8192=ab_patches:tile_of_8192 --out $OUT/host/ab-int8-3072-deepseek.json"
 # GEMM1 ranking its own pairs' experts (GemmConfig.own_route, one token) against waiting for the routing launch's.

@@ -203,7 +203,7 @@ def test_wgmma_gemm_compiles_for_hopper():
     """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
     between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
     with one in flight at each of its four waits per 128-wide tile; MXFP4 unpacked by the PTX lop3s;
-    the epilogue's stores 16 bytes wide and its sigmoid approximate (`wgmma_epilogue_2026-12-01.md`)."""
+    the epilogue's stores 16 bytes wide and its sigmoid approximate (docs/design/triton-gemm-quantized.md)."""
     stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
