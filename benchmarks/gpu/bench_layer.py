@@ -174,7 +174,7 @@ def write_markdown(result: dict, path: Path) -> None:
                     lines.append(f"| {x['model']} | {x['M']} | | error: {x['error']} | | | | | |")
                     continue
                 err = f"{x['err']:.1e}" if x.get("err") is not None else ""
-                lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} ({x['distinct_experts']} "
+                lines.append(f"| {x['model']} | {x['M']} | {x['floor_us']:.1f} {x['bound']} ({x['distinct_experts']:g} "
                              f"experts) | {x['us']:.1f} "
                              f"({x['floor_fraction']:.2f}{'!' if x['floor_fraction'] > IMPOSSIBLE_FRACTION else ''}) | "
                              f"{x.get('anchor_us', '')} {x.get('anchor', '')} | "

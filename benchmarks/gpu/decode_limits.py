@@ -1,11 +1,12 @@
 """The physical limit of decode-size layer calls under the benchmark protocol, beside the layer itself.
 
 For each preset, scheme and token count (default 1 and 8), under the same protocol as every cell (CUDA
-graphs, the L2 flushed before each replay, median; `moe_core.bench.time_cuda_layer`):
+graphs, the L2 flushed before each replay, the mean over the input sets of each set's median;
+`moe_core.bench.time_cuda_layer`, `mean_call_seconds`):
 
 - layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
-- read_us: one kernel reading as many bytes as the call must (the distinct experts the input sets'
-  routing selects, `moe_core.bench.routed_work`, times `expert_weight_bytes`) from a contiguous
+- read_us: one kernel reading as many bytes as the mean call must (the distinct experts the input sets'
+  routing selects, their mean, `moe_core.bench.routed_work`, times `expert_weight_bytes`) from a contiguous
   buffer, the faster of a Triton read (16 KiB per program) and torch's sum: what streaming those
   bytes costs after the flush, which at a few MB is latency, not bandwidth;
 - routed_read_us (one token): one kernel whose programs first route the token (top-k of its logits, plus the
@@ -32,7 +33,14 @@ import triton
 import triton.language as tl
 from layer_timing import DTYPES, PRESETS, build_layer, correction_bias, input_sets, layer_quant
 
-from moe_core.bench import expert_weight_bytes, measure_ceilings, roofline_floor, routed_work, time_cuda_layer
+from moe_core.bench import (
+    expert_weight_bytes,
+    mean_call_seconds,
+    measure_ceilings,
+    roofline_floor,
+    routed_work,
+    time_cuda_layer,
+)
 from moe_core.oracle import BackendUnavailableError
 from moe_core.presets import get_preset
 
@@ -110,18 +118,18 @@ def routed_read_us(config, inputs, expert_bytes: int, bias) -> float:
         samples, method = time_cuda_layer(call, inputs)
         if method != "cuda-graph":
             raise RuntimeError(f"not captured: {method}")
-        times.append(statistics.median(samples) * 1e6)
+        times.append(mean_call_seconds(samples, len(inputs)) * 1e6)
     return min(times)
 
 
 def layer_cell(preset, layer, quant, tokens: int, dev: torch.device):
-    """A decode cell's input sets, the routed work they select, the bytes the call must read and the
-    layer's median time on them (us)."""
+    """A decode cell's input sets, the routed work they select (the sets' mean), the bytes the mean call
+    must read and the layer's mean call on them (us)."""
     inputs = input_sets(preset, tokens, dev)
     work = routed_work(preset.config, [logits for _, logits in inputs], correction_bias(preset, dev))
     nbytes = int(work.experts * expert_weight_bytes(preset.config, quant))
     samples, _ = time_cuda_layer(layer, inputs)
-    return inputs, work, nbytes, round(statistics.median(samples) * 1e6, 2)
+    return inputs, work, nbytes, round(mean_call_seconds(samples, len(inputs)) * 1e6, 2)
 
 
 def record(result: dict, path: Path, row: dict) -> None:

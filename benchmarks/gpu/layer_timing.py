@@ -12,19 +12,18 @@ the experts the routing selects either way (`moe_core.bench.routed_work`).
 
 `time_layer` is the benchmark's protocol: the layer captured in CUDA graphs over rotating input sets
 (8 sets, 2 above 512 tokens, so consecutive replays read other activations), the L2 flushed before
-every replay, CUDA events around each (`moe_core.bench.time_cuda_layer`; median), the SM clock
-sampled meanwhile.
+every replay, CUDA events around each (`moe_core.bench.time_cuda_layer`; the mean over the sets of each
+set's median), the SM clock sampled meanwhile.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
 
 from moe_core import FusedMoE
-from moe_core.bench import SmClockSampler, time_cuda_layer
+from moe_core.bench import SmClockSampler, mean_call_seconds, time_cuda_layer
 from moe_core.presets import Preset
 from moe_core.quant import MoEQuantConfig, fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16, unquantized
 from moe_core.routing import route_torch
@@ -89,14 +88,15 @@ def input_sets(preset: Preset, tokens: int, device: torch.device, sets: int | No
 
 
 def time_layer(layer: Layer, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
-    """{"us": median microseconds per call, "sm_clock_mhz": median SM clock or None} of `layer`
-    replayed from one CUDA graph per input set, the sets taken in turn, the L2 flushed before every
-    replay (`moe_core.bench.time_cuda_layer`, what `moe bench` uses on CUDA)."""
+    """{"us": microseconds of the mean call (each set's median, averaged), "sm_clock_mhz": median SM
+    clock or None} of `layer` replayed from one CUDA graph per input set, the sets taken in turn, the
+    L2 flushed before every replay (`moe_core.bench.time_cuda_layer` and `mean_call_seconds`, what
+    `moe bench` uses on CUDA)."""
     with SmClockSampler(inputs[0][0].device) as clock:
         samples, method = time_cuda_layer(layer, inputs)
     if method != "cuda-graph":
         raise RuntimeError(f"the layer could not be captured in a CUDA graph: {method}")
-    return {"us": statistics.median(samples) * 1e6, "sm_clock_mhz": clock.median}
+    return {"us": mean_call_seconds(samples, len(inputs)) * 1e6, "sm_clock_mhz": clock.median}
 
 
 def reference_error(layer: Layer, preset: Preset, weights: ExpertWeights, x: torch.Tensor, logits: torch.Tensor,

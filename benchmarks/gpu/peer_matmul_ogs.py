@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -412,6 +411,7 @@ def run(args) -> int:
     from moe_core.backends import detect_device
     from moe_core.bench import (
         SmClockSampler,
+        mean_call_seconds,
         measure_ceilings,
         roofline_floor,
         routed_work,
@@ -492,7 +492,7 @@ def run(args) -> int:
                     row.update(check(layer, weights, *inputs[0]))
                 with SmClockSampler(dev) as clock:
                     samples, method = time_cuda_layer(layer, inputs)
-                row.update(us=statistics.median(samples) * 1e6, timing=method, sm_clock_mhz=clock.median)
+                row.update(us=mean_call_seconds(samples, len(inputs)) * 1e6, timing=method, sm_clock_mhz=clock.median)
                 row["floor_fraction"] = row["floor_us"] / row["us"]
                 if method != "cuda-graph":
                     row["notes"] = [*row["notes"], f"timed eagerly: {method}"]

@@ -127,6 +127,17 @@ def test_an_unsteady_cell_is_flagged(capsys):
         bench.summarize_timings([])
 
 
+def test_the_mean_call_averages_each_input_sets_median():
+    """Samples of sets timed in turn (sample i on set i % sets): a set reading more experts counts once
+    per set, not by where it falls among all samples (their median, 1.8 here, is a slow set's time)."""
+    fast, slow = [1.0, 1.1, 0.9], [2.0, 2.2, 1.8]
+    in_turn = [t for pair in zip(fast, slow, slow, strict=True) for t in pair]  # sets: fast, slow, slow
+    assert bench.mean_call_seconds(in_turn, 3) == pytest.approx((1.0 + 2.0 + 2.0) / 3)
+    assert bench.mean_call_seconds([3.0, 1.0, 2.0], 1) == 2.0
+    with pytest.raises(ValueError, match="2 timing samples cannot cover 3 input sets"):
+        bench.mean_call_seconds([1.0, 2.0], 3)
+
+
 def test_the_plot_title_fits_the_figure():
     pytest.importorskip("matplotlib")
     rows = [bench.Row("tiny", "bf16", m, "cpu", "CpuOneDnnExperts", "unquantized", "unquantized", "S", "wall-clock", m, m, m, 0.0, 1.0, m / 2, "memory", 0.5, 2.0 * m, 2.0,

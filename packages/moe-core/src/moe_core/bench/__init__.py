@@ -38,6 +38,7 @@ from moe_core.bench.timing import (
     TimingSummary,
     add_threads_argument,
     default_threads,
+    mean_call_seconds,
     pin_threads,
     step,
     summarize_timings,
@@ -49,7 +50,7 @@ from moe_core.bench.timing import (
 __all__ = ["CORRECTION_BIAS_STD", "DEFAULT_OUT", "IMPOSSIBLE_FRACTION", "MEMORY_HEADROOM", "RECHECK_TOLERANCE", "SPREAD_WARNING",
            "Ceilings", "Floor", "Progress", "QuickCeilings", "RoutedWork", "Row", "SmClockSampler", "TimingSummary",
            "add_arguments", "add_threads_argument", "compute_dtype", "default_threads", "estimate_peak_bytes",
-           "expert_weight_bytes", "main", "measure_ceilings", "pin_threads", "planned_bytes", "prepare_out_dir",
+           "expert_weight_bytes", "main", "mean_call_seconds", "measure_ceilings", "pin_threads", "planned_bytes", "prepare_out_dir",
            "quick_ceilings", "roofline_floor", "routed_work", "save_ranking", "step", "summarize_timings",
            "time_cuda_layer", "triton_version", "validate_threads", "warn_if_unsteady", "weight_bytes_per_param",
            "write_json_atomic"]

@@ -52,6 +52,7 @@ from moe_core.bench.timing import (
     _time,
     _time_interleaved,
     add_threads_argument,
+    mean_call_seconds,
     pin_threads,
     step,
     summarize_timings,
@@ -258,18 +259,18 @@ def _bench_layer(preset: Preset, scheme: str, quant: MoEQuantConfig, layer: Fuse
                 method = "wall-clock"
             timing = summarize_timings(samples)
             warn_if_unsteady(cell, timing)
-            median = timing.median
+            seconds = mean_call_seconds(samples, len(sets))  # the CPU times one set: its median
             floor = roofline_floor(config, quant, work[m], run.ceilings)
             row = Row(preset.name, scheme, m, layer.plan.backend, name, quant.name, quant.family.value,
-                      shape_key(config), method, median * 1e3, timing.min * 1e3, timing.p90 * 1e3, timing.spread,
-                      m / median, floor.seconds * 1e3, floor.bound, floor.seconds / median, naive_ms[m],
-                      naive_ms[m] / (median * 1e3), round(floor.bytes_per_expert), kernel_bytes_per_expert,
+                      shape_key(config), method, seconds * 1e3, timing.min * 1e3, timing.p90 * 1e3, timing.spread,
+                      m / seconds, floor.seconds * 1e3, floor.bound, floor.seconds / seconds, naive_ms[m],
+                      naive_ms[m] / (seconds * 1e3), round(floor.bytes_per_expert), kernel_bytes_per_expert,
                       floor.distinct_experts, floor.matmul_dtype,
                       recheck.copy_bytes_per_s / run.quick.copy_bytes_per_s,
                       recheck.matmul_flop_per_s / run.quick.matmul_flop_per_s, compared_with, rel_diff)
             run.results.add_row(row)
             _note(f"{cell}: {row.time_ms:.3f} ms (min {row.min_ms:.3f}), {row.floor_fraction:.2f} of the "
-                  f"{row.floor_bound} floor ({row.distinct_experts} experts)")
+                  f"{row.floor_bound} floor ({row.distinct_experts:g} experts)")
             _warn_if_suspect(cell, row)
 
 
@@ -373,9 +374,10 @@ def main(args: argparse.Namespace) -> int:
         "machine": machine, "repeats": args.repeats, "warmup": args.warmup,
         "method": ("CUDA graphs over rotating input sets, L2 flushed before every replay, CUDA events"
                    if device.type == "cuda" else "wall clock") +
-                  "; median, min and p90 of the samples per point; floor = max(distinct experts the timed inputs' "
-                  "routing selects * the scheme's stored bytes per expert / copy bandwidth, flops / matmul rate of "
-                  "the scheme's compute type); naive = per-expert F.linear loop"},
+                  "; time = the mean over the input sets of each set's median call; min and p90 of all samples; "
+                  "floor = max(distinct experts the sets' routing selects (their mean) * the scheme's stored bytes "
+                  "per expert / memory bandwidth, flops / matmul rate of the scheme's compute type); naive = "
+                  "per-expert F.linear loop"},
         ranking_folder=None if backends == [None] else out)
     ceilings, code = None, 0
     try:

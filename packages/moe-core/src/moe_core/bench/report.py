@@ -30,7 +30,7 @@ def format_table(rows: list[Row]) -> list[str]:
         fraction = f"{r.floor_fraction:.2f}" + ("!" if _flagged(r) else "")
         lines.append(
             f"{r.preset:<{wp}} {r.scheme:<{ws}} {r.tokens:>5} {r.backend:<{wb}} {r.time_ms:>9.3f} {r.min_ms:>9.3f} "
-            f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.distinct_experts:>7} "
+            f"{r.spread:>6.0%} {r.tokens_per_s:>9.1f} {r.floor_ms:>9.3f} {r.floor_bound:<7} {r.distinct_experts:>7.2f} "
             f"{fraction:>7} {r.naive_ms:>9.3f} {r.speedup_vs_naive:>7.2f}"
             + (f" {'' if r.rel_diff is None else f'{r.rel_diff:.1e}':>8}" if diff else ""))
     return lines

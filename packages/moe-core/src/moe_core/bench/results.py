@@ -34,19 +34,19 @@ class Row:
     family: str  # QuantFamily of the scheme
     shape: str  # moe_core.rankings.shape_key of the layer
     timing: str  # "cuda-graph", "cuda-events (eager: ...)" or "wall-clock"
-    time_ms: float  # median
+    time_ms: float  # the mean call: each input set's median, averaged (`mean_call_seconds`)
     min_ms: float
     p90_ms: float
     spread: float  # (p90 - min) / min; above SPREAD_WARNING the timings are unsteady
     tokens_per_s: float
     floor_ms: float
     floor_bound: str  # "memory" or "compute"
-    floor_fraction: float  # floor / median time; above IMPOSSIBLE_FRACTION the floor or the timing is wrong
+    floor_fraction: float  # floor / time; above IMPOSSIBLE_FRACTION the floor or the timing is wrong
     naive_ms: float  # median of the naive per-expert loop
     speedup_vs_naive: float
     bytes_per_expert: int  # the scheme's stored bytes (`expert_weight_bytes`), what the floor reads
     kernel_bytes_per_expert: int  # the experts' packed tensors (a backend may unpack or pad at load)
-    distinct_experts: int  # the experts the timed inputs' routing selects (`routed_work`), what the floor reads
+    distinct_experts: float  # the experts the timed inputs' routing selects (`routed_work`: the sets' mean), what the floor reads
     floor_matmul_dtype: str  # the matmul rate the compute floor uses (`Ceilings.matmul_rate`)
     # The quick ceilings re-measured right after the cell over those at the run's start
     # (`quick_ceilings`): far from 1, the machine's speed moved while the cell was timed.

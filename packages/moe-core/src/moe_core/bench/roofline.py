@@ -5,8 +5,9 @@ benchmarks/gpu and the docs use.
                 2 * routed pairs * (R + N) * K / matmul rate of the scheme's compute type)
 
 - distinct experts: the experts the timed calls' routing really selects (`routed_work`: the
-  reference router on the very router logits timed; the fewest over the input sets), never an
-  expectation for uniform routing, which grouped or biased routings (DeepSeek-V3) undercut;
+  reference router on the very router logits timed; over input sets timed in turn, their mean, as
+  the layer's time is the mean of each set's median call), never an expectation for uniform routing,
+  which grouped or biased routings (DeepSeek-V3) undercut;
 - weight bytes per expert: the scheme as stored, codes plus scales, zero points and act-order
   indices (`expert_weight_bytes`);
 - routed pairs: tokens x top_k (under expert parallelism, the pairs sent to this rank's experts);
@@ -73,8 +74,8 @@ class Ceilings:
 class RoutedWork:
     """What a layer call does on this rank under a given routing."""
 
-    experts: int  # distinct experts selected: the experts whose weights the call reads
-    pairs: int  # (token, expert) pairs: the rows the GEMMs multiply
+    experts: float  # distinct experts selected: the experts whose weights the call reads (a mean over sets)
+    pairs: float  # (token, expert) pairs: the rows the GEMMs multiply (a mean over sets)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class Floor:
     bound: str  # "memory" or "compute"
     memory_s: float
     compute_s: float
-    distinct_experts: int  # `RoutedWork.experts` the memory floor counts
+    distinct_experts: float  # `RoutedWork.experts` the memory floor counts
     bytes_per_expert: float
     matmul_dtype: str  # the rate the compute floor uses (`Ceilings.matmul_rate`)
 
@@ -291,9 +292,11 @@ def weight_bytes_per_param(config: MoEConfig, quant: MoEQuantConfig) -> float:
 
 def routed_work(config: MoEConfig, router_logits: Iterable[torch.Tensor],
                 correction_bias: torch.Tensor | None = None) -> RoutedWork:
-    """The work of calls over `router_logits` (one [M, E] tensor per input set timed): the distinct
-    experts of this rank that the reference router (`route_torch`) selects and the (token, expert)
-    pairs sent to them, each the fewest over the sets, so that the floor holds for every call."""
+    """The work of the mean call over `router_logits` (one [M, E] tensor per input set, the sets timed
+    in turn): the distinct experts of this rank that the reference router (`route_torch`) selects and
+    the (token, expert) pairs sent to them, each averaged over the sets. A few tokens' sets select
+    different numbers of experts (mixtral-8x7b's 8-token sets 6-8 of 8): their fewest would put the
+    floor of a call reading 6 beside the time of calls reading 7.25 on average."""
     local = None
     if config.parallel.use_ep:
         local = torch.tensor(config.parallel.local_experts(config.num_experts))
@@ -306,7 +309,7 @@ def routed_work(config: MoEConfig, router_logits: Iterable[torch.Tensor],
         pairs.append(int(ids.numel()))
     if not experts:
         raise ValueError("routed_work: no router logits given")
-    return RoutedWork(min(experts), min(pairs))
+    return RoutedWork(statistics.fmean(experts), statistics.fmean(pairs))
 
 
 def roofline_floor(config: MoEConfig, quant: MoEQuantConfig, work: RoutedWork, ceilings: Ceilings) -> Floor:

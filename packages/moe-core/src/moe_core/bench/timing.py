@@ -118,6 +118,16 @@ def summarize_timings(samples: list[float]) -> TimingSummary:
     return TimingSummary(statistics.median(ordered), ordered[0], ordered[math.ceil(0.9 * len(ordered)) - 1])
 
 
+def mean_call_seconds(samples: list[float], sets: int) -> float:
+    """The mean call over `sets` input sets timed in turn (sample i on set i % sets): each set's
+    median, averaged; with one set, the median. Sets of a few tokens route to different numbers of
+    experts, so the median of all samples would be one set's time, not the mean call the floor of
+    their mean work (`routed_work`) bounds."""
+    if not 1 <= sets <= len(samples):
+        raise ValueError(f"{len(samples)} timing samples cannot cover {sets} input sets")
+    return statistics.fmean(statistics.median(samples[s::sets]) for s in range(sets))
+
+
 def warn_if_unsteady(what: str, timing: TimingSummary) -> None:
     if timing.spread > SPREAD_WARNING:
         _note(f"warning: {what}: timings spread {timing.spread:.0%} above their minimum (p90 "
