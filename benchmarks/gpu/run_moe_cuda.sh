@@ -56,7 +56,7 @@
 #               build of the project (`moe bench --backends triton` -> $OUT/base/P-S), to set beside the
 #               bench phase's triton cells of this build (a before/after of a kernel change; kept out of
 #               the merged ranking).
-# cells:        CELLS="preset/scheme/M,M/backends ...": one `moe bench` job per entry (backends a comma list, or
+# cells:        CELLS="preset/scheme[+scheme...]/M,M/backends ...": one `moe bench` job per entry (backends a comma list, or
 #               all) -> $OUT/cells/P-S-BACKENDS, kept out of the merged ranking (a re-check of a few cells).
 # Jobs run in the order of PHASES, retune first whatever its place (the longest).
 # What the benchmark measures: BENCH_PRESETS (default: the five real presets, largest first),
@@ -247,7 +247,7 @@ for phase in "${PHASES[@]}"; do
     cells)
       for cell in ${CELLS:?cells needs CELLS=\"preset/scheme/M,M/backends ...\"}; do
         IFS=/ read -r p s ms backends <<< "$cell"
-        BENCH_TOKENS=${ms//,/ } bench_job "cells-$p-$s-${backends//,/+}" "" "$backends" "$OUT/cells/$p-$s-${backends//,/+}" "$p" "$s"
+        BENCH_TOKENS=${ms//,/ } bench_job "cells-$p-$s-${backends//,/+}" "" "$backends" "$OUT/cells/$p-$s-${backends//,/+}" "$p" "${s//+/ }"
       done ;;
     "") ;;
     *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host, base, cells)"; exit 2 ;;
