@@ -247,7 +247,7 @@ for phase in "${PHASES[@]}"; do
     cells)
       for cell in ${CELLS:?cells needs CELLS=\"preset/scheme/M,M/backends ...\"}; do
         IFS=/ read -r p s ms backends <<< "$cell"
-        BENCH_TOKENS=${ms//,/ } bench_job "cells-$p-$s-${backends//,/+}" "" "$backends" "$OUT/cells/$p-$s-${backends//,/+}" "$p" "${s//+/ }"
+        BENCH_TOKENS=${ms//,/ } bench_job "cells-$p-$s-${backends//,/+}" "" "$backends" "$OUT/cells/$p-$s-${backends//,/+}" "$p" "${s//+/ --scheme }"
       done ;;
     "") ;;
     *) echo "unknown phase $phase (tests, triton-tests, bench, flashinfer, flashinfer-mxfp4, peers, retune, parity, host, base, cells)"; exit 2 ;;
