@@ -4,6 +4,7 @@ use."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -188,6 +189,27 @@ def test_clock_sampler_reports_nothing_off_cuda():
     with bench.SmClockSampler(torch.device("cpu")) as clock:
         pass
     assert clock.median is None
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="on a CPU the Triton readers run under Triton's interpreter only (nox's tests session sets it)")
+def test_each_triton_stream_read_reads_every_byte():
+    """The read ceiling's Triton readers (`_stream_read`, taken on GPUs): one byte set anywhere in a zero
+    buffer, the partial last programs included, shows in exactly one program's xor, in its place."""
+    from moe_core.bench._stream_read import SHAPES, stream_readers
+
+    words = 16384 + 4096 + 5  # a partial last program in both shapes
+    gen = torch.Generator().manual_seed(5)
+    for position in [0, 4 * words - 1, *torch.randint(0, 4 * words, (4,), generator=gen).tolist()]:
+        src = torch.zeros(4 * words, dtype=torch.uint8)
+        src[position] = 0x5A
+        readers = stream_readers(src)
+        assert list(readers) == [f"triton read {w * 4 // 1024} KiB" for w, _ in SHAPES]
+        for (per_program, _), out in zip(SHAPES, (read() for read in readers.values()), strict=True):
+            assert out.numel() == -(-words // per_program)
+            expected = torch.zeros_like(out)
+            expected[position // 4 // per_program] = 0x5A << 8 * (position % 4)
+            assert torch.equal(out, expected), (per_program, position)
 
 
 def test_each_read_ceiling_kernel_reads_every_byte():

@@ -126,15 +126,23 @@ _READ_COLUMNS = 8192
 
 def read_kernels(src: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     """Kernels that each read all of `src` (bytes, a multiple of 2 * _READ_COLUMNS) once and write
-    next to nothing: a float32 sum, a bf16 matrix-vector product, and a bf16 GEMM with 16 columns
-    (the shape of a decode step's weight stream). No single torch kernel reads at the full rate on
-    every GPU (an H200's fp32 sum read 4.14 TB/s where a bf16 MoE layer streamed its weights at
-    4.37), so the read ceiling is the fastest of them."""
+    next to nothing: a float32 sum, a bf16 matrix-vector product, a bf16 GEMM with 16 columns (the
+    shape of a decode step's weight stream) and, on a GPU where Triton runs, plain streaming reads
+    (`_stream_read`). No torch kernel reads at the full rate on every GPU (an H200's fp32 sum read
+    4.2-4.4 TB/s where bf16 MoE layers streamed their weights at up to 4.6), so the read ceiling is
+    the fastest of them."""
     matrix = src.view(torch.bfloat16).view(-1, _READ_COLUMNS)
     vector = torch.ones(_READ_COLUMNS, dtype=torch.bfloat16, device=src.device)
     columns = torch.ones(_READ_COLUMNS, 16, dtype=torch.bfloat16, device=src.device)
-    return {"fp32 sum": src.view(torch.float32).sum, "bf16 gemv": lambda: torch.mv(matrix, vector),
-            "bf16 gemm x16": lambda: matrix @ columns}
+    readers = {"fp32 sum": src.view(torch.float32).sum, "bf16 gemv": lambda: torch.mv(matrix, vector),
+               "bf16 gemm x16": lambda: matrix @ columns}
+    if src.device.type == "cuda":
+        try:
+            from moe_core.bench._stream_read import stream_readers
+        except ImportError:  # torch without Triton: torch's readers alone
+            return readers
+        readers.update(stream_readers(src))
+    return readers
 
 
 def _cuda_best_seconds(fn: Callable[[], object]) -> float:
