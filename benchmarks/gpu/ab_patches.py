@@ -346,3 +346,8 @@ gemm1_128w4_own = _gemm1(block_n=128, num_warps=4, own_route=True)
 gemm1_64w4_own = _gemm1(block_n=64, num_warps=4, own_route=True)
 gemm1_split3 = _gemm1(split_k=3)
 gemm1_split3_own = _gemm1(split_k=3, own_route=True)
+
+
+# An aligned GEMM2 asking L2 for its first K tiles before its wait (`GemmConfig.prefetch_tiles`), or not.
+gemm2_prefetch_off = _gemms({}, dict(prefetch_tiles=0))
+gemm2_prefetch_2 = _gemms({}, dict(prefetch_tiles=2))

@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -242,6 +242,9 @@ for s in int4 mxfp4 int8; do
 done
 # Where an fp8 decode-size call's time goes beside int8's (the same weight bytes): GPU time per kernel in a graph.
 add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --preset qwen3-30b-a3b --m 1 8 --dtypes int8 fp8-block fp8-channel --graph; python3 profile_layer.py --out $OUT/host/profile-fp8-gpt-oss --preset gpt-oss-120b --m 1 8 --dtypes int8 fp8-channel --graph"
+# The shipped aligned-GEMM2 prefetch (qwen3-30b-a3b int4's 8-token entry) against the same entry without it, over
+# the token counts that entry serves.
+add ab-gemm2-prefetch-entry "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int4 --m 5 8 12 15 --rounds 7 --variant off=ab_patches:gemm2_prefetch_off --variant shipped --out $OUT/host/ab-gemm2-prefetch-entry.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""

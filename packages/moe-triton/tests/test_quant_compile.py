@@ -36,6 +36,9 @@ _SPECIALIZATIONS = {
     "quads-direct-prefetch": (dict(GROUP=64, WTYPE=0, HAS_ZP=True, QUADS=True, BLOCK_K=128, BLOCK_N=256, SINK=2,
                                    MUL_ROUTED=True, REDUCE_TOPK=8, DIRECT=True, HAS_MAP=True, SPLIT_K=2, PDL=True,
                                    PREFETCH_TILES=2), {"b_ptr": "*i16"}),
+    # a few tokens' aligned GEMM2 asking L2 for its first two K tiles (the alignment's blocks) before the wait
+    "quads-aligned-prefetch": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_N=128, POST_SCALE=2, SINK=2,
+                                    MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True, PREFETCH_TILES=2), {"b_ptr": "*i16"}),
     "halves-atomic": (dict(GROUP=64, WTYPE=0, BLOCK_K=64, SINK=1, MUL_ROUTED=True, REDUCE_TOPK=8, BLOCK_M=64,
                            PDL=True, N_FIRST=True), {"b_ptr": "*u8"}),
     # an expert's last block over its valid half (the K loop built for both row counts), N tiles first

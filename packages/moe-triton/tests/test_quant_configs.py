@@ -31,6 +31,22 @@ def test_narrow_limits():
         GemmConfig(128, 256, 1, 4, 3, swap_ab=True, wgmma=True, narrow=True)
 
 
+def test_prefetch_tiles_limits():
+    """GemmConfig.prefetch_tiles: 0..8 K tiles, the tl.dot kernel's, GEMM2's only."""
+    tl_dot = GemmConfig(16, 128, 1, 4, 3, swap_ab=True)
+    assert dataclasses.replace(tl_dot, prefetch_tiles=2).prefetch_tiles == 2
+    for bad in (dict(prefetch_tiles=-1), dict(prefetch_tiles=9)):
+        with pytest.raises(ValueError, match=r"prefetch_tiles is 0\.\.8, an option of the tl\.dot kernel"):
+            dataclasses.replace(tl_dot, **bad)
+    for other in (wgmma_launch(128, 256, 3), dataclasses.replace(tl_dot, mma=True)):
+        with pytest.raises(ValueError, match=r"prefetch_tiles is 0\.\.8, an option of the tl\.dot kernel"):
+            dataclasses.replace(other, prefetch_tiles=2)
+    with pytest.raises(ValueError, match="prefetch_tiles is GEMM2's"):
+        QuantKernelConfig(dataclasses.replace(tl_dot, prefetch_tiles=2), tl_dot)
+    both = QuantKernelConfig(tl_dot, dataclasses.replace(tl_dot, prefetch_tiles=2))
+    assert QuantKernelConfig.from_dict(both.to_dict()) == both and str(both).endswith("swap prefetch2")
+
+
 def test_wgmma_config_limits():
     assert wgmma_launch(128, 256, 3).wgmma
     for bad in (dict(swap_ab=False), dict(block_m=256), dict(num_stages=2), dict(block_n=64),
@@ -208,7 +224,8 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
 # (qwen3-235b-a22b on the H200: the int4 one-token entry from before int4's retune, faster for MXFP4;
 # qwen3-30b-a3b, deepseek-v3 and mixtral-8x7b: searches of their own at one and eight tokens).
 MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {32, 2048}, "mixtral-8x7b": {128}},
-               "NVIDIA_H200": {"gpt-oss-120b": {1, 8}, "qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1}, "deepseek-v3": {1},
+               # (qwen3-30b-a3b's 8-token entry: int4's shape without its GEMM2's L2 prefetch, level for MXFP4)
+               "NVIDIA_H200": {"gpt-oss-120b": {1, 8}, "qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1, 8}, "deepseek-v3": {1},
                                # (its 8-token entry, tuned apart, is now the int4 one's: the int4 retune found it too)
                                "mixtral-8x7b": set()}}
 

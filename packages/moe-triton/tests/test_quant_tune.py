@@ -21,6 +21,7 @@ from moe_triton.quantized import (
 )
 from moe_triton.tune import (
     PER_GEMM_SPLITS,
+    PREFETCH_TILES,
     _tune_quant_layer,
     as_mma,
     per_gemm_grid,
@@ -169,6 +170,21 @@ def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
     own = dataclasses.replace(on, own_route=True)
     assert per_gemm_grid(dataclasses.replace(base, gemm1=own), mma=True)["gemm1:mma=False"].gemm1 == back[
         "gemm1:mma=False"].gemm1
+
+
+def test_per_gemm_grid_flips_an_aligned_gemm2s_prefetch():
+    """In aligned launches of a few tokens the grid tries a tl.dot GEMM2 asking L2 for its first tiles before
+    its wait (and back); never GEMM1 (its experts come from the launch right before it) nor the mma kernel."""
+    tile = GemmConfig(16, 128, 1, 4, 3, True)
+    base = QuantKernelConfig(tile, tile)
+    grid = per_gemm_grid(base, mma=True, prefetch=True)
+    assert grid["gemm2:prefetch_tiles=2"] == QuantKernelConfig(tile, dataclasses.replace(tile, prefetch_tiles=PREFETCH_TILES))
+    assert not any("prefetch" in k for k in per_gemm_grid(base, mma=True)) and "gemm1:prefetch_tiles=2" not in grid
+    # the mma kernel takes none of it: flipping a prefetching GEMM2 onto it drops the prefetch
+    assert grid["gemm2:mma=True"].gemm2.prefetch_tiles == 0
+    on = QuantKernelConfig(tile, dataclasses.replace(tile, prefetch_tiles=2))
+    back = per_gemm_grid(on, mma=True, prefetch=True)
+    assert back["gemm2:prefetch_tiles=0"].gemm2 == tile and back["gemm2:mma=True"].gemm2.prefetch_tiles == 0
 
 
 def test_per_gemm_search_times_both_gemms_fastest_tiles_together():

@@ -205,8 +205,16 @@ class GemmConfig:
     # runs (`quant_gemm.direct_quant_gemm`'s own_route). Faster where every program is resident from
     # the start; a program of a later wave only adds the ranking to its time.
     own_route: bool = False
+    # GEMM2 of an aligned launch on the tl.dot kernel, quads weights, dependent launches: each program asks
+    # L2 for its first prefetch_tiles K tiles of weights (and their scales) before its wait, while GEMM1
+    # still streams; its expert is the alignment's, complete before GEMM1 started (a direct GEMM2 always
+    # asks for `L2_PREFETCH_TILES`). Pays where GEMM1's last wave leaves DRAM idle; more tiles compete
+    # with GEMM1's stream. 0..8; gemm1 0.
+    prefetch_tiles: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.prefetch_tiles <= 8 or (self.prefetch_tiles and (self.wgmma or self.mma)):
+            raise ValueError(f"GemmConfig: prefetch_tiles is 0..8, an option of the tl.dot kernel, got {self}")
         if self.own_route and not self.mma:
             raise ValueError(f"GemmConfig: own_route is an option of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
@@ -273,6 +281,9 @@ class QuantKernelConfig:
         if self.gemm1.block_m != self.gemm2.block_m:
             raise ValueError(f"QuantKernelConfig: both GEMMs share one block_m, got {self.gemm1.block_m} "
                              f"and {self.gemm2.block_m}")
+        if self.gemm1.prefetch_tiles:
+            raise ValueError("QuantKernelConfig: prefetch_tiles is GEMM2's (GEMM1's experts come from the launch "
+                             f"right before it), got gemm1 {self.gemm1}")
 
     def to_dict(self) -> dict:
         d = {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
@@ -291,7 +302,7 @@ class QuantKernelConfig:
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
                     f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}"
-                    f"{' own-route' if c.own_route else ''}")
+                    f"{' own-route' if c.own_route else ''}{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
                if fused is not None else "")

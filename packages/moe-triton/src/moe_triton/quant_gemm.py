@@ -56,14 +56,16 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
              bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
              reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
              activation: Activation | None = None, gate_up_chunk: int = 0,
-             zero_side: torch.Tensor | None = None) -> None:
+             zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
     of GEMM2 when reduce_topk > 1), `last_arrival` too, finished by the last contributor
     (`LastArrival`); otherwise each pair's row is stored once in out's dtype, after `activation`
     if given (gated: W's rows interleaved by chunks of gate_up_chunk). `zero_side` (int32, any
-    size): zeroed by the launch's programs on the side, for the next GEMM.
+    size): zeroed by the launch's programs on the side, for the next GEMM. `prefetch_l2`: for a launch
+    right after another GEMM of the same alignment (GEMM2 after GEMM1): each program's first
+    `cfg.prefetch_tiles` weight tiles head for L2 while that one still runs, as `direct_quant_gemm`'s.
 
     On Hopper and later the launch may start before the previous kernel on the stream ends
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
@@ -72,7 +74,8 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
             grid_m=min(cdiv(sorted_ids.numel(), cfg.block_m), num_valid), direct=False,
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
-            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side)
+            last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
+            prefetch_l2=prefetch_l2)
 
 
 def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -266,7 +269,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
-        PREFETCH_TILES=L2_PREFETCH_TILES if prefetch_l2 and direct and _prefetchable(w) else 0, TAIL=tail,
+        PREFETCH_TILES=(L2_PREFETCH_TILES if direct else cfg.prefetch_tiles)
+        if prefetch_l2 and (direct or cfg.prefetch_tiles) and _prefetchable(w) else 0, TAIL=tail,
         ONE_DOT=cfg.one_dot and w.quads,
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
@@ -281,7 +285,7 @@ def _swapped(w: WeightOperand) -> bool:
 
 
 def _prefetchable(w: WeightOperand) -> bool:
-    """Whether a dependent direct launch can prefetch w's weights into L2 (the kernel's PREFETCH_TILES):
+    """Whether a dependent launch can prefetch w's weights into L2 (the kernel's PREFETCH_TILES):
     quads stored tile-major, scales (and zero points) with contiguous rows, on a GPU whose
     launches are dependent (sm_90 and later: the bulk prefetch is an sm_90 instruction)."""
     c = w.codes

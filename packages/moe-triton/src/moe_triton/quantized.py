@@ -644,10 +644,10 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             gemm1(h.view(2 * P, N) if halves_apart else h, atomic=split1 > 1)
             a2, a2_scale = act_quant(h, cfg.activation, qm, fp8 if qm is not QMode.NONE else inter_dtype, P,
                                      1, pair_expert, E_local, gate_up_chunk=chunk, out_cols=w2.k)
+        # prefetch_l2: GEMM2's first weight tiles head for L2 while GEMM1 runs (direct launches; aligned ones where
+        # the entry asks, `GemmConfig.prefetch_tiles`).
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=routed, reduce_topk=topk)
-        if direct:  # GEMM2's weights stream into L2 while GEMM1 runs (`direct_quant_gemm`'s prefetch_l2)
-            gemm2 = partial(gemm2, prefetch_l2=True)
+                        topk_weights=routed, reduce_topk=topk, prefetch_l2=True)
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
             gemm2(rows, reduce_topk=1)

@@ -26,7 +26,8 @@ one-launch decode path where it serves the layer (`fused_decode_candidates`), an
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too), with the other GEMM held at the
+(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too; in aligned launches up to
+`LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
 where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
@@ -192,15 +193,20 @@ def quant_candidates(base: QuantKernelConfig, *, swap_optional: bool = False) ->
 # programs are (experts x N tiles x splits), and the count that fills the GPU's resident slots in one
 # wave (a few per SM, set by the kernel's registers) often lies between two powers of two.
 PER_GEMM_SPLITS = (1, 2, 3, 4, 6, 8)
+# The K tiles an aligned GEMM2 asks L2 for before its wait where the per-GEMM grid tries it
+# (`GemmConfig.prefetch_tiles`): two paid on qwen3-30b-a3b int4 at 8 tokens; four and eight lost there.
+PREFETCH_TILES = 2
 
 
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False,
-                  own_route: bool = False) -> dict[str, QuantKernelConfig]:
+                  own_route: bool = False, prefetch: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
     other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), with
-    own_route (one token) base with an mma GEMM1's `own_route` flipped; the other GEMM as in base."""
+    own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
+    launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
+    0 and PREFETCH_TILES; the other GEMM as in base."""
     found = {}
 
     def add(name: str, cand: QuantKernelConfig) -> None:
@@ -220,6 +226,9 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
         if own_route and gemm == "gemm1" and tile.mma:
             add(f"gemm1:own_route={not tile.own_route}",
                 dataclasses.replace(base, gemm1=dataclasses.replace(tile, own_route=not tile.own_route)))
+        if prefetch and gemm == "gemm2" and not (tile.wgmma or tile.mma):
+            tiles = 0 if tile.prefetch_tiles else PREFETCH_TILES
+            add(f"gemm2:prefetch_tiles={tiles}", dataclasses.replace(base, gemm2=dataclasses.replace(tile, prefetch_tiles=tiles)))
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
@@ -239,7 +248,7 @@ def as_mma(tile: GemmConfig) -> GemmConfig:
     """A tl.dot launch shape on the mma kernel (`GemmConfig.mma`): its block_m, block_n, split and
     stages, warps cut to 16 weight rows each at least, none of the tl.dot kernel's options."""
     return dataclasses.replace(tile, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
-                               num_warps=min(tile.num_warps, tile.block_n // 16))
+                               prefetch_tiles=0, num_warps=min(tile.num_warps, tile.block_n // 16))
 
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
@@ -368,7 +377,9 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             mma = M <= LAST_ARRIVAL_MAX_TOKENS and all(
                 experts._mma_serves(k) for k in (cfg.hidden_size, cfg.intermediate_size_per_partition))
             grid = {f"{second}+{k}": c
-                    for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma, own_route=M == 1).items()}
+                    for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma, own_route=M == 1,
+                                              prefetch=not fp8 and experts._direct_max_tokens < M <= LAST_ARRIVAL_MAX_TOKENS
+                                              ).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
@@ -498,8 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
-                        "other of the tl.dot and mma kernels, and at one token an mma GEMM1's own_route flipped "
-                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 2} more layer timings per M, "
+                        "other of the tl.dot and mma kernels, at one token an mma GEMM1's own_route flipped, in "
+                        f"aligned launches up to {LAST_ARRIVAL_MAX_TOKENS} tokens a tl.dot GEMM2's prefetch_tiles "
+                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 3} more layer timings per M, "
                         f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 1} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 

@@ -246,12 +246,17 @@ def _moe_wgemm_kernel(
     if PREFETCH_TILES > 0:
         # Before the wait, while the kernel ahead (GEMM1) still streams its weights: this program's
         # first K tiles head for L2, so its K loop starts on L2 hits instead of a cold DRAM stream
-        # after GEMM1's tail. It reads only topk_ids, complete before the kernel ahead passed its
-        # own wait (no launch can start before that), the expert map and the weights.
-        tl.static_assert(DIRECT and QUADS and PDL, "L2 prefetch: dependent direct launches of quads")
-        pre_e = tl.load(sorted_ids_ptr + pid_m)
-        if HAS_MAP:
-            pre_e = tl.load(expert_ids_ptr + pre_e)
+        # after GEMM1's tail. It reads only topk_ids or the alignment's blocks, complete before the
+        # kernel ahead passed its own wait (no launch can start before that), the expert map and the
+        # weights.
+        tl.static_assert(QUADS and PDL, "L2 prefetch: dependent launches of quads")
+        if DIRECT:
+            pre_e = tl.load(sorted_ids_ptr + pid_m)
+            if HAS_MAP:
+                pre_e = tl.load(expert_ids_ptr + pre_e)
+        else:
+            pre_e = tl.load(expert_ids_ptr + pid_m)
+            pre_e = tl.where(pid_m * BLOCK_M < tl.load(num_post_ptr), pre_e, -1)  # a block past the last: none
         if pre_e >= 0:
             # MXFP4's exponent words hold a whole K tile each: one scale row per tile.
             _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, pre_e.to(tl.int64), pid_n * BLOCK_N, N, kt0,
