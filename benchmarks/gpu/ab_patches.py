@@ -348,6 +348,5 @@ gemm1_split3 = _gemm1(split_k=3)
 gemm1_split3_own = _gemm1(split_k=3, own_route=True)
 
 
-# An aligned GEMM2 asking L2 for its first K tiles before its wait (`GemmConfig.prefetch_tiles`), or not.
+# An entry's aligned GEMM2 without its L2 prefetch before the wait (`GemmConfig.prefetch_tiles`).
 gemm2_prefetch_off = _gemms({}, dict(prefetch_tiles=0))
-gemm2_prefetch_2 = _gemms({}, dict(prefetch_tiles=2))
