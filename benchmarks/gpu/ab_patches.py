@@ -350,3 +350,11 @@ gemm1_split3_own = _gemm1(split_k=3, own_route=True)
 
 # An entry's aligned GEMM2 without its L2 prefetch before the wait (`GemmConfig.prefetch_tiles`).
 gemm2_prefetch_off = _gemms({}, dict(prefetch_tiles=0))
+
+
+# gpt-oss-120b int4's 8-token GEMMs (256 rows: 231-240 registers, two programs per SM, GEMM1 in about three
+# waves) on 128-row tiles, which hold four or five programs per SM.
+gemm1_n128 = _gemm1(block_n=128)
+gemm1_n128_s3 = _gemm1(block_n=128, num_stages=3)
+both_n128 = _both_gemms(block_n=128)
+both_n128_g16 = _gemms(dict(block_n=128, num_stages=3, group_m=16), dict(block_n=128, split_k=1, num_stages=3, group_m=16))
