@@ -476,17 +476,24 @@ def _store_layout(half):
 
 
 @gluon.jit
-def _store_rows(c_ptr, y, col0, num_cols, ids_ptr, num_valid, stride_cm, REDUCE_TOPK: gl.constexpr):
-    """y [half, n] (fp32, any layout) into c[pair // REDUCE_TOPK, col0 + r] for the n pairs at ids_ptr
-    that are valid: cast to c's dtype, then moved to `_store_layout` (half the bytes through shared
-    memory that fp32 would take)."""
+def _store_targets(ids_ptr, num_valid, HALF: gl.constexpr, MMA_N: gl.constexpr, REDUCE_TOPK: gl.constexpr):
+    """The output rows (pair // REDUCE_TOPK) of the MMA_N pairs at ids_ptr and which are valid, along
+    the tokens of `_store_layout(HALF)`: loaded once for every `_store_rows` of the tile."""
+    st_l: gl.constexpr = _store_layout(HALF)
+    ids = gl.load(ids_ptr + gl.arange(0, MMA_N, layout=gl.SliceLayout(0, st_l)))
+    return (ids // REDUCE_TOPK).to(gl.int64), ids < num_valid
+
+
+@gluon.jit
+def _store_rows(c_ptr, y, col0, num_cols, out_rows, pairs_ok, stride_cm):
+    """y [half, n] (fp32, any layout) into c[out_rows, col0 + r] for the pairs_ok pairs (`_store_targets`):
+    cast to c's dtype, then moved to `_store_layout` (half the bytes through shared memory that fp32
+    would take)."""
     st_l: gl.constexpr = _store_layout(y.shape[0])
     y = gl.convert_layout(y.to(c_ptr.dtype.element_ty), st_l)
     cols = col0 + gl.arange(0, y.shape[0], layout=gl.SliceLayout(1, st_l))
-    ids = gl.load(ids_ptr + gl.arange(0, y.shape[1], layout=gl.SliceLayout(0, st_l)))
-    out_rows = (ids // REDUCE_TOPK).to(gl.int64)
     gl.store(c_ptr + out_rows[None, :] * stride_cm + cols[:, None], y,
-             mask=(cols < num_cols)[:, None] & (ids < num_valid)[None, :])
+             mask=(cols < num_cols)[:, None] & pairs_ok[None, :])
 
 
 @gluon.jit
@@ -525,7 +532,8 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
         res1 *= w_routed
     if CHUNK > 0:
         y = activate(res0, res1, alpha, limit, ACT, FAST_SIGMOID=True)
-        _store_rows(c_ptr, y, n0 // 2 + WG * HALF, N // 2, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
+        out_rows, pairs_ok = _store_targets(ids_ptr, num_valid, HALF, MMA_N, REDUCE_TOPK)
+        _store_rows(c_ptr, y, n0 // 2 + WG * HALF, N // 2, out_rows, pairs_ok, stride_cm)
     elif ATOMIC:
         out_rows = (ids // REDUCE_TOPK).to(gl.int64)
         gl.atomic_add(c_ptr + out_rows[None, :] * stride_cm + n_0[:, None], res0,
@@ -535,8 +543,9 @@ def _store_tile(WG: gl.constexpr, acc, row_off: gl.constexpr, bias_ptr, c_ptr, t
     else:  # not gated: the halves are runs of HALF consecutive rows
         y0 = activate(res0, res0, alpha, limit, ACT, FAST_SIGMOID=True)
         y1 = activate(res1, res1, alpha, limit, ACT, FAST_SIGMOID=True)
-        _store_rows(c_ptr, y0, n0 + WG * WG_ROWS, N, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
-        _store_rows(c_ptr, y1, n0 + WG * WG_ROWS + HALF, N, ids_ptr, num_valid, stride_cm, REDUCE_TOPK)
+        out_rows, pairs_ok = _store_targets(ids_ptr, num_valid, HALF, MMA_N, REDUCE_TOPK)
+        _store_rows(c_ptr, y0, n0 + WG * WG_ROWS, N, out_rows, pairs_ok, stride_cm)
+        _store_rows(c_ptr, y1, n0 + WG * WG_ROWS + HALF, N, out_rows, pairs_ok, stride_cm)
 
 
 @gluon.jit
