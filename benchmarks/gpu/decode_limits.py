@@ -7,7 +7,8 @@ graphs, the L2 flushed before each replay, the mean over the input sets of each 
 - layer_us: the triton `FusedMoE` (layer_timing.build_layer) on the cell's input sets;
 - read_us: one kernel reading as many bytes as the mean call must (the distinct experts the input sets'
   routing selects, their mean, `moe_core.bench.routed_work`, times `expert_weight_bytes`) from a contiguous
-  buffer, the faster of a Triton read (16 KiB per program) and torch's sum: what streaming those
+  buffer, the fastest of the read ceiling's Triton reads (`moe_core.bench._stream_read`: 16 and 64 KiB per
+  program) and torch's sum: what streaming those
   bytes costs after the flush, which at a few MB is latency, not bandwidth;
 - routed_read_us (one token): one kernel whose programs first route the token (top-k of its logits, plus the
   correction bias where the router has one, read after the flush like the layer's) and then read their
@@ -41,18 +42,9 @@ from moe_core.bench import (
     routed_work,
     time_cuda_layer,
 )
+from moe_core.bench._stream_read import stream_readers
 from moe_core.oracle import BackendUnavailableError
 from moe_core.presets import get_preset
-
-READ_BLOCK = 4096  # int32 words per program: 16 KiB
-
-
-@triton.jit
-def _read(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    words = tl.load(src_ptr + offs, mask=offs < n, other=0)
-    tl.store(out_ptr + pid, tl.sum(words, 0))
 
 
 @triton.jit
@@ -86,13 +78,8 @@ def protocol_us(fn) -> float:
 
 
 def read_us(nbytes: int) -> float:
-    words = max(1, nbytes // 4)
-    src = torch.ones(words, dtype=torch.int32, device="cuda")
-    programs = triton.cdiv(words, READ_BLOCK)
-    out = torch.empty(programs, dtype=torch.int32, device="cuda")
-    triton_read = protocol_us(lambda: _read[(programs,)](src, out, words, BLOCK=READ_BLOCK))
-    torch_read = protocol_us(src.sum)
-    return min(triton_read, torch_read)
+    src = torch.ones(max(1, nbytes // 4), dtype=torch.int32, device="cuda")
+    return min(protocol_us(read) for read in [src.sum, *stream_readers(src.view(torch.uint8)).values()])
 
 
 # (warps, int32 words) per program of the routed read: the routing is each program's own reductions over the
