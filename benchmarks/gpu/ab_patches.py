@@ -50,6 +50,8 @@ or one, launch their GEMMs without the alignment, whatever the router: `quantize
 launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch_tiles_all` (a one-token GEMM2
 asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
 `quant_gemm.L2_PREFETCH_TILES`, shipped 1).
+- `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
+  instead of for all of GEMM1 (`GemmConfig.block_ready`; launches with GEMM1 on the tl.dot kernel).
 """
 
 from __future__ import annotations
@@ -350,6 +352,7 @@ gemm1_split3_own = _gemm1(split_k=3, own_route=True)
 
 # An entry's aligned GEMM2 without its L2 prefetch before the wait (`GemmConfig.prefetch_tiles`).
 gemm2_prefetch_off = _gemms({}, dict(prefetch_tiles=0))
+gemm2_block_ready = _gemms({}, dict(block_ready=True))
 
 
 # gpt-oss-120b int4's 8-token GEMMs (256 rows: 231-240 registers, two programs per SM, GEMM1 in about three

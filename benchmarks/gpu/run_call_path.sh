@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -28,6 +28,7 @@
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
+#   block-ready-tests  GemmConfig.block_ready's tests on the GPU (GEMM2 waiting per block while GEMM1 runs)
 #   mma-tests, wgmma-tests, decode-mma  the mma.sync (wgmma) GEMM's tests on the GPU; decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
@@ -245,6 +246,12 @@ add profile-fp8-decode "python3 profile_layer.py --out $OUT/host/profile-fp8 --p
 # The shipped aligned-GEMM2 prefetch (qwen3-30b-a3b int4's 8-token entry) against the same entry without it, over
 # the token counts that entry serves.
 add ab-gemm2-prefetch-entry "python3 ab_layer.py --preset qwen3-30b-a3b --dtype int4 --m 5 8 12 15 --rounds 7 --variant off=ab_patches:gemm2_prefetch_off --variant shipped --out $OUT/host/ab-gemm2-prefetch-entry.json"
+# GEMM2 waiting per block of GEMM1's rows (GemmConfig.block_ready): its tests (a deadlock would stop at the timeout),
+# then against the shipped entries; AB_TOKENS: the token counts.
+add block-ready-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_block_ready.py"
+for d in int4 mxfp4 int8; do
+  add ab-block-ready-$d "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $d --m ${AB_TOKENS:-8 32} --rounds 5 --variant shipped --variant ready=ab_patches:gemm2_block_ready --out $OUT/host/ab-block-ready-$d.json"
+done
 # gpt-oss-120b int4's 8-token entry on 128-row tiles (more programs per SM) over the tokens it serves.
 add ab-gpt-oss-int4-n128 "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --rounds 5 --variant shipped --variant g1-n128=ab_patches:gemm1_n128 --variant g1-n128-s3=ab_patches:gemm1_n128_s3 --variant both-n128=ab_patches:both_n128 --variant both-n128-g16=ab_patches:both_n128_g16 --out $OUT/host/ab-gpt-oss-int4-n128.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.

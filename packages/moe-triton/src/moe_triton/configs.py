@@ -211,10 +211,17 @@ class GemmConfig:
     # asks for `L2_PREFETCH_TILES`). Pays where GEMM1's last wave leaves DRAM idle; more tiles compete
     # with GEMM1's stream. 0..8; gemm1 0.
     prefetch_tiles: int = 0
+    # GEMM2 right behind a GEMM1 that stores its input (16-bit activations; fp8's quantization launch sits
+    # between them otherwise, and there it changes nothing), both on the tl.dot kernel: each program waits
+    # for its own block of GEMM1's rows, counted as GEMM1's programs store them (`quant_gemm.BlockReady`),
+    # instead of for all of GEMM1, so GEMM2 runs in the slots GEMM1's last wave leaves free. gemm1 False.
+    block_ready: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefetch_tiles <= 8 or (self.prefetch_tiles and (self.wgmma or self.mma)):
             raise ValueError(f"GemmConfig: prefetch_tiles is 0..8, an option of the tl.dot kernel, got {self}")
+        if self.block_ready and (self.wgmma or self.mma):
+            raise ValueError(f"GemmConfig: block_ready is an option of the tl.dot kernel, got {self}")
         if self.own_route and not self.mma:
             raise ValueError(f"GemmConfig: own_route is an option of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
@@ -284,6 +291,9 @@ class QuantKernelConfig:
         if self.gemm1.prefetch_tiles:
             raise ValueError("QuantKernelConfig: prefetch_tiles is GEMM2's (GEMM1's experts come from the launch "
                              f"right before it), got gemm1 {self.gemm1}")
+        if self.gemm1.block_ready or (self.gemm2.block_ready and (self.gemm1.mma or self.gemm1.wgmma)):
+            raise ValueError("QuantKernelConfig: block_ready is GEMM2's, behind a GEMM1 on the tl.dot kernel (which "
+                             f"counts its blocks), got {self}")
 
     def to_dict(self) -> dict:
         d = {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
@@ -302,7 +312,8 @@ class QuantKernelConfig:
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
                     f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}"
-                    f"{' own-route' if c.own_route else ''}{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}")
+                    f"{' own-route' if c.own_route else ''}{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}"
+                    f"{' block-ready' if c.block_ready else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
                if fused is not None else "")

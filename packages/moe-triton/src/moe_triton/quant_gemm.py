@@ -22,6 +22,7 @@ from moe_triton._common.activation import act_kind
 from moe_triton._common.intmath import cdiv, next_power_of_2
 from moe_triton._common.pdl import dependent_launch, dependent_options
 from moe_triton._common.target import device_info, interpreting, mma_capable, wgmma_capable
+from moe_triton.align import max_padded_tokens
 from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._heuristics import (
@@ -30,10 +31,18 @@ from moe_triton.quant_gemm_details._heuristics import (
     effective_split,
     ws_regs,
 )
-from moe_triton.quant_gemm_details._kernel import ZERO_BLOCK, AScale, Sink, _moe_wgemm_kernel, _zero_kernel
+from moe_triton.quant_gemm_details._kernel import (
+    ZERO_BLOCK,
+    AScale,
+    Ready,
+    Sink,
+    _moe_wgemm_kernel,
+    _zero_kernel,
+)
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["LastArrival", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes", "quant_gemm_torch", "zeroed_int32"]
+__all__ = ["BlockReady", "LastArrival", "block_count", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes",
+           "programs_per_block", "quant_gemm_torch", "zeroed_int32"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +59,44 @@ class LastArrival:
     arrivals: torch.Tensor
 
 
+@dataclass(frozen=True)
+class BlockReady:
+    """GEMM2 starting on each block of pairs as soon as GEMM1 has stored that block's rows, rather
+    than once all of GEMM1 has finished: GEMM2's programs run in the slots GEMM1's last wave leaves
+    free. Both launches take one: GEMM1's counts (`wait` False), GEMM2's, the launch right behind it
+    on the same alignment (or the same direct pairs), waits (`wait` True). tl.dot kernel only.
+
+    Invariants: `counts` int32 [blocks + 1] (`block_count`), zero on entry; GEMM1 adds one per
+    program to each block it stored (its own, and the next one where it took that in), and to the
+    last counter the int32 elements its side job zeroed (`zero_side`). GEMM2's programs wait for
+    their blocks to count `per_block` (GEMM1's programs per block: `programs_per_block`) and, where
+    they add into sums, the last counter `zeroed` (GEMM1's zero_side numel, or 0)."""
+
+    counts: torch.Tensor
+    wait: bool
+    per_block: int = 0
+    zeroed: int = 0
+
+
+def block_count(num_pairs: int, block_m: int, num_experts: int, direct: bool) -> int:
+    """M blocks of a launch over num_pairs pairs: one per pair when direct, else the alignment's
+    most blocks of block_m (those past a call's padded total exit at once)."""
+    return num_pairs if direct else min(cdiv(max_padded_tokens(num_pairs, block_m, num_experts), block_m), num_pairs)
+
+
+def programs_per_block(w: WeightOperand, cfg: GemmConfig) -> int:
+    """Programs of a launch of cfg on w per M block: its N tiles x K-splits."""
+    return cdiv(w.n, cfg.block_n) * effective_split(cfg.split_k, w)
+
+
 def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sorted_ids: torch.Tensor,
              expert_ids: torch.Tensor, num_post: torch.Tensor, num_valid: int, cfg: GemmConfig, *,
              a_rows_div: int = 1, a_scale: torch.Tensor | None = None, a_scale_mode: AScale = AScale.NONE,
              bias: torch.Tensor | None = None, topk_weights: torch.Tensor | None = None,
              reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
              activation: Activation | None = None, gate_up_chunk: int = 0,
-             zero_side: torch.Tensor | None = None, prefetch_l2: bool = False) -> None:
+             zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
+             ready: BlockReady | None = None) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
@@ -66,6 +106,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
     size): zeroed by the launch's programs on the side, for the next GEMM. `prefetch_l2`: for a launch
     right after another GEMM of the same alignment (GEMM2 after GEMM1): each program's first
     `cfg.prefetch_tiles` weight tiles head for L2 while that one still runs, as `direct_quant_gemm`'s.
+    `ready`: GEMM1 counting its blocks as it stores them, or GEMM2 waiting for its own (`BlockReady`).
 
     On Hopper and later the launch may start before the previous kernel on the stream ends
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
@@ -75,7 +116,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2)
+            prefetch_l2=prefetch_l2, ready=ready)
 
 
 def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -85,7 +126,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
                     zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
-                    own_route: torch.Tensor | None = None) -> None:
+                    own_route: torch.Tensor | None = None, ready: BlockReady | None = None) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
@@ -102,6 +143,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     their whole split while the routing launch still does; topk_ids itself is not read. It takes
     effect on the mma kernel in a dependent launch without an expert map, and changes no result for
     such topk_ids (other ids would not be the ones computed).
+    `ready`: as `grouped_quant_gemm`'s, a block per pair.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -110,7 +152,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, own_route=own_route)
+            prefetch_l2=prefetch_l2, own_route=own_route, ready=ready)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -124,7 +166,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             has_map: bool, a_rows_div: int, a_scale: torch.Tensor | None, a_scale_mode: AScale,
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
-            zero_side: torch.Tensor | None, prefetch_l2: bool = False, own_route: torch.Tensor | None = None) -> None:
+            zero_side: torch.Tensor | None, prefetch_l2: bool = False, own_route: torch.Tensor | None = None,
+            ready: BlockReady | None = None) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
@@ -170,6 +213,15 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
                                   or zero_numel >= 2**31):
         raise ValueError("zero_side must be a contiguous int32 tensor below 2**31 elements")
     zero_chunk = cdiv(cdiv(zero_numel, programs), ZERO_BLOCK.value) * ZERO_BLOCK.value
+    if ready is not None:
+        if cfg.mma or cfg.wgmma:
+            raise ValueError(f"blocks counted ready between the GEMMs (BlockReady) are the tl.dot kernel's, got {cfg}")
+        if ready.counts.dtype != torch.int32 or not ready.counts.is_contiguous() or ready.counts.numel() < grid_m + 1:
+            raise ValueError(f"BlockReady counts must be contiguous int32 >= {grid_m} blocks + 1, got "
+                             f"{ready.counts.dtype} [{ready.counts.numel()}]")
+        if ready.wait and zero_side is not None:
+            raise ValueError("the launch that waits for blocks (BlockReady.wait) cannot zero on the side: what it zeroes "
+                             "may still be in use by the launch ahead")
     if cfg.mma:
         _check_mma(a, w, split, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
         # Gluon is imported only when a configuration asks for this kernel.
@@ -251,7 +303,9 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
         zero_side if zero_side is not None else arrivals,
+        ready.counts if ready is not None else arrivals, ready.counts[grid_m:] if ready is not None else arrivals,
         w.n, w.k, num_valid, reduce_topk * split, zero_numel, zero_chunk,
+        ready.per_block if ready is not None else 0, ready.zeroed if ready is not None else 0,
         float(activation.alpha or 0.0) if activation else 0.0, float(activation.limit or 0.0) if activation else 0.0,
         a.stride(0), a.stride(1), ast[0], ast[1],
         *bst, *sst,
@@ -272,6 +326,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         PREFETCH_TILES=(L2_PREFETCH_TILES if direct else cfg.prefetch_tiles)
         if prefetch_l2 and (direct or cfg.prefetch_tiles) and _prefetchable(w) else 0, TAIL=tail,
         ONE_DOT=cfg.one_dot and w.quads,
+        READY=int(Ready.ALL if ready is None else (Ready.WAIT if ready.wait else Ready.COUNT)),
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and nvidia else {}),

@@ -61,7 +61,16 @@ from moe_triton.configs import (
     lookup_exact,
 )
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
-from moe_triton.quant_gemm import LastArrival, direct_quant_gemm, grouped_quant_gemm, mma_takes, zeroed_int32
+from moe_triton.quant_gemm import (
+    BlockReady,
+    LastArrival,
+    block_count,
+    direct_quant_gemm,
+    grouped_quant_gemm,
+    mma_takes,
+    programs_per_block,
+    zeroed_int32,
+)
 from moe_triton.quant_gemm_details._heuristics import effective_split, pick_config
 from moe_triton.quant_gemm_details._kernel import AScale
 from moe_triton.quant_gemm_details._layouts import (
@@ -486,8 +495,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                          correction_bias: torch.Tensor | None) -> torch.Tensor:
         """FusedMoE's call: route with `moe_triton.routing.route`, then `apply`. Where a split GEMM1
         finishes its sums by last arrival (up to LAST_ARRIVAL_MAX_TOKENS tokens), the routing launch
-        also clears those sums, and up to ROUTE_QUANTIZES_MAX_TOKENS tokens it quantizes block fp8's
-        input: a launch fewer each than apart."""
+        also clears those sums (and where GEMM2 waits per block, the blocks' counters), and up to
+        ROUTE_QUANTIZES_MAX_TOKENS tokens it quantizes block fp8's input: a launch fewer each than apart."""
         cfg = self.config
         if router_logits.dim() != 2 or router_logits.shape[0] != hidden_states.shape[0]:
             raise ValueError(f"router_logits must be [{hidden_states.shape[0]}, {cfg.num_experts}] (a row per token "
@@ -501,16 +510,19 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             raise ValueError(f"router_logits on {router_logits.device}, hidden_states on {hidden_states.device}: "
                              "one device is accepted")
         M = router_logits.shape[0]
-        numel = self._gemm1_sums_numel(M)
-        sums = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
+        sums_numel = self._gemm1_sums_numel(M)
+        numel = sums_numel + self._ready_numel(M)
+        zeroed = torch.empty(numel, dtype=torch.int32, device=router_logits.device) if numel else None
         gemm1_input = None
         if self._qmode is QMode.GROUP128 and 0 < M <= ROUTE_QUANTIZES_MAX_TOKENS and not cfg.routing.weight_on_input:
             gemm1_input = (torch.empty(M, cfg.hidden_size, dtype=torch.float8_e4m3fn, device=hidden_states.device),
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
-        topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=sums,
+        topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=zeroed,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
-        return self._apply(hidden_states, topk_weights, topk_ids, sums, gemm1_input,
-                           router_logits if self._ranks_by_logit else None)
+        return self._apply(hidden_states, topk_weights, topk_ids,
+                           zeroed[:sums_numel] if sums_numel else None, gemm1_input,
+                           router_logits if self._ranks_by_logit else None,
+                           zeroed[sums_numel:] if numel > sums_numel else None)
 
     @cached_property
     def _ranks_by_logit(self) -> bool:
@@ -534,16 +546,32 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         pairs = num_tokens * cfg.top_k
         return _gemm1_sums_len(pairs, cfg.w13_rows, gemm1.block_n) if self._qmode is QMode.NONE else pairs * cfg.w13_rows
 
+    def _ready_numel(self, num_tokens: int) -> int:
+        """int32 counters, zero on entry, of a call whose GEMM2 waits per block (`GemmConfig.block_ready`):
+        one per M block and one for GEMM1's side job; 0 where it does not (GEMM1 not storing GEMM2's
+        input itself, where the option changes nothing)."""
+        cfg = self.config
+        if num_tokens == 0:
+            return 0
+        launch = self.config_for(num_tokens).config
+        split1 = effective_split(launch.gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size))
+        if not (launch.gemm2.block_ready and _gemm1_activates(self._qmode, split1, num_tokens, self._w13_halves_apart)):
+            return 0
+        direct = self._direct_max_tokens >= num_tokens
+        return block_count(num_tokens * cfg.top_k, launch.gemm1.block_m, cfg.num_experts, direct) + 1
+
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                gemm1_sums: torch.Tensor | None,
                gemm1_input: tuple[torch.Tensor, torch.Tensor] | None = None,
-               router_logits: torch.Tensor | None = None) -> torch.Tensor:
+               router_logits: torch.Tensor | None = None,
+               ready_counts: torch.Tensor | None = None) -> torch.Tensor:
         """The layer on inputs its callers checked (`apply`, or `apply_monolithic` whose router made the
         top-k). gemm1_sums: `_gemm1_sums_numel` int32 elements already zeroed (by the routing launch),
         or None: zeroed here where GEMM1 needs them. gemm1_input: block fp8's GEMM1 operand (e4m3
         codes, scales per 128-wide group) already quantized (by the routing launch), or None.
         router_logits: the logits topk_ids are the top-k of (`_ranks_by_logit`), for GEMM1's own routing at
-        one token (`GemmConfig.own_route`), or None."""
+        one token (`GemmConfig.own_route`), or None. ready_counts: `_ready_numel` int32 elements already
+        zeroed (by the routing launch), or None: zeroed here where GEMM2 waits per block."""
         cfg = self.config
         K, N, R = cfg.hidden_size, cfg.intermediate_size_per_partition, cfg.w13_rows
         M, topk = topk_ids.shape
@@ -617,9 +645,17 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if M == 1 and c1.own_route and router_logits is not None and perm is None and qm is QMode.NONE:
             gemm1 = partial(gemm1, own_route=router_logits.contiguous())
         chunk = self._gate_up_chunk
-        if qm is QMode.NONE and (split1 == 1 or finish_last) and not halves_apart:
+        ready2 = None
+        if _gemm1_activates(qm, split1, M, halves_apart):
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
+            if c2.block_ready:
+                numel = block_count(P, c1.block_m, cfg.num_experts, direct) + 1
+                counts = ready_counts if ready_counts is not None else zeroed_int32(numel, dev)
+                assert counts.numel() == numel, (counts.numel(), numel)
+                gemm1 = partial(gemm1, ready=BlockReady(counts, wait=False))
+                ready2 = BlockReady(counts, wait=True, per_block=programs_per_block(w13, c1),
+                                    zeroed=scratch2.numel() if scratch2 is not None else 0)
             if not _gemm1_adds_sums(c1, split1, chunk):
                 gemm1(a2, activation=cfg.activation, gate_up_chunk=chunk)
             else:
@@ -647,7 +683,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         # prefetch_l2: GEMM2's first weight tiles head for L2 while GEMM1 runs (direct launches; aligned ones where
         # the entry asks, `GemmConfig.prefetch_tiles`).
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=routed, reduce_topk=topk, prefetch_l2=True)
+                        topk_weights=routed, reduce_topk=topk, prefetch_l2=True, ready=ready2)
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
             gemm2(rows, reduce_topk=1)
@@ -710,6 +746,13 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         sorted_ids, expert_ids, num_post = align_block_size(half_ids, block_m, 2 * self.config.num_experts, half_map)
         return a1, partial(grouped_quant_gemm, sorted_ids=sorted_ids, expert_ids=expert_ids, num_post=num_post,
                            num_valid=2 * M * topk)
+
+
+def _gemm1_activates(qm: QMode, split1: int, num_tokens: int, halves_apart: bool) -> bool:
+    """Whether GEMM1 stores GEMM2's input itself, the activation in its epilogue: 16-bit activations,
+    whole sums in the tile (one K-split, or finished by last arrival up to LAST_ARRIVAL_MAX_TOKENS
+    tokens), gate and up in one operand. Otherwise a launch between the GEMMs takes GEMM1's output."""
+    return qm is QMode.NONE and (split1 == 1 or num_tokens <= LAST_ARRIVAL_MAX_TOKENS) and not halves_apart
 
 
 def _gemm1_adds_sums(gemm1: GemmConfig, split: int, gate_up_chunk: int) -> bool:

@@ -52,3 +52,11 @@ def wait_then_release(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """Lets the next dependent launch start without waiting for the kernel ahead: for a kernel that
+    synchronizes with that one by other means (counters it publishes)."""
+    if PDL:
+        gdc_launch_dependents()

@@ -14,7 +14,8 @@ its last contributor (LAST_ARRIVAL). A launch may also zero the next GEMM's sums
 Every launch may be programmatically dependent (`moe_triton._common.pdl`): its programs wait for
 the kernel ahead before they write anything or read what it may have written. A one-token GEMM2
 of quads uses that head start: before its wait it asks L2 for its first K tiles of weights
-(PREFETCH_TILES, a bulk prefetch), which arrive while GEMM1 runs.
+(PREFETCH_TILES, a bulk prefetch), which arrive while GEMM1 runs. A GEMM2 may instead wait for
+its own block of GEMM1's rows only (`Ready`): GEMM1 counts each block as its programs store it.
 
 Launch-order and block options:
 - N_FIRST: N tiles vary fastest, so the programs running together share one block of gathered
@@ -42,7 +43,7 @@ import triton.language as tl
 
 from moe_triton._common import trace
 from moe_triton._common.activation import activate
-from moe_triton._common.pdl import wait_then_release
+from moe_triton._common.pdl import release_dependents, wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
     e2m1_weights,
@@ -62,6 +63,17 @@ class AScale(enum.IntEnum):
     NONE = 0  # 16-bit activations
     ROW = 1  # one scale per A row (per-token, and per-tensor expanded to rows), weights per tensor or channel
     GROUP = 2  # one per (row, 128 k), weights in 128x128 blocks
+
+
+class Ready(enum.IntEnum):
+    """How GEMM2's programs wait for GEMM1's rows: for the whole launch, or block by block."""
+
+    ALL = 0  # the dependent launch's wait: all of the kernel ahead finished
+    COUNT = 1  # GEMM1: each program adds 1 to its block's counter once its rows are stored (and to the
+    # next block's when it took that block in), and the elements its side job zeroed to `zeroed_ptr`
+    WAIT = 2  # GEMM2 right behind a COUNT launch: no wait for the launch; each program waits for its
+    # block's counter (and a taken-in block's) to reach `ready_target`, and, adding into sums that
+    # GEMM1 zeroes on the side, for `zeroed_ptr` to reach `zeroed_target`
 
 
 class Sink(enum.IntEnum):
@@ -202,8 +214,8 @@ def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_
 @triton.jit
 def _moe_wgemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr,
-    N, K, num_valid, expected, zero_numel, zero_chunk, alpha, limit,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr, ready_ptr, zeroed_ptr,
+    N, K, num_valid, expected, zero_numel, zero_chunk, ready_target, zeroed_target, alpha, limit,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
@@ -216,8 +228,8 @@ def _moe_wgemm_kernel(
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
     QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
-    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr=None,
-    TRACE: tl.constexpr = False,
+    NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr,
+    READY: tl.constexpr = 0, trace_ptr=None, TRACE: tl.constexpr = False,
 ):
     t_start = trace.now(TRACE)
     if N_FIRST:
@@ -263,7 +275,11 @@ def _moe_wgemm_kernel(
                                  tl.minimum(kt1, kt0 + PREFETCH_TILES), stride_be, stride_bt, stride_se, stride_sk,
                                  HAS_ZP, BLOCK_K if WTYPE == 3 else GROUP, BLOCK_N, BLOCK_K)
     # Launched while the previous kernel may still run (programmatic dependent launch).
-    wait_then_release(PDL)
+    if READY == 2:
+        # Behind GEMM1, which counts its blocks as it stores them: the waits are per block, below.
+        release_dependents(PDL)
+    else:
+        wait_then_release(PDL)
     t_released = trace.now(TRACE)
     if ZERO_SIDE:
         # A side job: clear the next GEMM's int32/fp32 accumulators (zero bits), a slice per program,
@@ -273,6 +289,8 @@ def _moe_wgemm_kernel(
         for zero_start in range(pid * zero_chunk, z_end, ZERO_BLOCK):
             z_offs = zero_start + tl.arange(0, ZERO_BLOCK)
             tl.store(zero_ptr + z_offs, tl.zeros((ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
+        if READY == 1 and z_end > pid * zero_chunk:
+            _count(zeroed_ptr, z_end - pid * zero_chunk)
     tl.static_assert(QUADS or not K_TAIL, "only the quads layout pads K to whole tiles")
     # The launcher leaves no K-split empty; the return tells the compiler the K loop below runs at
     # least once (without it ptxas serializes the wgmma of the loop).
@@ -290,6 +308,8 @@ def _moe_wgemm_kernel(
         e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
         if SINK == 2:
+            if READY == 2:
+                _wait_count(zeroed_ptr, zeroed_target)
             ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
@@ -314,6 +334,13 @@ def _moe_wgemm_kernel(
         next_e = tl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
         next_tail = tl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
         absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
+    if READY == 2:
+        _wait_count(ready_ptr + pid_m, ready_target)
+        if absorbs:
+            _wait_count(ready_ptr + pid_m + 1, ready_target)
+        if SINK != 0:
+            _wait_count(zeroed_ptr, zeroed_target)
+        t_released = trace.now(TRACE)
     # Valid pairs are a prefix of the block (the alignment pads each expert's last block). Without
     # NARROW (TAIL) this is False at compile time and only the whole block's code is built.
     narrow = NARROW and tl.load(sorted_ids_ptr + pid_m * BLOCK_M + BLOCK_M // 2) >= num_valid
@@ -330,7 +357,27 @@ def _moe_wgemm_kernel(
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
                     DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
+    if READY == 1:
+        _count(ready_ptr + pid_m, 1)
+        if absorbs:
+            _count(ready_ptr + pid_m + 1, 1)
     trace.store(trace_ptr, t_start, t_released, TRACE)
+
+
+@triton.jit
+def _count(ptr, n):
+    """Adds n to the int32 counter at ptr once every thread of the program has issued its stores
+    (one thread's release-add after the barrier publishes them all)."""
+    tl.debug_barrier()
+    tl.atomic_add(ptr, n, sem="release")
+
+
+@triton.jit
+def _wait_count(ptr, target):
+    """Spins until the int32 counter at ptr reaches target. The acquire makes what the counting
+    programs stored before their release-adds visible to this program's later loads."""
+    while tl.atomic_add(ptr, 0, sem="acquire") < target:
+        pass
 
 
 @triton.jit
