@@ -51,7 +51,8 @@ launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch
 asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
 `quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
-  instead of for all of GEMM1 (`GemmConfig.block_ready`; launches with GEMM1 on the tl.dot kernel).
+  instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
+  GEMM runs on the mma or wgmma kernel.
 """
 
 from __future__ import annotations
@@ -352,7 +353,13 @@ gemm1_split3_own = _gemm1(split_k=3, own_route=True)
 
 # An entry's aligned GEMM2 without its L2 prefetch before the wait (`GemmConfig.prefetch_tiles`).
 gemm2_prefetch_off = _gemms({}, dict(prefetch_tiles=0))
-gemm2_block_ready = _gemms({}, dict(block_ready=True))
+
+
+def gemm2_block_ready(layer, tokens: int):
+    served = layer.experts._find_config(tokens).config
+    tl_dot = not any(g.mma or g.wgmma for g in (served.gemm1, served.gemm2))
+    changed = dataclasses.replace(served, gemm2=dataclasses.replace(served.gemm2, block_ready=True)) if tl_dot else served
+    return mock.patch.object(layer.experts, "config_override", changed)
 
 
 # gpt-oss-120b int4's 8-token GEMMs (256 rows: 231-240 registers, two programs per SM, GEMM1 in about three
