@@ -374,10 +374,13 @@ def _count(ptr, n):
 
 @triton.jit
 def _wait_count(ptr, target):
-    """Spins until the int32 counter at ptr reaches target. The acquire makes what the counting
-    programs stored before their release-adds visible to this program's later loads."""
-    while tl.atomic_add(ptr, 0, sem="acquire") < target:
+    """Spins until the int32 counter at ptr reaches target, then acquires it: what the counting
+    programs stored before their release-adds is visible to this program's later loads. The spin
+    reads at L2 (volatile): an acquire per poll would also empty the SM's L1, which the programs of
+    the launch ahead running beside it read through."""
+    while tl.load(ptr, volatile=True) < target:
         pass
+    tl.atomic_add(ptr, 0, sem="acquire")
 
 
 @triton.jit
