@@ -187,6 +187,24 @@ def test_per_gemm_grid_flips_an_aligned_gemm2s_prefetch():
     assert back["gemm2:prefetch_tiles=0"].gemm2 == tile and back["gemm2:mma=True"].gemm2.prefetch_tiles == 0
 
 
+def test_per_gemm_grid_flips_gemm2_block_ready():
+    """With 16-bit activations the grid tries GEMM2 waiting per block of GEMM1's rows (and back) where
+    both GEMMs run on the tl.dot kernel; a GEMM1 moved onto the mma kernel (no counts) takes GEMM2's
+    option off, as a GEMM2 moved there does."""
+    tile = GemmConfig(16, 128, 1, 4, 3, True)
+    base = QuantKernelConfig(tile, tile)
+    ready = dataclasses.replace(tile, block_ready=True)
+    grid = per_gemm_grid(base, mma=True, block_ready=True)
+    assert grid["gemm2:block_ready=True"] == QuantKernelConfig(tile, ready)
+    assert not any("block_ready" in k for k in per_gemm_grid(base, mma=True))
+    back = per_gemm_grid(QuantKernelConfig(tile, ready), mma=True, block_ready=True)
+    assert back["gemm2:block_ready=False"] == base
+    assert back["gemm1:mma=True"].gemm2 == tile and back["gemm2:mma=True"].gemm2.block_ready is False
+    assert back["gemm1:split=2,block_n=128,warps=4"].gemm2 == ready  # the other GEMM held as it is
+    on_mma = QuantKernelConfig(as_mma(tile), tile)
+    assert not any("block_ready" in k for k in per_gemm_grid(on_mma, mma=True, block_ready=True))
+
+
 def test_per_gemm_search_times_both_gemms_fastest_tiles_together():
     """Each GEMM's grid is timed with the other held; where both GEMMs found a faster tile, the pair of
     them is timed too and kept when fastest."""

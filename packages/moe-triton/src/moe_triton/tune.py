@@ -27,7 +27,8 @@ one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
 (`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too; in aligned launches up to
-`LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`), with the other GEMM held at the
+`LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with 16-bit activations GEMM2's
+`block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
 where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
@@ -199,19 +200,27 @@ PREFETCH_TILES = 2
 
 
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False,
-                  own_route: bool = False, prefetch: bool = False) -> dict[str, QuantKernelConfig]:
+                  own_route: bool = False, prefetch: bool = False,
+                  block_ready: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
     other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), with
     own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
     launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
-    0 and PREFETCH_TILES; the other GEMM as in base."""
+    0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
+    where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
+    GEMM1 where GEMM1 leaves the tl.dot kernel)."""
     found = {}
 
     def add(name: str, cand: QuantKernelConfig) -> None:
         if cand != base and cand not in found.values():
             found[name] = cand
+
+    def with_gemm(gemm: str, tile: GemmConfig) -> QuantKernelConfig:
+        if gemm == "gemm1" and (tile.mma or tile.wgmma):  # no counts of its blocks to wait for
+            return dataclasses.replace(base, gemm1=tile, gemm2=dataclasses.replace(base.gemm2, block_ready=False))
+        return dataclasses.replace(base, **{gemm: tile})
 
     def on_other(tile: GemmConfig) -> GemmConfig:
         return dataclasses.replace(tile, mma=False, own_route=False) if tile.mma else as_mma(tile)
@@ -219,16 +228,18 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
         if one_dot and not tile.wgmma and not tile.mma:
-            add(f"{gemm}:one_dot={not tile.one_dot}",
-                dataclasses.replace(base, **{gemm: dataclasses.replace(tile, one_dot=not tile.one_dot)}))
+            add(f"{gemm}:one_dot={not tile.one_dot}", with_gemm(gemm, dataclasses.replace(tile, one_dot=not tile.one_dot)))
         if mma and not tile.wgmma:
-            add(f"{gemm}:mma={not tile.mma}", dataclasses.replace(base, **{gemm: on_other(tile)}))
+            add(f"{gemm}:mma={not tile.mma}", with_gemm(gemm, on_other(tile)))
         if own_route and gemm == "gemm1" and tile.mma:
             add(f"gemm1:own_route={not tile.own_route}",
                 dataclasses.replace(base, gemm1=dataclasses.replace(tile, own_route=not tile.own_route)))
         if prefetch and gemm == "gemm2" and not (tile.wgmma or tile.mma):
             tiles = 0 if tile.prefetch_tiles else PREFETCH_TILES
             add(f"gemm2:prefetch_tiles={tiles}", dataclasses.replace(base, gemm2=dataclasses.replace(tile, prefetch_tiles=tiles)))
+        if block_ready and gemm == "gemm2" and not any(g.wgmma or g.mma for g in (base.gemm1, tile)):
+            add(f"gemm2:block_ready={not tile.block_ready}",
+                dataclasses.replace(base, gemm2=dataclasses.replace(tile, block_ready=not tile.block_ready)))
         for split in PER_GEMM_SPLITS:
             for block_n in (64, 128, 256):
                 for warps in (4, 8):
@@ -238,9 +249,9 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
                     except ValueError:  # a tile the wgmma or mma kernel does not take (block_n, warps)
                         continue
                     name = f"{gemm}:split={split},block_n={block_n},warps={warps}"
-                    add(name, dataclasses.replace(base, **{gemm: tile}))
+                    add(name, with_gemm(gemm, tile))
                     if mma and not tile.wgmma:
-                        add(f"{name},mma={not tile.mma}", dataclasses.replace(base, **{gemm: on_other(tile)}))
+                        add(f"{name},mma={not tile.mma}", with_gemm(gemm, on_other(tile)))
     return found
 
 
@@ -248,7 +259,7 @@ def as_mma(tile: GemmConfig) -> GemmConfig:
     """A tl.dot launch shape on the mma kernel (`GemmConfig.mma`): its block_m, block_n, split and
     stages, warps cut to 16 weight rows each at least, none of the tl.dot kernel's options."""
     return dataclasses.replace(tile, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
-                               prefetch_tiles=0, num_warps=min(tile.num_warps, tile.block_n // 16))
+                               prefetch_tiles=0, block_ready=False, num_warps=min(tile.num_warps, tile.block_n // 16))
 
 
 # (block_m, block_n, stages) of the wgmma kernel: its ring of stages x (block_m + block_n / 4) x 256
@@ -378,8 +389,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
                 experts._mma_serves(k) for k in (cfg.hidden_size, cfg.intermediate_size_per_partition))
             grid = {f"{second}+{k}": c
                     for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma, own_route=M == 1,
-                                              prefetch=not fp8 and experts._direct_max_tokens < M <= LAST_ARRIVAL_MAX_TOKENS
-                                              ).items()}
+                                              prefetch=not fp8 and experts._direct_max_tokens < M <= LAST_ARRIVAL_MAX_TOKENS,
+                                              block_ready=not fp8).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
@@ -510,9 +521,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
                         "other of the tl.dot and mma kernels, at one token an mma GEMM1's own_route flipped, in "
-                        f"aligned launches up to {LAST_ARRIVAL_MAX_TOKENS} tokens a tl.dot GEMM2's prefetch_tiles "
-                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 3} more layer timings per M, "
-                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 1} with the mma kernel)")
+                        f"aligned launches up to {LAST_ARRIVAL_MAX_TOKENS} tokens a tl.dot GEMM2's prefetch_tiles, "
+                        "int4, int8 and mxfp4 GEMM2's block_ready behind a tl.dot GEMM1 "
+                        f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 4} more layer timings per M, "
+                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 2} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,
