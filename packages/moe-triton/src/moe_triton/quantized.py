@@ -519,10 +519,12 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                            torch.empty(M, cfg.hidden_size // 128, dtype=torch.float32, device=hidden_states.device))
         topk_weights, topk_ids = route(router_logits, cfg.routing, cfg.top_k, correction_bias, zero=zeroed,
                                        quantize=(hidden_states, *gemm1_input) if gemm1_input is not None else None)
+        # The buffer is GEMM1's sums, then GEMM2's block counters: sliced only where it holds both.
+        both = 0 < sums_numel < numel
         return self._apply(hidden_states, topk_weights, topk_ids,
-                           zeroed[:sums_numel] if sums_numel else None, gemm1_input,
+                           (zeroed[:sums_numel] if both else zeroed) if sums_numel else None, gemm1_input,
                            router_logits if self._ranks_by_logit else None,
-                           zeroed[sums_numel:] if numel > sums_numel else None)
+                           (zeroed[sums_numel:] if both else zeroed) if numel > sums_numel else None)
 
     @cached_property
     def _ranks_by_logit(self) -> bool:
@@ -554,8 +556,10 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if num_tokens == 0:
             return 0
         launch = self.config_for(num_tokens).config
+        if not launch.gemm2.block_ready:
+            return 0
         split1 = effective_split(launch.gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size))
-        if not (launch.gemm2.block_ready and _gemm1_activates(self._qmode, split1, num_tokens, self._w13_halves_apart)):
+        if not _gemm1_activates(self._qmode, split1, num_tokens, self._w13_halves_apart):
             return 0
         direct = self._direct_max_tokens >= num_tokens
         return block_count(num_tokens * cfg.top_k, launch.gemm1.block_m, cfg.num_experts, direct) + 1

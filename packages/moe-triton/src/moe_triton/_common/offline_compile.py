@@ -45,7 +45,7 @@ DEFAULT_CONSTEXPRS = dict(
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",
              "c_ptr": "*fp32", "topk_w_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
              "num_post_ptr": "*i32", "fin_ptr": "*bf16", "arrivals_ptr": "*i32", "zero_ptr": "*i32",
-             "ready_ptr": "*i32", "zeroed_ptr": "*i32",
+             "ready_ptr": "*i32",
              "alpha": "fp32", "limit": "fp32", "route_ptr": "*fp32"}
 
 

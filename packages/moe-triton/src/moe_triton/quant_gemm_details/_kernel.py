@@ -69,11 +69,12 @@ class Ready(enum.IntEnum):
     """How GEMM2's programs wait for GEMM1's rows: for the whole launch, or block by block."""
 
     ALL = 0  # the dependent launch's wait: all of the kernel ahead finished
-    COUNT = 1  # GEMM1: each program adds 1 to its block's counter once its rows are stored (and to the
-    # next block's when it took that block in), and the elements its side job zeroed to `zeroed_ptr`
+    COUNT = 1  # GEMM1: each program adds 1 to its block's counter (ready_ptr[block]) once its rows are
+    # stored (and to the next block's when it took that block in), and the elements its side job
+    # zeroed to ready_ptr[num_blocks]
     WAIT = 2  # GEMM2 right behind a COUNT launch: no wait for the launch; each program waits for its
     # block's counter (and a taken-in block's) to reach `ready_target`, and, adding into sums that
-    # GEMM1 zeroes on the side, for `zeroed_ptr` to reach `zeroed_target`
+    # GEMM1 zeroes on the side, for ready_ptr[num_blocks] to reach `zeroed_target`
 
 
 class Sink(enum.IntEnum):
@@ -214,8 +215,8 @@ def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, row_mask, offs_
 @triton.jit
 def _moe_wgemm_kernel(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr,
-    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr, ready_ptr, zeroed_ptr,
-    N, K, num_valid, expected, zero_numel, zero_chunk, ready_target, zeroed_target, alpha, limit,
+    sorted_ids_ptr, expert_ids_ptr, num_post_ptr, fin_ptr, arrivals_ptr, zero_ptr, ready_ptr,
+    N, K, num_valid, expected, zero_numel, zero_chunk, num_blocks, ready_target, zeroed_target, alpha, limit,
     stride_am, stride_ak, stride_asm, stride_ask,
     stride_be, stride_bk, stride_bn, stride_bt,
     stride_se, stride_sk, stride_sn,
@@ -290,7 +291,7 @@ def _moe_wgemm_kernel(
             z_offs = zero_start + tl.arange(0, ZERO_BLOCK)
             tl.store(zero_ptr + z_offs, tl.zeros((ZERO_BLOCK,), tl.int32), mask=z_offs < z_end)
         if READY == 1 and z_end > pid * zero_chunk:
-            _count(zeroed_ptr, z_end - pid * zero_chunk)
+            _count(ready_ptr + num_blocks, z_end - pid * zero_chunk)
     tl.static_assert(QUADS or not K_TAIL, "only the quads layout pads K to whole tiles")
     # The launcher leaves no K-split empty; the return tells the compiler the K loop below runs at
     # least once (without it ptxas serializes the wgmma of the loop).
@@ -309,7 +310,7 @@ def _moe_wgemm_kernel(
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
         if SINK == 2:
             if READY == 2:
-                _wait_count(zeroed_ptr, zeroed_target)
+                _wait_count(ready_ptr + num_blocks, zeroed_target)
             ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
@@ -339,7 +340,7 @@ def _moe_wgemm_kernel(
         if absorbs:
             _wait_count(ready_ptr + pid_m + 1, ready_target)
         if SINK != 0:
-            _wait_count(zeroed_ptr, zeroed_target)
+            _wait_count(ready_ptr + num_blocks, zeroed_target)
         t_released = trace.now(TRACE)
     # Valid pairs are a prefix of the block (the alignment pads each expert's last block). Without
     # NARROW (TAIL) this is False at compile time and only the whole block's code is built.
