@@ -97,8 +97,9 @@ def test_layer_with_block_ready(monkeypatch, cls, quant, M, launch):
 
 
 def test_routing_launch_clears_the_block_counters(monkeypatch):
-    """FusedMoE's call (`apply_monolithic`): the routing launch clears the counters (no zeroing launch
-    of their own, made to fail here, though every new buffer holds garbage)."""
+    """FusedMoE's call (`apply_monolithic`): the routing launch clears the counters with GEMM1's split
+    sums (no zeroing launch of their own, made to fail here, though every new buffer holds garbage):
+    after the call they hold exactly GEMM1's counts."""
     cfg = MoEConfig(num_experts=6, top_k=3, hidden_size=256, intermediate_size=128, dtype=torch.bfloat16)
     quant = int4_w4a16(128)
     experts = TritonWna16Experts(cfg, quant, RUN_ON)
@@ -121,12 +122,26 @@ def test_routing_launch_clears_the_block_counters(monkeypatch):
         t.view(torch.uint8).fill_(0x5A)
         return t
 
+    cleared = []
+
+    def route(*args, zero=None, **kwargs):
+        cleared.append(zero)
+        return quantized.route.__wrapped__(*args, zero=zero, **kwargs)
+
+    route.__wrapped__ = quantized.route
     monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
+    monkeypatch.setattr(quantized, "route", route)
     monkeypatch.setattr(torch, "empty", garbage)
     out = experts.apply_monolithic(x, logits, None)
     monkeypatch.undo()
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
     assert rel_l2(out, reference_moe(x, weights.to(DEV), cfg, tw, ids, quant)) < 1e-2
+    blocks = experts._ready_numel(M) - 1
+    counts = cleared[0][experts._gemm1_sums_numel(M):].tolist()
+    live = sum(-(-n // 16) for n in torch.bincount(ids.flatten(), minlength=6).tolist())  # blocks of 16 pairs
+    per_block = 4 * 2  # GEMM1: 256 rows in tiles of 64, 2 K-splits
+    assert sorted(counts[:blocks]) == [0] * (blocks - live) + [per_block] * live
+    assert counts[blocks] == M * 256 + M * 4  # GEMM2's sums and arrival counts zeroed by GEMM1 on the side
 
 
 def test_block_ready_where_it_changes_nothing():
