@@ -45,6 +45,26 @@ def run_layer(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=
     return out, ref
 
 
+def refuse_zeroing_launches(monkeypatch) -> None:
+    """For a call that must clear its scratch without a zeroing launch of its own: that launch
+    (`quantized.zeroed_int32`) fails, and every new `torch.empty` buffer holds garbage (0x5A bytes),
+    so a buffer nobody cleared shows. `monkeypatch.undo()` after the call restores both."""
+    from moe_triton import quantized
+
+    def no_zeroing_launch(numel, device):
+        raise AssertionError("a zeroing launch of its own")
+
+    empty = torch.empty
+
+    def garbage(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        t.view(torch.uint8).fill_(0x5A)
+        return t
+
+    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
+    monkeypatch.setattr(torch, "empty", garbage)
+
+
 def gemm1_operand(quant, K: int, seed: int):
     """GEMM1's weights (N = 256) of a 4-expert 4-bit or int8 layer, in the kernel layout."""
     cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=K, intermediate_size=128, dtype=torch.float16)

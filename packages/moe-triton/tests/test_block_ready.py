@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from _quant_support import DEV, RUN_ON, rel_l2, run_layer
+from _quant_support import DEV, RUN_ON, refuse_zeroing_launches, rel_l2, run_layer
 
 from moe_core.config import Activation, MoEConfig, ParallelConfig
 from moe_core.quant import int4_w4a16, int8_w8a16, mxfp4_w4a16
@@ -112,26 +112,15 @@ def test_routing_launch_clears_the_block_counters(monkeypatch):
     x = torch.randn(M, 256, generator=gen).to(torch.bfloat16).to(DEV)
     logits = torch.randn(M, 6, generator=gen).to(DEV)
 
-    def no_zeroing_launch(numel, device):
-        raise AssertionError("a zeroing launch of its own")
-
-    empty = torch.empty
-
-    def garbage(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        t.view(torch.uint8).fill_(0x5A)
-        return t
-
     cleared = []
+    routing = quantized.route
 
     def route(*args, zero=None, **kwargs):
         cleared.append(zero)
-        return quantized.route.__wrapped__(*args, zero=zero, **kwargs)
+        return routing(*args, zero=zero, **kwargs)
 
-    route.__wrapped__ = quantized.route
-    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
     monkeypatch.setattr(quantized, "route", route)
-    monkeypatch.setattr(torch, "empty", garbage)
+    refuse_zeroing_launches(monkeypatch)
     out = experts.apply_monolithic(x, logits, None)
     monkeypatch.undo()
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k)

@@ -222,7 +222,7 @@ def test_shipped_int4_configs_cover_the_presets(preset, gpu, tag):
 
 def _waiting_for_all(config: QuantKernelConfig) -> QuantKernelConfig:
     """config with GEMM2 waiting for all of GEMM1: `GemmConfig.block_ready` ships per scheme where its A/B
-    measured it faster (benchmarks/results/block_ready_2026-12-01.md), apart from the launch shapes."""
+    measured it faster (docs/design/triton-configs-and-tuning.md), apart from the launch shapes."""
     return dataclasses.replace(config, gemm2=dataclasses.replace(config.gemm2, block_ready=False))
 
 

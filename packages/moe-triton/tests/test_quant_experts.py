@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from _quant_support import DEV, DEVICE, RUN_ON, rel_l2, run_layer
+from _quant_support import DEV, DEVICE, RUN_ON, refuse_zeroing_launches, rel_l2, run_layer
 
 from moe_core.config import Activation, MoEConfig, ParallelConfig, Routing
 from moe_core.presets import PRESETS, get_preset
@@ -146,7 +146,6 @@ def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, spli
     last arrival; fp8: quantized by the activation launch) are cleared by the routing launch, with no
     zeroing launch of their own (made to fail here), though every new buffer holds garbage; the layer
     matches the reference routed by route_torch."""
-    from moe_triton import quantized
 
     cfg = MoEConfig(num_experts=6, top_k=3, hidden_size=512, intermediate_size=128, dtype=torch.bfloat16,
                     has_bias=True, parallel=ParallelConfig(ep_size=2, ep_rank=1))
@@ -159,19 +158,7 @@ def test_routing_launch_clears_split_gemm1_sums(monkeypatch, cls, quant, M, spli
     x = torch.randn(M, 512, generator=gen).to(torch.bfloat16).to(DEV)
     logits = torch.randn(M, 6, generator=gen).to(DEV)
     assert experts._gemm1_sums_numel(M) > 0
-
-    def no_zeroing_launch(numel, device):
-        raise AssertionError("a zeroing launch of its own")
-
-    empty = torch.empty
-
-    def garbage(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        t.view(torch.uint8).fill_(0x5A)
-        return t
-
-    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
-    monkeypatch.setattr(torch, "empty", garbage)
+    refuse_zeroing_launches(monkeypatch)
     out = experts.apply_monolithic(x, logits, None)
     monkeypatch.undo()
     tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
