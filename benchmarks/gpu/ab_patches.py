@@ -362,6 +362,10 @@ def gemm2_block_ready(layer, tokens: int):
     return mock.patch.object(layer.experts, "config_override", changed)
 
 
+# The shipped entries with GEMM2 waiting for all of GEMM1 again, at the token counts each entry serves.
+gemm2_block_ready_off = _gemms({}, dict(block_ready=False))
+
+
 # gpt-oss-120b int4's 8-token GEMMs (256 rows: 231-240 registers, two programs per SM, GEMM1 in about three
 # waves) on 128-row tiles, which hold four or five programs per SM.
 gemm1_n128 = _gemm1(block_n=128)

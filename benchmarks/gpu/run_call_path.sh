@@ -23,7 +23,8 @@
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
-#                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners), per
+#                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners,
+#                GEMM2 waiting per block of GEMM1's rows on and off), per
 #                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
@@ -251,6 +252,11 @@ add ab-gemm2-prefetch-entry "python3 ab_layer.py --preset qwen3-30b-a3b --dtype 
 add block-ready-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_block_ready.py"
 for d in int4 mxfp4 int8; do
   add ab-block-ready-$d "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $d --m ${AB_TOKENS:-8 32} --rounds 5 --variant shipped --variant ready=ab_patches:gemm2_block_ready --out $OUT/host/ab-block-ready-$d.json"
+done
+# The shipped entries without block_ready, over the token counts each serves (an entry keyed 8 serves 3-15 or 4-15):
+# where GEMM1 runs in fewer waves than at the key, GEMM2's spin may cost more than the overlap gains.
+for d in int4 mxfp4 int8; do
+  add ab-block-ready-off-$d "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $d --m ${AB_TOKENS:-3 4 16 64 256} --rounds 5 --variant off=ab_patches:gemm2_block_ready_off --variant shipped --out $OUT/host/ab-block-ready-off-$d.json"
 done
 # gpt-oss-120b int4's 8-token entry on 128-row tiles (more programs per SM) over the tokens it serves.
 add ab-gpt-oss-int4-n128 "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --rounds 5 --variant shipped --variant g1-n128=ab_patches:gemm1_n128 --variant g1-n128-s3=ab_patches:gemm1_n128_s3 --variant both-n128=ab_patches:both_n128 --variant both-n128-g16=ab_patches:both_n128_g16 --out $OUT/host/ab-gpt-oss-int4-n128.json"
