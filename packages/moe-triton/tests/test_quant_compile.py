@@ -106,6 +106,14 @@ _SPECIALIZATIONS = {
     "fp8-row-swapped-atomic": (dict(GROUP=1, WTYPE=2, A_SCALE=1, CODE_OFFSET=0, BLOCK_K=128, SWAP_AB=True, SINK=1,
                                     SPLIT_K=4, N_FIRST=True),
                                {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "s_ptr": "*fp32"}),
+    # GemmConfig.block_ready: GEMM1 counting each block it stored (zeroing GEMM2's sums on the side,
+    # taking in tails), GEMM2 waiting for its block, the taken-in tail's and the zeroed count
+    "quads-block-ready-count": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=128, ACT=1,
+                                     GATE_UP_CHUNK=32, ZERO_SIDE=True, N_FIRST=True, PDL=True, TAIL=16, READY=1),
+                                {"b_ptr": "*i16"}),
+    "quads-block-ready-wait": (dict(GROUP=128, WTYPE=0, QUADS=True, BLOCK_K=128, BLOCK_M=32, BLOCK_N=128, SINK=2,
+                                    MUL_ROUTED=True, REDUCE_TOPK=8, PDL=True, TAIL=16, READY=2),
+                               {"b_ptr": "*i16"}),
 }
 
 
@@ -116,7 +124,8 @@ for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_quant_gemm(consts, pointers).asm["ptx"]
     print(name, "wgmma" in ptx, "griddepcontrol.wait" in ptx, "cp.async.bulk.prefetch.L2" in ptx, "0x81C081C0" in ptx,
           "0x43804380" in ptx or "0x64806480" in ptx, "prmt.b32" in ptx, ".e4m3.e4m3" in ptx and "wgmma" in ptx,
-          "cp.async.cg.shared.global" in ptx, flush=True)
+          "cp.async.cg.shared.global" in ptx, ptx.count("ld.volatile.global"), ptx.count("nanosleep.u32"),
+          ptx.count("ld.acquire.gpu.global"), ptx.count(".global.gpu.release.add"), flush=True)
 """
 
 
@@ -128,8 +137,9 @@ def test_gemm_compiles_for_hopper():
     built = {name: flags for name, *flags in map(str.split, stdout.splitlines())}
     assert set(built) == set(_SPECIALIZATIONS)
     for name, (consts, _) in _SPECIALIZATIONS.items():
+        *flags, polls, sleeps, acquires, release_adds = built[name]
         wgmma, waits, prefetches, e2m1_unpack, int8_centering, byte_select, f8_wgmma, staged = (
-            flag == "True" for flag in built[name])
+            flag == "True" for flag in flags)
         # Quads words reach shared memory by cp.async, staged ahead by the pipeliner (as in the GPU's builds,
         # whose unit strides the offline build specializes as a launch does).
         assert staged or not consts.get("QUADS", False), name
@@ -138,7 +148,14 @@ def test_gemm_compiles_for_hopper():
         assert wgmma or not consts.get("SWAP_AB", True), name
         if consts["WTYPE"] == 2 and consts["SWAP_AB"]:
             assert f8_wgmma, name
-        assert waits == consts.get("PDL", False), name  # dependent launches wait for the kernel before
+        # Dependent launches wait for the kernel before, but a GEMM2 waiting per block (READY 2) waits on
+        # GEMM1's counts instead: each wait one thread's polls (128 ns apart) and one acquire in PTX
+        # (Triton 3.6 drops the acquire of an unused atomic add of zero); GEMM1 counts by release-adds (atom or red).
+        ready = consts.get("READY", 0)
+        assert waits == (consts.get("PDL", False) and ready != 2), name
+        assert int(polls) == int(sleeps) == int(acquires), name
+        assert (int(polls) > 0) == (ready == 2), name
+        assert (int(release_adds) > 0) == (ready == 1), name
         assert prefetches == (consts.get("PREFETCH_TILES", 0) > 0), name
         assert e2m1_unpack == (consts["WTYPE"] == 3), name  # MXFP4 quads unpacked by the PTX lop3s
         # int8 centered by its bit recipe (bf16 or fp16), the byte quads' quarters selected by prmt

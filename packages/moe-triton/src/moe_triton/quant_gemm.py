@@ -318,7 +318,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=w.block_k,
         SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
-        QUADS=w.quads, PTX_UNPACK=nvidia,
+        QUADS=w.quads, PTX=nvidia,
         POST_SCALE=(1 if direct else 2) if (
             w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
         FOLDED_SCALE=w.folded_scale,

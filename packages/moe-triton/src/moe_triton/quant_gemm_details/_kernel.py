@@ -227,7 +227,7 @@ def _moe_wgemm_kernel(
     ACT: tl.constexpr, GATE_UP_CHUNK: tl.constexpr, ZERO_SIDE: tl.constexpr,
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, HAS_MAP: tl.constexpr,
-    QUADS: tl.constexpr, PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
+    QUADS: tl.constexpr, PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
     NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr,
     READY: tl.constexpr = 0, trace_ptr=None, TRACE: tl.constexpr = False,
@@ -310,7 +310,7 @@ def _moe_wgemm_kernel(
     if e < 0:  # expert owned by another rank: its pairs contribute nothing, but are counted
         if SINK == 2:
             if READY == 2:
-                _wait_count(ready_ptr + num_blocks, zeroed_target)
+                _wait_count(ready_ptr + num_blocks, zeroed_target, PTX)
             ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, BLOCK_M)
             offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             _arrive(fin_ptr, c_ptr, arrivals_ptr, expected, (ids // REDUCE_TOPK).to(tl.int64), ids < num_valid,
@@ -336,11 +336,11 @@ def _moe_wgemm_kernel(
         next_tail = tl.load(sorted_ids_ptr + (pid_m + 1) * BLOCK_M + TAIL, mask=has_next, other=0)
         absorbs = has_next & (next_e == e) & (next_tail >= num_valid)
     if READY == 2:
-        _wait_count(ready_ptr + pid_m, ready_target)
+        _wait_count(ready_ptr + pid_m, ready_target, PTX)
         if absorbs:
-            _wait_count(ready_ptr + pid_m + 1, ready_target)
+            _wait_count(ready_ptr + pid_m + 1, ready_target, PTX)
         if SINK != 0:
-            _wait_count(ready_ptr + num_blocks, zeroed_target)
+            _wait_count(ready_ptr + num_blocks, zeroed_target, PTX)
         t_released = trace.now(TRACE)
     # Valid pairs are a prefix of the block (the alignment pads each expert's last block). Without
     # NARROW (TAIL) this is False at compile time and only the whole block's code is built.
@@ -349,15 +349,15 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, trace_ptr, TRACE)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, trace_ptr, TRACE)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX_UNPACK, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
     if READY == 1:
         _count(ready_ptr + pid_m, 1)
         if absorbs:
@@ -374,14 +374,40 @@ def _count(ptr, n):
 
 
 @triton.jit
-def _wait_count(ptr, target):
-    """Spins until the int32 counter at ptr reaches target, then acquires it: what the counting
-    programs stored before their release-adds is visible to this program's later loads. The spin
-    reads at L2 (volatile): an acquire per poll would also empty the SM's L1, which the programs of
-    the launch ahead running beside it read through."""
-    while tl.load(ptr, volatile=True) < target:
-        pass
-    tl.atomic_add(ptr, 0, sem="acquire")
+def _wait_count(ptr, target, PTX: tl.constexpr):
+    """Waits until the int32 counter at ptr reaches target, then acquires it: what the counting
+    programs stored before their release-adds is visible to all of this program's later loads.
+
+    The polls read at L2 (volatile): an acquire per poll would also empty the SM's L1, which the
+    programs of the launch ahead running beside it read through. On NVIDIA one thread polls, 128 ns
+    apart, and acquires in PTX (Triton 3.6 drops an atomic add of zero whose result is unused), then
+    a barrier passes the acquire to the other threads: with every warp polling, a launch ahead that
+    runs in one wave took up to 13% longer (docs/design/triton-gemm-quantized.md). Elsewhere there is
+    no dependent launch: the counters are final before this program starts."""
+    if PTX:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred other_thread, below;
+            .reg .b32 thread, count;
+            mov.u32 thread, %tid.x;
+            setp.ne.u32 other_thread, thread, 0;
+            @other_thread bra DONE;
+            POLL:
+            ld.volatile.global.b32 count, [$1];
+            setp.lt.s32 below, count, $2;
+            @!below bra ACQUIRE;
+            nanosleep.u32 128;
+            bra POLL;
+            ACQUIRE:
+            ld.acquire.gpu.global.b32 count, [$1];
+            DONE:
+            mov.u32 $0, 0;
+            }""", "=r,l,r", [ptr, target], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        while tl.load(ptr, volatile=True) < target:
+            pass
+        tl.atomic_add(ptr, 0, sem="acquire")
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -417,7 +443,7 @@ def _wgemm_rows(
     MUL_ROUTED: tl.constexpr, REDUCE_TOPK: tl.constexpr, SINK: tl.constexpr, ACT: tl.constexpr,
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
-    PTX_UNPACK: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
+    PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
     ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
@@ -438,7 +464,7 @@ def _wgemm_rows(
     # MXFP4: e2m1 values are scaled in FT, which holds every e8m0 scale (fp16 does not), after an
     # unpack in bf16 (PTX) or FT.
     FT: tl.constexpr = tl.bfloat16 if CT == tl.bfloat16 else tl.float32  # noqa: SIM300 (CT: compile-time dtype)
-    UNPACK_T: tl.constexpr = tl.bfloat16 if PTX_UNPACK else FT
+    UNPACK_T: tl.constexpr = tl.bfloat16 if PTX else FT
     tl.static_assert(SWAP_AB == (QUADS or WTYPE == 0) or WTYPE == 2,  # noqa: SIM300
                      "4-bit weights and quads run swapped, canonical int8 not, fp8 either way")
     a_base = a_ptr + a_rows[:, None] * stride_am
@@ -477,11 +503,11 @@ def _wgemm_rows(
             words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             if WTYPE == 3:
                 tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
-                values = unpack_e2m1_quads(words, UNPACK_T, PTX_UNPACK)
+                values = unpack_e2m1_quads(words, UNPACK_T, PTX)
             elif WTYPE == 1:
-                v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX_UNPACK)
+                v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX)
             else:
-                v0, v1, v2, v3 = unpack_quads(words, CT, PTX_UNPACK)
+                v0, v1, v2, v3 = unpack_quads(words, CT, PTX)
             k = k0 + offs_q
             a_ptrs = a_base + k[None, :] * stride_ak
             k_tile = k0 + tl.arange(0, BLOCK_K)
@@ -567,9 +593,9 @@ def _wgemm_rows(
             g_hi = ((k0 + HALF) // GROUP) * stride_sk
             packed = tl.load(bt_base + kt * stride_bt + offs_h[None, :] * stride_bk, mask=n_mask[:, None], other=0)
             w_lo = dequantize(packed & 0xF, s_base + g_lo, z_base + g_lo, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0,
-                               PTX_UNPACK)
+                               PTX)
             w_hi = dequantize(packed >> 4, s_base + g_hi, z_base + g_hi, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 0,
-                               PTX_UNPACK)
+                               PTX)
             acc_t = tl.dot(w_lo, tl.trans(a_lo.to(CT)), acc_t)
             acc_t = tl.dot(w_hi, tl.trans(a_hi.to(CT)), acc_t)
         acc = tl.trans(acc_t)
@@ -601,7 +627,7 @@ def _wgemm_rows(
             a = tl.load(a_base + (k0 + offs_k)[None, :] * stride_ak, mask=row_mask[:, None])
             if WTYPE == 1:
                 g = (k0 // GROUP) * stride_sk
-                w = dequantize(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1, PTX_UNPACK)
+                w = dequantize(codes, s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, 1, PTX)
                 acc = tl.dot(a.to(CT), w, acc)
             elif A_SCALE == 2:
                 acc += _fp8_block_scaled(tl.dot(a, codes), k0, a_scale_ptr, s_ptr, a_rows, row_mask, e, pid_n, offs_n,
