@@ -366,6 +366,13 @@ def gemm2_block_ready(layer, tokens: int):
 gemm2_block_ready_off = _gemms({}, dict(block_ready=False))
 
 
+def entry8_block_ready_off(layer, tokens: int):
+    """The 8-token entry without block_ready at any token count: what an entry keyed 4 of that form would serve."""
+    served = layer.experts._find_config(8).config
+    changed = dataclasses.replace(served, gemm2=dataclasses.replace(served.gemm2, block_ready=False))
+    return mock.patch.object(layer.experts, "config_override", changed)
+
+
 # gpt-oss-120b int4's 8-token GEMMs (256 rows: 231-240 registers, two programs per SM, GEMM1 in about three
 # waves) on 128-row tiles, which hold four or five programs per SM.
 gemm1_n128 = _gemm1(block_n=128)
