@@ -366,6 +366,11 @@ def gemm2_block_ready(layer, tokens: int):
 gemm2_block_ready_off = _gemms({}, dict(block_ready=False))
 
 
+def entry2(layer, tokens: int):
+    """The 2-token entry at any token count: what an entry keyed 4 of that form would serve (3-5 tokens)."""
+    return mock.patch.object(layer.experts, "config_override", layer.experts._find_config(2).config)
+
+
 def entry8_block_ready_off(layer, tokens: int):
     """The 8-token entry without block_ready at any token count: what an entry keyed 4 of that form would serve."""
     served = layer.experts._find_config(8).config

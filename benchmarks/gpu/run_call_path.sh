@@ -260,6 +260,8 @@ for d in int4 mxfp4 int8; do
 done
 # qwen3-235b-a22b int4 at 3-6 tokens: its entries keyed 2 and 8 as shipped, and the 8-token one without block_ready.
 add ab-entry8-off-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 3 4 5 6 --rounds 5 --variant shipped --variant off=ab_patches:gemm2_block_ready_off --variant entry8-off=ab_patches:entry8_block_ready_off --out $OUT/host/ab-entry8-off-qwen3-235b.json"
+# 4 and 5 tokens (served by the 8-token entry) on the 2-token entry, where a file has one (int4, MXFP4).
+add ab-entry2 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b --dtype int4 mxfp4 --m 4 5 --rounds 5 --variant shipped --variant entry2=ab_patches:entry2 --out $OUT/host/ab-entry2.json"
 # gpt-oss-120b int4's 8-token entry on 128-row tiles (more programs per SM) over the tokens it serves.
 add ab-gpt-oss-int4-n128 "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --rounds 5 --variant shipped --variant g1-n128=ab_patches:gemm1_n128 --variant g1-n128-s3=ab_patches:gemm1_n128_s3 --variant both-n128=ab_patches:both_n128 --variant both-n128-g16=ab_patches:both_n128_g16 --out $OUT/host/ab-gpt-oss-int4-n128.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
