@@ -413,14 +413,14 @@ def test_quant_config_text_names_each_gemms_kernel_and_options():
 # Per scheme, preset and token count, the GEMMs the shipped H200 entry serving it runs on the mma kernel.
 _BOTH = {"gemm1", "gemm2"}
 MMA_ON_H200 = {
-    ("int4", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH, 3: _BOTH},
-    ("int4", "qwen3-235b-a22b"): {1: _BOTH, 2: _BOTH, 3: _BOTH},
+    ("int4", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH, 3: _BOTH, 4: _BOTH},
+    ("int4", "qwen3-235b-a22b"): {1: _BOTH, 2: _BOTH, 3: _BOTH, 4: _BOTH},
     ("int4", "gpt-oss-120b"): {1: _BOTH, 2: _BOTH},
     ("int4", "deepseek-v3"): {1: {"gemm2"}, 2: {"gemm2"}, 3: {"gemm2"}},
     ("int8", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH},
     ("int8", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
     ("mxfp4", "qwen3-30b-a3b"): {2: _BOTH, 3: _BOTH},
-    ("mxfp4", "qwen3-235b-a22b"): {2: {"gemm2"}, 3: {"gemm2"}},
+    ("mxfp4", "qwen3-235b-a22b"): {2: {"gemm2"}, 3: {"gemm2"}, 4: {"gemm2"}},
     ("mxfp4", "gpt-oss-120b"): {2: {"gemm2"}, 3: {"gemm2"}},
     ("mxfp4", "deepseek-v3"): {1: {"gemm2"}, 2: {"gemm2"}, 3: {"gemm2"}},
 }
@@ -429,7 +429,7 @@ MMA_ON_H200 = {
 @pytest.mark.parametrize("scheme", ["int4", "int8", "mxfp4"])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
 def test_mma_entries_run_where_their_kernel_does(scheme, preset, monkeypatch):
-    """The shipped H200 files ask for the mma kernel at 1-3 tokens where it measured faster; a layer on
+    """The shipped H200 files ask for the mma kernel at 1-4 tokens where it measured faster; a layer on
     an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a layer
     borrowing an int4 file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
     from moe_triton import quantized
