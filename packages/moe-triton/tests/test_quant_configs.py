@@ -429,7 +429,8 @@ MMA_ON_H200 = {
 @pytest.mark.parametrize("scheme", ["int4", "int8", "mxfp4"])
 @pytest.mark.parametrize("preset", ["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
 def test_mma_entries_run_where_their_kernel_does(scheme, preset, monkeypatch):
-    """The shipped H200 files ask for the mma kernel at 1-4 tokens where it measured faster; a layer on
+    """The shipped H200 files ask for the mma kernel at 1-4 tokens where it measured faster (not at 5,
+    which an entry keyed 5 keeps on the tl.dot kernel where one keyed 4 would take it); a layer on
     an NVIDIA GPU runs them so; an act-order one, one without a GPU (the interpreter) or a layer
     borrowing an int4 file (int8, MXFP4) on the tl.dot kernel, and the lookup says so."""
     from moe_triton import quantized
@@ -445,7 +446,7 @@ def test_mma_entries_run_where_their_kernel_does(scheme, preset, monkeypatch):
     cls = TritonMxfp4Experts if scheme == "mxfp4" else TritonWna16Experts
     layer = cls(cfg, quants[scheme](), h200)
     expected = MMA_ON_H200.get((scheme, preset), {})
-    for m in (1, 2, 3, 4, 8, 32, 128, 512, 2048, 8192):
+    for m in (1, 2, 3, 4, 5, 8, 32, 128, 512, 2048, 8192):
         raw, hit = configs.lookup_exact(layer.config_key, m), layer.file_config(m)
         if hit.source != "borrowed":
             assert hit.config == raw.config
