@@ -66,7 +66,7 @@ class BlockReady:
     free. Both launches take one: GEMM1's counts (`wait` False), GEMM2's, the launch right behind it
     on the same alignment (or the same direct pairs), waits (`wait` True). tl.dot kernel only.
 
-    Invariants: `counts` int32 [blocks + 1] (`block_count`), zero on entry; GEMM1 adds one per
+    Invariants: `counts` int32 [blocks + 1] (`counts_numel`), zero on entry; GEMM1 adds one per
     program to each block it stored (its own, and the next one where it took that in), and to the
     last counter the int32 elements its side job zeroed (`zero_side`). GEMM2's programs wait for
     their blocks to count `per_block` (GEMM1's programs per block: `programs_per_block`) and, where
@@ -76,6 +76,11 @@ class BlockReady:
     wait: bool
     per_block: int = 0
     zeroed: int = 0
+
+    @staticmethod
+    def counts_numel(num_pairs: int, block_m: int, num_experts: int, direct: bool) -> int:
+        """`counts`' length for a launch over num_pairs pairs: its blocks and the zeroed count."""
+        return block_count(num_pairs, block_m, num_experts, direct) + 1
 
 
 def block_count(num_pairs: int, block_m: int, num_experts: int, direct: bool) -> int:

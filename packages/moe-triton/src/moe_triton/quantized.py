@@ -64,7 +64,6 @@ from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_M
 from moe_triton.quant_gemm import (
     BlockReady,
     LastArrival,
-    block_count,
     direct_quant_gemm,
     grouped_quant_gemm,
     mma_takes,
@@ -562,7 +561,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if not _gemm1_activates(self._qmode, split1, num_tokens, self._w13_halves_apart):
             return 0
         direct = self._direct_max_tokens >= num_tokens
-        return block_count(num_tokens * cfg.top_k, launch.gemm1.block_m, cfg.num_experts, direct) + 1
+        return BlockReady.counts_numel(num_tokens * cfg.top_k, launch.gemm1.block_m, cfg.num_experts, direct)
 
     def _apply(self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                gemm1_sums: torch.Tensor | None,
@@ -655,7 +654,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if c2.block_ready:  # the launches check the counters' size
                 counts = ready_counts if ready_counts is not None else zeroed_int32(
-                    block_count(P, c1.block_m, cfg.num_experts, direct) + 1, dev)
+                    BlockReady.counts_numel(P, c1.block_m, cfg.num_experts, direct), dev)
                 gemm1 = partial(gemm1, ready=BlockReady(counts, wait=False))
                 ready2 = BlockReady(counts, wait=True, per_block=programs_per_block(w13, c1),
                                     zeroed=scratch2.numel() if scratch2 is not None else 0)
