@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*)  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -258,6 +258,10 @@ done
 for d in int4 mxfp4 int8; do
   add ab-block-ready-off-$d "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b deepseek-v3 --dtype $d --m ${AB_TOKENS:-3 4 16 64 256} --rounds 5 --variant off=ab_patches:gemm2_block_ready_off --variant shipped --out $OUT/host/ab-block-ready-off-$d.json"
 done
+# The entries that took block_ready last (qwen3-30b-a3b and mixtral-8x7b int4 keyed 8, deepseek-v3 MXFP4 keyed 32)
+# without it, over the token counts each serves.
+add ab-block-ready-new-int4 "python3 ab_layer.py --preset qwen3-30b-a3b mixtral-8x7b --dtype int4 --m 3 4 8 15 --rounds 5 --variant off=ab_patches:gemm2_block_ready_off --variant shipped --out $OUT/host/ab-block-ready-new-int4.json"
+add ab-block-ready-new-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype mxfp4 --m 16 32 63 --rounds 5 --variant off=ab_patches:gemm2_block_ready_off --variant shipped --out $OUT/host/ab-block-ready-new-mxfp4.json"
 # qwen3-235b-a22b int4 at 3-6 tokens: its entries keyed 2 and 8 as shipped, and the 8-token one without block_ready.
 add ab-entry8-off-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 3 4 5 6 --rounds 5 --variant shipped --variant off=ab_patches:gemm2_block_ready_off --variant entry8-off=ab_patches:entry8_block_ready_off --out $OUT/host/ab-entry8-off-qwen3-235b.json"
 # 4 and 5 tokens (served by the 8-token entry) on the 2-token entry, where a file has one (int4, MXFP4).
