@@ -384,3 +384,10 @@ gemm1_n128 = _gemm1(block_n=128)
 gemm1_n128_s3 = _gemm1(block_n=128, num_stages=3)
 both_n128 = _both_gemms(block_n=128)
 both_n128_g16 = _gemms(dict(block_n=128, num_stages=3, group_m=16), dict(block_n=128, split_k=1, num_stages=3, group_m=16))
+
+
+# gpt-oss-120b MXFP4's 8-token entry before its per-GEMM retune (both GEMMs grouped by 16, GEMM2 unsplit), and
+# each of the retune's two changes alone.
+gpt_oss_mxfp4_8_before = _gemms(dict(group_m=16), dict(group_m=16, split_k=1))
+gpt_oss_mxfp4_8_grouped = _both_gemms(group_m=16)
+gpt_oss_mxfp4_8_unsplit = _gemms({}, dict(split_k=1))
