@@ -58,10 +58,12 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from unittest import mock
 
 from moe_core.quant import QuantDType
-from moe_triton import act_quant, quant_gemm, quantized
+from moe_triton import act_quant, configs, quant_gemm, quantized
 from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
@@ -391,3 +393,10 @@ both_n128_g16 = _gemms(dict(block_n=128, num_stages=3, group_m=16), dict(block_n
 gpt_oss_mxfp4_8_before = _gemms(dict(group_m=16), dict(group_m=16, split_k=1))
 gpt_oss_mxfp4_8_grouped = _both_gemms(group_m=16)
 gpt_oss_mxfp4_8_unsplit = _gemms({}, dict(split_k=1))
+
+
+def tuned_entry(layer, tokens: int):
+    """The entry nearest `tokens` in the one tuned-config file of $AB_TUNED_DIR (a `moe tune --out` folder)."""
+    (path,) = Path(os.environ["AB_TUNED_DIR"]).glob("*.json")
+    _, table = configs._parse_file(path)
+    return mock.patch.object(layer.experts, "config_override", table[configs._nearest_m(table, tokens)])
