@@ -229,8 +229,8 @@ def test_wgmma_gemm_compiles_for_hopper():
     """The Gluon kernel built for sm_90 by the installed Triton: warp-specialized (registers moved
     between partitions, copies completing on mbarriers), each consumer's quarter MMAs asynchronous
     with one in flight at each of its four waits per 128-wide tile, and kept so by ptxas; MXFP4
-    unpacked by the PTX lop3s;
-    the epilogue's stores 16 bytes wide and its sigmoid approximate (docs/design/triton-gemm-quantized.md)."""
+    unpacked by the PTX lop3s; the epilogue's stores 16 bytes wide and its sigmoid approximate
+    (docs/design/triton-gemm-quantized.md)."""
     stdout = run_compiler_script(_COMPILE_WGMMA, json.dumps(_WGMMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_WGMMA_SPECIALIZATIONS)
@@ -243,8 +243,8 @@ def test_wgmma_gemm_compiles_for_hopper():
         tail_loops = 2 if _WGMMA_SPECIALIZATIONS[name][0].get("TAIL", 0) else 0
         assert mmas >= 4 * loops + 8 * tail_loops and waits == 4 * loops, (name, mmas, waits)
         # Where a partition lacks the registers to keep wgmma in flight, ptxas serializes every one of them
-        # (info C7512: an arrival and a wait around each HGMMA), and would rather do so than spill a few
-        # copy addresses: a consumer without the per-channel scale ring's copies measured 10% slower for it
+        # (info C7512: an arrival and a wait around each HGMMA), sometimes where spilling a few copy
+        # addresses would have kept them asynchronous, at 5-10% of the layer's time
         # (benchmarks/results/int8_register_edge_2026-12-01.md). A quarter's HGMMAs (two, four with a
         # tail) share one arrival.
         assert 2 * mma_arrivals <= hgmmas, (name, hgmmas, mma_arrivals)
