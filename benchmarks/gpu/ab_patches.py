@@ -66,6 +66,7 @@ from moe_core.quant import QuantDType
 from moe_triton import act_quant, configs, quant_gemm, quantized
 from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
+from moe_triton.quant_gemm_details._heuristics import WarpSpecializedRegs
 from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
@@ -400,3 +401,20 @@ def tuned_entry(layer, tokens: int):
     (path,) = Path(os.environ["AB_TUNED_DIR"]).glob("*.json")
     _, table = configs._parse_file(path)
     return mock.patch.object(layer.experts, "config_override", table[configs._nearest_m(table, tokens)])
+
+
+def _folded_regs(regs: int):
+    """The wgmma kernel's 128-pair blocks (copies folded into its two consumer warpgroups) at `regs`
+    registers per thread instead of `_heuristics.FOLDED_REGS`' 240 (8 warps x 32 x 248 still fit the
+    64K-register file)."""
+    plan = WarpSpecializedRegs(producer_warps=0, consumer_regs=regs, producer_regs=0, maxnreg=regs)
+    shipped = quant_gemm.ws_regs
+
+    def patch(layer, tokens: int):
+        return mock.patch.object(quant_gemm, "ws_regs", lambda block_m: plan if block_m == 128 else shipped(block_m))
+    return patch
+
+
+# Offline (Triton 3.6): int4's and MXFP4's consumers spill-free at 248 (two reloads per K tile at 240), int8's
+# 12-14 reloads per tile instead of 17; every build's wgmma still asynchronous.
+folded_regs_248 = _folded_regs(248)
