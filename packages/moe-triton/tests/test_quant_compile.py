@@ -244,9 +244,8 @@ def test_wgmma_gemm_compiles_for_hopper():
         assert mmas >= 4 * loops + 8 * tail_loops and waits == 4 * loops, (name, mmas, waits)
         # Where a partition lacks the registers to keep wgmma in flight, ptxas serializes every one of them
         # (info C7512: an arrival and a wait around each HGMMA), sometimes where spilling a few copy
-        # addresses would have kept them asynchronous, at 5-10% of the layer's time
-        # (benchmarks/results/int8_register_edge_2026-12-01.md). A quarter's HGMMAs (two, four with a
-        # tail) share one arrival.
+        # addresses would have kept them asynchronous (docs/design/triton-gemm-quantized.md, register
+        # plans). A quarter's HGMMAs (two, four with a tail) share one arrival.
         assert 2 * mma_arrivals <= hgmmas, (name, hgmmas, mma_arrivals)
         assert copy_arrivals >= 1 and setmaxnreg >= 3, (name, copy_arrivals, setmaxnreg)
         # Quarters 0 and 1 of each loop's unpack mask with 0x81C081C0.
