@@ -266,9 +266,9 @@ add ab-block-ready-new-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype m
 add ab-gpt-oss-mxfp4-8-retune "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 4 5 8 12 15 --rounds 7 --variant before=ab_patches:gpt_oss_mxfp4_8_before --variant shipped --variant grouped=ab_patches:gpt_oss_mxfp4_8_grouped --variant unsplit=ab_patches:gpt_oss_mxfp4_8_unsplit --out $OUT/host/ab-gpt-oss-mxfp4-8-retune.json"
 # A `moe tune` output folder's entry (AB_TUNED_DIR) against the shipped ones: AB_PRESET, AB_DTYPE, AB_TOKENS.
 add ab-tuned-entry "python3 ab_layer.py --preset \${AB_PRESET:?} --dtype \${AB_DTYPE:?} --m \${AB_TOKENS:?} --rounds 5 --variant shipped --variant tuned=ab_patches:tuned_entry --out $OUT/host/ab-tuned-entry.json"
-# The wgmma kernel's 128-pair blocks at 248 registers per thread instead of 240 (fewer spilled copy addresses),
+# The wgmma kernel's 128-pair blocks at 248 or 255 registers per thread instead of 240 (fewer spilled copy addresses),
 # on the cells whose entries run them (128-row wgmma tiles at 512-2048 tokens): int8 first, the target.
-folded="--rounds 5 --variant shipped --variant r248=ab_patches:folded_regs_248"
+folded="--rounds 5 --variant shipped --variant r248=ab_patches:folded_regs_248 --variant r255=ab_patches:folded_regs_255"
 add ab-folded-248-int8 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int8 --m 2048 $folded --out $OUT/host/ab-folded-248-int8-qwen.json && python3 ab_layer.py --preset mixtral-8x7b --dtype int8 --m 512 2048 $folded --out $OUT/host/ab-folded-248-int8-mixtral.json"
 add ab-folded-248-qwen "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 mxfp4 --m 2048 $folded --out $OUT/host/ab-folded-248-qwen.json"
 add ab-folded-248-mixtral "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 mxfp4 --m 512 2048 $folded --out $OUT/host/ab-folded-248-mixtral.json"
