@@ -405,7 +405,7 @@ def tuned_entry(layer, tokens: int):
 
 def _folded_regs(regs: int):
     """The wgmma kernel's 128-pair blocks (copies folded into its two consumer warpgroups) at `regs`
-    registers per thread instead of `_heuristics.FOLDED_REGS`' 240 (8 warps x 32 x `regs`, rounded up
+    registers per thread instead of `_heuristics.FOLDED_REGS`' 255 (8 warps x 32 x `regs`, rounded up
     to 8 per thread, must fit the 64K-register file)."""
     plan = WarpSpecializedRegs(producer_warps=0, consumer_regs=regs, producer_regs=0, maxnreg=regs)
     shipped = quant_gemm.ws_regs
@@ -415,8 +415,7 @@ def _folded_regs(regs: int):
     return patch
 
 
-# Offline (Triton 3.6): int4's and MXFP4's consumers spill-free at 248 (two reloads per K tile at 240), int8's
-# 12-14 reloads per tile instead of 17; at 255 (8 x 32 x 256 allocated: the whole file) int8's GEMM1 spills 16
-# bytes, not 72; every build's wgmma still asynchronous.
+# Offline (Triton 3.6): at 240 int4's and MXFP4's consumers reload two spilled values per K tile and
+# int8's 17; at 248 int4 and MXFP4 spill nothing and int8 reloads 12-14; every build's wgmma asynchronous.
+folded_regs_240 = _folded_regs(240)
 folded_regs_248 = _folded_regs(248)
-folded_regs_255 = _folded_regs(255)

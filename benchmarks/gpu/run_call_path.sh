@@ -18,7 +18,7 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-248-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -266,12 +266,12 @@ add ab-block-ready-new-mxfp4 "python3 ab_layer.py --preset deepseek-v3 --dtype m
 add ab-gpt-oss-mxfp4-8-retune "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 4 5 8 12 15 --rounds 7 --variant before=ab_patches:gpt_oss_mxfp4_8_before --variant shipped --variant grouped=ab_patches:gpt_oss_mxfp4_8_grouped --variant unsplit=ab_patches:gpt_oss_mxfp4_8_unsplit --out $OUT/host/ab-gpt-oss-mxfp4-8-retune.json"
 # A `moe tune` output folder's entry (AB_TUNED_DIR) against the shipped ones: AB_PRESET, AB_DTYPE, AB_TOKENS.
 add ab-tuned-entry "python3 ab_layer.py --preset \${AB_PRESET:?} --dtype \${AB_DTYPE:?} --m \${AB_TOKENS:?} --rounds 5 --variant shipped --variant tuned=ab_patches:tuned_entry --out $OUT/host/ab-tuned-entry.json"
-# The wgmma kernel's 128-pair blocks at 248 or 255 registers per thread instead of 240 (fewer spilled copy addresses),
-# on the cells whose entries run them (128-row wgmma tiles at 512-2048 tokens): int8 first, the target.
-folded="--rounds 5 --variant shipped --variant r248=ab_patches:folded_regs_248 --variant r255=ab_patches:folded_regs_255"
-add ab-folded-248-int8 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int8 --m 2048 $folded --out $OUT/host/ab-folded-248-int8-qwen.json && python3 ab_layer.py --preset mixtral-8x7b --dtype int8 --m 512 2048 $folded --out $OUT/host/ab-folded-248-int8-mixtral.json"
-add ab-folded-248-qwen "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 mxfp4 --m 2048 $folded --out $OUT/host/ab-folded-248-qwen.json"
-add ab-folded-248-mixtral "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 mxfp4 --m 512 2048 $folded --out $OUT/host/ab-folded-248-mixtral.json"
+# The wgmma kernel's 128-pair blocks at 240 or 248 registers per thread instead of 255 (more spilled copy
+# addresses), on the cells whose entries run them (128-row wgmma tiles at 512-2048 tokens): int8 first.
+folded="--rounds 5 --variant shipped --variant r240=ab_patches:folded_regs_240 --variant r248=ab_patches:folded_regs_248"
+add ab-folded-regs-int8 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int8 --m 2048 $folded --out $OUT/host/ab-folded-regs-int8-qwen.json && python3 ab_layer.py --preset mixtral-8x7b --dtype int8 --m 512 2048 $folded --out $OUT/host/ab-folded-regs-int8-mixtral.json"
+add ab-folded-regs-qwen "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 mxfp4 --m 2048 $folded --out $OUT/host/ab-folded-regs-qwen.json"
+add ab-folded-regs-mixtral "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 mxfp4 --m 512 2048 $folded --out $OUT/host/ab-folded-regs-mixtral.json"
 # qwen3-235b-a22b int4 at 3-6 tokens: its entries keyed 2 and 8 as shipped, and the 8-token one without block_ready.
 add ab-entry8-off-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 3 4 5 6 --rounds 5 --variant shipped --variant off=ab_patches:gemm2_block_ready_off --variant entry8-off=ab_patches:entry8_block_ready_off --out $OUT/host/ab-entry8-off-qwen3-235b.json"
 # 4 and 5 tokens (served by the 8-token entry) on the 2-token entry, where a file has one (int4, MXFP4).

@@ -99,9 +99,12 @@ class WarpSpecializedRegs:
 
 # A producer warpgroup: 12 warps at 168 registers, the consumers raised to 192, the producer down to 120.
 WS_REGS = WarpSpecializedRegs(producer_warps=4, consumer_regs=192, producer_regs=120, maxnreg=168)
-# Copies folded into the consumers: 8 warps at 240 registers, which a 128-pair block's MMA loop needs
-# to stay asynchronous (with a producer, ptxas serializes each consumer's wgmma there).
-FOLDED_REGS = WarpSpecializedRegs(producer_warps=0, consumer_regs=240, producer_regs=0, maxnreg=240)
+# Copies folded into the consumers: 8 warps at 255 registers (256 as allocated: the whole file; Gluon
+# sets the worker's to 248, the default partition's to 256). A 128-pair block's MMA loop needs about
+# 240 to stay asynchronous (with a producer, ptxas serializes each consumer's wgmma there); above
+# that, fewer copy addresses spill (int8's) and the layer runs faster
+# (docs/design/triton-gemm-quantized.md, register plans).
+FOLDED_REGS = WarpSpecializedRegs(producer_warps=0, consumer_regs=255, producer_regs=0, maxnreg=255)
 
 
 def ws_regs(block_m: int) -> WarpSpecializedRegs:

@@ -26,8 +26,8 @@ Nothing is shared between the consumers but the ring, so one unpacks while the o
 Registers (`_heuristics.ws_regs`): ptxas keeps wgmma asynchronous only when every partition holds
 the registers the MMA loop needs. With a producer, 12 warps at 168 each: the consumers raise
 theirs to 192, the producer drops to 120, enough for 64-pair blocks only (with 128 pairs ptxas
-serializes each consumer's MMAs). Folded, 8 warps at 240 each, no partition below the MMA loop's
-need.
+serializes each consumer's MMAs). Folded, 8 warps at 255 each (the whole register file), no
+partition below the MMA loop's need.
 A folded block with at most 64 valid pairs (an expert's last) runs a second copy of the loop
 whose MMAs cover its first 64 rows: half the padding's tensor-core work. With TAIL (8 or 16), a
 full block whose expert's next block holds at most TAIL valid pairs (that expert's last) takes
