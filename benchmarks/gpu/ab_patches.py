@@ -66,7 +66,7 @@ from moe_core.quant import QuantDType
 from moe_triton import act_quant, configs, quant_gemm, quantized
 from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm_details._heuristics import WarpSpecializedRegs
+from moe_triton.quant_gemm_details import _heuristics
 from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
@@ -407,11 +407,10 @@ def _folded_regs(regs: int):
     """The wgmma kernel's 128-pair blocks (copies folded into its two consumer warpgroups) at `regs`
     registers per thread instead of `_heuristics.FOLDED_REGS`' 255 (8 warps x 32 x `regs`, rounded up
     to 8 per thread, must fit the 64K-register file)."""
-    plan = WarpSpecializedRegs(producer_warps=0, consumer_regs=regs, producer_regs=0, maxnreg=regs)
-    shipped = quant_gemm.ws_regs
+    plan = dataclasses.replace(_heuristics.FOLDED_REGS, consumer_regs=regs, maxnreg=regs)
 
     def patch(layer, tokens: int):
-        return mock.patch.object(quant_gemm, "ws_regs", lambda block_m: plan if block_m == 128 else shipped(block_m))
+        return mock.patch.object(_heuristics, "FOLDED_REGS", plan)
     return patch
 
 
