@@ -49,8 +49,7 @@ or one, launch their GEMMs without the alignment, whatever the router: `quantize
 `input_quantized_apart` (block fp8's input quantized by an `act_quant` launch, not by the routing
 launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch_tiles_all` (a one-token GEMM2
 asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
-`quant_gemm.L2_PREFETCH_TILES`, shipped 1); `zero_subtracted` (int4 on the mma kernel subtracting
-its zero points from the weights where it takes their share by an MMA).
+`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
   instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
   GEMM runs on the mma or wgmma kernel.
@@ -144,12 +143,6 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
-
-
-def zero_subtracted(layer, tokens: int):
-    """int4 on the mma kernel with P + zero point subtracted from each pair of weights in every launch,
-    not its share of the sums taken by an MMA (`_heuristics.MMA_ZERO_SHARE_MAX_COLUMNS` 0)."""
-    return mock.patch.object(quant_gemm, "MMA_ZERO_SHARE_MAX_COLUMNS", 0)
 
 
 # The wgmma kernel's launch shape: only the tl.dot kernel's options reset.

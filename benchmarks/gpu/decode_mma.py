@@ -39,8 +39,7 @@ def count(argv) -> int:
     p.add_argument("--block-n", type=int, nargs="+", default=[64, 128])
     args = p.parse_args(argv)
     for (block_n, direct) in ((bn, d) for d in (True, False) for bn in args.block_n):
-        small, large = ([text for _, text in sass(compile_mma_gemm(dict(TILES=t, BLOCK_N=block_n, DIRECT=direct,
-                                                                        ZERO_BY_MMA=direct))
+        small, large = ([text for _, text in sass(compile_mma_gemm(dict(TILES=t, BLOCK_N=block_n, DIRECT=direct))
                                                  .asm["cubin"])] for t in (4, 8))
         weights = block_n * 128 // 128  # 4 warps of 32 threads
         per_tile = (len(large) - len(small)) / 4

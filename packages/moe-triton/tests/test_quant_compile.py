@@ -294,8 +294,7 @@ def test_int8_wgmma_grid_fits_an_sm90_block():
 # The mma kernel's specializations over MMA_CONSTEXPRS (qwen3-30b-a3b's one-token GEMM1): GEMM2
 # (weights asked for before the wait, top-k reduce, router weight), gpt-oss-like (zero points, groups
 # of 64, bias, ragged N, expert map), groups of 32 into plain atomics, fp16 with a store;
-# aligned blocks of 16 and 32 pairs (two and four 8-wide MMA columns, the zero points subtracted, as
-# launched), N tiles first, and of 8 pairs (the zero points' share by an MMA, as launched); int8 (int32 byte
+# aligned blocks of 16 and 32 pairs (two and four 8-wide MMA columns), N tiles first; int8 (int32 byte
 # quads: 32 bytes of words per thread and row block) per channel and with zero points in groups of 128;
 # MXFP4 (exponent words as scales) with one factor per weight and with two, in fp16; GEMM1 ranking its
 # pairs' experts itself.
@@ -307,19 +306,17 @@ _MMA_SPECIALIZATIONS = {
     "g32-atomic": (dict(GROUP=32, SINK=1, ACT=0, GATE_UP_CHUNK=0, TILES=1), {}),
     "fp16-store-relu2": (dict(SINK=0, ACT=5, GATE_UP_CHUNK=0, EVEN_N=False, TILES=8),
                          {"a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
-    "blocks-gemm1": (dict(DIRECT=False, ZERO_BY_MMA=False, BLOCK_N=128, TILES=8), {}),
-    "blocks-gemm2-32": (dict(DIRECT=False, ZERO_BY_MMA=False, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1,
-                             MUL_ROUTED=True, ZERO_SIDE=False, BLOCK_M=32, TILES=2), {}),
-    "blocks-n-first-atomic": (dict(DIRECT=False, ZERO_BY_MMA=False, N_FIRST=True, SINK=1, ACT=0, GATE_UP_CHUNK=0), {}),
-    "blocks-of-8": (dict(DIRECT=False, BLOCK_M=8, SINK=1, ACT=0, GATE_UP_CHUNK=0), {}),
-    "int8-channel": (dict(WTYPE=1, ZERO_BY_MMA=False, GROUP=0), {"b_ptr": "*i32"}),
-    "int8-zp-g128-gemm2": (dict(WTYPE=1, ZERO_BY_MMA=False, HAS_ZP=True, EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0,
-                                REDUCE_TOPK=8, A_ROWS_DIV=1, MUL_ROUTED=True, ZERO_SIDE=False, TILES=2),
-                           {"b_ptr": "*i32"}),
-    "mxfp4-bias-ragged-n": (dict(WTYPE=3, ZERO_BY_MMA=False, GROUP=32, FOLDED_SCALE=True, HAS_BIAS=True, EVEN_N=False),
+    "blocks-gemm1": (dict(DIRECT=False, BLOCK_N=128, TILES=8), {}),
+    "blocks-gemm2-32": (dict(DIRECT=False, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1, MUL_ROUTED=True,
+                             ZERO_SIDE=False, BLOCK_M=32, TILES=2), {}),
+    "blocks-n-first-atomic": (dict(DIRECT=False, N_FIRST=True, SINK=1, ACT=0, GATE_UP_CHUNK=0), {}),
+    "int8-channel": (dict(WTYPE=1, GROUP=0), {"b_ptr": "*i32"}),
+    "int8-zp-g128-gemm2": (dict(WTYPE=1, HAS_ZP=True, EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8,
+                                A_ROWS_DIV=1, MUL_ROUTED=True, ZERO_SIDE=False, TILES=2), {"b_ptr": "*i32"}),
+    "mxfp4-bias-ragged-n": (dict(WTYPE=3, GROUP=32, FOLDED_SCALE=True, HAS_BIAS=True, EVEN_N=False),
                             {"s_ptr": "*i32"}),
-    "mxfp4-two-factors-fp16-blocks": (dict(WTYPE=3, ZERO_BY_MMA=False, GROUP=32, DIRECT=False, SINK=1, ACT=0,
-                                           GATE_UP_CHUNK=0), {"a_ptr": "*fp16", "s_ptr": "*i32", "fin_ptr": "*fp16"}),
+    "mxfp4-two-factors-fp16-blocks": (dict(WTYPE=3, GROUP=32, DIRECT=False, SINK=1, ACT=0, GATE_UP_CHUNK=0),
+                                      {"a_ptr": "*fp16", "s_ptr": "*i32", "fin_ptr": "*fp16"}),
     "gemm1-own-route": (dict(OWN_ROUTE=True), {}),
 }
 
@@ -330,30 +327,24 @@ for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
     ptx = compile_mma_gemm(consts, pointers).asm["ptx"]
     print(name, ptx.count("mma.sync.aligned.m16n8k16"), ptx.count("cp.async.cg.shared.global"),
           ptx.count("cp.async.wait_group"), ptx.count("griddepcontrol.wait"), ptx.count("0x81C081C0"),
-          ptx.count("prmt.b32"), ptx.count("add.bf16x2") + ptx.count("add.f16x2"), flush=True)
+          ptx.count("prmt.b32"), flush=True)
 """
 
 
 def test_mma_gemm_compiles_for_hopper():
     """The Gluon mma.sync kernel built for sm_90 by the installed Triton: per K tile, 16 weight rows and
-    8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter), twice as many where
-    int4's zero points take their share by an MMA, which then subtract nothing from the weights
-    (the others, without zero points, one 16-bit pair subtraction per two weights); the words copied
+    8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter); the words copied
     16 bytes at a time by cp.async into the ring, a wait per tile (and one before an early exit); a
     dependent launch's wait; int8's quarters taken by prmt, MXFP4's by the e2m1 masks."""
     stdout = run_compiler_script(_COMPILE_MMA, json.dumps(_MMA_SPECIALIZATIONS))
     built = {name: tuple(map(int, counts)) for name, *counts in map(str.split, stdout.splitlines())}
     assert set(built) == set(_MMA_SPECIALIZATIONS)
-    for name, (mmas, copies, copy_waits, waits, e2m1_masks, byte_selects, pair_adds) in built.items():
+    for name, (mmas, copies, copy_waits, waits, e2m1_masks, byte_selects) in built.items():
         consts = {**MMA_CONSTEXPRS, **_MMA_SPECIALIZATIONS[name][0]}
         row_blocks = consts["BLOCK_N"] // 64  # 4 warps of 16 rows each
         col_blocks = 1 if consts["DIRECT"] else consts["BLOCK_M"] // 8
         tiles = consts["TILES"]
-        zero_mmas = 2 if consts["ZERO_BY_MMA"] else 1
-        assert mmas == 8 * zero_mmas * tiles * row_blocks * col_blocks, (name, mmas)
-        if consts["WTYPE"] == 0 and not consts["HAS_ZP"]:
-            subtracted = 0 if consts["ZERO_BY_MMA"] else 32 * tiles * row_blocks
-            assert pair_adds == subtracted, (name, pair_adds)
+        assert mmas == 8 * tiles * row_blocks * col_blocks, (name, mmas)
         # A wait per tile, and one where another rank's expert ends the program early; int8's words
         # are twice int4's bytes.
         pieces = 4 if consts["WTYPE"] == 1 else 2

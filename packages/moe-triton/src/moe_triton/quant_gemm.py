@@ -27,7 +27,6 @@ from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._heuristics import (
     L2_PREFETCH_TILES,
-    MMA_ZERO_SHARE_MAX_COLUMNS,
     POST_SCALE_MAX_TILE,
     effective_split,
     ws_regs,
@@ -231,7 +230,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     if cfg.mma:
         _check_mma(a, w, split, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
         # Gluon is imported only when a configuration asks for this kernel.
-        from moe_triton.quant_gemm_details._mma import DIRECT_COLUMNS, moe_mma_gemm_kernel
+        from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
         trace_buf = trace.buffer("gemm", programs, a.device)
         own = own_route is not None and direct and not has_map and dependent_launch(a.device)
@@ -248,10 +247,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
             GROUP=w.group if w.group < w.k_tiles * w.block_k else 0, WTYPE=int(w.wtype), FOLDED_SCALE=w.folded_scale,
             HAS_ZP=w.zero is not None,
-            CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None,
-            ZERO_BY_MMA=(w.wtype is WType.INT4
-                         and (DIRECT_COLUMNS.value if direct else cfg.block_m) <= MMA_ZERO_SHARE_MAX_COLUMNS),
-            A_ROWS_DIV=a_rows_div, MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk, SINK=int(sink),
+            CODE_OFFSET=w.code_offset, HAS_BIAS=bias is not None, A_ROWS_DIV=a_rows_div,
+            MUL_ROUTED=topk_weights is not None, REDUCE_TOPK=reduce_topk, SINK=int(sink),
             ACT=int(act_kind(activation)) if activation else 0, GATE_UP_CHUNK=gate_up_chunk,
             ZERO_SIDE=zero_side is not None, DIRECT=direct, HAS_MAP=has_map, N_FIRST=n_first, BLOCK_M=cfg.block_m,
             TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,

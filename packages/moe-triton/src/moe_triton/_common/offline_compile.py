@@ -58,12 +58,10 @@ WGMMA_CONSTEXPRS = dict(
 
 
 # A one-token GEMM1 of a bf16 int4 (quads, group 128) layer on the mma kernel: its four K tiles per
-# split, the zero point's share by an MMA, the gated activation by the last arrival, GEMM2's sums
-# zeroed on the side, a dependent launch.
+# split, the gated activation by the last arrival, GEMM2's sums zeroed on the side, a dependent launch.
 MMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
-    ZERO_BY_MMA=True, MUL_ROUTED=False, REDUCE_TOPK=1, SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True,
-    HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
+    MUL_ROUTED=False, REDUCE_TOPK=1, SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True, HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
     BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False, OWN_ROUTE=False, ROUTE_E_P2=128)
 
 

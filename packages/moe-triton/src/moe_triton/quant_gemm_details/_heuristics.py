@@ -12,7 +12,7 @@ from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
 __all__ = ["FOLDED_REGS", "FP8_SWAP_BLOCK_K", "FP8_SWAP_MAX_BLOCK_M", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS",
-           "L2_PREFETCH_TILES", "MMA_ZERO_SHARE_MAX_COLUMNS", "POST_SCALE_MAX_TILE", "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config",
+           "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE", "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config",
            "ws_regs"]
 
 # fp8 experts whose weights outgrow the L2 cache (mixtral-8x7b: 117 and 59 MB per expert) launch their
@@ -83,12 +83,6 @@ POST_SCALE_MAX_TILE = 16 * 128
 # prefetch_l2): its K loop starts on L2 hits instead of a cold DRAM stream. More tiles overflow L2
 # beside GEMM1's weight stream.
 L2_PREFETCH_TILES = 1
-
-# int4 on the mma kernel over at most this many MMA columns (a direct launch's 8, or aligned blocks of 8
-# pairs): the zero point's share of the sums, -(P + zero) . x, comes from an MMA per quarter on a
-# constant operand instead of a subtraction from each pair of weights (two HMMA against eight HADD2 per
-# thread and quarter of 16 weight rows; over 16 columns and more the MMAs cost as much).
-MMA_ZERO_SHARE_MAX_COLUMNS = 8
 
 
 @dataclass(frozen=True)

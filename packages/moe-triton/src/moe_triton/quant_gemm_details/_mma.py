@@ -8,8 +8,8 @@ GROUP_M. Its twin is `moe_triton.quant_gemm.quant_gemm_torch`.
 
 Why a third kernel: at one token the tl.dot kernel's K loop is bound by instruction issue (under
 Triton 3.6, 221 instructions per K tile and thread for 64 weights: cp.async staging, shared-memory
-reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K tile and thread of
-a direct int4 launch, 132 for 64 weights, 204 for 128 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
+reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K tile and thread,
+140 for 64 weights, 246 for 128 (offline SASS, `benchmarks/gpu/decode_mma.py count`):
 - the weights are mma.sync's A operand, 16 output rows per warp; the pairs are its N side: a direct
   launch's one pair in an 8-wide N (every column reads it, column 0 is kept), an aligned block's
   BLOCK_M pairs in as many columns, so a pair is padded to 8 columns at most, not to 64;
@@ -20,9 +20,7 @@ a direct int4 launch, 132 for 64 weights, 204 for 128 (offline SASS, `benchmarks
   split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
   are read into shared memory once, and each quarter from there;
 - int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
-  1024's fp16 mantissa, P + code); P + zero point is subtracted from each pair of weights, or, over
-  8 columns (ZERO_BY_MMA), its share of the sums comes from one more MMA per quarter on a constant
-  operand, which costs a quarter of the subtractions' instructions; int8: a prmt, two lop3 and an fma
+  1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, two lop3 and an fma
   per pair of words (`_dequant.byte_quarter_ptx`: code - 128), minus any zero point's offset from
   128; the group's scale multiplies the fp32 sums of its quarters. MXFP4: the e2m1 fields in place
   (`_dequant.e2m1_quarter_ptx`) times their quarter's power of two, exact, before the MMAs.
@@ -111,12 +109,10 @@ def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
 @gluon.jit
 def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
                   WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
-                  ZERO_BY_MMA: gl.constexpr, CT: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
+                  CT: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
     """acc + one K tile's weights . x per row; a tile past the last (kt >= k_tiles: the split's words
     repeated its last) adds nothing. int4 and int8: (code - zero) . x in fp32, each scale group's sums
     times its scale (GROUP as the kernel's: the whole tile or more, one or two quarters; 0 one row);
-    int4 with ZERO_BY_MMA: (P + code) . x - (P + zero) . x, the second an MMA on a constant operand
-    (exact operands, integers below 2^11; the fp32 sums cancel P's share);
     MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`),
     the exponent words at s_ptrs (rows in w_op's slice)."""
     valid = kt < k_tiles
@@ -159,13 +155,7 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_o
                         z = gl.expand_dims(z, 1)
                     else:
                         z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
-                    if ZERO_BY_MMA:
-                        neg_z = gl.zeros([acc.shape[0], QUARTER], CT, layout=w_op) - z
-                w = _nibble(words, j, CT)
-                if ZERO_BY_MMA:
-                    part = mma_v2(neg_z, xs[j], part)
-                else:
-                    w = w - z
+                w = _nibble(words, j, CT) - z
             part = mma_v2(w, xs[j], part)
             if j % QPG == QPG - 1:
                 s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
@@ -233,8 +223,6 @@ def moe_mma_gemm_kernel(
     WTYPE: gl.constexpr,  # `_layouts.WType`: 0 int4 (int16 quads words), 1 int8 (int32 byte quads), 3 MXFP4 (int16)
     FOLDED_SCALE: gl.constexpr,  # MXFP4: every e8m0 exponent at most 128 (one factor per weight)
     HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, HAS_BIAS: gl.constexpr,
-    # int4: the zero point's share of the sums from an MMA on a constant operand (`_heuristics.MMA_ZERO_SHARE_MAX_COLUMNS`)
-    ZERO_BY_MMA: gl.constexpr,
     A_ROWS_DIV: gl.constexpr, MUL_ROUTED: gl.constexpr, REDUCE_TOPK: gl.constexpr,
     SINK: gl.constexpr,  # `_kernel.Sink`: 0 STORE (not gated), 1 ATOMIC, 2 LAST_ARRIVAL (`_arrive`)
     ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, ZERO_SIDE: gl.constexpr,
@@ -268,7 +256,6 @@ def moe_mma_gemm_kernel(
     gl.static_assert(GROUP % TILE_K == 0 or GROUP == 64 or GROUP == 32, "scale groups: 32, 64, multiples of 128, 0")
     gl.static_assert(WTYPE != 3 or (GROUP == QUARTER and not HAS_ZP), "MXFP4: an exponent per quarter, no zero points")
     gl.static_assert(WTYPE == 0 or WTYPE == 1 or WTYPE == 3, "int4, int8 or MXFP4 quads")
-    gl.static_assert(not ZERO_BY_MMA or WTYPE == 0, "the zero point's share by an MMA: int4")
     gl.static_assert(SINK != 0 or GATE_UP_CHUNK == 0, "a gated activation finishes by last arrival")
     gl.static_assert(not EARLY_WEIGHTS or (DIRECT and PDL), "weights ahead of the wait: dependent direct launches")
     gl.static_assert(not OWN_ROUTE or (DIRECT and PDL and not HAS_MAP and not EARLY_WEIGHTS),
@@ -381,7 +368,7 @@ def moe_mma_gemm_kernel(
         quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
                     x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
         acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, ZERO_BY_MMA, CT, mma, w_op)
+                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
     if OWN_ROUTE:  # the routing launch clears the sums and counts the sinks add to: wait for it now
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
