@@ -53,6 +53,8 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
   instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
   GEMM runs on the mma or wgmma kernel.
+- `folded_regs_240`, `folded_regs_248`: the wgmma kernel's 128-pair blocks (copies folded into the
+  consumers) at that many registers per thread instead of `_heuristics.FOLDED_REGS`' plan.
 """
 
 from __future__ import annotations
