@@ -53,9 +53,6 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
   instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
   GEMM runs on the mma or wgmma kernel.
-- `gemm2_activates_input`, `mma_gemm2_activates_input`: an mma GEMM2 applying GEMM1's activation to its fp32 sums
-  as it reads them, GEMM1 only adding them (`GemmConfig.activates_input`): the served shapes (as they are where
-  GEMM2 is not on the mma kernel), or with GEMM2 moved onto the mma kernel first (`_as_mma`).
 - `folded_regs_240`, `folded_regs_248`: the wgmma kernel's 128-pair blocks (copies folded into the
   consumers) at that many registers per thread instead of `_heuristics.FOLDED_REGS`' plan.
 """
@@ -186,22 +183,6 @@ one_token_entry_mma_both = _mma(True, True, from_one_token=True)
 one_token_entry_mma_gemm2 = _mma(False, True, from_one_token=True)
 
 
-def _activated_input(gemm2_on_mma: bool):
-    def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
-        g2 = served.gemm2
-        if gemm2_on_mma and not g2.mma:
-            g2 = _as_mma(g2, layer.experts.config.intermediate_size_per_partition, 1)
-        if g2.mma:
-            g2 = dataclasses.replace(g2, activates_input=True)
-        return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, gemm2=g2))
-    return patch
-
-
-gemm2_activates_input = _activated_input(gemm2_on_mma=False)
-mma_gemm2_activates_input = _activated_input(gemm2_on_mma=True)
-
-
 def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gemm1_mma: bool = False,
                        from_one_token: bool = False):
     """GEMM2 on the mma kernel with a ring one stage deeper than its split's K tiles: a dependent direct
@@ -244,7 +225,7 @@ def mma_entries_before(layer, tokens: int):
     cfg = layer.experts.config
     gemm, fields = _BEFORE_MMA[cfg.hidden_size, cfg.intermediate_size_per_partition]
     served = layer.experts._find_config(tokens).config
-    before = dataclasses.replace(getattr(served, gemm).off_mma(), **fields)
+    before = dataclasses.replace(getattr(served, gemm), mma=False, own_route=False, **fields)
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **{gemm: before}))
 
 

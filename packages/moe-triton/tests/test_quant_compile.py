@@ -297,7 +297,7 @@ def test_int8_wgmma_grid_fits_an_sm90_block():
 # aligned blocks of 16 and 32 pairs (two and four 8-wide MMA columns), N tiles first; int8 (int32 byte
 # quads: 32 bytes of words per thread and row block) per channel and with zero points in groups of 128;
 # MXFP4 (exponent words as scales) with one factor per weight and with two, in fp16; GEMM1 ranking its
-# pairs' experts itself; GEMM2 activating GEMM1's fp32 sums as it reads them (SiLU in bf16, SwiGLU in fp16).
+# pairs' experts itself.
 _MMA_SPECIALIZATIONS = {
     "gemm1-g128": ({}, {}),
     "gemm2-early-weights": (dict(EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1,
@@ -318,13 +318,6 @@ _MMA_SPECIALIZATIONS = {
     "mxfp4-two-factors-fp16-blocks": (dict(WTYPE=3, GROUP=32, DIRECT=False, SINK=1, ACT=0, GATE_UP_CHUNK=0),
                                       {"a_ptr": "*fp16", "s_ptr": "*i32", "fin_ptr": "*fp16"}),
     "gemm1-own-route": (dict(OWN_ROUTE=True), {}),
-    "gemm2-activates-input": (dict(EARLY_WEIGHTS=True, ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=8, A_ROWS_DIV=1,
-                                   MUL_ROUTED=True, ZERO_SIDE=False, TILES=2, BLOCK_N=128, ACT_IN=1,
-                                   ACT_IN_CHUNK=32), {"a_ptr": "*fp32"}),
-    "gemm2-activates-input-swiglu-fp16": (dict(ACT=0, GATE_UP_CHUNK=0, REDUCE_TOPK=4, A_ROWS_DIV=1, MUL_ROUTED=True,
-                                               ZERO_SIDE=False, HAS_BIAS=True, EVEN_N=False, ACT_IN=4,
-                                               ACT_IN_CHUNK=32, IN_F16=True),
-                                          {"a_ptr": "*fp32", "s_ptr": "*fp16", "c_ptr": "*fp32", "fin_ptr": "*fp16"}),
 }
 
 _COMPILE_MMA = """

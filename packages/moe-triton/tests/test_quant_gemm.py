@@ -13,7 +13,6 @@ from _quant_support import (
     gemm1_error,
     gemm1_operand,
     int4_bf16_layer,
-    refuse_zeroing_launches,
     rel_l2,
     run_layer,
     wgmma_launch,
@@ -27,14 +26,7 @@ from moe_core.weights.canonical import ExpertWeights
 from moe_triton._common.target import device_info, mma_capable, wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
-from moe_triton.quant_gemm import (
-    ActivatedInput,
-    LastArrival,
-    direct_quant_gemm,
-    grouped_quant_gemm,
-    quant_gemm_torch,
-    zeroed_int32,
-)
+from moe_triton.quant_gemm import LastArrival, grouped_quant_gemm, quant_gemm_torch, zeroed_int32
 from moe_triton.quant_gemm_details._layouts import GateUpInterleave
 from moe_triton.quantized import GATE_UP_CHUNK, TritonFp8Experts, TritonMxfp4Experts, TritonWna16Experts
 
@@ -434,13 +426,9 @@ def test_mma_config_limits():
     for other in (dict(one_dot=True), dict(wgmma=True), dict(max_registers=128), dict(tail=16, block_m=32)):
         with pytest.raises(ValueError, match="the mma kernel takes none of"):
             dataclasses.replace(mma_launch(64, 2), **other)
-    for option in ("own_route", "activates_input"):
-        on = dataclasses.replace(mma_launch(64, 2), **{option: True})
-        assert on.off_mma() == GemmConfig(16, 64, 2, 4, 1, swap_ab=True)
-        with pytest.raises(ValueError, match="own_route and activates_input are options of the mma kernel"):
-            GemmConfig(16, 64, 2, 4, 3, swap_ab=True, **{option: True})
-    with pytest.raises(ValueError, match="activates_input is GEMM2's"):
-        QuantKernelConfig(dataclasses.replace(mma_launch(64, 2), activates_input=True), mma_launch(64, 2))
+    dataclasses.replace(mma_launch(64, 2), own_route=True)
+    with pytest.raises(ValueError, match="own_route is an option of the mma kernel"):
+        GemmConfig(16, 64, 2, 4, 3, swap_ab=True, own_route=True)
 
 
 @pytest.mark.parametrize(("routing", "bias", "parallel", "ranks"), [
@@ -476,44 +464,6 @@ def test_mma_gemm_is_refused_where_it_cannot_run():
         layer.config_override = experts.config_override
         with pytest.raises(ValueError, match=r"needs .*int4, int8 or MXFP4 weights in a quads layout"):
             layer.apply(x384, tw[:1], ids[:1])
-
-
-def test_activated_input_is_refused_where_it_cannot_run():
-    """A GEMM given GEMM1's sums to activate (`ActivatedInput`) names what it needs: the mma kernel, fp32 sums
-    2K wide for a gated activation, gate/up chunks exactly when gated, no activation of its own output."""
-    experts, *_, ids = int4_bf16_layer(3)
-    w2 = experts._operand("w2", 256, 128)
-    ids1 = ids[:1].to(torch.int32).contiguous()
-    out = torch.zeros(1, 256, dtype=torch.float32, device=DEV)
-    silu = ActivatedInput(Activation.silu(), GATE_UP_CHUNK, torch.bfloat16)
-    sums = torch.randn(2, 256, device=DEV)  # [pairs, 2K]
-    with pytest.raises(ValueError, match=r"needs the mma kernel \(GemmConfig.mma\)"):
-        direct_quant_gemm(sums, w2, out, ids1, None, GemmConfig(16, 64, 1, 4, 2, swap_ab=True), reduce_topk=2,
-                          atomic=True, activated_input=silu)
-    with pytest.raises(ValueError, match=r"fp32 sums \[pairs, 256\] with a unit column stride \(K=128, silu\), "
-                                         r"got torch.bfloat16 \[2, 128\]"):
-        direct_quant_gemm(sums[:, :128].bfloat16(), w2, out, ids1, None, mma_launch(64, 1), reduce_topk=2,
-                          atomic=True, activated_input=silu)
-    with pytest.raises(ValueError, match=r"no activation of its own output, got silu; gate and up chunks "
-                                         r"\(gate_up_chunk > 0\) exactly when the activation is gated, got silu and 0"):
-        direct_quant_gemm(sums, w2, out, ids1, None, mma_launch(64, 1), reduce_topk=2, atomic=True,
-                          activated_input=ActivatedInput(Activation.silu(), 0, torch.bfloat16),
-                          activation=Activation.silu())
-
-
-def test_activated_input_leaves_gemm1_no_arrival_counts():
-    """With GEMM2 activating GEMM1's sums (`GemmConfig.activates_input`) the zeroed scratch of a split GEMM1
-    (cleared by the routing launch in FusedMoE's call) is its sums alone, no arrival counts; the option changes
-    nothing where GEMM1 stores its rows (one K-split on the tl.dot kernel)."""
-    experts, *_ = int4_bf16_layer(3)
-    pairs, rows = 2, 256  # one token's top-2, GEMM1's 2 x 128 rows
-    for gemm1, sums_numel in ((mma_launch(64, 2), pairs * rows), (mma_launch(64, 1), pairs * rows),
-                              (GemmConfig(16, 64, 1, 4, 2, swap_ab=True), 0)):
-        experts.config_override = QuantKernelConfig(gemm1, mma_launch(64, 1))
-        with_counts = experts._gemm1_sums_numel(1)
-        assert with_counts == (pairs * rows + pairs * (rows // 64) if sums_numel else 0), gemm1
-        experts.config_override = QuantKernelConfig(gemm1, dataclasses.replace(mma_launch(64, 1), activates_input=True))
-        assert experts._gemm1_sums_numel(1) == sums_numel, gemm1
 
 
 @pytest.mark.parametrize(("quant", "hidden"), [
@@ -670,72 +620,6 @@ def test_mma_layer_from_logits_on_gpu(tokens):
     apart = experts.apply(x, tw, ids)
     ref = reference_moe(x, weights, cfg, tw, ids, quant)
     assert rel_l2(out, ref) < 1e-2 and rel_l2(out, apart) < 1e-3
-
-
-@pytest.mark.device("cuda")
-@pytest.mark.parametrize(("quant", "dtype", "K", "N", "activation", "bias", "M", "launch", "parallel"), [
-    # qwen3-30b-a3b's one-token shapes (GEMM2 on 8 warps, its weights asked for before its wait)
-    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 1,
-                 (mma_launch(64, 4), mma_launch(128, 3, warps=8)), None, id="g128-silu-1"),
-    # gpt-oss's: SwiGLU with biases, zero points in groups of 64, K padded, N ragged, in fp16 at two tokens
-    pytest.param(int4_w4a16(64, zero_point=True), torch.float16, 2880, 2880, Activation.swiglu_oai(), True, 2,
-                 (mma_launch(64, 3), mma_launch(128, 4)), None, id="g64-zp-bias-swiglu-fp16-2"),
-    # behind a split tl.dot GEMM1 (gpt-oss-120b int8's one-token entry); MXFP4
-    pytest.param(int8_w8a16(-1), torch.bfloat16, 2880, 2880, Activation.swiglu_oai(), True, 1,
-                 (GemmConfig(16, 128, 2, 4, 3, swap_ab=True, one_dot=True), mma_launch(128, 4)), None,
-                 id="int8-behind-tl-dot"),
-    pytest.param(mxfp4_w4a16(), torch.bfloat16, 2048, 768, Activation.silu(), False, 2,
-                 (mma_launch(128, 4), mma_launch(128, 4)), None, id="mxfp4-2"),
-    # GEMM1 in one split (gated on the mma kernel, it still adds sums); a non-gated activation
-    pytest.param(int4_w4a16(32), torch.float16, 1024, 512, Activation.gelu(), False, 1,
-                 (mma_launch(64, 1), mma_launch(64, 2)), None, id="gemm1-one-split"),
-    pytest.param(int4_w4a16(128), torch.bfloat16, 1024, 512, Activation.relu2(), False, 1,
-                 (mma_launch(64, 2), mma_launch(64, 2)), None, id="relu2"),
-    # aligned blocks; another rank's experts (their sums stay zero, their activation too)
-    pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 8,
-                 (mma_launch(128, 2), mma_launch(64, 3)), None, id="blocks-8"),
-    pytest.param(int4_w4a16(128), torch.bfloat16, 1024, 512, Activation.silu(), False, 2,
-                 (mma_launch(64, 2), mma_launch(64, 2)), ParallelConfig(ep_size=2, ep_rank=1), id="expert-parallel"),
-])
-def test_mma_gemm2_activates_its_input_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parallel):
-    """GemmConfig.activates_input: GEMM1 only adds its fp32 sums and GEMM2 (mma kernel) applies the activation
-    as it reads them: as the reference, and as the same launch shapes finishing GEMM1 by last arrival (the same
-    sums activated and rounded alike; only the order of the fp32 atomics differs)."""
-    cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
-    gemm1, gemm2 = launch
-    outs = {}
-    for on in (False, True):
-        override = QuantKernelConfig(gemm1, dataclasses.replace(gemm2, activates_input=on))
-        outs[on], ref = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
-                                  override=override, parallel=parallel)
-    assert rel_l2(outs[True], ref) < 1e-2 and rel_l2(outs[True], outs[False]) < 4e-3
-
-
-@pytest.mark.device("cuda")
-@pytest.mark.parametrize("tokens", [1, 2])
-def test_mma_gemm2_activated_input_cleared_by_the_routing_launch_on_gpu(monkeypatch, tokens):
-    """FusedMoE's call with GEMM2 activating GEMM1's sums: the routing launch clears those sums (no zeroing
-    launch of their own, made to fail here, though every new buffer holds garbage) and GEMM1 ranks its
-    pairs' experts itself at one token; as the reference."""
-    if not mma_capable(device_info(DEV)):
-        pytest.skip("the mma kernel needs an NVIDIA GPU of sm_80 or later, compiled")
-    quant = int4_w4a16(128)
-    cfg = MoEConfig(num_experts=32, top_k=8, hidden_size=1024, intermediate_size=512, dtype=torch.bfloat16,
-                    routing=Routing.softmax_topk(True))
-    weights = ExpertWeights.random(cfg, quant, seed=7, device=DEV)
-    experts = TritonWna16Experts(cfg, quant, RUN_ON)
-    experts.load_weights(weights)
-    experts.config_override = QuantKernelConfig(dataclasses.replace(mma_launch(64, 2), own_route=True),
-                                                dataclasses.replace(mma_launch(128, 4), activates_input=True))
-    assert experts._gemm1_sums_numel(tokens) == tokens * 8 * cfg.w13_rows
-    gen = torch.Generator(device=DEV).manual_seed(8)
-    x = torch.randn(tokens, 1024, generator=gen, device=DEV).to(torch.bfloat16)
-    logits = torch.randn(tokens, 32, generator=gen, device=DEV)
-    refuse_zeroing_launches(monkeypatch)
-    out = experts.apply_monolithic(x, logits, None)
-    monkeypatch.undo()
-    tw, ids = route_torch(logits, cfg.routing, cfg.top_k)
-    assert rel_l2(out, reference_moe(x, weights, cfg, tw, ids, quant)) < 1e-2
 
 
 @pytest.mark.parametrize(("cls", "quant"), [(TritonWna16Experts, int4_w4a16(64)), (TritonMxfp4Experts, mxfp4_w4a16()),

@@ -172,23 +172,6 @@ def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
         "gemm1:mma=False"].gemm1
 
 
-def test_per_gemm_grid_flips_an_mma_gemm2s_activated_input():
-    """Where the layer's GEMM1 may finish by last arrival the grid tries an mma GEMM2 activating GEMM1's sums
-    itself (and back); never a tl.dot GEMM2, and leaving the mma kernel drops it."""
-    mma_tile = GemmConfig(16, 128, 2, 4, 3, True, mma=True)
-    base = QuantKernelConfig(mma_tile, mma_tile)
-    grid = per_gemm_grid(base, mma=True, activates_input=True)
-    on = dataclasses.replace(mma_tile, activates_input=True)
-    assert grid["gemm2:activates_input=True"] == QuantKernelConfig(mma_tile, on)
-    assert not any("activates_input" in k for k in per_gemm_grid(base, mma=True))
-    assert "gemm1:activates_input=True" not in grid
-    back = per_gemm_grid(QuantKernelConfig(mma_tile, on), mma=True, activates_input=True)
-    assert back["gemm2:activates_input=False"] == base
-    assert back["gemm2:mma=False"].gemm2 == GemmConfig(16, 128, 2, 4, 3, True)
-    tl_dot = QuantKernelConfig(mma_tile, GemmConfig(16, 128, 2, 4, 3, True))
-    assert not any("activates_input" in k for k in per_gemm_grid(tl_dot, mma=True, activates_input=True))
-
-
 def test_per_gemm_grid_flips_an_aligned_gemm2s_prefetch():
     """In aligned launches of a few tokens the grid tries a tl.dot GEMM2 asking L2 for its first tiles before
     its wait (and back); never GEMM1 (its experts come from the launch right before it) nor the mma kernel."""

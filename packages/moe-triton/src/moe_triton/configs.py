@@ -216,23 +216,14 @@ class GemmConfig:
     # for its own block of GEMM1's rows, counted as GEMM1's programs store them (`quant_gemm.BlockReady`),
     # instead of for all of GEMM1, so GEMM2 runs in the slots GEMM1's last wave leaves free. gemm1 False.
     block_ready: bool = False
-    # GEMM2 on the mma kernel behind a GEMM1 that adds fp32 sums (split over K, or gated on the mma kernel):
-    # GEMM1 only adds them, and GEMM2 applies the activation to its share of them as it reads its input
-    # (`quant_gemm.ActivatedInput`), where GEMM1 would finish each row by last arrival: the arrival count and
-    # the finished row's read and store leave the chain between the GEMMs. gemm1 False.
-    activates_input: bool = False
-
-    def off_mma(self) -> GemmConfig:
-        """This launch shape on the tl.dot kernel: the mma kernel's own options dropped."""
-        return replace(self, mma=False, own_route=False, activates_input=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefetch_tiles <= 8 or (self.prefetch_tiles and (self.wgmma or self.mma)):
             raise ValueError(f"GemmConfig: prefetch_tiles is 0..8, an option of the tl.dot kernel, got {self}")
         if self.block_ready and (self.wgmma or self.mma):
             raise ValueError(f"GemmConfig: block_ready is an option of the tl.dot kernel, got {self}")
-        if (self.own_route or self.activates_input) and not self.mma:
-            raise ValueError(f"GemmConfig: own_route and activates_input are options of the mma kernel, got {self}")
+        if self.own_route and not self.mma:
+            raise ValueError(f"GemmConfig: own_route is an option of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.mma and (self.wgmma or self.one_dot or self.max_registers or self.narrow or self.tail
@@ -303,8 +294,6 @@ class QuantKernelConfig:
         if self.gemm1.block_ready or (self.gemm2.block_ready and (self.gemm1.mma or self.gemm1.wgmma)):
             raise ValueError("QuantKernelConfig: block_ready is GEMM2's, behind a GEMM1 on the tl.dot kernel (which "
                              f"counts its blocks), got {self}")
-        if self.gemm1.activates_input:
-            raise ValueError(f"QuantKernelConfig: activates_input is GEMM2's (GEMM1's sums are its input), got {self}")
 
     def to_dict(self) -> dict:
         d = {"gemm1": _set_fields(self.gemm1), "gemm2": _set_fields(self.gemm2)}
@@ -324,7 +313,7 @@ class QuantKernelConfig:
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
                     f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}"
                     f"{' own-route' if c.own_route else ''}{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}"
-                    f"{' block-ready' if c.block_ready else ''}{' activates-input' if c.activates_input else ''}")
+                    f"{' block-ready' if c.block_ready else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"
                if fused is not None else "")

@@ -41,7 +41,7 @@ from moe_triton.quant_gemm_details._kernel import (
 )
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
-__all__ = ["ActivatedInput", "BlockReady", "LastArrival", "block_count", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes",
+__all__ = ["BlockReady", "LastArrival", "block_count", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes",
            "programs_per_block", "quant_gemm_torch", "zeroed_int32"]
 
 
@@ -57,25 +57,6 @@ class LastArrival:
 
     finished: torch.Tensor
     arrivals: torch.Tensor
-
-
-@dataclass(frozen=True)
-class ActivatedInput:
-    """GEMM2's input given as GEMM1's whole fp32 sums, added atomically without a last arrival: the GEMM
-    applies `activation` to them as it reads them, rounded to `dtype`, as GEMM1's last arrival would
-    have finished them (`LastArrival`). mma kernel only (`GemmConfig.activates_input`).
-
-    Invariants: the GEMM's `a` is fp32 [pairs, 2K] of gate and up chunks of `gate_up_chunk` rows
-    interleaved (gated), or [pairs, K] (gate_up_chunk 0, not gated), complete before the GEMM's wait;
-    `dtype` bf16 or fp16."""
-
-    activation: Activation
-    gate_up_chunk: int
-    dtype: torch.dtype
-
-    def columns(self, k: int) -> int:
-        """Columns of the sums whose activation has k."""
-        return 2 * k if self.activation.gated else k
 
 
 @dataclass(frozen=True)
@@ -120,7 +101,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
              reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
              activation: Activation | None = None, gate_up_chunk: int = 0,
              zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
-             ready: BlockReady | None = None, activated_input: ActivatedInput | None = None) -> None:
+             ready: BlockReady | None = None) -> None:
     """out[row] (+)= A[pair // a_rows_div] @ W[expert]^T (+ bias) (* topk weight) for each sorted pair.
 
     row = pair // reduce_topk; `atomic` accumulates into fp32 `out` (split-K, or the top-k reduce
@@ -131,7 +112,6 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
     right after another GEMM of the same alignment (GEMM2 after GEMM1): each program's first
     `cfg.prefetch_tiles` weight tiles head for L2 while that one still runs, as `direct_quant_gemm`'s.
     `ready`: GEMM1 counting its blocks as it stores them, or GEMM2 waiting for its own (`BlockReady`).
-    `activated_input`: A is GEMM1's fp32 sums, activated as they are read (`ActivatedInput`).
 
     On Hopper and later the launch may start before the previous kernel on the stream ends
     (programmatic dependent launch); its programs wait for that kernel before they read or write.
@@ -141,7 +121,7 @@ def grouped_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, sor
             has_map=False, a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, ready=ready, activated_input=activated_input)
+            prefetch_l2=prefetch_l2, ready=ready)
 
 
 def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk_ids: torch.Tensor,
@@ -151,8 +131,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
                     reduce_topk: int = 1, atomic: bool = False, last_arrival: LastArrival | None = None,
                     activation: Activation | None = None, gate_up_chunk: int = 0,
                     zero_side: torch.Tensor | None = None, prefetch_l2: bool = False,
-                    own_route: torch.Tensor | None = None, ready: BlockReady | None = None,
-                    activated_input: ActivatedInput | None = None) -> None:
+                    own_route: torch.Tensor | None = None, ready: BlockReady | None = None) -> None:
     """`grouped_quant_gemm` without alignment: one block per pair (pair = t * top_k + s of topk_ids int32 [M, top_k]).
 
     Pairs of one expert each stream its weights, so this suits pairs of distinct experts (one
@@ -169,7 +148,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
     their whole split while the routing launch still does; topk_ids itself is not read. It takes
     effect on the mma kernel in a dependent launch without an expert map, and changes no result for
     such topk_ids (other ids would not be the ones computed).
-    `ready`, `activated_input`: as `grouped_quant_gemm`'s, a block per pair.
+    `ready`: as `grouped_quant_gemm`'s, a block per pair.
     """
     pairs = topk_ids.view(-1)
     # The kernel's sorted-ids and expert-ids pointers carry the pairs' experts and the map here.
@@ -178,7 +157,7 @@ def direct_quant_gemm(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, topk
             a_rows_div=a_rows_div, a_scale=a_scale, a_scale_mode=a_scale_mode, bias=bias,
             topk_weights=topk_weights, reduce_topk=reduce_topk, sink=_sink(atomic, last_arrival),
             last_arrival=last_arrival, activation=activation, gate_up_chunk=gate_up_chunk, zero_side=zero_side,
-            prefetch_l2=prefetch_l2, own_route=own_route, ready=ready, activated_input=activated_input)
+            prefetch_l2=prefetch_l2, own_route=own_route, ready=ready)
 
 
 def _sink(atomic: bool, last_arrival: LastArrival | None) -> Sink:
@@ -193,13 +172,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             bias: torch.Tensor | None, topk_weights: torch.Tensor | None, reduce_topk: int, sink: Sink,
             last_arrival: LastArrival | None, activation: Activation | None, gate_up_chunk: int,
             zero_side: torch.Tensor | None, prefetch_l2: bool = False, own_route: torch.Tensor | None = None,
-            ready: BlockReady | None = None, activated_input: ActivatedInput | None = None) -> None:
+            ready: BlockReady | None = None) -> None:
     if w.k % w.block_k and not (w.quads and w.codes.shape[2] == w.k_tiles):
         raise ValueError(f"block_k={w.block_k} does not divide K={w.k} (only quads codes pad K to whole "
                          f"tiles), codes {list(w.codes.shape)}")
-    if activated_input is not None:
-        _check_activated_input(a, w, cfg, activated_input, activation)
-    elif a.shape[1] != w.k:
+    if a.shape[1] != w.k:
         raise ValueError(f"activations have {a.shape[1]} columns, the weights expect K={w.k}")
     split = effective_split(cfg.split_k, w)
     if (split > 1 or reduce_topk > 1) and not (sink is not Sink.STORE and out.dtype == torch.float32):
@@ -251,8 +228,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             raise ValueError("the launch that waits for blocks (BlockReady.wait) cannot zero on the side: what it zeroes "
                              "may still be in use by the launch ahead")
     if cfg.mma:
-        _check_mma(a, w, split, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk,
-                   x_dtype=activated_input.dtype if activated_input is not None else a.dtype)
+        _check_mma(a, w, split, sink=sink, a_scale_mode=a_scale_mode, gate_up_chunk=gate_up_chunk)
         # Gluon is imported only when a configuration asks for this kernel.
         from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
@@ -261,13 +237,12 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         if own and (own_route.dim() != 2 or own_route.stride(1) != 1 or own_route.shape[0] * a_rows_div != num_valid):
             raise ValueError(f"own_route must be the router logits [tokens, experts] with unit column stride, a row per "
                              f"{a_rows_div} pairs of {num_valid}, got {list(own_route.shape)}")
-        # The activation's alpha and limit: the output's, or the input's (never both: `_check_activated_input`).
-        act = activation if activated_input is None else activated_input.activation
         moe_mma_gemm_kernel[grid](
             a, w.codes, w.scale, w.zero if w.zero is not None else w.scale, bias if bias is not None else w.scale,
             out, topk_weights if topk_weights is not None else w.scale, rows, experts, num_post, fin, arrivals,
             zero_side if zero_side is not None else arrivals, w.n, w.k, num_valid, reduce_topk * split, zero_numel,
-            zero_chunk, float(act.alpha or 0.0) if act else 0.0, float(act.limit or 0.0) if act else 0.0,
+            zero_chunk, float(activation.alpha or 0.0) if activation else 0.0,
+            float(activation.limit or 0.0) if activation else 0.0,
             a.stride(0), w.codes.stride(0), w.codes.stride(1), w.codes.stride(2), w.scale.stride(0), w.scale.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0), fin.stride(0),
             GROUP=w.group if w.group < w.k_tiles * w.block_k else 0, WTYPE=int(w.wtype), FOLDED_SCALE=w.folded_scale,
@@ -282,11 +257,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             TRACE=trace_buf is not None, num_warps=cfg.num_warps,
             OWN_ROUTE=own, ROUTE_E_P2=max(32, next_power_of_2(own_route.shape[1])) if own else 32,
             route_ptr=own_route if own else w.scale, stride_route=own_route.stride(0) if own else 0,
-            num_experts=own_route.shape[1] if own else 0,
-            ACT_IN=int(act_kind(act)) if activated_input is not None else 0,
-            ACT_IN_CHUNK=activated_input.gate_up_chunk if activated_input is not None else 0,
-            IN_F16=activated_input is not None and activated_input.dtype == torch.float16,
-            **dependent_options(a.device))
+            num_experts=own_route.shape[1] if own else 0, **dependent_options(a.device))
         return
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps
@@ -400,29 +371,9 @@ def mma_takes(wtype: WType, quads: bool, block_k: int, group: int) -> bool:
         or (wtype is WType.MXFP4 and group == 32))
 
 
-def _check_activated_input(a: torch.Tensor, w: WeightOperand, cfg: GemmConfig, activated: ActivatedInput,
-                           activation: Activation | None) -> None:
-    """What a GEMM taking GEMM1's sums as its input (`ActivatedInput`) needs; a clear error for anything else."""
-    wants = []
-    if not cfg.mma:
-        wants.append(f"the mma kernel (GemmConfig.mma), got {cfg}")
-    if activation is not None:
-        wants.append(f"no activation of its own output, got {activation}")
-    cols = activated.columns(w.k)
-    if a.dtype != torch.float32 or a.dim() != 2 or a.shape[1] != cols or a.stride(1) != 1:
-        wants.append(f"fp32 sums [pairs, {cols}] with a unit column stride (K={w.k}, {activated.activation}), got "
-                     f"{a.dtype} {list(a.shape)}")
-    if activated.activation.gated != (activated.gate_up_chunk > 0):
-        wants.append(f"gate and up chunks (gate_up_chunk > 0) exactly when the activation is gated, got "
-                     f"{activated.activation} and {activated.gate_up_chunk}")
-    if wants:
-        raise ValueError("a GEMM whose input is GEMM1's sums (ActivatedInput) needs " + "; ".join(wants))
-
-
 def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_scale_mode: AScale,
-               gate_up_chunk: int, x_dtype: torch.dtype) -> None:
-    """What the mma kernel (`quant_gemm_details._mma`) takes; a clear error for anything else. x_dtype: the
-    16-bit type its MMAs take the input in (a's, or an `ActivatedInput`'s)."""
+               gate_up_chunk: int) -> None:
+    """What the mma kernel (`quant_gemm_details._mma`) takes; a clear error for anything else."""
     from moe_triton.quant_gemm_details._mma import MAX_TILES
 
     wants = []
@@ -434,8 +385,8 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_s
         wants.append(f"int4, int8 or MXFP4 weights in a quads layout (128-wide K tiles; int4 and int8 scale groups of "
                      f"32, 64 or a multiple of 128, MXFP4's of 32), got {w.wtype.name} {w.codes.dtype} "
                      f"quads={w.quads} block_k={w.block_k} group={w.group}")
-    if x_dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
-        wants.append(f"bf16 or fp16 activations without scales, got {x_dtype} {a_scale_mode.name}")
+    if a.dtype not in (torch.bfloat16, torch.float16) or a_scale_mode is not AScale.NONE:
+        wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
     if sink is Sink.STORE and gate_up_chunk:
         wants.append("a gated activation finished by last arrival (not a STORE sink)")
     tiles = cdiv(w.k_tiles, split)

@@ -62,7 +62,6 @@ from moe_triton.configs import (
 )
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
 from moe_triton.quant_gemm import (
-    ActivatedInput,
     BlockReady,
     LastArrival,
     direct_quant_gemm,
@@ -403,7 +402,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                                               ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
                    if g.mma and not self._mma_serves(cols)]
         if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
-            served = replace(hit.config, **{name: getattr(hit.config, name).off_mma() for name in mma_off})
+            served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False, own_route=False)
+                                            for name in mma_off})
             hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
                          "without act-order on NVIDIA sm_80 or later)")
         if hit.source == "borrowed":
@@ -540,14 +540,12 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         cfg = self.config
         if not 0 < num_tokens <= LAST_ARRIVAL_MAX_TOKENS or self._w13_halves_apart:
             return 0
-        launch = self.config_for(num_tokens).config
-        split = effective_split(launch.gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size))
-        if not _gemm1_adds_sums(launch.gemm1, split, self._gate_up_chunk):
+        gemm1 = self.config_for(num_tokens).config.gemm1
+        split = effective_split(gemm1.split_k, self._operand("w13", cfg.w13_rows, cfg.hidden_size))
+        if not _gemm1_adds_sums(gemm1, split, self._gate_up_chunk):
             return 0
         pairs = num_tokens * cfg.top_k
-        if self._qmode is not QMode.NONE or launch.gemm2.activates_input:  # no arrival counts
-            return pairs * cfg.w13_rows
-        return _gemm1_sums_len(pairs, cfg.w13_rows, launch.gemm1.block_n)
+        return _gemm1_sums_len(pairs, cfg.w13_rows, gemm1.block_n) if self._qmode is QMode.NONE else pairs * cfg.w13_rows
 
     def _ready_numel(self, num_tokens: int) -> int:
         """int32 counters, zero on entry, of a call whose GEMM2 waits per block (`GemmConfig.block_ready`):
@@ -650,16 +648,8 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         if M == 1 and c1.own_route and router_logits is not None and perm is None and qm is QMode.NONE:
             gemm1 = partial(gemm1, own_route=router_logits.contiguous())
         chunk = self._gate_up_chunk
-        ready2 = activated2 = None
-        if _gemm1_activates(qm, split1, M, halves_apart) and c2.activates_input and _gemm1_adds_sums(c1, split1, chunk):
-            # GEMM1 only adds its sums; GEMM2 activates them as it reads them.
-            scratch1 = gemm1_sums if gemm1_sums is not None else zeroed_int32(P * R, dev)
-            assert scratch1.numel() == P * R, (scratch1.numel(), P * R)
-            a2 = scratch1.view(torch.float32).view(P, R)
-            gemm1(a2, atomic=True)
-            activated2 = ActivatedInput(cfg.activation, chunk, inter_dtype)
-            a2_scale = None
-        elif _gemm1_activates(qm, split1, M, halves_apart):
+        ready2 = None
+        if _gemm1_activates(qm, split1, M, halves_apart):
             # The activation in GEMM1's epilogue, once a tile's sums are whole.
             a2 = torch.empty(P, N, dtype=inter_dtype, device=dev)
             if c2.block_ready:  # the launches check the counters' size
@@ -695,8 +685,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         # prefetch_l2: GEMM2's first weight tiles head for L2 while GEMM1 runs (direct launches; aligned ones where
         # the entry asks, `GemmConfig.prefetch_tiles`).
         gemm2 = partial(gemm, a2, w2, cfg=c2, a_scale=a2_scale, a_scale_mode=a_mode, bias=packed.get("w2_bias"),
-                        topk_weights=routed, reduce_topk=topk, prefetch_l2=True, ready=ready2,
-                        activated_input=activated2)
+                        topk_weights=routed, reduce_topk=topk, prefetch_l2=True, ready=ready2)
         if sum_rows:
             rows = torch.empty(P, K, dtype=inter_dtype, device=dev)
             gemm2(rows, reduce_topk=1)
@@ -799,7 +788,7 @@ def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> Quan
     BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide;
     the mma kernel's GEMMs on the tl.dot kernel (the lender chose that kernel for int4's dequantization)."""
     def served(g: GemmConfig) -> GemmConfig:
-        g = g.off_mma()
+        g = replace(g, mma=False, own_route=False)
         if g.wgmma or int8:
             g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
         if int8 and not g.wgmma and g.block_m >= 32:

@@ -26,8 +26,7 @@ one-launch decode path where it serves the layer (`fused_decode_candidates`), an
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too, an mma GEMM2's `activates_input`
-at those token counts; in aligned launches up to
+(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too; in aligned launches up to
 `LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with 16-bit activations GEMM2's
 `block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
@@ -201,8 +200,8 @@ PREFETCH_TILES = 2
 
 
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False,
-                  own_route: bool = False, prefetch: bool = False, block_ready: bool = False,
-                  activates_input: bool = False) -> dict[str, QuantKernelConfig]:
+                  own_route: bool = False, prefetch: bool = False,
+                  block_ready: bool = False) -> dict[str, QuantKernelConfig]:
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
@@ -210,9 +209,8 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
     own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
     launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
     0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
-    where both GEMMs run on the tl.dot kernel, with activates_input (calls whose GEMM1 may finish by last
-    arrival) base with an mma GEMM2's `activates_input` flipped; the other GEMM as in base (GEMM2 waiting for
-    all of GEMM1 where GEMM1 leaves the tl.dot kernel)."""
+    where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
+    GEMM1 where GEMM1 leaves the tl.dot kernel)."""
     found = {}
 
     def add(name: str, cand: QuantKernelConfig) -> None:
@@ -225,7 +223,7 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
         return dataclasses.replace(base, **{gemm: tile})
 
     def on_other(tile: GemmConfig) -> GemmConfig:
-        return tile.off_mma() if tile.mma else as_mma(tile)
+        return dataclasses.replace(tile, mma=False, own_route=False) if tile.mma else as_mma(tile)
 
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
@@ -236,9 +234,6 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
         if own_route and gemm == "gemm1" and tile.mma:
             add(f"gemm1:own_route={not tile.own_route}",
                 dataclasses.replace(base, gemm1=dataclasses.replace(tile, own_route=not tile.own_route)))
-        if activates_input and gemm == "gemm2" and tile.mma:
-            add(f"gemm2:activates_input={not tile.activates_input}",
-                dataclasses.replace(base, gemm2=dataclasses.replace(tile, activates_input=not tile.activates_input)))
         if prefetch and gemm == "gemm2" and not (tile.wgmma or tile.mma):
             tiles = 0 if tile.prefetch_tiles else PREFETCH_TILES
             add(f"gemm2:prefetch_tiles={tiles}", dataclasses.replace(base, gemm2=dataclasses.replace(tile, prefetch_tiles=tiles)))
@@ -395,7 +390,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             grid = {f"{second}+{k}": c
                     for k, c in per_gemm_grid(cands[second], one_dot=not fp8, mma=mma, own_route=M == 1,
                                               prefetch=not fp8 and experts._direct_max_tokens < M <= LAST_ARRIVAL_MAX_TOKENS,
-                                              block_ready=not fp8, activates_input=mma).items()}
+                                              block_ready=not fp8).items()}
             time_all(grid)
             # The grid changes one GEMM at a time: where each GEMM's fastest tile beat `second`, both together.
             wins = [min((n for n in grid if n in times and f"+{gemm}:" in n), key=times.get, default=None)
@@ -525,12 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
-                        "other of the tl.dot and mma kernels and an mma GEMM2's activates_input flipped, at one token "
-                        "an mma GEMM1's own_route, in "
+                        "other of the tl.dot and mma kernels, at one token an mma GEMM1's own_route flipped, in "
                         f"aligned launches up to {LAST_ARRIVAL_MAX_TOKENS} tokens a tl.dot GEMM2's prefetch_tiles, "
                         "int4, int8 and mxfp4 GEMM2's block_ready behind a tl.dot GEMM1 "
                         f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 4} more layer timings per M, "
-                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 3} with the mma kernel)")
+                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 2} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,

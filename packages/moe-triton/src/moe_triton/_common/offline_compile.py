@@ -62,8 +62,7 @@ WGMMA_CONSTEXPRS = dict(
 MMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True, HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
-    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False, OWN_ROUTE=False, ROUTE_E_P2=128,
-    ACT_IN=0, ACT_IN_CHUNK=0, IN_F16=False)
+    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False, OWN_ROUTE=False, ROUTE_E_P2=128)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).

@@ -30,9 +30,6 @@ for its first STAGES - 1 tiles of weights before griddepcontrol.wait, while the 
 A direct GEMM1 right behind the routing launch (OWN_ROUTE) ranks its pair's expert from the router
 logits exactly as that launch does (a softmax over ungrouped experts without a bias chooses by logit:
 `moe_core.config.Routing`) and runs its whole split before the wait.
-GEMM2 behind a GEMM1 that only adds its fp32 sums (ACT_IN: `quant_gemm.ActivatedInput`) applies GEMM1's
-activation to its split's share of them as it reads its input: GEMM1's last arrival (a count, then the
-finished row's read and store) leaves the chain between the two launches.
 
 Where it wins and loses (short programs against long ones): docs/design/triton-gemm-quantized.md.
 
@@ -191,23 +188,6 @@ def _finish_row_tile(fin_ptr, row, out_row, pid_n, N, stride_fm, alpha, limit, A
 
 
 @gluon.jit
-def _activated_rows(row_ptrs, ks, K, alpha, limit, ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr):
-    """GEMM1's whole fp32 sums of the rows at row_ptrs ([1, columns]) at k = ks ([K span, 1] after
-    expansion) after the activation, of gate and up chunks of GATE_UP_CHUNK rows interleaved when gated
-    (`_layouts.GateUpInterleave`), as `_finish_row_tile` finishes them; read at L2 where GEMM1's atomics
-    landed, zero past K."""
-    ok = gl.expand_dims(ks < K, 1)
-    if GATE_UP_CHUNK > 0:
-        gate_k = gl.expand_dims((ks // GATE_UP_CHUNK) * (2 * GATE_UP_CHUNK) + ks % GATE_UP_CHUNK, 1)
-        gate = gl.load(row_ptrs + gate_k, mask=ok, other=0.0, cache_modifier=".cg")
-        up = gl.load(row_ptrs + gate_k + GATE_UP_CHUNK, mask=ok, other=0.0, cache_modifier=".cg")
-    else:
-        gate = gl.load(row_ptrs + gl.expand_dims(ks, 1), mask=ok, other=0.0, cache_modifier=".cg")
-        up = gate
-    return gl.where(ok, activate(gate, up, alpha, limit, ACT), 0.0)
-
-
-@gluon.jit
 def _arrive(fin_ptr, sums_ptr, arrivals_ptr, expected, out_rows, valid, pid_n, N, stride_sm, stride_fm, alpha, limit,
             ACT: gl.constexpr, GATE_UP_CHUNK: gl.constexpr, BLOCK_N: gl.constexpr, NW: gl.constexpr,
             ONE_ROW: gl.constexpr):
@@ -259,10 +239,6 @@ def moe_mma_gemm_kernel(
     # expert from the logits [tokens, num_experts] at route_ptr, ranked as that launch ranks them (`_own_expert`)
     OWN_ROUTE: gl.constexpr = False, ROUTE_E_P2: gl.constexpr = 32,  # num_experts' power of two, 32 or more
     route_ptr=None, stride_route=0, num_experts=0,
-    # GEMM2 behind a GEMM1 that only adds its sums (`quant_gemm.ActivatedInput`): a's rows are those fp32 sums,
-    # 2K wide interleaved by ACT_IN_CHUNK when gated, and the GEMM multiplies their activation (an `ActKind`
-    # code; alpha and limit its) rounded to fp16 (IN_F16) or bf16; 0: a is the 16-bit input itself
-    ACT_IN: gl.constexpr = 0, ACT_IN_CHUNK: gl.constexpr = 0, IN_F16: gl.constexpr = False,
     # `moe_triton._common.trace`: a row per program that does not return early
     trace_ptr=None, TRACE: gl.constexpr = False,
 ):
@@ -270,12 +246,7 @@ def moe_mma_gemm_kernel(
     the program's K split, for the program's pairs and N tile; the sinks as `_kernel._moe_wgemm_kernel`'s
     (LAST_ARRIVAL of a direct launch: one counted row per program)."""
     NW: gl.constexpr = gl.num_warps()
-    if ACT_IN == 0:
-        CT: gl.constexpr = a_ptr.dtype.element_ty
-    elif IN_F16:
-        CT: gl.constexpr = gl.float16
-    else:
-        CT: gl.constexpr = gl.bfloat16
+    CT: gl.constexpr = a_ptr.dtype.element_ty
     COLS: gl.constexpr = DIRECT_COLUMNS if DIRECT else BLOCK_M
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
     w_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
@@ -290,7 +261,6 @@ def moe_mma_gemm_kernel(
     gl.static_assert(not OWN_ROUTE or (DIRECT and PDL and not HAS_MAP and not EARLY_WEIGHTS),
                      "a pair's own routing: dependent direct launches without an expert map")
     gl.static_assert(not (N_FIRST and (DIRECT or SINK == 2)), "last-arrival counters index N tiles by the second axis")
-    gl.static_assert(ACT_IN == 0 or ACT == 0, "an activated input, or an activated output")
 
     if N_FIRST:
         pid_n = gl.program_id(0)
@@ -377,13 +347,10 @@ def moe_mma_gemm_kernel(
     # The split's token rows, k-major per column, for every warp: read once, shared behind one barrier.
     SPAN: gl.constexpr = _pow2_at_least(TILES) * TILE_K  # tensor shapes are powers of two
     ks = kt0 * TILE_K + gl.arange(0, SPAN, layout=gl.SliceLayout(1, x_l))
-    x_rows = a_ptr + gl.expand_dims((x_ids // A_ROWS_DIV).to(gl.int64) * stride_am, 0)
+    x_ptrs = a_ptr + gl.expand_dims((x_ids // A_ROWS_DIV).to(gl.int64) * stride_am, 0) + gl.expand_dims(ks, 1)
     xs = gl.allocate_shared_memory(CT, [SPAN, COLS], gl.SwizzledSharedLayout(8, 1, 1, [0, 1]))
     # Past K (a padded last tile, or a split past the last tile): zeros.
-    if ACT_IN != 0:
-        xs.store(_activated_rows(x_rows, ks, K, alpha, limit, ACT_IN, ACT_IN_CHUNK).to(CT))
-    else:
-        xs.store(gl.load(x_rows + gl.expand_dims(ks, 1), mask=gl.expand_dims(ks < K, 1), other=0.0))
+    xs.store(gl.load(x_ptrs, mask=gl.expand_dims(ks < K, 1), other=0.0))
     if WTYPE == 3:  # MXFP4: its exponent words are read with the weights' rows
         s_ptrs = s_ptr + e_c * stride_se + rows
     else:
