@@ -45,15 +45,9 @@ def run_layer(cls, quant, activation=None, dtype=torch.float16, K=128, N=128, E=
     return out, ref
 
 
-def refuse_zeroing_launches(monkeypatch) -> None:
-    """For a call that must clear its scratch without a zeroing launch of its own: that launch
-    (`quantized.zeroed_int32`) fails, and every new `torch.empty` buffer holds garbage (0x5A bytes),
-    so a buffer nobody cleared shows. `monkeypatch.undo()` after the call restores both."""
-    from moe_triton import quantized
-
-    def no_zeroing_launch(numel, device):
-        raise AssertionError("a zeroing launch of its own")
-
+def garbage_buffers(monkeypatch) -> None:
+    """Every new `torch.empty` buffer holds garbage (0x5A bytes), so a buffer nobody cleared shows;
+    `monkeypatch.undo()` after the call restores it."""
     empty = torch.empty
 
     def garbage(*args, **kwargs):
@@ -61,8 +55,20 @@ def refuse_zeroing_launches(monkeypatch) -> None:
         t.view(torch.uint8).fill_(0x5A)
         return t
 
-    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
     monkeypatch.setattr(torch, "empty", garbage)
+
+
+def refuse_zeroing_launches(monkeypatch) -> None:
+    """For a call that must clear its scratch without a zeroing launch of its own: that launch
+    (`quantized.zeroed_int32`) fails, and every new buffer holds garbage (`garbage_buffers`).
+    `monkeypatch.undo()` after the call restores both."""
+    from moe_triton import quantized
+
+    def no_zeroing_launch(numel, device):
+        raise AssertionError("a zeroing launch of its own")
+
+    monkeypatch.setattr(quantized, "zeroed_int32", no_zeroing_launch)
+    garbage_buffers(monkeypatch)
 
 
 def gemm1_operand(quant, K: int, seed: int):

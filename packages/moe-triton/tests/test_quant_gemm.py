@@ -10,6 +10,7 @@ import torch
 from _quant_support import (
     DEV,
     RUN_ON,
+    garbage_buffers,
     gemm1_error,
     gemm1_operand,
     int4_bf16_layer,
@@ -551,6 +552,27 @@ def test_mma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parall
     tl_dot, _ = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
                           override=plain, parallel=parallel)
     assert rel_l2(out, ref) < 1e-2 and rel_l2(out, ref) < 1.25 * rel_l2(tl_dot, ref)
+
+
+@pytest.mark.device("cuda")
+def test_mma_gemm1_blocks_past_the_call_clear_their_side_slice_on_gpu(monkeypatch):
+    """An aligned mma GEMM1 adding split-K sums (above LAST_ARRIVAL_MAX_TOKENS tokens: atomics, N tiles first
+    on the grid) clears GEMM2's sums on the side, a slice per program in grid order: the programs of blocks
+    past the call's padded pairs, which have nothing to multiply, clear theirs too (every new buffer holds
+    garbage here: a slice left out shows in the output)."""
+    cfg = MoEConfig(num_experts=16, top_k=4, hidden_size=2048, intermediate_size=768, dtype=torch.bfloat16)
+    quant = int4_w4a16(128)
+    weights = ExpertWeights.random(cfg, quant, seed=9, device=DEV)
+    experts = TritonWna16Experts(cfg, quant, RUN_ON)
+    experts.load_weights(weights)
+    experts.config_override = QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 2))
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(16, 2048, generator=gen).to(torch.bfloat16).to(DEV)
+    tw, ids = route_torch(torch.randn(16, 16, generator=gen).to(DEV), cfg.routing, cfg.top_k)
+    garbage_buffers(monkeypatch)
+    out = experts.apply(x, tw, ids)
+    monkeypatch.undo()
+    assert rel_l2(out, reference_moe(x, weights, cfg, tw, ids, quant)) < 1e-2
 
 
 @pytest.mark.device("cuda")

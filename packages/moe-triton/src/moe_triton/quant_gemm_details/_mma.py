@@ -302,6 +302,8 @@ def moe_mma_gemm_kernel(
                 e = gl.load(expert_ids_ptr + e)
         else:
             if pid_m * BLOCK_M >= gl.load(num_post_ptr):
+                if ZERO_SIDE:  # a block past the call's pairs still owns its slice of the side job
+                    zero_side_slice(zero_ptr, zero_numel, zero_chunk)
                 return
             e = gl.load(expert_ids_ptr + pid_m)
     if OWN_ROUTE:
