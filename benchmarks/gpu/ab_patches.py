@@ -25,6 +25,8 @@ count to those it would run, with one field of both GEMMs changed.
   GEMMs or GEMM2 on the mma kernel at any token count;
   `mma_gemm1_64x4`, `mma_gemm1_64x4_gemm2_64x3`, `mma_gemm2_256x4`, `mma_gemm2_64x4`: the served shapes
   with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
+  `mma_gemm1_own_route`, `mma_both_own_route`: GEMM1 (or both GEMMs) moved onto the mma kernel, GEMM1
+  ranking its pairs' experts itself (`GemmConfig.own_route`, one token);
   `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
   `one_token_entries_22_before`: what served 1-3 tokens before the twenty-second session's one-token
   and 2-token entries (int4 on four presets, deepseek-v3 MXFP4); `one_token_entry`: the shipped
@@ -178,6 +180,22 @@ def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1, from_one_token: bool =
 mma_both = _mma(True, True)
 mma_gemm1 = _mma(True, False)
 mma_gemm2 = _mma(False, True)
+
+
+def _mma_own_route(gemm2: bool):
+    """GEMM1 moved onto the mma kernel (`_as_mma`, served split) ranking its pairs' experts itself
+    (`GemmConfig.own_route`; one token), GEMM2 moved too or as served."""
+    def patch(layer, tokens: int):
+        served = layer.experts._find_config(tokens).config
+        cfg = layer.experts.config
+        g1 = dataclasses.replace(_as_mma(served.gemm1, cfg.hidden_size, 1), own_route=True)
+        g2 = _as_mma(served.gemm2, cfg.intermediate_size_per_partition, 1) if gemm2 else served.gemm2
+        return mock.patch.object(layer.experts, "config_override", QuantKernelConfig(g1, g2))
+    return patch
+
+
+mma_gemm1_own_route = _mma_own_route(gemm2=False)
+mma_both_own_route = _mma_own_route(gemm2=True)
 mma_both_split2x = _mma(True, True, split_factor=2)
 one_token_entry_mma_both = _mma(True, True, from_one_token=True)
 one_token_entry_mma_gemm2 = _mma(False, True, from_one_token=True)

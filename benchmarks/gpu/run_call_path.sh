@@ -18,13 +18,15 @@
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
-#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*  ab_layer.py:
+#                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
+#                ab-mma-own-route-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
 #                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners,
-#                GEMM2 waiting per block of GEMM1's rows on and off), per
+#                GEMM2 waiting per block of GEMM1's rows on and off, a tl.dot GEMM1 moved onto the mma kernel to rank
+#                its own experts), per
 #                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
@@ -278,6 +280,13 @@ add ab-entry8-off-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dty
 add ab-entry2 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b deepseek-v3 gpt-oss-120b --dtype int4 mxfp4 --m 4 5 --rounds 5 --variant shipped --variant entry2=ab_patches:entry2 --out $OUT/host/ab-entry2.json"
 # gpt-oss-120b int4's 8-token entry on 128-row tiles (more programs per SM) over the tokens it serves.
 add ab-gpt-oss-int4-n128 "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --rounds 5 --variant shipped --variant g1-n128=ab_patches:gemm1_n128 --variant g1-n128-s3=ab_patches:gemm1_n128_s3 --variant both-n128=ab_patches:both_n128 --variant both-n128-g16=ab_patches:both_n128_g16 --out $OUT/host/ab-gpt-oss-int4-n128.json"
+# One-token entries whose GEMM1 runs on the tl.dot kernel (where own_route cannot be set) with GEMM1 moved onto
+# the mma kernel, alone and ranking its pairs' experts itself, and both GEMMs moved with it; routings that
+# choose by logit only (not deepseek-v3's).
+own_mma="--m 1 --rounds 7 --variant shipped --variant mma-g1=ab_patches:mma_gemm1 --variant mma-g1-own=ab_patches:mma_gemm1_own_route --variant mma-both-own=ab_patches:mma_both_own_route"
+add ab-mma-own-route-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b --dtype mxfp4 $own_mma --out $OUT/host/ab-mma-own-route-mxfp4.json"
+add ab-mma-own-route-int8 "python3 ab_layer.py --preset gpt-oss-120b qwen3-235b-a22b mixtral-8x7b --dtype int8 $own_mma --out $OUT/host/ab-mma-own-route-int8.json"
+add ab-mma-own-route-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 $own_mma --out $OUT/host/ab-mma-own-route-int4.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
