@@ -164,15 +164,18 @@ def _as_mma(g, k: int, split_factor: int):
     return as_mma(dataclasses.replace(g, wgmma=False, split_k=split))
 
 
-def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1, from_one_token: bool = False):
+def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1, from_one_token: bool = False, own_route: bool = False):
     """from_one_token: the one-token entry's launch shapes at any token count (a 2-token entry as it
-    would serve 2 and 3 tokens)."""
+    would serve 2 and 3 tokens); own_route: GEMM1 (moved) ranking its pairs' experts itself
+    (`GemmConfig.own_route`, one token)."""
     def patch(layer, tokens: int):
         served = layer.experts._find_config(1 if from_one_token else tokens).config
         cfg = layer.experts.config
+        g1 = _as_mma(served.gemm1, cfg.hidden_size, split_factor) if gemm1 else served.gemm1
+        if own_route:
+            g1 = dataclasses.replace(g1, own_route=True)
         changed = QuantKernelConfig(
-            _as_mma(served.gemm1, cfg.hidden_size, split_factor) if gemm1 else served.gemm1,
-            _as_mma(served.gemm2, cfg.intermediate_size_per_partition, split_factor) if gemm2 else served.gemm2)
+            g1, _as_mma(served.gemm2, cfg.intermediate_size_per_partition, split_factor) if gemm2 else served.gemm2)
         return mock.patch.object(layer.experts, "config_override", changed)
     return patch
 
@@ -180,22 +183,8 @@ def _mma(gemm1: bool, gemm2: bool, split_factor: int = 1, from_one_token: bool =
 mma_both = _mma(True, True)
 mma_gemm1 = _mma(True, False)
 mma_gemm2 = _mma(False, True)
-
-
-def _mma_own_route(gemm2: bool):
-    """GEMM1 moved onto the mma kernel (`_as_mma`, served split) ranking its pairs' experts itself
-    (`GemmConfig.own_route`; one token), GEMM2 moved too or as served."""
-    def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
-        cfg = layer.experts.config
-        g1 = dataclasses.replace(_as_mma(served.gemm1, cfg.hidden_size, 1), own_route=True)
-        g2 = _as_mma(served.gemm2, cfg.intermediate_size_per_partition, 1) if gemm2 else served.gemm2
-        return mock.patch.object(layer.experts, "config_override", QuantKernelConfig(g1, g2))
-    return patch
-
-
-mma_gemm1_own_route = _mma_own_route(gemm2=False)
-mma_both_own_route = _mma_own_route(gemm2=True)
+mma_gemm1_own_route = _mma(True, False, own_route=True)
+mma_both_own_route = _mma(True, True, own_route=True)
 mma_both_split2x = _mma(True, True, split_factor=2)
 one_token_entry_mma_both = _mma(True, True, from_one_token=True)
 one_token_entry_mma_gemm2 = _mma(False, True, from_one_token=True)
