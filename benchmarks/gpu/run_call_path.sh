@@ -19,14 +19,14 @@
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
-#                ab-mma-own-route-*  ab_layer.py:
+#                ab-mma-own-route-*, ab-staged-scales-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
 #                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners,
 #                GEMM2 waiting per block of GEMM1's rows on and off, a tl.dot GEMM1 moved onto the mma kernel to rank
-#                its own experts), per
+#                its own experts, the mma kernel's scale rows copied with the tile's words or loaded in it), per
 #                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
@@ -287,6 +287,12 @@ own_mma="--m 1 --rounds 7 --variant shipped --variant mma-g1=ab_patches:mma_gemm
 add ab-mma-own-route-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b --dtype mxfp4 $own_mma --out $OUT/host/ab-mma-own-route-mxfp4.json"
 add ab-mma-own-route-int8 "python3 ab_layer.py --preset gpt-oss-120b qwen3-235b-a22b mixtral-8x7b --dtype int8 $own_mma --out $OUT/host/ab-mma-own-route-int8.json"
 add ab-mma-own-route-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 $own_mma --out $OUT/host/ab-mma-own-route-int4.json"
+# The mma kernel's scale rows copied with each K tile's words (shipped) against loaded in the tile, in both
+# GEMMs or one (direct launches), where one-token to 4-token entries run that kernel.
+staged="--rounds 5 --variant shipped --variant in-tile=ab_patches:scales_in_tile --variant staged-g1=ab_patches:scales_staged_gemm1 --variant staged-g2=ab_patches:scales_staged_gemm2"
+add ab-staged-scales-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 4 $staged --out $OUT/host/ab-staged-scales-int4.json"
+add ab-staged-scales-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype mxfp4 --m 1 2 4 $staged --out $OUT/host/ab-staged-scales-mxfp4.json"
+add ab-staged-scales-int8 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $staged --out $OUT/host/ab-staged-scales-int8.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""

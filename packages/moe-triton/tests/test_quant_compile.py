@@ -318,6 +318,7 @@ _MMA_SPECIALIZATIONS = {
     "mxfp4-two-factors-fp16-blocks": (dict(WTYPE=3, GROUP=32, DIRECT=False, SINK=1, ACT=0, GATE_UP_CHUNK=0),
                                       {"a_ptr": "*fp16", "s_ptr": "*i32", "fin_ptr": "*fp16"}),
     "gemm1-own-route": (dict(OWN_ROUTE=True), {}),
+    "g64-zp-scales-in-tile": (dict(HAS_ZP=True, GROUP=64, STAGED_SCALES=False), {}),
 }
 
 _COMPILE_MMA = """
@@ -346,9 +347,14 @@ def test_mma_gemm_compiles_for_hopper():
         tiles = consts["TILES"]
         assert mmas == 8 * tiles * row_blocks * col_blocks, (name, mmas)
         # A wait per tile, and one where another rank's expert ends the program early; int8's words
-        # are twice int4's bytes.
+        # are twice int4's bytes. Staged, each tile's scale rows (32 and 64 k: 4 and 2 of them; MXFP4's
+        # exponent words: 1) and zero-point rows are one 16-byte copy each per thread (a per-channel row
+        # is loaded, not copied).
         pieces = 4 if consts["WTYPE"] == 1 else 2
-        assert copies == pieces * tiles * row_blocks and copy_waits == tiles + 1, (name, copies, copy_waits)
+        group = 128 if consts["WTYPE"] == 3 else consts["GROUP"]
+        scale_rows = (max(1, 128 // group) * (1 + consts["HAS_ZP"])) if consts["STAGED_SCALES"] and group else 0
+        assert copies == (pieces * row_blocks + scale_rows) * tiles and copy_waits == tiles + 1, (name, copies,
+                                                                                                  copy_waits)
         assert waits == 1, (name, waits)
         # Per tile and row block: quarters 0 and 1 of MXFP4 mask with 0x81C081C0, int8's four take their bytes by prmt.
         tiles = consts["TILES"] * row_blocks

@@ -24,6 +24,7 @@ from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
+from moe_triton import quant_gemm
 from moe_triton._common.target import device_info, mma_capable, wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
@@ -552,6 +553,35 @@ def test_mma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parall
     tl_dot, _ = run_layer(cls, quant, activation, dtype, K=K, N=N, E=16, topk=4, M=M, bias=bias,
                           override=plain, parallel=parallel)
     assert rel_l2(out, ref) < 1e-2 and rel_l2(out, ref) < 1.25 * rel_l2(tl_dot, ref)
+
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("quant, K, N, activation, bias, M, launch", [
+    pytest.param(int4_w4a16(64, zero_point=True), 2880, 2880, Activation.swiglu_oai(), True, 1,
+                 QuantKernelConfig(mma_launch(64, 3), mma_launch(128, 4)), id="g64-zp-bias-k-tail"),
+    pytest.param(int4_w4a16(32), 1024, 512, Activation.silu(), False, 2,
+                 QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 2)), id="g32"),
+    pytest.param(int8_w8a16(-1), 2048, 768, Activation.silu(), False, 1,
+                 QuantKernelConfig(mma_launch(64, 4), mma_launch(128, 3, warps=8)), id="int8-channel"),
+    pytest.param(mxfp4_w4a16(), 2880, 2880, Activation.swiglu_oai(), True, 1,
+                 QuantKernelConfig(mma_launch(64, 3), mma_launch(128, 4)), id="mxfp4-gpt-oss"),
+    pytest.param(int4_w4a16(128), 2048, 768, Activation.silu(), False, 8,
+                 QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 3)), id="blocks-g128"),
+])
+def test_mma_gemm_scales_copied_with_the_words_or_loaded_in_the_tile_on_gpu(quant, K, N, activation, bias, M, launch,
+                                                                           monkeypatch):
+    """The mma kernel's two ways to its scale rows (zero points, MXFP4's exponent words): copied with
+    each K tile's words into the ring (`quant_gemm.MMA_STAGED_SCALES`, where rows split into 16-byte
+    pieces; a per-channel row read once) and loaded in the tile (other shapes): each against the
+    reference, and against each other (the same products; the split-K sums' order may differ)."""
+    cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
+    outs = {}
+    for staged in (True, False):
+        monkeypatch.setattr(quant_gemm, "MMA_STAGED_SCALES", staged)
+        outs[staged], ref = run_layer(cls, quant, activation, torch.bfloat16, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                                      override=launch)
+        assert rel_l2(outs[staged], ref) < 1e-2, staged
+    assert rel_l2(outs[True], outs[False]) < 1e-5
 
 
 @pytest.mark.device("cuda")

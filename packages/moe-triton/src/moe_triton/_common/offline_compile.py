@@ -58,11 +58,13 @@ WGMMA_CONSTEXPRS = dict(
 
 
 # A one-token GEMM1 of a bf16 int4 (quads, group 128) layer on the mma kernel: its four K tiles per
-# split, the gated activation by the last arrival, GEMM2's sums zeroed on the side, a dependent launch.
+# split (scale rows copied with the words), the gated activation by the last arrival, GEMM2's sums
+# zeroed on the side, a dependent launch.
 MMA_CONSTEXPRS = dict(
     GROUP=128, WTYPE=0, FOLDED_SCALE=False, HAS_ZP=False, CODE_OFFSET=8, HAS_BIAS=False, A_ROWS_DIV=8,
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=2, ACT=1, GATE_UP_CHUNK=32, ZERO_SIDE=True, DIRECT=True, HAS_MAP=False, N_FIRST=False, BLOCK_M=16, TILES=4,
-    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, TRACE=False, OWN_ROUTE=False, ROUTE_E_P2=128)
+    BLOCK_N=64, EVEN_N=True, STAGES=3, PDL=True, EARLY_WEIGHTS=False, STAGED_SCALES=True, TRACE=False, OWN_ROUTE=False,
+    ROUTE_E_P2=128)
 
 
 # GEMM1 of a bf16 layer with its gated activation on the 16-bit wgmma kernel (`gemm_details._wgmma`).

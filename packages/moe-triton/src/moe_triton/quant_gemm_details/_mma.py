@@ -49,7 +49,13 @@ from moe_triton._common import trace
 from moe_triton._common.activation import activate
 from moe_triton._common.pdl import wait_then_release
 from moe_triton.quant_gemm_details._dequant import e2m1_weights, quarter_e8m0_factors
-from moe_triton.quant_gemm_details._wgmma import _byte_quarter, _e2m1_quarter, _nibble, zero_side_slice
+from moe_triton.quant_gemm_details._wgmma import (
+    _byte_quarter,
+    _e2m1_quarter,
+    _nibble,
+    _row_copy_layout,
+    zero_side_slice,
+)
 
 TILE_K = gl.constexpr(128)  # K per quads tile
 QUARTER = gl.constexpr(32)  # K per quarter: one word per row and k
@@ -67,16 +73,31 @@ def _pow2_at_least(n):
 
 
 @gluon.jit
-def _copy_words(ring, w_ptrs, w_mask, t: gl.constexpr, kt0, k_tiles, stride_bt, TILES: gl.constexpr,
-                STAGES: gl.constexpr, EVEN_N: gl.constexpr):
+def _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t: gl.constexpr, kt0, k_tiles,
+               stride_bt, stride_sk, TILES: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, SCALE_ROWS: gl.constexpr,
+               RING_GROUP: gl.constexpr, HAS_ZP: gl.constexpr):
     """cp.async of K tile kt0 + t's words into ring stage t % STAGES (past the split's last tile that
-    tile again: its sums get scale 0; none past TILES), then a commit: one group per call."""
+    tile again: its sums get scale 0; none past TILES) and of its SCALE_ROWS scale rows (zero-point
+    rows; MXFP4: its exponent words, RING_GROUP = TILE_K) into that stage's rows of s_ring (z_ring),
+    then a commit: one group per call."""
     if t < TILES:
-        ptrs = w_ptrs + gl.minimum(kt0 + t, k_tiles - 1) * stride_bt
+        kt = gl.minimum(kt0 + t, k_tiles - 1)
+        ptrs = w_ptrs + kt * stride_bt
         if EVEN_N:
             _async_load(ring.index(t % STAGES), ptrs)
         else:
             _async_load(ring.index(t % STAGES), ptrs, mask=w_mask)
+        for r in gl.static_range(SCALE_ROWS):
+            row = ((kt * TILE_K + r * RING_GROUP) // RING_GROUP) * stride_sk
+            if EVEN_N:
+                _async_load(s_ring.index((t % STAGES) * SCALE_ROWS + r), s_rows + row)
+            else:
+                _async_load(s_ring.index((t % STAGES) * SCALE_ROWS + r), s_rows + row, mask=s_mask)
+            if HAS_ZP:
+                if EVEN_N:
+                    _async_load(z_ring.index((t % STAGES) * SCALE_ROWS + r), z_rows + row)
+                else:
+                    _async_load(z_ring.index((t % STAGES) * SCALE_ROWS + r), z_rows + row, mask=z_mask)
     async_copy.commit_group()
 
 
@@ -106,20 +127,32 @@ def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
     return gl.minimum(gl.max(col, axis=0), num_experts - 1)
 
 
+@gluon.constexpr_function
+def _group_ring_row(ring_row0, j, group):
+    """The scale ring row of quarter j's group: a tile's groups of 32 or 64 are rows ring_row0 onwards."""
+    return ring_row0 + (j * QUARTER.value) // group if 0 < group < TILE_K.value else ring_row0
+
+
 @gluon.jit
-def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk, GROUP: gl.constexpr,
-                  WTYPE: gl.constexpr, FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr,
-                  CT: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
+def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s_row, z_row, rows_ok, z_rows_ok,
+                  stride_sk, ring_row0: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
+                  FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
+                  STAGED: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
     """acc + one K tile's weights . x per row; a tile past the last (kt >= k_tiles: the split's words
     repeated its last) adds nothing. int4 and int8: (code - zero) . x in fp32, each scale group's sums
     times its scale (GROUP as the kernel's: the whole tile or more, one or two quarters; 0 one row);
-    MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`),
-    the exponent words at s_ptrs (rows in w_op's slice)."""
+    MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`).
+    STAGED: the tile's scale (zero-point, exponent-word) rows are s_ring's (z_ring's) rows ring_row0
+    onwards, and with GROUP 0 the one row is s_row (z_row); else they are loaded here at s_ptrs
+    (z_ptrs): MXFP4's rows in w_op's slice, the scales in mma's."""
     valid = kt < k_tiles
     kt_c = gl.minimum(kt, k_tiles - 1)
     if WTYPE == 3:  # MXFP4 (`_layouts.WType`)
         FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300
-        exp_words = gl.load(s_ptrs + kt_c * stride_sk, mask=z_rows_ok, other=0)
+        if STAGED:
+            exp_words = s_ring.index(ring_row0).load(gl.SliceLayout(1, w_op))
+        else:
+            exp_words = gl.load(s_ptrs + kt_c * stride_sk, mask=z_rows_ok, other=0)
         part = gl.zeros(acc.shape, gl.float32, layout=mma)
         for j in gl.static_range(4):
             lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
@@ -142,23 +175,31 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_o
                 g = kt_c // (GROUP // TILE_K)
             else:
                 g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
+            ring_row = _group_ring_row(ring_row0, j, GROUP)
+            if HAS_ZP and j % QPG == 0:
+                if STAGED and GROUP == 0:
+                    z = z_row
+                elif STAGED:
+                    z = z_ring.index(ring_row).load(gl.SliceLayout(1, w_op))
+                else:
+                    z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0)
+                z = gl.expand_dims(z.to(CT) + P, 1)
             if WTYPE == 1:
                 w = _byte_quarter(words, j, CT)
                 if HAS_ZP:
-                    if j % QPG == 0:
-                        z = gl.expand_dims(gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P, 1)
                     w = w - z
             else:
-                if j % QPG == 0:
-                    if HAS_ZP:
-                        z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0).to(CT) + P
-                        z = gl.expand_dims(z, 1)
-                    else:
-                        z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
+                if not HAS_ZP and j % QPG == 0:
+                    z = gl.full([acc.shape[0], QUARTER], P + CODE_OFFSET, CT, layout=w_op)
                 w = _nibble(words, j, CT) - z
             part = mma_v2(w, xs[j], part)
             if j % QPG == QPG - 1:
-                s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
+                if STAGED and GROUP == 0:
+                    s = s_row
+                elif STAGED:
+                    s = s_ring.index(ring_row).load(gl.SliceLayout(1, mma)).to(gl.float32)
+                else:
+                    s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
                 acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
                 part = gl.zeros(acc.shape, gl.float32, layout=mma)
     return acc
@@ -235,6 +276,10 @@ def moe_mma_gemm_kernel(
     EVEN_N: gl.constexpr,  # BLOCK_N divides N (no row masks)
     STAGES: gl.constexpr,  # K tiles of words in flight (the ring's stages), 2 or more
     PDL: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,  # DIRECT with PDL: the pairs are final before the wait
+    # Each tile's scale rows (zero-point rows, MXFP4's exponent words) copied with its words into the ring,
+    # per-channel rows loaded once before the K loop; else loaded in the tile. Needs rows of whole 16-byte
+    # pieces: N and the scale strides multiples of 16 elements (as Triton specializes them)
+    STAGED_SCALES: gl.constexpr = False,
     # DIRECT GEMM1 with PDL and no expert map, right behind the routing launch (a_rows_div = top_k): each pair's
     # expert from the logits [tokens, num_experts] at route_ptr, ranked as that launch ranks them (`_own_expert`)
     OWN_ROUTE: gl.constexpr = False, ROUTE_E_P2: gl.constexpr = 32,  # num_experts' power of two, 32 or more
@@ -281,6 +326,14 @@ def moe_mma_gemm_kernel(
     # Each thread reads back only the words it copied: the ring's layout only keeps 16-byte pieces whole.
     ring = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [STAGES, BLOCK_N, QUARTER],
                                      gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
+    # K per scale ring row: MXFP4's exponent words hold a whole tile (`_layouts.pack_e8m0_tiles`).
+    RING_GROUP: gl.constexpr = TILE_K if WTYPE == 3 else GROUP
+    SCALE_ROWS: gl.constexpr = (TILE_K // RING_GROUP if RING_GROUP < TILE_K else 1) if STAGED_SCALES and RING_GROUP > 0 \
+        else 0
+    row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * SCALE_ROWS if SCALE_ROWS else 1, BLOCK_N], row_sl)
+    z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * SCALE_ROWS if HAS_ZP and SCALE_ROWS else 1,
+                                                                 BLOCK_N], row_sl)
     t_start = trace.now(TRACE)
     if OWN_ROUTE:
         # GEMM1 of a few tokens: the pair's expert from the router's logits (the routing launch's choice by
@@ -311,8 +364,23 @@ def moe_mma_gemm_kernel(
     else:
         e_c = gl.maximum(e, 0).to(gl.int64)  # another rank's expert (-1): read expert 0's, never used
     w_ptrs = b_ptr + e_c * stride_be + gl.expand_dims(rows, 1) * stride_bn + gl.expand_dims(words_i, 0)
+    if SCALE_ROWS > 0:  # the scale (zero-point) rows' copies: 16-byte pieces of the tile's N rows
+        s_l: gl.constexpr = _row_copy_layout(s_ptr.dtype.element_ty, NW)
+        n_s = gl.max_contiguous(gl.multiple_of(n0 + gl.arange(0, BLOCK_N, layout=s_l), 16), 16)
+        z_l: gl.constexpr = _row_copy_layout(z_ptr.dtype.element_ty, NW)
+        n_z = gl.max_contiguous(gl.multiple_of(n0 + gl.arange(0, BLOCK_N, layout=z_l), 16), 16)
+        s_rows, s_mask = s_ptr + e_c * stride_se + n_s, n_s < N
+        z_rows, z_mask = z_ptr + e_c * stride_se + n_z, n_z < N
+    else:
+        s_rows, s_mask, z_rows, z_mask = s_ptr, False, z_ptr, False  # unused
     for t in gl.static_range(STAGES - 1):
-        _copy_words(ring, w_ptrs, w_mask, t, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t, kt0, k_tiles, stride_bt,
+                   stride_sk, TILES, STAGES, EVEN_N, SCALE_ROWS, RING_GROUP, HAS_ZP)
+    if STAGED_SCALES and GROUP == 0:  # one row for every tile: asked for with the first tiles
+        s_row = gl.load(s_ptr + e_c * stride_se + acc_rows, mask=rows_ok, other=0.0).to(gl.float32)
+        z_row = gl.load(z_ptr + e_c * stride_se + rows, mask=z_rows_ok, other=0) if HAS_ZP else z_rows_ok
+    else:
+        s_row, z_row = rows_ok, z_rows_ok  # unused
     if EARLY_WEIGHTS:
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
@@ -363,14 +431,16 @@ def moe_mma_gemm_kernel(
     acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
     for t in gl.static_range(TILES):
         # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
-        _copy_words(ring, w_ptrs, w_mask, t + STAGES - 1, kt0, k_tiles, stride_bt, TILES, STAGES, EVEN_N)
+        _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t + STAGES - 1, kt0, k_tiles,
+                   stride_bt, stride_sk, TILES, STAGES, EVEN_N, SCALE_ROWS, RING_GROUP, HAS_ZP)
         async_copy.wait_group(STAGES - 1)
         words = ring.index(t % STAGES).load(w_op)
         x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
         quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
                     x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
-        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, rows_ok, z_rows_ok, stride_sk,
-                            GROUP, WTYPE, FOLDED_SCALE, HAS_ZP, CODE_OFFSET, CT, mma, w_op)
+        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s_row, z_row, rows_ok,
+                            z_rows_ok, stride_sk, (t % STAGES) * SCALE_ROWS, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP,
+                            CODE_OFFSET, CT, STAGED_SCALES, mma, w_op)
     if OWN_ROUTE:  # the routing launch clears the sums and counts the sinks add to: wait for it now
         wait_then_release(PDL)
         t_released = trace.now(TRACE)
