@@ -51,9 +51,10 @@ or one, launch their GEMMs without the alignment, whatever the router: `quantize
 `input_quantized_apart` (block fp8's input quantized by an `act_quant` launch, not by the routing
 launch: `quantized.ROUTE_QUANTIZES_MAX_TOKENS` 0); `prefetch_tiles_2`, `prefetch_tiles_all` (a one-token GEMM2
 asking L2 for its first two K tiles of weights, or all of them, before its wait on GEMM1:
-`quant_gemm.L2_PREFETCH_TILES`, shipped 1); `scales_in_tile`, `scales_staged_gemm1`, `scales_staged_gemm2` (direct
-launches on the mma kernel loading each K tile's scale rows in the tile in both GEMMs, or copying them with
-the tile's words in GEMM1 or GEMM2 only: `quant_gemm.MMA_STAGED_SCALES`, shipped on).
+`quant_gemm.L2_PREFETCH_TILES`, shipped 1).
+- `scales_in_tile`, `scales_in_tile_gemm1`, `scales_in_tile_gemm2`: the served shapes with both GEMMs (or one)
+  on the mma kernel loading each K tile's scale rows in the tile, the others copying them with the tile's
+  words (`GemmConfig.scales_in_tile`).
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
   instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
   GEMM runs on the mma or wgmma kernel.
@@ -151,26 +152,20 @@ prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
 
 
-def _scales_staged_in(gemm1: bool, gemm2: bool):
-    """The mma kernel's scale rows copied with the tile's words (`quant_gemm.MMA_STAGED_SCALES`) in the
-    chosen GEMMs only (GEMM1: the launch with an activation; one GEMM alone: direct launches), loaded in the
-    tile in the others."""
+def _scales_in_tile(gemm1: bool, gemm2: bool):
+    """The served shapes with the chosen GEMMs, where they run on the mma kernel, loading each K tile's
+    scale rows in the tile (`GemmConfig.scales_in_tile`) and the others copying them with its words."""
     def patch(layer, tokens: int):
-        if gemm1 == gemm2:
-            return mock.patch.object(quant_gemm, "MMA_STAGED_SCALES", gemm1)
-        launch = quantized.direct_quant_gemm
-
-        def staged_per_gemm(*args, **kwargs):
-            with mock.patch.object(quant_gemm, "MMA_STAGED_SCALES",
-                                   gemm1 if kwargs.get("activation") is not None else gemm2):
-                launch(*args, **kwargs)
-        return mock.patch.object(quantized, "direct_quant_gemm", staged_per_gemm)
+        served = layer.experts._find_config(tokens).config
+        changed = QuantKernelConfig(*(dataclasses.replace(g, scales_in_tile=flip) if g.mma else g
+                                      for g, flip in ((served.gemm1, gemm1), (served.gemm2, gemm2))))
+        return mock.patch.object(layer.experts, "config_override", changed)
     return patch
 
 
-scales_in_tile = _scales_staged_in(False, False)
-scales_staged_gemm1 = _scales_staged_in(True, False)
-scales_staged_gemm2 = _scales_staged_in(False, True)
+scales_in_tile = _scales_in_tile(True, True)
+scales_in_tile_gemm1 = _scales_in_tile(True, False)
+scales_in_tile_gemm2 = _scales_in_tile(False, True)
 
 
 # The wgmma kernel's launch shape: only the tl.dot kernel's options reset.

@@ -24,7 +24,6 @@ from moe_core.quant import fp8_w8a8, int4_w4a16, int8_w8a16, mxfp4_w4a16
 from moe_core.reference import reference_moe
 from moe_core.routing import route_torch
 from moe_core.weights.canonical import ExpertWeights
-from moe_triton import quant_gemm
 from moe_triton._common.target import device_info, mma_capable, wgmma_capable
 from moe_triton.align import align_block_size
 from moe_triton.configs import GemmConfig, QuantKernelConfig
@@ -421,16 +420,18 @@ def mma_launch(block_n: int, split: int, warps: int = 4) -> GemmConfig:
 
 
 def test_mma_config_limits():
-    """GemmConfig.mma: 16 rows per warp at least, and none of the other kernels' options."""
+    """GemmConfig.mma: 16 rows per warp at least, and none of the other kernels' options; its own options
+    (own_route, scales_in_tile) on it only."""
     mma_launch(64, 4)
     with pytest.raises(ValueError, match="multiple of 16 x num_warps"):
         mma_launch(64, 4, warps=8)
     for other in (dict(one_dot=True), dict(wgmma=True), dict(max_registers=128), dict(tail=16, block_m=32)):
         with pytest.raises(ValueError, match="the mma kernel takes none of"):
             dataclasses.replace(mma_launch(64, 2), **other)
-    dataclasses.replace(mma_launch(64, 2), own_route=True)
-    with pytest.raises(ValueError, match="own_route is an option of the mma kernel"):
-        GemmConfig(16, 64, 2, 4, 3, swap_ab=True, own_route=True)
+    dataclasses.replace(mma_launch(64, 2), own_route=True, scales_in_tile=True)
+    for option in (dict(own_route=True), dict(scales_in_tile=True)):
+        with pytest.raises(ValueError, match="own_route and scales_in_tile are options of the mma kernel"):
+            GemmConfig(16, 64, 2, 4, 3, swap_ab=True, **option)
 
 
 @pytest.mark.parametrize(("routing", "bias", "parallel", "ranks"), [
@@ -568,20 +569,19 @@ def test_mma_gemm_on_gpu(quant, dtype, K, N, activation, bias, M, launch, parall
     pytest.param(int4_w4a16(128), 2048, 768, Activation.silu(), False, 8,
                  QuantKernelConfig(mma_launch(128, 2), mma_launch(64, 3)), id="blocks-g128"),
 ])
-def test_mma_gemm_scales_copied_with_the_words_or_loaded_in_the_tile_on_gpu(quant, K, N, activation, bias, M, launch,
-                                                                           monkeypatch):
+def test_mma_gemm_scales_copied_with_the_words_or_loaded_in_the_tile_on_gpu(quant, K, N, activation, bias, M, launch):
     """The mma kernel's two ways to its scale rows (zero points, MXFP4's exponent words): copied with
-    each K tile's words into the ring (`quant_gemm.MMA_STAGED_SCALES`, where rows split into 16-byte
-    pieces; a per-channel row read once) and loaded in the tile (other shapes): each against the
-    reference, and against each other (the same products; the split-K sums' order may differ)."""
+    each K tile's words into the ring (where rows split into 16-byte pieces; a per-channel row read
+    once) and loaded in the tile (`GemmConfig.scales_in_tile`): each against the reference, and
+    against each other (the same products; the split-K sums' order may differ)."""
     cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
     outs = {}
-    for staged in (True, False):
-        monkeypatch.setattr(quant_gemm, "MMA_STAGED_SCALES", staged)
-        outs[staged], ref = run_layer(cls, quant, activation, torch.bfloat16, K=K, N=N, E=16, topk=4, M=M, bias=bias,
-                                      override=launch)
-        assert rel_l2(outs[staged], ref) < 1e-2, staged
-    assert rel_l2(outs[True], outs[False]) < 1e-5
+    for in_tile in (False, True):
+        override = QuantKernelConfig(*(dataclasses.replace(g, scales_in_tile=in_tile) for g in (launch.gemm1, launch.gemm2)))
+        outs[in_tile], ref = run_layer(cls, quant, activation, torch.bfloat16, K=K, N=N, E=16, topk=4, M=M, bias=bias,
+                                       override=override)
+        assert rel_l2(outs[in_tile], ref) < 1e-2, in_tile
+    assert rel_l2(outs[False], outs[True]) < 1e-5
 
 
 @pytest.mark.device("cuda")

@@ -170,6 +170,13 @@ def test_per_gemm_grid_flips_each_gemm_onto_the_mma_kernel():
     own = dataclasses.replace(on, own_route=True)
     assert per_gemm_grid(dataclasses.replace(base, gemm1=own), mma=True)["gemm1:mma=False"].gemm1 == back[
         "gemm1:mma=False"].gemm1
+    # An mma GEMM's scale rows loaded in the tile (or copied with its words) is flipped; a tl.dot one has none.
+    assert back["gemm1:scales_in_tile=True"].gemm1 == dataclasses.replace(on, scales_in_tile=True)
+    assert "gemm2:scales_in_tile=True" not in back
+    in_tile = dataclasses.replace(on, scales_in_tile=True)
+    again = per_gemm_grid(dataclasses.replace(base, gemm1=in_tile), mma=True)
+    assert again["gemm1:scales_in_tile=False"].gemm1 == on
+    assert again["gemm1:mma=False"].gemm1 == back["gemm1:mma=False"].gemm1
 
 
 def test_per_gemm_grid_flips_an_aligned_gemm2s_prefetch():

@@ -205,6 +205,10 @@ class GemmConfig:
     # runs (`quant_gemm.direct_quant_gemm`'s own_route). Faster where every program is resident from
     # the start; a program of a later wave only adds the ranking to its time.
     own_route: bool = False
+    # The mma kernel: each K tile's scale rows (zero points, MXFP4's exponent words) loaded in the tile, a
+    # round trip its sums wait on, instead of copied with its words into the ring (where the rows split
+    # into 16-byte pieces); the copies' sums can hold more registers, which costs programs per SM.
+    scales_in_tile: bool = False
     # GEMM2 of an aligned launch on the tl.dot kernel, quads weights, dependent launches: each program asks
     # L2 for its first prefetch_tiles K tiles of weights (and their scales) before its wait, while GEMM1
     # still streams; its expert is the alignment's, complete before GEMM1 started (a direct GEMM2 always
@@ -222,8 +226,8 @@ class GemmConfig:
             raise ValueError(f"GemmConfig: prefetch_tiles is 0..8, an option of the tl.dot kernel, got {self}")
         if self.block_ready and (self.wgmma or self.mma):
             raise ValueError(f"GemmConfig: block_ready is an option of the tl.dot kernel, got {self}")
-        if self.own_route and not self.mma:
-            raise ValueError(f"GemmConfig: own_route is an option of the mma kernel, got {self}")
+        if (self.own_route or self.scales_in_tile) and not self.mma:
+            raise ValueError(f"GemmConfig: own_route and scales_in_tile are options of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
         if self.mma and (self.wgmma or self.one_dot or self.max_registers or self.narrow or self.tail
@@ -312,7 +316,8 @@ class QuantKernelConfig:
                     f"{' wgmma' if c.wgmma else ''}{' narrow' if c.narrow else ''}{f' tail{c.tail}' if c.tail else ''}"
                     f"{f' group{c.group_m}' if c.group_m > 1 else ''}{' one-dot' if c.one_dot else ''}"
                     f"{f' regs{c.max_registers}' if c.max_registers else ''}{' mma' if c.mma else ''}"
-                    f"{' own-route' if c.own_route else ''}{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}"
+                    f"{' own-route' if c.own_route else ''}{' scales-in-tile' if c.scales_in_tile else ''}"
+                    f"{f' prefetch{c.prefetch_tiles}' if c.prefetch_tiles else ''}"
                     f"{' block-ready' if c.block_ready else ''}")
         fused = self.fused
         one = (f" | fused c{fused.channels} w{fused.num_warps} h{fused.block_h} k{fused.k_split}"

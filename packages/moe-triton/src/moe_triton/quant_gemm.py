@@ -27,7 +27,6 @@ from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._dequant import dequantize_operand
 from moe_triton.quant_gemm_details._heuristics import (
     L2_PREFETCH_TILES,
-    MMA_STAGED_SCALES,
     POST_SCALE_MAX_TILE,
     effective_split,
     ws_regs,
@@ -253,7 +252,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             ACT=int(act_kind(activation)) if activation else 0, GATE_UP_CHUNK=gate_up_chunk,
             ZERO_SIDE=zero_side is not None, DIRECT=direct, HAS_MAP=has_map, N_FIRST=n_first, BLOCK_M=cfg.block_m,
             TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,
-            STAGES=max(2, cfg.num_stages), STAGED_SCALES=MMA_STAGED_SCALES and _scale_rows_in_pieces(w),
+            STAGES=max(2, cfg.num_stages), STAGED_SCALES=not cfg.scales_in_tile and _scale_rows_in_pieces(w),
             EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), trace_ptr=trace_buf,
             TRACE=trace_buf is not None, num_warps=cfg.num_warps,
             OWN_ROUTE=own, ROUTE_E_P2=max(32, next_power_of_2(own_route.shape[1])) if own else 32,
@@ -375,8 +374,8 @@ def mma_takes(wtype: WType, quads: bool, block_k: int, group: int) -> bool:
 def _scale_rows_in_pieces(w: WeightOperand) -> bool:
     """Whether each K tile's scale rows (zero-point rows, MXFP4's exponent words) split into 16-byte
     pieces that Triton can prove aligned (N and the row strides multiples of 16 elements, which it
-    specializes), so that the mma kernel copies them with the tile's words (`STAGED_SCALES`); a
-    per-channel row is read once, not copied."""
+    specializes), so that the mma kernel copies them with the tile's words (`STAGED_SCALES`, unless
+    `GemmConfig.scales_in_tile`); a per-channel row is read once, not copied."""
     return w.group >= w.k_tiles * w.block_k or (w.n % 16 == 0 and w.scale.stride(0) % 16 == 0
                                                  and w.scale.stride(1) % 16 == 0)
 

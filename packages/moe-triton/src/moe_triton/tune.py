@@ -26,7 +26,8 @@ one-launch decode path where it serves the layer (`fused_decode_candidates`), an
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`; at one token an mma GEMM1's `own_route` flipped too; in aligned launches up to
+(`per_gemm_grid`; an mma GEMM's `scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too; in
+aligned launches up to
 `LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with 16-bit activations GEMM2's
 `block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
@@ -205,8 +206,8 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
     """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
-    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), with
-    own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
+    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), an mma
+    GEMM's `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
     launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
     0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
     where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
@@ -223,7 +224,7 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
         return dataclasses.replace(base, **{gemm: tile})
 
     def on_other(tile: GemmConfig) -> GemmConfig:
-        return dataclasses.replace(tile, mma=False, own_route=False) if tile.mma else as_mma(tile)
+        return dataclasses.replace(tile, mma=False, own_route=False, scales_in_tile=False) if tile.mma else as_mma(tile)
 
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)
@@ -231,6 +232,9 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
             add(f"{gemm}:one_dot={not tile.one_dot}", with_gemm(gemm, dataclasses.replace(tile, one_dot=not tile.one_dot)))
         if mma and not tile.wgmma:
             add(f"{gemm}:mma={not tile.mma}", with_gemm(gemm, on_other(tile)))
+        if tile.mma:
+            add(f"{gemm}:scales_in_tile={not tile.scales_in_tile}",
+                with_gemm(gemm, dataclasses.replace(tile, scales_in_tile=not tile.scales_in_tile)))
         if own_route and gemm == "gemm1" and tile.mma:
             add(f"gemm1:own_route={not tile.own_route}",
                 dataclasses.replace(base, gemm1=dataclasses.replace(tile, own_route=not tile.own_route)))
@@ -520,11 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
                         "and its one_dot flipped; quads at decode sizes on NVIDIA each of those tiles also on the "
-                        "other of the tl.dot and mma kernels, at one token an mma GEMM1's own_route flipped, in "
+                        "other of the tl.dot and mma kernels, an mma GEMM's scales_in_tile flipped, at one token an "
+                        "mma GEMM1's own_route, in "
                         f"aligned launches up to {LAST_ARRIVAL_MAX_TOKENS} tokens a tl.dot GEMM2's prefetch_tiles, "
                         "int4, int8 and mxfp4 GEMM2's block_ready behind a tl.dot GEMM1 "
                         f"(up to {2 * len(PER_GEMM_SPLITS) * 3 * 2 + 4} more layer timings per M, "
-                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 2} with the mma kernel)")
+                        f"{2 * (len(PER_GEMM_SPLITS) * 3 * 2 + 1) * 2 + 4} with the mma kernel)")
     from moe_core.bench import CORRECTION_BIAS_STD
 
     p.add_argument("--correction-bias", type=float, default=None,

@@ -12,7 +12,7 @@ from moe_triton.configs import GemmConfig
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
 __all__ = ["FOLDED_REGS", "FP8_SWAP_BLOCK_K", "FP8_SWAP_MAX_BLOCK_M", "GROUP_M_BLOCKS", "GROUP_M_MIN_EXPERT_WEIGHTS",
-           "L2_PREFETCH_TILES", "MMA_STAGED_SCALES", "POST_SCALE_MAX_TILE", "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config",
+           "L2_PREFETCH_TILES", "POST_SCALE_MAX_TILE", "WS_REGS", "WarpSpecializedRegs", "effective_split", "pick_config",
            "ws_regs"]
 
 # fp8 experts whose weights outgrow the L2 cache (mixtral-8x7b: 117 and 59 MB per expert) launch their
@@ -83,10 +83,6 @@ POST_SCALE_MAX_TILE = 16 * 128
 # prefetch_l2): its K loop starts on L2 hits instead of a cold DRAM stream. More tiles overflow L2
 # beside GEMM1's weight stream.
 L2_PREFETCH_TILES = 1
-
-# The mma kernel copies each K tile's scale rows with its words (ring stages ahead of their use) where
-# they split into 16-byte pieces, instead of loading them in the tile (a DRAM round trip each tile waits on).
-MMA_STAGED_SCALES = True
 
 
 @dataclass(frozen=True)

@@ -73,12 +73,12 @@ def _pow2_at_least(n):
 
 
 @gluon.jit
-def _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t: gl.constexpr, kt0, k_tiles,
+def _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t: gl.constexpr, kt0, k_tiles,
                stride_bt, stride_sk, TILES: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, SCALE_ROWS: gl.constexpr,
                RING_GROUP: gl.constexpr, HAS_ZP: gl.constexpr):
     """cp.async of K tile kt0 + t's words into ring stage t % STAGES (past the split's last tile that
     tile again: its sums get scale 0; none past TILES) and of its SCALE_ROWS scale rows (zero-point
-    rows; MXFP4: its exponent words, RING_GROUP = TILE_K) into that stage's rows of s_ring (z_ring),
+    rows; MXFP4: its exponent words, RING_GROUP = TILE_K) into that stage of s_rings[r] (z_rings[r]),
     then a commit: one group per call."""
     if t < TILES:
         kt = gl.minimum(kt0 + t, k_tiles - 1)
@@ -90,14 +90,14 @@ def _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_m
         for r in gl.static_range(SCALE_ROWS):
             row = ((kt * TILE_K + r * RING_GROUP) // RING_GROUP) * stride_sk
             if EVEN_N:
-                _async_load(s_ring.index((t % STAGES) * SCALE_ROWS + r), s_rows + row)
+                _async_load(s_rings[r].index(t % STAGES), s_rows + row)
             else:
-                _async_load(s_ring.index((t % STAGES) * SCALE_ROWS + r), s_rows + row, mask=s_mask)
+                _async_load(s_rings[r].index(t % STAGES), s_rows + row, mask=s_mask)
             if HAS_ZP:
                 if EVEN_N:
-                    _async_load(z_ring.index((t % STAGES) * SCALE_ROWS + r), z_rows + row)
+                    _async_load(z_rings[r].index(t % STAGES), z_rows + row)
                 else:
-                    _async_load(z_ring.index((t % STAGES) * SCALE_ROWS + r), z_rows + row, mask=z_mask)
+                    _async_load(z_rings[r].index(t % STAGES), z_rows + row, mask=z_mask)
     async_copy.commit_group()
 
 
@@ -128,29 +128,28 @@ def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
 
 
 @gluon.constexpr_function
-def _group_ring_row(ring_row0, j, group):
-    """The scale ring row of quarter j's group: a tile's groups of 32 or 64 are rows ring_row0 onwards."""
-    return ring_row0 + (j * QUARTER.value) // group if 0 < group < TILE_K.value else ring_row0
+def _group_ring(j, group):
+    """The scale ring of quarter j's group: a tile's groups of 32 or 64 are rings 0.. onwards."""
+    return (j * QUARTER.value) // group if 0 < group < TILE_K.value else 0
 
 
 @gluon.jit
-def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s_row, z_row, rows_ok, z_rows_ok,
-                  stride_sk, ring_row0: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
+def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_rings, z_rings, s_row, z_row, rows_ok, z_rows_ok,
+                  stride_sk, stage: gl.constexpr, GROUP: gl.constexpr, WTYPE: gl.constexpr,
                   FOLDED_SCALE: gl.constexpr, HAS_ZP: gl.constexpr, CODE_OFFSET: gl.constexpr, CT: gl.constexpr,
                   STAGED: gl.constexpr, mma: gl.constexpr, w_op: gl.constexpr):
     """acc + one K tile's weights . x per row; a tile past the last (kt >= k_tiles: the split's words
     repeated its last) adds nothing. int4 and int8: (code - zero) . x in fp32, each scale group's sums
     times its scale (GROUP as the kernel's: the whole tile or more, one or two quarters; 0 one row);
     MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`).
-    STAGED: the tile's scale (zero-point, exponent-word) rows are s_ring's (z_ring's) rows ring_row0
-    onwards, and with GROUP 0 the one row is s_row (z_row); else they are loaded here at s_ptrs
+    STAGED: the tile's scale (zero-point, exponent-word) rows are stage `stage` of s_rings (z_rings), and with GROUP 0 the one row is s_row (z_row); else they are loaded here at s_ptrs
     (z_ptrs): MXFP4's rows in w_op's slice, the scales in mma's."""
     valid = kt < k_tiles
     kt_c = gl.minimum(kt, k_tiles - 1)
     if WTYPE == 3:  # MXFP4 (`_layouts.WType`)
         FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300
         if STAGED:
-            exp_words = s_ring.index(ring_row0).load(gl.SliceLayout(1, w_op))
+            exp_words = s_rings[0].index(stage).load(gl.SliceLayout(1, w_op))
         else:
             exp_words = gl.load(s_ptrs + kt_c * stride_sk, mask=z_rows_ok, other=0)
         part = gl.zeros(acc.shape, gl.float32, layout=mma)
@@ -175,12 +174,11 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s
                 g = kt_c // (GROUP // TILE_K)
             else:
                 g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
-            ring_row = _group_ring_row(ring_row0, j, GROUP)
             if HAS_ZP and j % QPG == 0:
                 if STAGED and GROUP == 0:
                     z = z_row
                 elif STAGED:
-                    z = z_ring.index(ring_row).load(gl.SliceLayout(1, w_op))
+                    z = z_rings[_group_ring(j, GROUP)].index(stage).load(gl.SliceLayout(1, w_op))
                 else:
                     z = gl.load(z_ptrs + g * stride_sk, mask=z_rows_ok, other=0)
                 z = gl.expand_dims(z.to(CT) + P, 1)
@@ -197,7 +195,7 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s
                 if STAGED and GROUP == 0:
                     s = s_row
                 elif STAGED:
-                    s = s_ring.index(ring_row).load(gl.SliceLayout(1, mma)).to(gl.float32)
+                    s = s_rings[_group_ring(j, GROUP)].index(stage).load(gl.SliceLayout(1, mma)).to(gl.float32)
                 else:
                     s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
                 acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
@@ -331,9 +329,17 @@ def moe_mma_gemm_kernel(
     SCALE_ROWS: gl.constexpr = (TILE_K // RING_GROUP if RING_GROUP < TILE_K else 1) if STAGED_SCALES and RING_GROUP > 0 \
         else 0
     row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    s_ring = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES * SCALE_ROWS if SCALE_ROWS else 1, BLOCK_N], row_sl)
-    z_ring = gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES * SCALE_ROWS if HAS_ZP and SCALE_ROWS else 1,
-                                                                 BLOCK_N], row_sl)
+    # A ring per scale row of a tile (up to four), each [STAGES, BLOCK_N] where used: copies into one
+    # buffer are fenced from each other by a CTA barrier, copies into different ones are not.
+    s_rings = (gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 0 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 1 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 2 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 3 else 1, BLOCK_N], row_sl))
+    ZP_ROWS: gl.constexpr = SCALE_ROWS if HAS_ZP else 0
+    z_rings = (gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 0 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 1 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 2 else 1, BLOCK_N], row_sl),
+               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 3 else 1, BLOCK_N], row_sl))
     t_start = trace.now(TRACE)
     if OWN_ROUTE:
         # GEMM1 of a few tokens: the pair's expert from the router's logits (the routing launch's choice by
@@ -374,7 +380,7 @@ def moe_mma_gemm_kernel(
     else:
         s_rows, s_mask, z_rows, z_mask = s_ptr, False, z_ptr, False  # unused
     for t in gl.static_range(STAGES - 1):
-        _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t, kt0, k_tiles, stride_bt,
+        _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t, kt0, k_tiles, stride_bt,
                    stride_sk, TILES, STAGES, EVEN_N, SCALE_ROWS, RING_GROUP, HAS_ZP)
     if STAGED_SCALES and GROUP == 0:  # one row for every tile: asked for with the first tiles
         s_row = gl.load(s_ptr + e_c * stride_se + acc_rows, mask=rows_ok, other=0.0).to(gl.float32)
@@ -431,15 +437,15 @@ def moe_mma_gemm_kernel(
     acc = gl.zeros([BLOCK_N, COLS], gl.float32, layout=mma)
     for t in gl.static_range(TILES):
         # Tile t + STAGES - 1 refills the stage tile t - 1 was read from (by the same threads that copy it).
-        _copy_tile(ring, s_ring, z_ring, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t + STAGES - 1, kt0, k_tiles,
+        _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t + STAGES - 1, kt0, k_tiles,
                    stride_bt, stride_sk, TILES, STAGES, EVEN_N, SCALE_ROWS, RING_GROUP, HAS_ZP)
         async_copy.wait_group(STAGES - 1)
         words = ring.index(t % STAGES).load(w_op)
         x_t = xs.slice(t * TILE_K, TILE_K, dim=0)
         quarters = (x_t.slice(0, QUARTER, dim=0).load(x_op), x_t.slice(QUARTER, QUARTER, dim=0).load(x_op),
                     x_t.slice(2 * QUARTER, QUARTER, dim=0).load(x_op), x_t.slice(3 * QUARTER, QUARTER, dim=0).load(x_op))
-        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, s_ring, z_ring, s_row, z_row, rows_ok,
-                            z_rows_ok, stride_sk, (t % STAGES) * SCALE_ROWS, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP,
+        acc = _tile_product(acc, words, quarters, kt0 + t, k_tiles, s_ptrs, z_ptrs, s_rings, z_rings, s_row, z_row, rows_ok,
+                            z_rows_ok, stride_sk, t % STAGES, GROUP, WTYPE, FOLDED_SCALE, HAS_ZP,
                             CODE_OFFSET, CT, STAGED_SCALES, mma, w_op)
     if OWN_ROUTE:  # the routing launch clears the sums and counts the sinks add to: wait for it now
         wait_then_release(PDL)
