@@ -288,10 +288,11 @@ add ab-mma-own-route-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235
 add ab-mma-own-route-int8 "python3 ab_layer.py --preset gpt-oss-120b qwen3-235b-a22b mixtral-8x7b --dtype int8 $own_mma --out $OUT/host/ab-mma-own-route-int8.json"
 add ab-mma-own-route-int4 "python3 ab_layer.py --preset mixtral-8x7b --dtype int4 $own_mma --out $OUT/host/ab-mma-own-route-int4.json"
 # The mma kernel's scale rows copied with each K tile's words against loaded in the tile (GemmConfig.scales_in_tile),
-# in both GEMMs or one, where one-token to 4-token entries run that kernel.
+# in both GEMMs or one, where one-token to 4-token entries run that kernel (each entry as shipped against both,
+# or one GEMM, loading them in the tile).
 staged="--rounds 5 --variant shipped --variant in-tile=ab_patches:scales_in_tile --variant in-tile-g1=ab_patches:scales_in_tile_gemm1 --variant in-tile-g2=ab_patches:scales_in_tile_gemm2"
-add ab-staged-scales-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 4 $staged --out $OUT/host/ab-staged-scales-int4.json"
-add ab-staged-scales-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype mxfp4 --m 1 2 4 $staged --out $OUT/host/ab-staged-scales-mxfp4.json"
+add ab-staged-scales-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 3 4 $staged --out $OUT/host/ab-staged-scales-int4.json"
+add ab-staged-scales-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype mxfp4 --m 1 2 3 4 $staged --out $OUT/host/ab-staged-scales-mxfp4.json"
 add ab-staged-scales-int8 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $staged --out $OUT/host/ab-staged-scales-int8.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
