@@ -19,6 +19,12 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
   tile around the ring); the
   split's K tiles, at most MAX_TILES, are unrolled; the program's token rows for the whole split
   are read into shared memory once, and each quarter from there;
+- each tile's scale rows (zero-point rows, MXFP4's exponent words) travel with its words: 16-byte
+  cp.async pieces into a ring per row of the tile (copies into one buffer are fenced from each
+  other by a barrier), so a tile waits on no DRAM round trip of its own; a per-channel row is read
+  once before the loop (STAGED_SCALES). Loaded in the tile instead (`GemmConfig.scales_in_tile`),
+  each group's load is a round trip its sums wait on, but programs that hold many groups' sums
+  keep fewer registers (the copied build's sums are scaled late, all held);
 - int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
   1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, two lop3 and an fma
   per pair of words (`_dequant.byte_quarter_ptx`: code - 128), minus any zero point's offset from
