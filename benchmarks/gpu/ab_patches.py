@@ -220,7 +220,7 @@ def _gemm2_whole_share(split: int | None = None, block_n: int | None = None, gem
         served = layer.experts._find_config(1 if from_one_token else tokens).config
         cfg = layer.experts.config
         k_tiles = cdiv(cfg.intermediate_size_per_partition, TILE_K.value)
-        g2 = dataclasses.replace(served.gemm2, mma=False)
+        g2 = served.gemm2.on_tl_dot()
         if block_n is not None:
             g2 = dataclasses.replace(g2, block_n=block_n, num_warps=block_n // 16)
         g2 = dataclasses.replace(g2, split_k=g2.split_k if split is None else max(split, 1))
@@ -251,7 +251,7 @@ def mma_entries_before(layer, tokens: int):
     cfg = layer.experts.config
     gemm, fields = _BEFORE_MMA[cfg.hidden_size, cfg.intermediate_size_per_partition]
     served = layer.experts._find_config(tokens).config
-    before = dataclasses.replace(getattr(served, gemm), mma=False, own_route=False, **fields)
+    before = dataclasses.replace(getattr(served, gemm).on_tl_dot(), **fields)
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **{gemm: before}))
 
 

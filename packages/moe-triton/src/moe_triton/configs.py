@@ -221,6 +221,10 @@ class GemmConfig:
     # instead of for all of GEMM1, so GEMM2 runs in the slots GEMM1's last wave leaves free. gemm1 False.
     block_ready: bool = False
 
+    def on_tl_dot(self) -> GemmConfig:
+        """The same launch shape on the tl.dot kernel: the mma kernel's options dropped."""
+        return replace(self, mma=False, own_route=False, scales_in_tile=False)
+
     def __post_init__(self) -> None:
         if not 0 <= self.prefetch_tiles <= 8 or (self.prefetch_tiles and (self.wgmma or self.mma)):
             raise ValueError(f"GemmConfig: prefetch_tiles is 0..8, an option of the tl.dot kernel, got {self}")

@@ -402,8 +402,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                                               ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
                    if g.mma and not self._mma_serves(cols)]
         if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
-            served = replace(hit.config, **{name: replace(getattr(hit.config, name), mma=False, own_route=False, scales_in_tile=False)
-                                            for name in mma_off})
+            served = replace(hit.config, **{name: getattr(hit.config, name).on_tl_dot() for name in mma_off})
             hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
                          "without act-order on NVIDIA sm_80 or later)")
         if hit.source == "borrowed":
@@ -788,7 +787,7 @@ def borrowed_as_served(config: QuantKernelConfig, *, int8: bool = False) -> Quan
     BORROWED_MAX_STAGES stages deep; int8's tl.dot GEMMs of 32+ pairs at most BORROWED_INT8_DOT_MAX_N wide;
     the mma kernel's GEMMs on the tl.dot kernel (the lender chose that kernel for int4's dequantization)."""
     def served(g: GemmConfig) -> GemmConfig:
-        g = replace(g, mma=False, own_route=False, scales_in_tile=False)
+        g = g.on_tl_dot()
         if g.wgmma or int8:
             g = replace(g, num_stages=min(g.num_stages, BORROWED_MAX_STAGES))
         if int8 and not g.wgmma and g.block_m >= 32:

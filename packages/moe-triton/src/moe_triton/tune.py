@@ -26,9 +26,9 @@ one-launch decode path where it serves the layer (`fused_decode_candidates`), an
 one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
 block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`; an mma GEMM's `scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too; in
-aligned launches up to
-`LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with 16-bit activations GEMM2's
+(`per_gemm_grid`; an mma GEMM's `scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too;
+in aligned launches up to `LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with
+16-bit activations GEMM2's
 `block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
 where each beat it. The neighbours of int4, int8 and
@@ -207,8 +207,8 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
     (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
     other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), an mma
-    GEMM's `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route` flipped, with prefetch (aligned
-    launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
+    GEMM's `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route`
+    flipped, with prefetch (aligned launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
     0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
     where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
     GEMM1 where GEMM1 leaves the tl.dot kernel)."""
@@ -224,7 +224,7 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
         return dataclasses.replace(base, **{gemm: tile})
 
     def on_other(tile: GemmConfig) -> GemmConfig:
-        return dataclasses.replace(tile, mma=False, own_route=False, scales_in_tile=False) if tile.mma else as_mma(tile)
+        return tile.on_tl_dot() if tile.mma else as_mma(tile)
 
     for gemm in ("gemm1", "gemm2"):
         tile = getattr(base, gemm)

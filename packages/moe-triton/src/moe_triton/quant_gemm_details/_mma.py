@@ -94,7 +94,7 @@ def _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z
         else:
             _async_load(ring.index(t % STAGES), ptrs, mask=w_mask)
         for r in gl.static_range(SCALE_ROWS):
-            row = ((kt * TILE_K + r * RING_GROUP) // RING_GROUP) * stride_sk
+            row = ((kt * TILE_K) // RING_GROUP + r) * stride_sk
             if EVEN_N:
                 _async_load(s_rings[r].index(t % STAGES), s_rows + row)
             else:
@@ -148,8 +148,9 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_rings, z_rings,
     repeated its last) adds nothing. int4 and int8: (code - zero) . x in fp32, each scale group's sums
     times its scale (GROUP as the kernel's: the whole tile or more, one or two quarters; 0 one row);
     MXFP4: the codes times their quarter's power of two before the MMAs (exact: `_dequant.e8m0_factors`).
-    STAGED: the tile's scale (zero-point, exponent-word) rows are stage `stage` of s_rings (z_rings), and with GROUP 0 the one row is s_row (z_row); else they are loaded here at s_ptrs
-    (z_ptrs): MXFP4's rows in w_op's slice, the scales in mma's."""
+    STAGED: the tile's scale (zero-point, exponent-word) rows are stage `stage` of s_rings (z_rings),
+    and with GROUP 0 the one row is s_row (z_row); else they are loaded here at s_ptrs (z_ptrs):
+    MXFP4's rows in w_op's slice, the scales in mma's."""
     valid = kt < k_tiles
     kt_c = gl.minimum(kt, k_tiles - 1)
     if WTYPE == 3:  # MXFP4 (`_layouts.WType`)
