@@ -79,6 +79,18 @@ def _pow2_at_least(n):
 
 
 @gluon.jit
+def _row_rings(dtype: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """A ring of STAGES rows of BLOCK_N for each of a tile's ROWS scale rows (up to four; the others a
+    row each, unused): copies into one buffer are fenced from each other by a CTA barrier, copies into
+    different ones are not."""
+    layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    return (gl.allocate_shared_memory(dtype, [STAGES if ROWS > 0 else 1, BLOCK_N], layout),
+            gl.allocate_shared_memory(dtype, [STAGES if ROWS > 1 else 1, BLOCK_N], layout),
+            gl.allocate_shared_memory(dtype, [STAGES if ROWS > 2 else 1, BLOCK_N], layout),
+            gl.allocate_shared_memory(dtype, [STAGES if ROWS > 3 else 1, BLOCK_N], layout))
+
+
+@gluon.jit
 def _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t: gl.constexpr, kt0, k_tiles,
                stride_bt, stride_sk, TILES: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, SCALE_ROWS: gl.constexpr,
                RING_GROUP: gl.constexpr, HAS_ZP: gl.constexpr):
@@ -335,18 +347,8 @@ def moe_mma_gemm_kernel(
     RING_GROUP: gl.constexpr = TILE_K if WTYPE == 3 else GROUP
     SCALE_ROWS: gl.constexpr = (TILE_K // RING_GROUP if RING_GROUP < TILE_K else 1) if STAGED_SCALES and RING_GROUP > 0 \
         else 0
-    row_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    # A ring per scale row of a tile (up to four), each [STAGES, BLOCK_N] where used: copies into one
-    # buffer are fenced from each other by a CTA barrier, copies into different ones are not.
-    s_rings = (gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 0 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 1 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 2 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES if SCALE_ROWS > 3 else 1, BLOCK_N], row_sl))
-    ZP_ROWS: gl.constexpr = SCALE_ROWS if HAS_ZP else 0
-    z_rings = (gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 0 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 1 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 2 else 1, BLOCK_N], row_sl),
-               gl.allocate_shared_memory(z_ptr.dtype.element_ty, [STAGES if ZP_ROWS > 3 else 1, BLOCK_N], row_sl))
+    s_rings = _row_rings(s_ptr.dtype.element_ty, SCALE_ROWS, STAGES, BLOCK_N)
+    z_rings = _row_rings(z_ptr.dtype.element_ty, SCALE_ROWS if HAS_ZP else 0, STAGES, BLOCK_N)
     t_start = trace.now(TRACE)
     if OWN_ROUTE:
         # GEMM1 of a few tokens: the pair's expert from the router's logits (the routing launch's choice by
