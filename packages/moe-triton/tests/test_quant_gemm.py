@@ -500,23 +500,22 @@ def test_layer_and_launcher_agree_on_what_the_mma_kernel_takes(quant, hidden, mo
                          ids=["int4-g64-zp", "mxfp4", "int8-channel"])
 def test_mma_scale_rows_copied_only_in_whole_pieces(quant):
     """The mma kernel copies a tile's scale rows with its words (`STAGED_SCALES`) only where N and the
-    scale strides are multiples of 16 elements (16-byte pieces Triton can prove aligned), as every
-    layer's operands are (gpt-oss-120b's shapes here); rows strided otherwise (a launcher's caller may
-    pass any) are loaded in the tile. A per-channel row is read once either way."""
-    from moe_triton.quant_gemm import _scale_rows_in_pieces
-
+    scale strides are multiples of 16 elements (`WeightOperand.scale_rows_in_pieces`: 16-byte pieces
+    Triton can prove aligned), as every layer's operands are (gpt-oss-120b's shapes here); rows strided
+    otherwise (a launcher's caller may pass any) are loaded in the tile. A per-channel row is read once
+    either way."""
     cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
     cfg = MoEConfig(num_experts=2, top_k=1, hidden_size=2880, intermediate_size=2880, dtype=torch.bfloat16)
     layer = cls(cfg, quant, RUN_ON)
     layer.load_weights(ExpertWeights.random(cfg, quant, seed=0, device=DEV))
     for w in (layer._operand("w13", cfg.w13_rows, 2880), layer._operand("w2", 2880, 2880)):
-        assert _scale_rows_in_pieces(w)
+        assert w.scale_rows_in_pieces
         # The same scales in rows padded by 8 elements: strides no longer multiples of 16.
         padded = torch.zeros(*w.scale.shape[:2], w.scale.shape[2] + 8, dtype=w.scale.dtype, device=w.scale.device)
         padded[..., :w.n] = w.scale
         strided = dataclasses.replace(w, scale=padded[..., :w.n], zero=None)
         per_channel = w.scale.shape[1] == 1
-        assert _scale_rows_in_pieces(strided) is per_channel
+        assert strided.scale_rows_in_pieces is per_channel
 
 
 @pytest.mark.device("cuda")

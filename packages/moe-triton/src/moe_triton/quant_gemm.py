@@ -252,7 +252,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             ACT=int(act_kind(activation)) if activation else 0, GATE_UP_CHUNK=gate_up_chunk,
             ZERO_SIDE=zero_side is not None, DIRECT=direct, HAS_MAP=has_map, N_FIRST=n_first, BLOCK_M=cfg.block_m,
             TILES=cdiv(w.k_tiles, split), BLOCK_N=cfg.block_n, EVEN_N=w.n % cfg.block_n == 0,
-            STAGES=max(2, cfg.num_stages), STAGED_SCALES=not cfg.scales_in_tile and _scale_rows_in_pieces(w),
+            STAGES=max(2, cfg.num_stages), STAGED_SCALES=not cfg.scales_in_tile and w.scale_rows_in_pieces,
             EARLY_WEIGHTS=prefetch_l2 and direct and dependent_launch(a.device), trace_ptr=trace_buf,
             TRACE=trace_buf is not None, num_warps=cfg.num_warps,
             OWN_ROUTE=own, ROUTE_E_P2=max(32, next_power_of_2(own_route.shape[1])) if own else 32,
@@ -369,15 +369,6 @@ def mma_takes(wtype: WType, quads: bool, block_k: int, group: int) -> bool:
     return quads and block_k == 128 and (
         (wtype in (WType.INT4, WType.INT8) and (group % 128 == 0 or group in (32, 64)))
         or (wtype is WType.MXFP4 and group == 32))
-
-
-def _scale_rows_in_pieces(w: WeightOperand) -> bool:
-    """Whether each K tile's scale rows (zero-point rows, MXFP4's exponent words) split into 16-byte
-    pieces that Triton can prove aligned (N and the row strides multiples of 16 elements, which it
-    specializes), so that the mma kernel copies them with the tile's words (`STAGED_SCALES`, unless
-    `GemmConfig.scales_in_tile`); a per-channel row is read once, not copied."""
-    return w.group >= w.k_tiles * w.block_k or (w.n % 16 == 0 and w.scale.stride(0) % 16 == 0
-                                                 and w.scale.stride(1) % 16 == 0)
 
 
 def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_scale_mode: AScale,

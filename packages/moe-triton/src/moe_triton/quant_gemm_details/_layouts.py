@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -99,6 +100,15 @@ class WeightOperand:
     def k_tiles(self) -> int:
         """K tiles the kernel loops over (the last one padded past k for quads, see the invariants)."""
         return -(-self.k // self.block_k)
+
+    @cached_property
+    def scale_rows_in_pieces(self) -> bool:
+        """Whether each K tile's scale rows (zero-point rows, MXFP4's exponent words) split into 16-byte
+        pieces that Triton can prove aligned (N and the row strides multiples of 16 elements, which it
+        specializes), so that the mma kernel may copy them with the tile's words; a per-channel row
+        (one for all of K) is read once, not copied. Fixed per operand: computed once."""
+        return self.group >= self.k_tiles * self.block_k or (
+            self.n % 16 == 0 and self.scale.stride(0) % 16 == 0 and self.scale.stride(1) % 16 == 0)
 
 
 def stored_tile_major(words: torch.Tensor) -> torch.Tensor:
