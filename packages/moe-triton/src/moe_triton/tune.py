@@ -28,8 +28,7 @@ block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAS
 tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
 (`per_gemm_grid`; an mma GEMM's `scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too;
 in aligned launches up to `LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with
-16-bit activations GEMM2's
-`block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
+16-bit activations GEMM2's `block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
 best so far, and both GEMMs' fastest tiles together
 where each beat it. The neighbours of int4, int8 and
 MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
@@ -208,8 +207,8 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
     kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
     other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), an mma
     GEMM's `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route`
-    flipped, with prefetch (aligned launches of quads at decode sizes) base with a tl.dot GEMM2's `prefetch_tiles` flipped between
-    0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
+    flipped, with prefetch (aligned launches of quads at decode sizes) base with a tl.dot GEMM2's
+    `prefetch_tiles` flipped between 0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
     where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
     GEMM1 where GEMM1 leaves the tl.dot kernel)."""
     found = {}

@@ -91,6 +91,15 @@ def _row_rings(dtype: gl.constexpr, ROWS: gl.constexpr, STAGES: gl.constexpr, BL
 
 
 @gluon.jit
+def _copy(dst, src, mask, EVEN_N: gl.constexpr):
+    """cp.async of src into dst, masked to rows below N unless BLOCK_N divides N (EVEN_N)."""
+    if EVEN_N:
+        _async_load(dst, src)
+    else:
+        _async_load(dst, src, mask=mask)
+
+
+@gluon.jit
 def _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z_mask, t: gl.constexpr, kt0, k_tiles,
                stride_bt, stride_sk, TILES: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr, SCALE_ROWS: gl.constexpr,
                RING_GROUP: gl.constexpr, HAS_ZP: gl.constexpr):
@@ -100,22 +109,12 @@ def _copy_tile(ring, s_rings, z_rings, w_ptrs, w_mask, s_rows, s_mask, z_rows, z
     then a commit: one group per call."""
     if t < TILES:
         kt = gl.minimum(kt0 + t, k_tiles - 1)
-        ptrs = w_ptrs + kt * stride_bt
-        if EVEN_N:
-            _async_load(ring.index(t % STAGES), ptrs)
-        else:
-            _async_load(ring.index(t % STAGES), ptrs, mask=w_mask)
+        _copy(ring.index(t % STAGES), w_ptrs + kt * stride_bt, w_mask, EVEN_N)
         for r in gl.static_range(SCALE_ROWS):
             row = ((kt * TILE_K) // RING_GROUP + r) * stride_sk
-            if EVEN_N:
-                _async_load(s_rings[r].index(t % STAGES), s_rows + row)
-            else:
-                _async_load(s_rings[r].index(t % STAGES), s_rows + row, mask=s_mask)
+            _copy(s_rings[r].index(t % STAGES), s_rows + row, s_mask, EVEN_N)
             if HAS_ZP:
-                if EVEN_N:
-                    _async_load(z_rings[r].index(t % STAGES), z_rows + row)
-                else:
-                    _async_load(z_rings[r].index(t % STAGES), z_rows + row, mask=z_mask)
+                _copy(z_rings[r].index(t % STAGES), z_rows + row, z_mask, EVEN_N)
     async_copy.commit_group()
 
 
@@ -143,6 +142,12 @@ def _own_expert(route_ptr, slot, num_experts, E_P2: gl.constexpr):
         keys = gl.where(keys == gl.expand_dims(gl.max(keys, axis=1), 1), _LOWEST_KEY, keys)
     col = E_P2 - 1 - (gl.max(keys, axis=1) & 0xFFFFFFFF).to(gl.int32)
     return gl.minimum(gl.max(col, axis=0), num_experts - 1)
+
+
+@gluon.constexpr_function
+def _scale_rows_per_tile(group):
+    """Scale rows a K tile spans (groups of 32 or 64: 4 or 2; a tile or more: 1); none per channel (0)."""
+    return 0 if group == 0 else max(1, TILE_K.value // group)
 
 
 @gluon.constexpr_function
@@ -345,8 +350,7 @@ def moe_mma_gemm_kernel(
                                      gl.SwizzledSharedLayout(8, 1, 1, [1, 0]))
     # K per scale ring row: MXFP4's exponent words hold a whole tile (`_layouts.pack_e8m0_tiles`).
     RING_GROUP: gl.constexpr = TILE_K if WTYPE == 3 else GROUP
-    SCALE_ROWS: gl.constexpr = (TILE_K // RING_GROUP if RING_GROUP < TILE_K else 1) if STAGED_SCALES and RING_GROUP > 0 \
-        else 0
+    SCALE_ROWS: gl.constexpr = _scale_rows_per_tile(RING_GROUP) if STAGED_SCALES else 0
     s_rings = _row_rings(s_ptr.dtype.element_ty, SCALE_ROWS, STAGES, BLOCK_N)
     z_rings = _row_rings(z_ptr.dtype.element_ty, SCALE_ROWS if HAS_ZP else 0, STAGES, BLOCK_N)
     t_start = trace.now(TRACE)
