@@ -54,7 +54,10 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 `quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `scales_in_tile`, `scales_in_tile_gemm1`, `scales_in_tile_gemm2`: the served shapes with both GEMMs (or one)
   on the mma kernel loading each K tile's scale rows in the tile, the others copying them with the tile's
-  words (`GemmConfig.scales_in_tile`).
+  words (`GemmConfig.scales_in_tile`); `scales_copied`: both copying them, whatever the entry says.
+- `mma_kernel_from_source`: the mma kernel built from the file at $AB_MMA_SOURCE (a changed copy of
+  `quant_gemm_details/_mma.py`, e.g. a raw folder's patch applied to the installed one) wherever the
+  served shapes launch it; combine it with a launch-shape patch (`NAME=ab_patches:a,ab_patches:b`).
 - `gemm2_block_ready`: GEMM2 waiting for its own block of GEMM1's rows, counted as GEMM1 stores them,
   instead of for all of GEMM1 (`GemmConfig.block_ready`); the served shapes as they are where either
   GEMM runs on the mma or wgmma kernel.
@@ -65,7 +68,10 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -74,6 +80,7 @@ from moe_triton import act_quant, configs, quant_gemm, quantized
 from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm_details import _heuristics
+from moe_triton.quant_gemm_details import _mma as mma_kernel_module
 from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
@@ -166,6 +173,22 @@ def _scales_in_tile(gemm1: bool, gemm2: bool):
 scales_in_tile = _scales_in_tile(True, True)
 scales_in_tile_gemm1 = _scales_in_tile(True, False)
 scales_in_tile_gemm2 = _scales_in_tile(False, True)
+scales_copied = _scales_in_tile(False, False)
+
+
+@functools.cache
+def _mma_kernel_variant():
+    spec = importlib.util.spec_from_file_location("moe_triton.quant_gemm_details._mma_variant",
+                                                  os.environ["AB_MMA_SOURCE"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the JIT resolves the kernel's globals through its module
+    spec.loader.exec_module(module)
+    return module.moe_mma_gemm_kernel
+
+
+def mma_kernel_from_source(layer, tokens: int):
+    """The launcher reads `_mma.moe_mma_gemm_kernel` at each launch: the variant's kernel stands there."""
+    return mock.patch.object(mma_kernel_module, "moe_mma_gemm_kernel", _mma_kernel_variant())
 
 
 # The wgmma kernel's launch shape: only the tl.dot kernel's options reset.

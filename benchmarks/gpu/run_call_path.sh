@@ -19,14 +19,15 @@
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
-#                ab-mma-own-route-*, ab-staged-scales-*  ab_layer.py:
+#                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
 #                K tile's quarters as one dot, the Gluon kernel at decode sizes, the mma.sync kernel, GEMM2's whole share
 #                asked for before its wait, one-token entries against those they replaced, the int8 2048-token searches' winners,
 #                GEMM2 waiting per block of GEMM1's rows on and off, a tl.dot GEMM1 moved onto the mma kernel to rank
-#                its own experts, the mma kernel's scale rows copied with the tile's words or loaded in it), per
+#                its own experts, the mma kernel's scale rows copied with the tile's words or loaded in it, a patched
+#                mma kernel), per
 #                preset (AB_TOKENS)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
@@ -294,6 +295,13 @@ staged="--rounds 5 --variant shipped --variant in-tile=ab_patches:scales_in_tile
 add ab-staged-scales-int4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 3 4 $staged --out $OUT/host/ab-staged-scales-int4.json"
 add ab-staged-scales-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype mxfp4 --m 1 2 3 4 $staged --out $OUT/host/ab-staged-scales-mxfp4.json"
 add ab-staged-scales-int8 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $staged --out $OUT/host/ab-staged-scales-int8.json"
+# The copied scale row read at its group's start, before the group's MMAs (a patch of the installed kernel, run
+# where the entries run it), against the shipped kernel: with the entries as shipped, and copying the rows in every
+# GEMM (where entries load them in the tile for the copied build's registers).
+group_start="patch -s -o /tmp/_mma_group_start.py $SITE/moe_triton/quant_gemm_details/_mma.py $ROOT/benchmarks/results/gpu-h200/session-2026-12-01-33/patches/scale-loaded-at-group-start.diff && AB_MMA_SOURCE=/tmp/_mma_group_start.py"
+early="--rounds 5 --variant shipped --variant early=ab_patches:mma_kernel_from_source --variant early-copied=ab_patches:mma_kernel_from_source,ab_patches:scales_copied"
+add ab-scale-at-group-start-int4 "$group_start python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 3 4 $early --out $OUT/host/ab-scale-at-group-start-int4.json"
+add ab-scale-at-group-start-int8 "$group_start python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $early --out $OUT/host/ab-scale-at-group-start-int8.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
