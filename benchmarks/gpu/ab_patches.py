@@ -25,6 +25,9 @@ count to those it would run, with one field of both GEMMs changed.
   GEMMs or GEMM2 on the mma kernel at any token count;
   `mma_gemm1_64x4`, `mma_gemm1_64x4_gemm2_64x3`, `mma_gemm2_256x4`, `mma_gemm2_64x4`: the served shapes
   with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
+  `reshaped`: the served shapes with GEMM1 (GEMM2) at the block_n, split and warps of $AB_GEMM1 ($AB_GEMM2),
+  e.g. `64x3x4`, set by the variant; `int4_entry`: this device's int4 file's entry of the layer's shape as int4
+  runs it (mma GEMMs kept, scale rows copied), for MXFP4 and int8 layers;
   `mma_gemm1_own_route`, `mma_both_own_route`: GEMM1 (or both GEMMs) moved onto the mma kernel, GEMM1
   ranking its pairs' experts itself (`GemmConfig.own_route`, one token);
   `mma_entries_21_before`: what served 1-3 tokens before the twenty-first session's H200 mma entries;
@@ -71,6 +74,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 from unittest import mock
@@ -360,6 +364,30 @@ mma_gemm1_64x4 = _mma_tiles(gemm1=(64, 4))
 mma_gemm1_64x4_gemm2_64x3 = _mma_tiles(gemm1=(64, 4), gemm2=(64, 3))
 mma_gemm2_256x4 = _mma_tiles(gemm2=(256, 4))
 mma_gemm2_64x4 = _mma_tiles(gemm2=(64, 4))
+
+
+def reshaped(layer, tokens: int):
+    """The served launch shapes with GEMM1 (GEMM2) at $AB_GEMM1 ($AB_GEMM2) = BLOCK_NxSPLITxWARPS, their
+    other options kept; set per variant: `--variant g1-64x3=AB_GEMM1=64x3x4,ab_patches:reshaped`."""
+    served = layer.experts._find_config(tokens).config
+    changed = {}
+    for gemm in ("gemm1", "gemm2"):
+        if shape := os.environ.get(f"AB_{gemm.upper()}"):
+            block_n, split, warps = map(int, shape.split("x"))
+            changed[gemm] = dataclasses.replace(getattr(served, gemm), block_n=block_n, split_k=split, num_warps=warps)
+    return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
+
+
+def int4_entry(layer, tokens: int):
+    """This device's int4 file's entry of the layer's shape as int4 runs it, mma GEMMs kept and copying
+    their scale rows: for MXFP4 and int8 layers, which borrow it only on the tl.dot kernel."""
+    key = layer.experts.config_key
+    db = configs._load()
+    int4 = min((k for k in db if re.fullmatch(r"wna16-int4-g\d+", k.kernel)
+                and dataclasses.replace(k, kernel=key.kernel) == key), key=configs.ConfigKey.file_name)
+    entry = configs._hit(db, int4, tokens, "borrowed").config
+    served = QuantKernelConfig(*(dataclasses.replace(g, scales_in_tile=False) for g in (entry.gemm1, entry.gemm2)))
+    return mock.patch.object(layer.experts, "config_override", served)
 
 
 # The twenty-third session's int8 searches at 2048 tokens (`moe tune --quant int8 --wgmma --per-gemm`, int8's

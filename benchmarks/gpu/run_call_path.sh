@@ -19,7 +19,7 @@
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
-#                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*  ab_layer.py:
+#                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -302,6 +302,14 @@ group_start="patch -s -o /tmp/_mma_group_start.py $SITE/moe_triton/quant_gemm_de
 early="--rounds 5 --variant shipped --variant early=ab_patches:mma_kernel_from_source --variant early-copied=ab_patches:mma_kernel_from_source,ab_patches:scales_copied"
 add ab-scale-at-group-start-int4 "$group_start python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 3 4 $early --out $OUT/host/ab-scale-at-group-start-int4.json"
 add ab-scale-at-group-start-int8 "$group_start python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $early --out $OUT/host/ab-scale-at-group-start-int8.json"
+# One-token int4 launch shapes now that the mma kernel copies scale rows with the words: GEMM1 (GEMM2) of gpt-oss-120b
+# (shipped 64 rows in split 6; 128 in split 8) and qwen3-235b-a22b (256 rows, split 4, 8 warps) in fewer or more programs.
+shape() { printf -- "--variant %s=AB_%s=%s,ab_patches:reshaped " "$1" "$2" "$3"; }
+add ab-one-token-shapes-gpt-oss "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 1 2 --rounds 5 --variant shipped $(shape g1-64x3 GEMM1 64x3x4)$(shape g1-64x4 GEMM1 64x4x4)$(shape g1-128x4 GEMM1 128x4x4)$(shape g1-128x6 GEMM1 128x6x4)$(shape g2-128x6 GEMM2 128x6x4)--out $OUT/host/ab-one-token-shapes-gpt-oss.json"
+add ab-one-token-shapes-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b --dtype int4 --m 1 --rounds 5 --variant shipped $(shape g1-128x4 GEMM1 128x4x4)$(shape g1-256x8 GEMM1 256x8x8)$(shape g1-128x8 GEMM1 128x8x4)$(shape g1-256x4w4 GEMM1 256x4x4)$(shape g2-128x4 GEMM2 128x4x4)--out $OUT/host/ab-one-token-shapes-qwen3-235b.json"
+# MXFP4's one- and two-token entries against the int4 entry of their shape on the mma kernel (exponent words copied
+# with the words), and against GEMM1 moved onto the mma kernel ranking its own experts.
+add ab-int4-entry-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype mxfp4 --m 1 2 --rounds 5 --variant shipped --variant int4-entry=ab_patches:int4_entry --variant mma-g1-own=ab_patches:mma_gemm1_own_route --out $OUT/host/ab-int4-entry-mxfp4.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
