@@ -57,7 +57,8 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 `quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `scales_in_tile`, `scales_in_tile_gemm1`, `scales_in_tile_gemm2`: the served shapes with both GEMMs (or one)
   on the mma kernel loading each K tile's scale rows in the tile, the others copying them with the tile's
-  words (`GemmConfig.scales_in_tile`); `scales_copied`: both copying them, whatever the entry says.
+  words (`GemmConfig.scales_in_tile`); `scales_copied`: both copying them, whatever the entry says (these
+  and `reshaped` start from an earlier patch's shapes where the variant lists one before them).
 - `mma_kernel_from_source`: the mma kernel built from the file at $AB_MMA_SOURCE (a changed copy of
   `quant_gemm_details/_mma.py`, e.g. a raw folder's patch applied to the installed one) wherever the
   served shapes launch it; combine it with a launch-shape patch (`NAME=ab_patches:a,ab_patches:b`).
@@ -163,11 +164,17 @@ prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
 
 
+def _so_far(layer, tokens: int) -> QuantKernelConfig:
+    """The launch shapes a variant has before this patch: an earlier patch's override, else the served ones."""
+    return layer.experts.config_override or layer.experts._find_config(tokens).config
+
+
 def _scales_in_tile(gemm1: bool, gemm2: bool):
-    """The served shapes with the chosen GEMMs, where they run on the mma kernel, loading each K tile's
-    scale rows in the tile (`GemmConfig.scales_in_tile`) and the others copying them with its words."""
+    """The served shapes (or an earlier patch's) with the chosen GEMMs, where they run on the mma kernel,
+    loading each K tile's scale rows in the tile (`GemmConfig.scales_in_tile`) and the others copying them
+    with its words."""
     def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
+        served = _so_far(layer, tokens)
         changed = QuantKernelConfig(*(dataclasses.replace(g, scales_in_tile=flip) if g.mma else g
                                       for g, flip in ((served.gemm1, gemm1), (served.gemm2, gemm2))))
         return mock.patch.object(layer.experts, "config_override", changed)
@@ -367,9 +374,9 @@ mma_gemm2_64x4 = _mma_tiles(gemm2=(64, 4))
 
 
 def reshaped(layer, tokens: int):
-    """The served launch shapes with GEMM1 (GEMM2) at $AB_GEMM1 ($AB_GEMM2) = BLOCK_NxSPLITxWARPS, their
-    other options kept; set per variant: `--variant g1-64x3=AB_GEMM1=64x3x4,ab_patches:reshaped`."""
-    served = layer.experts._find_config(tokens).config
+    """The served launch shapes (or an earlier patch's) with GEMM1 (GEMM2) at $AB_GEMM1 ($AB_GEMM2) =
+    BLOCK_NxSPLITxWARPS, their other options kept; set per variant: `--variant g1-64x3=AB_GEMM1=64x3x4,ab_patches:reshaped`."""
+    served = _so_far(layer, tokens)
     changed = {}
     for gemm in ("gemm1", "gemm2"):
         if shape := os.environ.get(f"AB_{gemm.upper()}"):

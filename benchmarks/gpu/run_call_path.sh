@@ -19,7 +19,8 @@
 #   ab-fp8-block-*, ab-fp8-channel-pdl-*, ab-direct-*, ab-fp8-route-quant-*, ab-gemm1-upfront-*, ab-retune-*, ab-direct-maxnreg-*, ab-gpt-oss-mxfp4-registers, ab-one-dot-*, ab-prefetch-depth-*,
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
-#                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4  ab_layer.py:
+#                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
+#                ab-entries-*  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -310,6 +311,16 @@ add ab-one-token-shapes-qwen3-235b "python3 ab_layer.py --preset qwen3-235b-a22b
 # MXFP4's one- and two-token entries against the int4 entry of their shape on the mma kernel (exponent words copied
 # with the words), and against GEMM1 moved onto the mma kernel ranking its own experts.
 add ab-int4-entry-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b --dtype mxfp4 --m 1 2 --rounds 5 --variant shipped --variant int4-entry=ab_patches:int4_entry --variant mma-g1-own=ab_patches:mma_gemm1_own_route --out $OUT/host/ab-int4-entry-mxfp4.json"
+# Candidates for one- and two-token entries: gpt-oss-120b int4 with the group-start scale read (GEMM2 copying its rows)
+# and reshaped GEMMs; MXFP4 on the int4 entries' mma shapes, reshaped; per preset and token count.
+v() { printf -- "--variant %s " "$1"; }
+early_kernel="ab_patches:mma_kernel_from_source,ab_patches:scales_copied"
+add ab-entries-gpt-oss-int4 "$group_start python3 ab_layer.py --preset gpt-oss-120b --dtype int4 --m 1 2 --rounds 7 $(v shipped)$(v early-copied=$early_kernel)$(v early-copied-g2=AB_GEMM2=128x6x4,$early_kernel,ab_patches:reshaped)$(v early-copied-g1g2=AB_GEMM1=64x4x4,AB_GEMM2=128x6x4,$early_kernel,ab_patches:reshaped)$(v g2=AB_GEMM2=128x6x4,ab_patches:reshaped)$(v g1g2=AB_GEMM1=64x4x4,AB_GEMM2=128x6x4,ab_patches:reshaped)--out $OUT/host/ab-entries-gpt-oss-int4.json"
+add ab-entries-gpt-oss-mxfp4 "python3 ab_layer.py --preset gpt-oss-120b --dtype mxfp4 --m 1 2 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)$(v int4-entry-g1=AB_GEMM1=64x4x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g2=AB_GEMM2=128x6x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g1g2=AB_GEMM1=64x4x4,AB_GEMM2=128x6x4,ab_patches:int4_entry,ab_patches:reshaped)--out $OUT/host/ab-entries-gpt-oss-mxfp4.json"
+add ab-entries-qwen3-235b-mxfp4-1 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)$(v int4-entry-g2-128x4=AB_GEMM2=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g2-256x4=AB_GEMM2=256x4x8,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g1-256x8=AB_GEMM1=256x8x8,ab_patches:int4_entry,ab_patches:reshaped)--out $OUT/host/ab-entries-qwen3-235b-mxfp4-1.json"
+add ab-entries-qwen3-235b-mxfp4-2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype mxfp4 --m 2 3 --rounds 7 $(v shipped)$(v mma-g1=ab_patches:mma_gemm1)$(v mma-g1-256x4=AB_GEMM1=256x4x8,ab_patches:mma_gemm1,ab_patches:reshaped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-qwen3-235b-mxfp4-2.json"
+add ab-entries-qwen3-30b-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)$(v int4-entry-g1-128x4=AB_GEMM1=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g2-128x4=AB_GEMM2=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)--out $OUT/host/ab-entries-qwen3-30b-mxfp4.json"
+add ab-entries-mixtral-mxfp4 "python3 ab_layer.py --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-mixtral-mxfp4.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
