@@ -23,8 +23,8 @@ reads, a CTA barrier and wgmma's fences around the dequantization). Here, per K 
   cp.async pieces into a ring per row of the tile (copies into one buffer are fenced from each
   other by a barrier), so a tile waits on no DRAM round trip of its own; a per-channel row is read
   once before the loop (STAGED_SCALES). Loaded in the tile instead (`GemmConfig.scales_in_tile`),
-  each group's load is a round trip its sums wait on, but programs that hold many groups' sums
-  keep fewer registers (the copied build's sums are scaled late, all held);
+  each group's load is a round trip its sums wait on, but a program keeps fewer registers (a
+  copied row is read at its group's start and held through the group's MMAs);
 - int4: a quarter of a register pair of words is one shift and one lop3 (the codes in 128's bf16 or
   1024's fp16 mantissa) and one subtraction of 128 + zero point; int8: a prmt, two lop3 and an fma
   per pair of words (`_dequant.byte_quarter_ptx`: code - 128), minus any zero point's offset from
@@ -198,6 +198,13 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_rings, z_rings,
                 g = kt_c // (GROUP // TILE_K)
             else:
                 g = kt_c * (TILE_K // GROUP) + (j * QUARTER) // GROUP
+            if STAGED and j % QPG == 0:
+                # A copied scale read before its group's MMAs: ptxas then scales each group's sums as
+                # they finish instead of holding every group's to the tile's end.
+                if GROUP == 0:
+                    s = s_row
+                else:
+                    s = s_rings[_group_ring(j, GROUP)].index(stage).load(gl.SliceLayout(1, mma)).to(gl.float32)
             if HAS_ZP and j % QPG == 0:
                 if STAGED and GROUP == 0:
                     z = z_row
@@ -216,11 +223,7 @@ def _tile_product(acc, words, xs, kt, k_tiles, s_ptrs, z_ptrs, s_rings, z_rings,
                 w = _nibble(words, j, CT) - z
             part = mma_v2(w, xs[j], part)
             if j % QPG == QPG - 1:
-                if STAGED and GROUP == 0:
-                    s = s_row
-                elif STAGED:
-                    s = s_rings[_group_ring(j, GROUP)].index(stage).load(gl.SliceLayout(1, mma)).to(gl.float32)
-                else:
+                if not STAGED:
                     s = gl.load(s_ptrs + g * stride_sk, mask=rows_ok, other=0.0).to(gl.float32)
                 acc += part * gl.expand_dims(gl.where(valid, s, 0.0), 1)
                 part = gl.zeros(acc.shape, gl.float32, layout=mma)
