@@ -483,9 +483,9 @@ gpt_oss_mxfp4_8_unsplit = _gemms({}, dict(split_k=1))
 
 
 def tuned_entry(layer, tokens: int):
-    """The entry nearest `tokens` in the one tuned-config file of $AB_TUNED_DIR (a `moe tune --out` folder)."""
-    (path,) = Path(os.environ["AB_TUNED_DIR"]).glob("*.json")
-    _, table = configs._parse_file(path)
+    """The entry nearest `tokens` in the layer's tuned-config file in $AB_TUNED_DIR (a `moe tune --out`
+    folder, or copies of shipped files as they were)."""
+    _, table = configs._parse_file(Path(os.environ["AB_TUNED_DIR"]) / layer.experts.config_key.file_name())
     return mock.patch.object(layer.experts, "config_override", table[configs._nearest_m(table, tokens)])
 
 

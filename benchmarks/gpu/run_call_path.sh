@@ -20,7 +20,7 @@
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
 #                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
-#                ab-entries-*  ab_layer.py:
+#                ab-entries-*, ab-entries-replaced  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -321,6 +321,10 @@ add ab-entries-qwen3-235b-mxfp4-1 "python3 ab_layer.py --preset qwen3-235b-a22b 
 add ab-entries-qwen3-235b-mxfp4-2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype mxfp4 --m 2 3 --rounds 7 $(v shipped)$(v mma-g1=ab_patches:mma_gemm1)$(v mma-g1-256x4=AB_GEMM1=256x4x8,ab_patches:mma_gemm1,ab_patches:reshaped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-qwen3-235b-mxfp4-2.json"
 add ab-entries-qwen3-30b-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)$(v int4-entry-g1-128x4=AB_GEMM1=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g2-128x4=AB_GEMM2=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)--out $OUT/host/ab-entries-qwen3-30b-mxfp4.json"
 add ab-entries-mixtral-mxfp4 "python3 ab_layer.py --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-mixtral-mxfp4.json"
+# Entries against those they replaced, as copies of the files before them (AB_BEFORE_DIR; here: .carry/before-configs),
+# over the token counts each serves.
+before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
+add ab-entries-replaced "$before --preset gpt-oss-120b --dtype int4 --m 1 2 --out $OUT/host/ab-entries-replaced-gpt-oss-int4.json; $before --preset gpt-oss-120b --dtype mxfp4 --m 1 2 3 --out $OUT/host/ab-entries-replaced-gpt-oss-mxfp4.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-qwen3-235b.json; $before --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --out $OUT/host/ab-entries-replaced-qwen3-30b.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
