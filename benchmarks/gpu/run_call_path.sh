@@ -324,7 +324,7 @@ add ab-entries-mixtral-mxfp4 "python3 ab_layer.py --preset mixtral-8x7b deepseek
 # Entries against those they replaced, as copies of the files before them (AB_BEFORE_DIR; here: .carry/before-configs),
 # over the token counts each serves.
 before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
-add ab-entries-replaced "$before --preset gpt-oss-120b --dtype int4 --m 1 2 --out $OUT/host/ab-entries-replaced-gpt-oss-int4.json; $before --preset gpt-oss-120b --dtype mxfp4 --m 1 2 3 --out $OUT/host/ab-entries-replaced-gpt-oss-mxfp4.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-qwen3-235b.json; $before --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --out $OUT/host/ab-entries-replaced-qwen3-30b.json"
+add ab-entries-replaced "$before --preset gpt-oss-120b --dtype int4 --m 1 2 --out $OUT/host/ab-entries-replaced-gpt-oss-int4.json; $before --preset gpt-oss-120b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-gpt-oss-mxfp4.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-qwen3-235b.json; $before --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --out $OUT/host/ab-entries-replaced-qwen3-30b.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
