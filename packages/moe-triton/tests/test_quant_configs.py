@@ -421,7 +421,7 @@ MMA_ON_H200 = {
     ("int8", "gpt-oss-120b"): {1: {"gemm2"}, 2: {"gemm2"}},
     ("mxfp4", "qwen3-30b-a3b"): {1: _BOTH, 2: _BOTH, 3: _BOTH},
     ("mxfp4", "qwen3-235b-a22b"): {1: _BOTH, 2: _BOTH, 3: _BOTH, 4: _BOTH},
-    ("mxfp4", "gpt-oss-120b"): {1: _BOTH, 2: _BOTH, 3: {"gemm2"}, 4: {"gemm2"}},
+    ("mxfp4", "gpt-oss-120b"): {1: _BOTH, 2: _BOTH, 3: {"gemm2"}},
     ("mxfp4", "deepseek-v3"): {1: {"gemm2"}, 2: {"gemm2"}, 3: {"gemm2"}},
 }
 
