@@ -76,7 +76,6 @@ import functools
 import importlib.util
 import os
 import re
-import sys
 from pathlib import Path
 from unittest import mock
 
@@ -192,7 +191,6 @@ def _mma_kernel_variant():
     spec = importlib.util.spec_from_file_location("moe_triton.quant_gemm_details._mma_variant",
                                                   os.environ["AB_MMA_SOURCE"])
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # the JIT resolves the kernel's globals through its module
     spec.loader.exec_module(module)
     return module.moe_mma_gemm_kernel
 

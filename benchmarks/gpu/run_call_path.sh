@@ -298,7 +298,8 @@ add ab-staged-scales-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235
 add ab-staged-scales-int8 "python3 ab_layer.py --preset qwen3-30b-a3b gpt-oss-120b --dtype int8 --m 1 $staged --out $OUT/host/ab-staged-scales-int8.json"
 # The copied scale row read at its group's start, before the group's MMAs (a patch of the installed kernel, run
 # where the entries run it), against the shipped kernel: with the entries as shipped, and copying the rows in every
-# GEMM (where entries load them in the tile for the copied build's registers).
+# GEMM (where entries load them in the tile for the copied build's registers). The kernel reads them so since: the
+# patch applies to builds before fa799ae only (this job and ab-entries-gpt-oss-int4).
 group_start="patch -s -o /tmp/_mma_group_start.py $SITE/moe_triton/quant_gemm_details/_mma.py $ROOT/benchmarks/results/gpu-h200/session-2026-12-01-33/patches/scale-loaded-at-group-start.diff && AB_MMA_SOURCE=/tmp/_mma_group_start.py"
 early="--rounds 5 --variant shipped --variant early=ab_patches:mma_kernel_from_source --variant early-copied=ab_patches:mma_kernel_from_source,ab_patches:scales_copied"
 add ab-scale-at-group-start-int4 "$group_start python3 ab_layer.py --preset qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b deepseek-v3 --dtype int4 --m 1 2 3 4 $early --out $OUT/host/ab-scale-at-group-start-int4.json"
