@@ -463,3 +463,30 @@ def test_mma_entries_run_where_their_kernel_does(scheme, preset, monkeypatch):
         assert not (hit.config.gemm1.mma or hit.config.gemm2.mma) and "mma off" in hit.detail
         lent = configs.lookup_exact(layer.config_key, first).config
         assert not any(g.mma for g in (borrowed_as_served(lent).gemm1, borrowed_as_served(lent, int8=True).gemm2))
+
+
+def test_lender_config_keeps_the_int4_entrys_mma_gemms_where_the_layer_runs_them(monkeypatch):
+    """MXFP4 and int8 layers serve a borrowed int4 entry on the tl.dot kernel (`borrowed_as_served`);
+    `lender_config`, which `moe tune` times beside their own entries, is the int4 entry of their shape
+    as int4 runs it, mma GEMMs kept where the layer runs that kernel and on the tl.dot kernel where it
+    does not (said in the detail); a lending family has none."""
+    from moe_triton import quantized
+    from moe_triton._common import target
+
+    monkeypatch.setattr(target, "interpreting", lambda: False)  # as compiled on the H200 it names
+    monkeypatch.setattr(quantized, "wgmma_capable", lambda device: True)
+    p = get_preset("gpt-oss-120b")
+    h200 = DeviceInfo(Platform.CUDA, 0, "NVIDIA H200", (9, 0))
+    int4 = TritonWna16Experts(p.config, int4_w4a16(p.int4_group_size), h200)
+    assert int4.lender_config(1) is None
+    entry = configs.lookup_exact(int4.config_key, 1).config
+    assert entry.gemm1.mma and entry.gemm2.mma
+    borrowers = (TritonMxfp4Experts(p.config, mxfp4_w4a16(), h200), TritonWna16Experts(p.config, int8_w8a16(-1), h200))
+    for layer in borrowers:
+        lent = layer.lender_config(1)
+        assert (lent.source, lent.config) == ("borrowed", entry) and lent.detail.startswith("wna16-int4-g64,")
+    monkeypatch.setattr(target, "interpreting", lambda: True)
+    for layer in borrowers:
+        lent = layer.lender_config(1)
+        assert lent.config == QuantKernelConfig(entry.gemm1.on_tl_dot(), entry.gemm2.on_tl_dot()), layer
+        assert lent.detail.endswith("without act-order on NVIDIA sm_80 or later)")

@@ -323,6 +323,37 @@ def test_mxfp4_tuner_times_the_borrowed_int4_configuration_as_served(monkeypatch
     assert timed.count(lent) == 1 and table[3] == lent and measured["3"]["shipped"] == "shipped"
 
 
+def test_mxfp4_tuner_times_the_int4_entry_with_its_mma_gemms(monkeypatch):
+    """A borrowed int4 entry is served on the tl.dot kernel; the tuner also times the int4 entry of the
+    shape as int4 runs it (`lender_config`: its mma GEMMs kept where the layer runs that kernel) under
+    the name `lender`, and keeps it where it is fastest."""
+    import moe_triton.quantized as quantized
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=128, intermediate_size=64, dtype=torch.float16)
+    experts = TritonMxfp4Experts(cfg, mxfp4_w4a16(), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, mxfp4_w4a16(), seed=9, device=DEV))
+    base = experts.heuristic_config(1)
+    lent = QuantKernelConfig(as_mma(base.gemm1), as_mma(dataclasses.replace(base.gemm2, split_k=2)))
+    found = configs.Lookup(lent, "borrowed", "an int4 file")
+    monkeypatch.setattr(quantized, "lookup_exact", lambda key, m: found)
+    monkeypatch.setattr(quantized, "lender_lookup", lambda key, m: found)
+    monkeypatch.setattr(experts, "_mma_serves", lambda cols: True)  # as on an NVIDIA GPU
+    shipped = experts.file_config(1).config
+    assert shipped == borrowed_as_served(lent) != lent
+    timed = []
+
+    def timer(layer, rep_ms):
+        cand = experts.config_override
+        if not (cand.gemm1.mma or cand.gemm2.mma):  # the interpreter cannot run the mma kernel
+            assert torch.isfinite(layer()).all()
+        timed.append(cand)
+        return 1.0 if cand == lent else 2.0
+
+    table, measured = _tune_quant_layer(experts, [1], 5, lambda s: None, timer=timer)
+    assert timed.count(lent) == 1 and shipped in timed
+    assert table[1] == lent and measured["1"]["best"] == "lender"
+
+
 @pytest.mark.parametrize("std", [None, 0.1])
 def test_tuner_routes_with_a_correction_bias_of_the_asked_spread(std):
     """A routing with a correction bias (DeepSeek-V3's) is tuned with a random one of the standard

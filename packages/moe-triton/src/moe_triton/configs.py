@@ -46,6 +46,7 @@ __all__ = [
     "config_dirs",
     "default_config",
     "device_tag",
+    "lender_lookup",
     "lookup",
     "lookup_exact",
     "reload",
@@ -460,25 +461,38 @@ BORROWED_FAMILIES = {"mxfp4": re.compile(r"wna16-int4-g(\d+)"),
                      **{f"wna16-int8-{group}": re.compile(r"wna16-int4-g(\d+)") for group in ("channel", "g128")}}
 
 
+def _lenders(db: dict[ConfigKey, tuple[Path, _Table]], key: ConfigKey) -> list[ConfigKey]:
+    """The files of key's lender family (BORROWED_FAMILIES) of exactly key's shape, on any device: the
+    smallest group first (scaled per weight, as MXFP4 is)."""
+    lender = BORROWED_FAMILIES.get(key.kernel)
+    if lender is None:
+        return []
+    lent = (k for k in db if lender.fullmatch(k.kernel) and replace(k, kernel=key.kernel, device=key.device) == key)
+    return sorted(lent, key=lambda k: (int(lender.fullmatch(k.kernel).group(1)), k.file_name()))
+
+
+def lender_lookup(key: ConfigKey, M: int) -> Lookup | None:
+    """The lender's entry (`_lenders`) of exactly key's shape on key's device, as it is in the lender's
+    file ("borrowed"); None if there is none."""
+    db = _load()
+    here = [k for k in _lenders(db, key) if k.device == key.device]
+    return _hit(db, here[0], M, "borrowed") if here else None
+
+
 def lookup_exact(key: ConfigKey, M: int) -> Lookup | None:
     """A file of exactly this shape: tuned on this device; for a family of BORROWED_FAMILIES, else a
-    lender's file of this shape on this device ("borrowed", the smallest group first: scaled per
-    weight, as MXFP4 is), since launch shapes follow the device more than the scheme; else the
-    family's own file from another device ("other-device"); else a lender's from another device;
-    None if none."""
+    lender's file of this shape on this device (`lender_lookup`), since launch shapes follow the device
+    more than the scheme; else the family's own file from another device ("other-device"); else a
+    lender's from another device; None if none."""
     db = _load()
     if key in db:
         return _hit(db, key, M, "tuned")
-    lender = BORROWED_FAMILIES.get(key.kernel)
-    lent = sorted((k for k in db if lender is not None and lender.fullmatch(k.kernel)
-                   and replace(k, kernel=key.kernel, device=key.device) == key),
-                  key=lambda k: (int(lender.fullmatch(k.kernel).group(1)), k.file_name()))
-    here = [k for k in lent if k.device == key.device]
-    if here:
-        return _hit(db, here[0], M, "borrowed")
+    if (lent_here := lender_lookup(key, M)) is not None:
+        return lent_here
     others = sorted((k for k in db if replace(k, device=key.device) == key), key=ConfigKey.file_name)
     if others:
         return _hit(db, others[0], M, "other-device")
+    lent = _lenders(db, key)
     return _hit(db, lent[0], M, "borrowed") if lent else None
 
 

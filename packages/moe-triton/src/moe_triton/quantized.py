@@ -58,6 +58,7 @@ from moe_triton.configs import (
     QuantKernelConfig,
     TunedLaunch,
     device_tag,
+    lender_lookup,
     lookup_exact,
 )
 from moe_triton.fused_decode_details._kernel import MAX_TOKENS as FUSED_DECODE_MAX_TOKENS
@@ -393,18 +394,7 @@ class _QuantTritonExperts(Experts, TunedLaunch):
         hit = lookup_exact(self.config_key, num_tokens) if self.config_key is not None else None
         if hit is None:
             return None
-        if (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
-                self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)):
-            # Another GPU's file ("other-device", or one borrowed): its Hopper-only GEMMs run as `tl.dot` ones.
-            plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
-            hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
-        mma_off = [name for name, g, cols in (("gemm1", hit.config.gemm1, self.config.hidden_size),
-                                              ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
-                   if g.mma and not self._mma_serves(cols)]
-        if mma_off and hit.source != "borrowed":  # a borrowed entry loses it in `borrowed_as_served`
-            served = replace(hit.config, **{name: getattr(hit.config, name).on_tl_dot() for name in mma_off})
-            hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
-                         "without act-order on NVIDIA sm_80 or later)")
+        hit = self._runnable(hit)
         if hit.source == "borrowed":
             int8 = self.quant.weight.dtype is QuantDType.INT8  # on byte quads: per channel or g128, any K
             served = borrowed_as_served(hit.config, int8=int8)
@@ -419,6 +409,30 @@ class _QuantTritonExperts(Experts, TunedLaunch):
                 if lent.gemm1.mma or lent.gemm2.mma:
                     changes.append("mma off (the lender's choice, measured on int4)")
                 hit = Lookup(served, hit.source, ", ".join([hit.detail, *changes]))
+        return hit
+
+    def lender_config(self, num_tokens: int) -> Lookup | None:
+        """The entry of a lender's file of this exact shape on this device (`configs.lender_lookup`: MXFP4
+        and symmetric int8 the int4 one) as this layer can run it, its mma GEMMs kept, where `file_config`
+        serves a borrowed entry on the tl.dot kernel: what `moe tune` times beside the file's own; None
+        without one."""
+        hit = lender_lookup(self.config_key, num_tokens) if self.config_key is not None else None
+        return None if hit is None else self._runnable(hit)
+
+    def _runnable(self, hit: Lookup) -> Lookup:
+        """hit with the GEMMs this layer cannot run on the tl.dot kernel, said in its detail: wgmma ones
+        off an sm_90 GPU (another GPU's file, or a borrowed one), mma ones where `_mma_serves` says no."""
+        if (hit.config.gemm1.wgmma or hit.config.gemm2.wgmma) and not (
+                self.device.platform is Platform.CUDA and wgmma_capable(self.device.torch_device)):
+            plain = QuantKernelConfig(_as_tl_dot(hit.config.gemm1), _as_tl_dot(hit.config.gemm2))
+            hit = Lookup(plain, hit.source, hit.detail + ", wgmma off (not an sm_90 GPU)")
+        mma_off = [name for name, g, cols in (("gemm1", hit.config.gemm1, self.config.hidden_size),
+                                              ("gemm2", hit.config.gemm2, self.config.intermediate_size_per_partition))
+                   if g.mma and not self._mma_serves(cols)]
+        if mma_off:
+            served = replace(hit.config, **{name: getattr(hit.config, name).on_tl_dot() for name in mma_off})
+            hit = Lookup(served, hit.source, hit.detail + ", mma off (its kernel takes int4, int8 or MXFP4 quads "
+                         "without act-order on NVIDIA sm_80 or later)")
         return hit
 
     def _mma_serves(self, cols: int) -> bool:

@@ -18,8 +18,9 @@ mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block
 `TritonFp8Experts` with dynamic per-token or per-group activation scales): the whole layer (routing
 included) is captured in a CUDA graph and timed the same way for the measured heuristic
 (`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if
-any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), the
-heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
+any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), for MXFP4 and
+int8 the int4 entry of their shape with its mma GEMMs kept (`lender`: a borrowed entry is served on the
+tl.dot kernel), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
 GEMMs (`wgmma_grid`, int8's as deep as its wider words fit; above `LAST_ARRIVAL_MAX_TOKENS`
 tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
 one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
@@ -375,6 +376,9 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
         shipped = experts.file_config(M)  # as the layer runs it (MXFP4: the borrowed int4 shape as served)
         if shipped is not None:
             time_all({"shipped": shipped.config})
+        lent = experts.lender_config(M)  # MXFP4, int8: the int4 entry of this shape, its mma GEMMs kept
+        if lent is not None:
+            time_all({"lender": lent.config})
         if wgmma and M > LAST_ARRIVAL_MAX_TOKENS:  # fewer tokens: direct or last-arrival GEMMs, not wgmma's
             int8 = experts.quant.weight.dtype is QuantDType.INT8
             time_all(wgmma_grid(int8=int8))
@@ -518,7 +522,8 @@ def main(argv: list[str] | None = None) -> int:
                    type=lambda text: "none" if text in _UNQUANTIZED_NAMES else text,
                    help="none (or unquantized, bf16, fp16): the bf16/fp16 kernels; int4: TritonWna16Experts at each "
                         "preset's int4 group size; int8: the same class, per-channel symmetric int8; "
-                        "mxfp4: TritonMxfp4Experts; fp8-*: TritonFp8Experts (weight scales per tensor, per "
+                        "mxfp4: TritonMxfp4Experts (int8 and mxfp4 also time the int4 file's entry of their shape "
+                        "with its mma GEMMs); fp8-*: TritonFp8Experts (weight scales per tensor, per "
                         "channel or in 128x128 blocks)")
     p.add_argument("--per-gemm", action="store_true",
                    help="int4, int8, mxfp4, fp8-*: after the greedy steps, each GEMM's split-K x block_n x warps grid "
@@ -625,7 +630,7 @@ def _main_quant(args) -> int:
         _write(key, table, args.out, name, measured, start,
                "whole layer (routing included) in a CUDA graph, triton.testing.do_bench median (L2 flushed), "
                "random weights (ExpertWeights.random); the heuristic (pick_config), the shipped configuration (MXFP4, "
-               "int8: the borrowed int4 one, as served), its "
+               "int8: the borrowed int4 one, as served), the int4 entry of the shape with its mma GEMMs (MXFP4, int8), its "
                "neighbours (tune.quant_candidates)" + (", the wgmma tiles (tune.wgmma_grid)" if args.wgmma else "")
                + ", at decode sizes the one-launch path (tune.fused_decode_candidates) where it serves the layer"
                + " and the best one's neighbours"
