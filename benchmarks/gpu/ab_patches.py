@@ -75,7 +75,6 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import re
 from pathlib import Path
 from unittest import mock
 
@@ -384,13 +383,9 @@ def reshaped(layer, tokens: int):
 
 
 def int4_entry(layer, tokens: int):
-    """This device's int4 file's entry of the layer's shape as int4 runs it, mma GEMMs kept and copying
-    their scale rows: for MXFP4 and int8 layers, which borrow it only on the tl.dot kernel."""
-    key = layer.experts.config_key
-    db = configs._load()
-    int4 = min((k for k in db if re.fullmatch(r"wna16-int4-g\d+", k.kernel)
-                and dataclasses.replace(k, kernel=key.kernel) == key), key=configs.ConfigKey.file_name)
-    entry = configs._hit(db, int4, tokens, "borrowed").config
+    """This device's int4 file's entry of the layer's shape as int4 runs it (`lender_config`: mma GEMMs
+    kept), copying their scale rows: for MXFP4 and int8 layers, which borrow it only on the tl.dot kernel."""
+    entry = layer.experts.lender_config(tokens).config
     served = QuantKernelConfig(*(dataclasses.replace(g, scales_in_tile=False) for g in (entry.gemm1, entry.gemm2)))
     return mock.patch.object(layer.experts, "config_override", served)
 
