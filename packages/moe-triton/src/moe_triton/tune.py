@@ -12,32 +12,30 @@ kernels compete per GEMM, charged for what they save: the alignment when both GE
 the top-k sum when GEMM2 is. On Hopper (sm_90) the Gluon wgmma kernel's tiles join the list at 64
 and 128 rows per block (`candidates(..., wgmma=True)`).
 
-int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), int8 (`--quant int8`,
-the same class with per-channel symmetric int8, byte quads where 128 divides K), MXFP4 (`--quant
-mxfp4`, `TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`,
-`TritonFp8Experts` with dynamic per-token or per-group activation scales): the whole layer (routing
-included) is captured in a CUDA graph and timed the same way for the measured heuristic
-(`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if
-any; MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), for MXFP4 and
-int8 the int4 entry of their shape with its mma GEMMs kept (`lender`: a borrowed entry is served on the
-tl.dot kernel), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles for both
-GEMMs (`wgmma_grid`, int8's as deep as its wider words fit; above `LAST_ARRIVAL_MAX_TOKENS`
-tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the
-one-launch decode path where it serves the layer (`fused_decode_candidates`), and then the best
-one's neighbours (none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x
-block_n x warps, its `one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS`
-tokens on NVIDIA) it and each tile of its grid on the other of the tl.dot and mma kernels
-(`per_gemm_grid`; an mma GEMM's `scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too;
-in aligned launches up to `LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with
-16-bit activations GEMM2's `block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the
-best so far, and both GEMMs' fastest tiles together
-where each beat it. The neighbours of int4, int8 and
-MXFP4 include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not
-searched (a shipped entry's cap is timed with it). The layer is timed
-as `FusedMoE` calls it (`apply_monolithic`: routing included); a routing with a correction bias
-(DeepSeek-V3) takes a random one, `--correction-bias` its standard deviation (1e-3 by default:
-near-uniform loads; `moe bench` draws `moe_core.bench.CORRECTION_BIAS_STD`, 0.1, which concentrates
-the pairs on fewer experts).
+int4 (`--quant int4`, `TritonWna16Experts` at each preset's int4 group size), int8 (`--quant int8`, the
+same class with per-channel symmetric int8, byte quads where 128 divides K), MXFP4 (`--quant mxfp4`,
+`TritonMxfp4Experts`) and fp8 (`--quant fp8-tensor|fp8-channel|fp8-block`, `TritonFp8Experts` with
+dynamic per-token or per-group activation scales): the whole layer (routing included) is captured in a
+CUDA graph and timed the same way for the measured heuristic
+(`quant_gemm_details._heuristics.pick_config`), the configuration shipped for that shape and M (if any;
+MXFP4 and int8 without a file of their own: the int4 one they borrow, as served), for MXFP4 and int8 the
+int4 entry of their shape with its mma GEMMs kept (`lender`: a borrowed entry is served on the tl.dot
+kernel), the heuristic's neighbours (`quant_candidates`), with `--wgmma` the Hopper wgmma kernel's tiles
+for both GEMMs (`wgmma_grid`, int8's as deep as its wider words fit; above `LAST_ARRIVAL_MAX_TOKENS`
+tokens, where the layer's GEMMs can run on it), at up to `fused_decode.MAX_TOKENS` tokens the one-launch
+decode path where it serves the layer (`fused_decode_candidates`), and then the best one's neighbours
+(none around a fused winner); with `--per-gemm`, then each GEMM's grid of split-K x block_n x warps, its
+`one_dot` flipped and (int4, int8 or MXFP4 quads up to `LAST_ARRIVAL_MAX_TOKENS` tokens on NVIDIA) it
+and each tile of its grid on the other of the tl.dot and mma kernels (`per_gemm_grid`; an mma GEMM's
+`scales_in_tile` flipped; at one token an mma GEMM1's `own_route` too; in aligned launches up to
+`LAST_ARRIVAL_MAX_TOKENS` tokens a tl.dot GEMM2's `prefetch_tiles`; with 16-bit activations GEMM2's
+`block_ready` where both GEMMs run on the tl.dot kernel), with the other GEMM held at the best so far,
+and both GEMMs' fastest tiles together where each beat it. The neighbours of int4, int8 and MXFP4
+include both GEMMs' `one_dot` flipped (a K tile's quarters as one dot); `max_registers` is not searched
+(a shipped entry's cap is timed with it). The layer is timed as `FusedMoE` calls it (`apply_monolithic`:
+routing included); a routing with a correction bias (DeepSeek-V3) takes a random one,
+`--correction-bias` its standard deviation (1e-3 by default: near-uniform loads; `moe bench` draws
+`moe_core.bench.CORRECTION_BIAS_STD`, 0.1, which concentrates the pairs on fewer experts).
 The fastest is written; every candidate's time and the name the shipped configuration was timed
 under go to the file's provenance (`OUT/provenance/`, see `configs.write_configs`), so a rerun
 shows whether the winner beat what ships by more than noise.
@@ -203,15 +201,15 @@ PREFETCH_TILES = 2
 def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = False,
                   own_route: bool = False, prefetch: bool = False,
                   block_ready: bool = False) -> dict[str, QuantKernelConfig]:
-    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot
-    (quads weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma
-    kernel's), with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the
-    other kernel of the two too (`as_mma`; a tile that comes out the same is timed once), an mma
-    GEMM's `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route`
-    flipped, with prefetch (aligned launches of quads at decode sizes) base with a tl.dot GEMM2's
-    `prefetch_tiles` flipped between 0 and PREFETCH_TILES, with block_ready (16-bit activations) base with GEMM2's `block_ready` flipped
-    where both GEMMs run on the tl.dot kernel; the other GEMM as in base (GEMM2 waiting for all of
-    GEMM1 where GEMM1 leaves the tl.dot kernel)."""
+    """One GEMM's split-K x block_n x warps grid (block_m and stages as in base), and with one_dot (quads
+    weights: not fp8) base with that GEMM's one_dot flipped (tl.dot launches, not the mma kernel's),
+    with mma (quads weights at decode sizes) that GEMM and each of its grid's tiles on the other kernel
+    of the two too (`as_mma`; a tile that comes out the same is timed once), an mma GEMM's
+    `scales_in_tile` flipped, with own_route (one token) base with an mma GEMM1's `own_route` flipped,
+    with prefetch (aligned launches of quads at decode sizes) base with a tl.dot GEMM2's
+    `prefetch_tiles` flipped between 0 and PREFETCH_TILES, with block_ready (16-bit activations) base
+    with GEMM2's `block_ready` flipped where both GEMMs run on the tl.dot kernel; the other GEMM as in
+    base (GEMM2 waiting for all of GEMM1 where GEMM1 leaves the tl.dot kernel)."""
     found = {}
 
     def add(name: str, cand: QuantKernelConfig) -> None:
