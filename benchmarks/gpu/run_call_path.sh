@@ -108,12 +108,12 @@ for x in transformers bf16; do
   add "e2e-qwen3-8l-$x-eager" "python3 bench_e2e.py --model qwen3-30b-a3b --layers 8 --experts $x --mode eager --batches 1 64 --out $OUT/e2e"
 done
 add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3-30b-a3b"
-# The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
-# Host time per eager call where the mma kernel serves qwen3-30b-a3b (int4 at 1-3 tokens, MXFP4 at 2-3, int8 at 1-2)
+# Host time per eager call where the mma kernel serves qwen3-30b-a3b (int4 and MXFP4 at 1-3 tokens, int8 at 1-2)
 # beside paths it does not (bf16, 8 tokens) in the same run.
 add host-mma-qwen3 "python3 bench_host_path.py --out $OUT/host/mma --presets qwen3-30b-a3b --schemes bf16 int4 int8 mxfp4 --tokens 1 2 3 8"
-# The same where the twenty-second session's one-token entries put both GEMMs (or GEMM2) on the mma kernel.
-add host-mma-22 "python3 bench_host_path.py --out $OUT/host/mma-22 --presets qwen3-235b-a22b gpt-oss-120b deepseek-v3 --schemes int4 --tokens 1 2 8"
+# The same where the one- and two-token entries of the larger presets put one or both GEMMs on the mma kernel.
+add host-mma-22 "python3 bench_host_path.py --out $OUT/host/mma-22 --presets qwen3-235b-a22b gpt-oss-120b deepseek-v3 --schemes int4 mxfp4 --tokens 1 2 8"
+# The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
 add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
 add host-layer-a "python3 bench_host_path.py --out $OUT/host --presets mixtral-8x7b"
 add host-layer-b "python3 bench_host_path.py --out $OUT/host --presets deepseek-v3"
