@@ -391,3 +391,26 @@ def test_moe_tune_refuses_a_correction_bias_it_cannot_use(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit_info:
             tune.main(argv)
         assert exit_info.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_tuner_does_not_time_mma_gemms_its_kernel_refuses(monkeypatch):
+    """The mma kernel unrolls at most MAX_TILES K tiles per split: candidates whose mma GEMM would take
+    more (GEMM1 of K = 2048, 16 tiles, in one split) are left out and counted in the log, the others timed."""
+    from moe_triton.quant_gemm_details._mma import MAX_TILES
+
+    cfg = MoEConfig(num_experts=4, top_k=2, hidden_size=2048, intermediate_size=256, dtype=torch.float16)
+    experts = TritonWna16Experts(cfg, int4_w4a16(128), RUN_ON)
+    experts.load_weights(ExpertWeights.random(cfg, int4_w4a16(128), seed=5, device=DEV))
+    monkeypatch.setattr(experts, "_mma_serves", lambda cols: True)  # as on an NVIDIA GPU
+    timed, lines = [], []
+
+    def timer(layer, rep_ms):
+        timed.append(experts.config_override)
+        return 1.0
+
+    _tune_quant_layer(experts, [1], 5, lines.append, timer=timer, per_gemm=True)
+    tiles = {"gemm1": 16, "gemm2": 2}
+    mma_splits = {(name, g.split_k) for c in timed for name in tiles if (g := getattr(c, name)).mma}
+    assert all(-(-tiles[name] // split) <= MAX_TILES.value for name, split in mma_splits)
+    assert ("gemm1", 2) in mma_splits and ("gemm2", 1) in mma_splits
+    assert any(f"candidates not timed (an mma GEMM over {MAX_TILES.value} K tiles per split)" in s for s in lines)

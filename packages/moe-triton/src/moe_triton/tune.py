@@ -55,6 +55,7 @@ from pathlib import Path
 
 import torch
 
+from moe_triton._common.intmath import cdiv
 from moe_triton.configs import (
     ConfigKey,
     FusedDecodeConfig,
@@ -65,7 +66,7 @@ from moe_triton.configs import (
     device_tag,
     write_configs,
 )
-from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
+from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS, effective_split
 from moe_triton.topk_sum import topk_sum
 
 __all__ = ["INT8_WGMMA_STAGES", "as_mma", "block_m_for", "candidates", "direct_candidates", "fused_decode_candidates",
@@ -335,9 +336,18 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
+    from moe_triton.quant_gemm_details._mma import MAX_TILES
     from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
 
     cfg = experts.config
+    w13 = experts._operand("w13", cfg.w13_rows, cfg.hidden_size)
+    w2 = experts._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition)
+
+    def mma_unrolls(cand: QuantKernelConfig) -> bool:
+        """The mma kernel unrolls at most MAX_TILES K tiles per split, and refuses more."""
+        return all(not g.mma or cdiv(w.k_tiles, effective_split(g.split_k, w)) <= MAX_TILES.value
+                   for g, w in ((cand.gemm1, w13), (cand.gemm2, w2)))
+
     dev = experts.device.torch_device
     gen = torch.Generator(device=dev).manual_seed(1)
     bias = (torch.randn(cfg.num_experts, device=dev, generator=gen) * correction_bias
@@ -354,10 +364,15 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
 
         cands: dict[str, QuantKernelConfig] = {}
         times: dict[str, float] = {}
+        past_mma: set[QuantKernelConfig] = set()
 
-        def time_all(found: dict[str, QuantKernelConfig], M=M, cands=cands, times=times, layer=layer) -> None:
+        def time_all(found: dict[str, QuantKernelConfig], M=M, cands=cands, times=times, layer=layer,
+                     past_mma=past_mma) -> None:
             for vname, cand in found.items():
-                if cand in cands.values():
+                if cand in cands.values() or cand in past_mma:
+                    continue
+                if not mma_unrolls(cand):
+                    past_mma.add(cand)
                     continue
                 cands[vname] = cand
                 experts.config_override = cand
@@ -404,6 +419,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
                 both = dataclasses.replace(cands[second], gemm1=cands[wins[0]].gemm1, gemm2=cands[wins[1]].gemm2)
                 time_all({f"{wins[0]}+{wins[1].rpartition('+')[2]}": both})
         experts.config_override = None
+        if past_mma:
+            log(f"  M={M}: {len(past_mma)} candidates not timed (an mma GEMM over {MAX_TILES.value} K tiles per split)")
         best = min(times, key=times.get)
         table[M] = cands[best]
         measured[str(M)] = {"best": best, "layer_us": {k: round(v, 2) for k, v in times.items()}}
