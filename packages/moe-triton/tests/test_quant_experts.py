@@ -501,7 +501,8 @@ def _shipped_quant_shapes() -> list[tuple[str, str, int, QuantKernelConfig, str]
 def test_shipped_quant_shapes_on_gpu(scheme, preset, M, tuned):
     """Every launch shape the tuned int4, int8, MXFP4 and fp8 files ship, at the preset's N, K, group,
     activation and bias, against the reference (fp8: its activations quantized per token or 128-wide
-    group, as the reference does). Fewer experts (16, or the preset's 8) keep the fp32 reference in
+    group, as the reference does); a GEMM1 that ranks its own experts also as FusedMoE calls it, from the
+    router logits. Fewer experts (16, or the preset's 8) keep the fp32 reference in
     memory; at most 2048 tokens still give each expert more rows than the widest block."""
     p = get_preset(preset)
     E = min(p.config.num_experts, 16)
@@ -518,6 +519,9 @@ def test_shipped_quant_shapes_on_gpu(scheme, preset, M, tuned):
     gen = torch.Generator().manual_seed(M + 1)
     x = torch.randn(M, cfg.hidden_size, generator=gen).to(torch.bfloat16).to(DEV)
     bias = torch.randn(E, generator=gen).to(DEV) * 0.1 if cfg.routing.has_correction_bias else None
-    tw, ids = route_torch(torch.randn(M, E, generator=gen).to(DEV), cfg.routing, cfg.top_k, bias)
+    logits = torch.randn(M, E, generator=gen).to(DEV)
+    tw, ids = route_torch(logits, cfg.routing, cfg.top_k, bias)
     ref = reference_moe(x, weights.to(DEV), cfg, tw, ids, quant, cfg.expert_map(DEV))
     assert rel_l2(experts.apply(x, tw, ids), ref) < 1e-2
+    if tuned.gemm1.own_route:  # GEMM1 ranks its pairs' experts from the logits only in FusedMoE's call
+        assert rel_l2(experts.apply_monolithic(x, logits, bias), ref) < 1e-2
