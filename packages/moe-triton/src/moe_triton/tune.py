@@ -331,8 +331,9 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     """Per token count, time the layer (routing included) with the heuristic, the shipped
     configuration, the heuristic's neighbours (with wgmma, `wgmma_grid` too; at decode sizes the
     one-launch path's options where it serves the layer) and then the best one's neighbours (and
-    with per_gemm, `per_gemm_grid` of the best); keep the fastest. A routing with a correction bias
-    routes with a random one of that standard deviation (`correction_bias`)."""
+    with per_gemm, `per_gemm_grid` of the best); keep the fastest. A candidate with an mma GEMM of
+    more K tiles per split than that kernel unrolls is not timed (the log counts them). A routing with
+    a correction bias routes with a random one of that standard deviation (`correction_bias`)."""
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
