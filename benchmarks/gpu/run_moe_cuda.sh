@@ -42,7 +42,8 @@
 #               `moe tune --quant $RETUNE_QUANT` (MXFP4 and int8: with --wgmma) at those token counts
 #               ($OUT/retune/P/configs), then the triton layer timed with the launch shapes it has now
 #               (retune/P/before; MXFP4: int4 beside it) and with the tuned ones (retune/P/tuned), and for
-#               MXFP4 the matmul_ogs peer (retune/P/peer), one after the other on one GPU. With
+#               MXFP4 the matmul_ogs peer (retune/P/peer; where triton_kernels was carried), one after the
+#               other on one GPU. With
 #               BASE_WHEELS set, the layer is first timed with that build of the project (retune/P/base);
 #               RETUNE_EXTRA: more `moe tune` options (e.g. --per-gemm).
 # parity:       moe-cuda's Marlin layer against vLLM's Marlin MoE pipeline over the same library
@@ -207,14 +208,19 @@ for phase in "${PHASES[@]}"; do
     retune)
       # RETUNE="preset:M,M ...": per preset one job: moe tune --quant $RETUNE_QUANT (mxfp4) at those M,
       # then the layer timed with the launch shapes it has now and with the tuned ones; for MXFP4 also
-      # int4 beside the first and the matmul_ogs peer.
+      # int4 beside the first and, where triton_kernels was carried, the matmul_ogs peer.
       q=${RETUNE_QUANT:-mxfp4}
       for cell in ${RETUNE:?retune needs RETUNE=\"preset:M,M ...\"}; do
         p=${cell%%:*}; ms=${cell#*:}; ms=${ms//,/ }; d=$OUT/retune/$p
         bench="python3 -m moe_core bench --device cuda --backends triton --no-plot --preset $p --tokens $ms"
         if [ "$q" = mxfp4 ]; then
-          tune="--quant mxfp4 --wgmma"; before="--scheme mxfp4 --scheme int4"
-          peer=" && python3 $HERE/peer_matmul_ogs.py --triton-kernels $VENDOR --preset $p --m $ms --out $d/peer"
+          tune="--quant mxfp4 --wgmma"; before="--scheme mxfp4 --scheme int4"; peer=""
+          # The peer where triton_kernels was carried (the header says how); the search needs none.
+          if [ -f "$VENDOR/triton_kernels/matmul_ogs.py" ]; then
+            peer=" && python3 $HERE/peer_matmul_ogs.py --triton-kernels $VENDOR --preset $p --m $ms --out $d/peer"
+          else
+            echo "retune-$p-mxfp4: no $VENDOR/triton_kernels (matmul_ogs.py): the matmul_ogs peer is left out"
+          fi
         elif [ "$q" = int8 ]; then
           tune="--quant int8 --wgmma"; before="--scheme int8"; peer=""
         else
