@@ -20,7 +20,7 @@
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
 #                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
-#                ab-entries-*, ab-entries-replaced  ab_layer.py:
+#                ab-entries-*, ab-entries-replaced, ab-mxfp4-shapes-on-int4  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -322,6 +322,11 @@ add ab-entries-qwen3-235b-mxfp4-1 "python3 ab_layer.py --preset qwen3-235b-a22b 
 add ab-entries-qwen3-235b-mxfp4-2 "python3 ab_layer.py --preset qwen3-235b-a22b --dtype mxfp4 --m 2 3 --rounds 7 $(v shipped)$(v mma-g1=ab_patches:mma_gemm1)$(v mma-g1-256x4=AB_GEMM1=256x4x8,ab_patches:mma_gemm1,ab_patches:reshaped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-qwen3-235b-mxfp4-2.json"
 add ab-entries-qwen3-30b-mxfp4 "python3 ab_layer.py --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)$(v int4-entry-g1-128x4=AB_GEMM1=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)$(v int4-entry-g2-128x4=AB_GEMM2=128x4x4,ab_patches:int4_entry,ab_patches:reshaped)--out $OUT/host/ab-entries-qwen3-30b-mxfp4.json"
 add ab-entries-mixtral-mxfp4 "python3 ab_layer.py --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 --rounds 7 $(v shipped)$(v int4-entry=ab_patches:int4_entry)--out $OUT/host/ab-entries-mixtral-mxfp4.json"
+# MXFP4's searched decode shapes (benchmarks/results/mxfp4_lender_retune_2026-12-02.md) on int4's entries of the same
+# layers, at the token count each key alone serves: qwen3-30b-a3b's one-token GEMM1 in split 2 and GEMM2 on 64 rows in
+# split 6; qwen3-235b-a22b's two-token GEMM1 on 128 rows in split 8 (4 warps) and GEMM2 on 128 rows in split 3.
+ab_int4="python3 ab_layer.py --dtype int4 --rounds 7 $(v shipped)"
+add ab-mxfp4-shapes-on-int4 "$ab_int4 --preset qwen3-30b-a3b --m 1 $(v g1=AB_GEMM1=64x2x4,ab_patches:reshaped)$(v g2=AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2-copied=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped,ab_patches:scales_copied)--out $OUT/host/ab-mxfp4-shapes-on-int4-qwen3-30b.json; $ab_int4 --preset qwen3-235b-a22b --m 2 $(v g1=AB_GEMM1=128x8x4,ab_patches:reshaped)$(v g2=AB_GEMM2=128x3x4,ab_patches:reshaped)$(v g1g2=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped)$(v g1g2-copied=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped,ab_patches:scales_copied)--out $OUT/host/ab-mxfp4-shapes-on-int4-qwen3-235b.json"
 # Entries against those they replaced, as copies of the files before them (AB_BEFORE_DIR; here: .carry/before-configs),
 # over the token counts each serves.
 before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
