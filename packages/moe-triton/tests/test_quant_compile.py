@@ -332,6 +332,20 @@ for name, (consts, pointers) in json.loads(sys.stdin.read()).items():
 """
 
 
+_COMPILE_MMA_CAPPED = """
+from moe_triton._common.offline_compile import compile_mma_gemm
+for cap in (0, 96):
+    ptx = compile_mma_gemm({"BLOCK_N": 128, "TILES": 8}, maxnreg=cap).asm["ptx"]
+    print(cap, ptx.count(".maxnreg"), ptx.count(".maxnreg 96"), flush=True)
+"""
+
+
+def test_mma_gemm_build_takes_a_register_cap():
+    """`GemmConfig.max_registers` on the mma kernel: the sm_90 build hands ptxas the cap (`.maxnreg`);
+    without one the compiler chooses."""
+    lines = run_compiler_script(_COMPILE_MMA_CAPPED).splitlines()
+    assert lines == ["0 0 0", "96 1 1"]
+
 def test_mma_gemm_compiles_for_hopper():
     """The Gluon mma.sync kernel built for sm_90 by the installed Triton: per K tile, 16 weight rows and
     8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter); the words copied

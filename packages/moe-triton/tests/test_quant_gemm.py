@@ -191,15 +191,15 @@ def test_group_m_limits():
 
 
 def test_register_cap_limits_and_serialization():
-    """max_registers: 0 (the compiler's choice, omitted from a file) or 32..255 on the tl.dot kernel; the
-    wgmma kernel plans its own registers. A capped launch runs (the cap is ptxas's, unseen by the
+    """max_registers: 0 (the compiler's choice, omitted from a file) or 32..255 on the tl.dot and mma
+    kernels; the wgmma kernel plans its own registers. A capped launch runs (the cap is ptxas's, unseen by the
     interpreter) and its entry round-trips through a file's dict."""
     capped = GemmConfig(16, 64, 2, 4, 2, True, max_registers=168)
     launch = QuantKernelConfig(GemmConfig(16, 64, 2, 4, 2, True), capped)
     assert "max_registers" not in launch.to_dict()["gemm1"] and launch.to_dict()["gemm2"]["max_registers"] == 168
     assert QuantKernelConfig.from_dict(launch.to_dict()) == launch
     for bad in (dict(max_registers=16), dict(max_registers=256), dict(max_registers=168, wgmma=True)):
-        with pytest.raises(ValueError, match=r"max_registers is 0 or 32\.\.255, an option of the tl\.dot kernel"):
+        with pytest.raises(ValueError, match=r"max_registers is 0 or 32\.\.255, an option of the tl\.dot and mma"):
             dataclasses.replace(wgmma_launch(128, 256, 3), **{"wgmma": False, **bad})
     out, ref = _routed_counts_layer([2, 1, 0, 1], int4_w4a16(128), launch, dtype=torch.bfloat16)
     assert rel_l2(out, ref) < 2e-2
@@ -420,18 +420,23 @@ def mma_launch(block_n: int, split: int, warps: int = 4) -> GemmConfig:
 
 
 def test_mma_config_limits():
-    """GemmConfig.mma: 16 rows per warp at least, and none of the other kernels' options; its own options
-    (own_route, scales_in_tile) on it only."""
+    """GemmConfig.mma: 16 rows per warp at least, and none of the other kernels' options but a register
+    cap; its own options (own_route, scales_in_tile) on it only. Back on the tl.dot kernel (`on_tl_dot`)
+    a tile drops them and the cap set for the mma build; a tl.dot tile keeps its own cap."""
     mma_launch(64, 4)
     with pytest.raises(ValueError, match="multiple of 16 x num_warps"):
         mma_launch(64, 4, warps=8)
-    for other in (dict(one_dot=True), dict(wgmma=True), dict(max_registers=128), dict(tail=16, block_m=32)):
+    for other in (dict(one_dot=True), dict(wgmma=True), dict(tail=16, block_m=32)):
         with pytest.raises(ValueError, match="the mma kernel takes none of"):
             dataclasses.replace(mma_launch(64, 2), **other)
-    dataclasses.replace(mma_launch(64, 2), own_route=True, scales_in_tile=True)
+    dataclasses.replace(mma_launch(64, 2), own_route=True, scales_in_tile=True, max_registers=96)
     for option in (dict(own_route=True), dict(scales_in_tile=True)):
         with pytest.raises(ValueError, match="own_route and scales_in_tile are options of the mma kernel"):
             GemmConfig(16, 64, 2, 4, 3, swap_ab=True, **option)
+    capped = dataclasses.replace(mma_launch(64, 2), own_route=True, max_registers=96)
+    assert capped.on_tl_dot() == GemmConfig(16, 64, 2, 4, 1, swap_ab=True)
+    tl_dot = GemmConfig(16, 64, 2, 4, 3, swap_ab=True, max_registers=168)
+    assert tl_dot.on_tl_dot() == tl_dot
 
 
 @pytest.mark.parametrize(("routing", "bias", "parallel", "ranks"), [
@@ -605,6 +610,22 @@ def test_mma_gemm_scales_copied_with_the_words_or_loaded_in_the_tile_on_gpu(quan
         assert rel_l2(outs[in_tile], ref) < 1e-2, in_tile
     assert rel_l2(outs[False], outs[True]) < 1e-5
 
+
+@pytest.mark.device("cuda")
+@pytest.mark.parametrize("quant", [mxfp4_w4a16(), int4_w4a16(64, zero_point=True)], ids=["mxfp4", "int4-g64-zp"])
+def test_mma_gemm_under_a_register_cap_on_gpu(quant):
+    """The mma kernel under a register cap (`GemmConfig.max_registers`, ptxas's maxnreg), at gpt-oss-120b's
+    one-token shapes with GEMM1 on 128 rows in three splits: a cap that fits the build and one that
+    spills give the reference's output and the uncapped launch's sums."""
+    cls = TritonMxfp4Experts if quant.weight.dtype is mxfp4_w4a16().weight.dtype else TritonWna16Experts
+    outs = {}
+    for cap in (0, 96, 64):
+        launch = QuantKernelConfig(*(dataclasses.replace(g, max_registers=cap) for g in (mma_launch(128, 3),
+                                                                                         mma_launch(128, 4))))
+        outs[cap], ref = run_layer(cls, quant, Activation.swiglu_oai(), torch.bfloat16, K=2880, N=2880, E=16, topk=4,
+                                   M=1, bias=True, override=launch)
+        assert rel_l2(outs[cap], ref) < 1e-2, cap
+    assert rel_l2(outs[96], outs[0]) < 1e-5 and rel_l2(outs[64], outs[0]) < 1e-5
 
 @pytest.mark.device("cuda")
 def test_mma_gemm1_blocks_past_the_call_clear_their_side_slice_on_gpu(monkeypatch):

@@ -187,7 +187,7 @@ class GemmConfig:
     # M) from DRAM, and hold only the group's activation rows in L2. Launches that put M blocks first
     # by construction (one token: direct; up to 8: last-arrival sums) keep their order. >= 1
     group_m: int = 1
-    # tl.dot kernel on NVIDIA: registers per thread the launch may hold (ptxas's maxnreg); 0: the
+    # tl.dot and mma kernels on NVIDIA: registers per thread the launch may hold (ptxas's maxnreg); 0: the
     # compiler's choice. A cap lets more programs share an SM, and spills where the build needs more.
     # 0 or 32..255.
     max_registers: int = 0
@@ -223,8 +223,10 @@ class GemmConfig:
     block_ready: bool = False
 
     def on_tl_dot(self) -> GemmConfig:
-        """The same launch shape on the tl.dot kernel: the mma kernel's options dropped."""
-        return replace(self, mma=False, own_route=False, scales_in_tile=False)
+        """The same launch shape on the tl.dot kernel: the mma kernel's options, and a register cap set for
+        its build, dropped."""
+        return replace(self, mma=False, own_route=False, scales_in_tile=False,
+                       max_registers=0 if self.mma else self.max_registers)
 
     def __post_init__(self) -> None:
         if not 0 <= self.prefetch_tiles <= 8 or (self.prefetch_tiles and (self.wgmma or self.mma)):
@@ -235,15 +237,15 @@ class GemmConfig:
             raise ValueError(f"GemmConfig: own_route and scales_in_tile are options of the mma kernel, got {self}")
         if self.block_m < 16 or not _pow2(self.block_m) or self.block_n < 16 or not _pow2(self.block_n):
             raise ValueError(f"GemmConfig: block_m and block_n must be powers of two >= 16, got {self}")
-        if self.mma and (self.wgmma or self.one_dot or self.max_registers or self.narrow or self.tail
-                         or self.group_m > 1 or self.block_n % (16 * self.num_warps)):
-            raise ValueError("GemmConfig: the mma kernel takes none of wgmma, one_dot, max_registers, narrow, tail "
-                             f"or group_m, and block_n a multiple of 16 x num_warps, got {self}")
+        if self.mma and (self.wgmma or self.one_dot or self.narrow or self.tail or self.group_m > 1
+                         or self.block_n % (16 * self.num_warps)):
+            raise ValueError("GemmConfig: the mma kernel takes none of wgmma, one_dot, narrow, tail or group_m, and "
+                             f"block_n a multiple of 16 x num_warps, got {self}")
         if self.one_dot and self.wgmma:
             raise ValueError(f"GemmConfig: one_dot is an option of the tl.dot kernel, got {self}")
         if self.max_registers and (self.wgmma or not 32 <= self.max_registers <= 255):
-            raise ValueError("GemmConfig: max_registers is 0 or 32..255, an option of the tl.dot kernel (the wgmma "
-                             f"kernel plans its own), got {self}")
+            raise ValueError("GemmConfig: max_registers is 0 or 32..255, an option of the tl.dot and mma kernels (the "
+                             f"wgmma kernel plans its own), got {self}")
         if self.group_m < 1 or (self.group_m > 1 and self.wgmma):
             raise ValueError(f"GemmConfig: group_m is >= 1, and above 1 an option of the tl.dot kernel, got {self}")
         if self.split_k < 1 or self.num_warps < 1 or self.num_stages < 1:

@@ -257,7 +257,8 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             TRACE=trace_buf is not None, num_warps=cfg.num_warps,
             OWN_ROUTE=own, ROUTE_E_P2=max(32, next_power_of_2(own_route.shape[1])) if own else 32,
             route_ptr=own_route if own else w.scale, stride_route=own_route.stride(0) if own else 0,
-            num_experts=own_route.shape[1] if own else 0, **dependent_options(a.device))
+            num_experts=own_route.shape[1] if own else 0, **dependent_options(a.device),
+            **({"maxnreg": cfg.max_registers} if cfg.max_registers else {}))
         return
     if cfg.wgmma:
         # Per-channel scales have one row, whose stride may be anything (1 after a transpose): 0 keeps

@@ -260,7 +260,8 @@ def per_gemm_grid(base: QuantKernelConfig, *, one_dot: bool = True, mma: bool = 
 
 def as_mma(tile: GemmConfig) -> GemmConfig:
     """A tl.dot launch shape on the mma kernel (`GemmConfig.mma`): its block_m, block_n, split and
-    stages, warps cut to 16 weight rows each at least, none of the tl.dot kernel's options."""
+    stages, warps cut to 16 weight rows each at least, none of the tl.dot kernel's options and no
+    register cap (one set for the tl.dot build)."""
     return dataclasses.replace(tile, mma=True, one_dot=False, max_registers=0, narrow=False, tail=0, group_m=1,
                                prefetch_tiles=0, block_ready=False, num_warps=min(tile.num_warps, tile.block_n // 16))
 

@@ -119,16 +119,19 @@ def compile_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None)
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=4, maxnreg=regs.maxnreg))
 
 
-def compile_mma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4):
+def compile_mma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, *, num_warps: int = 4,
+                     maxnreg: int = 0):
     """The Gluon mma.sync GEMM (`quant_gemm_details._mma`) for sm_90, over MMA_CONSTEXPRS (int16 quads
-    words, bf16 activations and a bf16 finished output unless `pointers` says otherwise)."""
+    words, bf16 activations and a bf16 finished output unless `pointers` says otherwise), registers capped
+    at maxnreg per thread where given (`GemmConfig.max_registers`)."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from moe_triton.quant_gemm_details._mma import moe_mma_gemm_kernel
 
     src = _source(moe_mma_gemm_kernel, GluonASTSource, {**MMA_CONSTEXPRS, **constexprs},
                   {**_POINTERS, "b_ptr": "*i16", "s_ptr": "*bf16", **(pointers or {})})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options=dict(num_warps=num_warps))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64),
+                          options=dict(num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {})))
 
 
 def compile_bf16_wgmma_gemm(constexprs: dict, pointers: dict[str, str] | None = None, aligned_ints: bool = True,
