@@ -382,6 +382,22 @@ def reshaped(layer, tokens: int):
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
 
 
+def capped(layer, tokens: int):
+    """The served launch shapes (or an earlier patch's) with GEMM1's (GEMM2's) registers capped at
+    $AB_GEMM1_REGS ($AB_GEMM2_REGS) per thread (`GemmConfig.max_registers`); set per variant:
+    `--variant g1-128x3-r96=AB_GEMM1=128x3x4,AB_GEMM1_REGS=96,ab_patches:reshaped,ab_patches:capped`."""
+    served = _so_far(layer, tokens)
+    changed = {gemm: dataclasses.replace(getattr(served, gemm), max_registers=int(regs))
+               for gemm in ("gemm1", "gemm2") if (regs := os.environ.get(f"AB_{gemm.upper()}_REGS"))}
+    return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
+
+def own_routed(layer, tokens: int):
+    """The served launch shapes (or an earlier patch's) with an mma GEMM1 ranking its pairs' experts
+    itself (`GemmConfig.own_route`)."""
+    served = _so_far(layer, tokens)
+    return mock.patch.object(layer.experts, "config_override",
+                             dataclasses.replace(served, gemm1=dataclasses.replace(served.gemm1, own_route=True)))
+
 def int4_entry(layer, tokens: int):
     """This device's int4 file's entry of the layer's shape as int4 runs it (`lender_config`: mma GEMMs
     kept), copying their scale rows: for MXFP4 and int8 layers, which borrow it only on the tl.dot kernel."""
