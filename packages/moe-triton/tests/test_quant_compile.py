@@ -346,6 +346,7 @@ def test_mma_gemm_build_takes_a_register_cap():
     lines = run_compiler_script(_COMPILE_MMA_CAPPED).splitlines()
     assert lines == ["0 0 0", "96 1 1"]
 
+
 def test_mma_gemm_compiles_for_hopper():
     """The Gluon mma.sync kernel built for sm_90 by the installed Triton: per K tile, 16 weight rows and
     8 pair columns eight m16n8k16 MMAs (four quarters of 32 k, two per quarter); the words copied

@@ -627,6 +627,7 @@ def test_mma_gemm_under_a_register_cap_on_gpu(quant):
         assert rel_l2(outs[cap], ref) < 1e-2, cap
     assert rel_l2(outs[96], outs[0]) < 1e-5 and rel_l2(outs[64], outs[0]) < 1e-5
 
+
 @pytest.mark.device("cuda")
 def test_mma_gemm1_blocks_past_the_call_clear_their_side_slice_on_gpu(monkeypatch):
     """An aligned mma GEMM1 adding split-K sums (above LAST_ARRIVAL_MAX_TOKENS tokens: atomics, N tiles first
