@@ -458,7 +458,7 @@ def test_gemm1_ranks_its_pairs_experts_only_where_the_logits_rank_them(routing, 
 def test_mma_gemm_is_refused_where_it_cannot_run():
     """A forced mma launch fails with the reason: on CPU (the interpreter) for want of a GPU, anywhere for
     weights it does not take (int8 in groups of 96: byte quads, but no scale group the kernel indexes;
-    fp8)."""
+    fp8) and for a split of more K tiles than its programs unroll."""
     experts, _, x, tw, ids = int4_bf16_layer(3)
     experts.config_override = QuantKernelConfig(mma_launch(64, 2), mma_launch(64, 2))
     if DEV.type != "cuda":
@@ -472,6 +472,14 @@ def test_mma_gemm_is_refused_where_it_cannot_run():
         layer.config_override = experts.config_override
         with pytest.raises(ValueError, match=r"needs .*int4, int8 or MXFP4 weights in a quads layout"):
             layer.apply(x384, tw[:1], ids[:1])
+    wide = MoEConfig(num_experts=4, top_k=2, hidden_size=2048, intermediate_size=128, dtype=torch.bfloat16)
+    layer = TritonWna16Experts(wide, int4_w4a16(128), RUN_ON)
+    layer.load_weights(ExpertWeights.random(wide, int4_w4a16(128), seed=3, device=DEV))
+    layer.config_override = QuantKernelConfig(mma_launch(64, 1), mma_launch(64, 1))
+    x2048 = torch.randn(1, 2048, dtype=torch.bfloat16, device=DEV)
+    ids01 = torch.tensor([[0, 1]], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"at most 8 K tiles per split, got 16 \(16 tiles in 1 splits\)"):
+        layer.apply(x2048, torch.full((1, 2), 0.5, device=DEV), ids01)
 
 
 @pytest.mark.parametrize(("quant", "hidden"), [

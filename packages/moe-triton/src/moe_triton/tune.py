@@ -55,7 +55,6 @@ from pathlib import Path
 
 import torch
 
-from moe_triton._common.intmath import cdiv
 from moe_triton.configs import (
     ConfigKey,
     FusedDecodeConfig,
@@ -66,7 +65,7 @@ from moe_triton.configs import (
     device_tag,
     write_configs,
 )
-from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS, effective_split
+from moe_triton.quant_gemm_details._heuristics import GROUP_M_BLOCKS
 from moe_triton.topk_sum import topk_sum
 
 __all__ = ["INT8_WGMMA_STAGES", "as_mma", "block_m_for", "candidates", "direct_candidates", "fused_decode_candidates",
@@ -338,6 +337,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
+    from moe_triton.quant_gemm import mma_unrolls
     from moe_triton.quant_gemm_details._mma import MAX_TILES
     from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
 
@@ -345,10 +345,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     w13 = experts._operand("w13", cfg.w13_rows, cfg.hidden_size)
     w2 = experts._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition)
 
-    def mma_unrolls(cand: QuantKernelConfig) -> bool:
-        """The mma kernel unrolls at most MAX_TILES K tiles per split, and refuses more."""
-        return all(not g.mma or cdiv(w.k_tiles, effective_split(g.split_k, w)) <= MAX_TILES.value
-                   for g, w in ((cand.gemm1, w13), (cand.gemm2, w2)))
+    def mma_takes_splits(cand: QuantKernelConfig) -> bool:
+        return all(not g.mma or mma_unrolls(w, g.split_k)[0] for g, w in ((cand.gemm1, w13), (cand.gemm2, w2)))
 
     dev = experts.device.torch_device
     gen = torch.Generator(device=dev).manual_seed(1)
@@ -373,7 +371,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
             for vname, cand in found.items():
                 if cand in cands.values() or cand in past_mma:
                     continue
-                if not mma_unrolls(cand):
+                if not mma_takes_splits(cand):
                     past_mma.add(cand)
                     continue
                 cands[vname] = cand
