@@ -13,6 +13,7 @@
 #   profile-decode  profile_decode.py: one decode step per scheme under torch.profiler (kernels, host calls)
 #   trace-decode  trace_decode.py: per-program timestamps of decode-size calls' launches (TRACE_CELLS), each GEMM build's PTX and SASS
 #   trace-whole-share  the same for one-token int4 cells with GEMM2's whole share asked for before its wait
+#   trace-gpt-oss-gemm1-one-wave  the same for gpt-oss-120b at one token with GEMM1 in one wave (ab-gpt-oss-gemm1-one-wave's variant)
 #   decode-limits  decode_limits.py: decode-size layer calls against a bare read of their bytes (issue 60)
 #   matmul-limits  matmul_limits.py: prefill-size layer calls against torch._grouped_mm doing their GEMMs
 #   profile-fp8-decode  profile_layer.py --graph: kernels of fp8 and int8 calls at 1 and 8 tokens
@@ -331,6 +332,10 @@ add ab-mxfp4-shapes-on-int4 "$ab_int4 --preset qwen3-30b-a3b --m 1 $(v g1=AB_GEM
 # builds' 99-105 registers (a second wave of 12), five under a cap of 96 (docs/design/triton-gemm-quantized.md).
 r96="AB_GEMM1=128x3x4,AB_GEMM1_REGS=96,ab_patches:reshaped,ab_patches:capped"
 add ab-gpt-oss-gemm1-one-wave "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 mxfp4 --m 1 --rounds 7 $(v shipped)$(v g1-128x3=AB_GEMM1=128x3x4,ab_patches:reshaped)$(v g1-128x3-r96=$r96)$(v g1-128x3-r96-own=$r96,ab_patches:own_routed)--out $OUT/host/ab-gpt-oss-gemm1-one-wave.json"
+# The same launches traced (each program's start, release and end): whether GEMM1's last programs end sooner.
+ow_cells=""
+for q in int4 mxfp4; do ow_cells+=" gpt-oss-120b/$q/1 gpt-oss-120b/$q/1/g1-128x3-r96=$r96"; done
+add trace-gpt-oss-gemm1-one-wave "python3 trace_decode.py --out $OUT/host/trace-gpt-oss-gemm1-one-wave.json --cells $ow_cells"
 # Entries against those they replaced, as copies of the files before them (AB_BEFORE_DIR; here: .carry/before-configs),
 # over the token counts each serves.
 before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
