@@ -25,8 +25,9 @@ count to those it would run, with one field of both GEMMs changed.
   GEMMs or GEMM2 on the mma kernel at any token count;
   `mma_gemm1_64x4`, `mma_gemm1_64x4_gemm2_64x3`, `mma_gemm2_256x4`, `mma_gemm2_64x4`: the served shapes
   with those GEMMs on the mma kernel at (block_n, split), four warps, three stages;
-  `reshaped`: the served shapes with GEMM1 (GEMM2) at the block_n, split and warps of $AB_GEMM1 ($AB_GEMM2),
-  e.g. `64x3x4`, set by the variant; `int4_entry`: this device's int4 file's entry of the layer's shape as int4
+  `reshaped`: the served shapes with GEMM1 (GEMM2) at the block_n, split and warps (and a register cap) of
+  $AB_GEMM1 ($AB_GEMM2), e.g. `64x3x4` or `128x3x4x96`, set by the variant; `own_routed`: an mma GEMM1
+  ranking its pairs' experts itself; `int4_entry`: this device's int4 file's entry of the layer's shape as int4
   runs it (mma GEMMs kept, scale rows copied), for MXFP4 and int8 layers;
   `mma_gemm1_own_route`, `mma_both_own_route`: GEMM1 (or both GEMMs) moved onto the mma kernel, GEMM1
   ranking its pairs' experts itself (`GemmConfig.own_route`, one token);
@@ -372,24 +373,17 @@ mma_gemm2_64x4 = _mma_tiles(gemm2=(64, 4))
 
 def reshaped(layer, tokens: int):
     """The served launch shapes (or an earlier patch's) with GEMM1 (GEMM2) at $AB_GEMM1 ($AB_GEMM2) =
-    BLOCK_NxSPLITxWARPS, their other options kept; set per variant: `--variant g1-64x3=AB_GEMM1=64x3x4,ab_patches:reshaped`."""
+    BLOCK_NxSPLITxWARPS[xREGISTERS] (the last a register cap, `GemmConfig.max_registers`), their other options
+    kept; set per variant: `--variant g1-64x3=AB_GEMM1=64x3x4,ab_patches:reshaped`."""
     served = _so_far(layer, tokens)
     changed = {}
     for gemm in ("gemm1", "gemm2"):
         if shape := os.environ.get(f"AB_{gemm.upper()}"):
-            block_n, split, warps = map(int, shape.split("x"))
-            changed[gemm] = dataclasses.replace(getattr(served, gemm), block_n=block_n, split_k=split, num_warps=warps)
+            block_n, split, warps, *regs = map(int, shape.split("x"))
+            changed[gemm] = dataclasses.replace(getattr(served, gemm), block_n=block_n, split_k=split, num_warps=warps,
+                                                **({"max_registers": regs[0]} if regs else {}))
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
 
-
-def capped(layer, tokens: int):
-    """The served launch shapes (or an earlier patch's) with GEMM1's (GEMM2's) registers capped at
-    $AB_GEMM1_REGS ($AB_GEMM2_REGS) per thread (`GemmConfig.max_registers`); set per variant:
-    `--variant g1-128x3-r96=AB_GEMM1=128x3x4,AB_GEMM1_REGS=96,ab_patches:reshaped,ab_patches:capped`."""
-    served = _so_far(layer, tokens)
-    changed = {gemm: dataclasses.replace(getattr(served, gemm), max_registers=int(regs))
-               for gemm in ("gemm1", "gemm2") if (regs := os.environ.get(f"AB_{gemm.upper()}_REGS"))}
-    return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
 
 def own_routed(layer, tokens: int):
     """The served launch shapes (or an earlier patch's) with an mma GEMM1 ranking its pairs' experts
@@ -397,6 +391,7 @@ def own_routed(layer, tokens: int):
     served = _so_far(layer, tokens)
     return mock.patch.object(layer.experts, "config_override",
                              dataclasses.replace(served, gemm1=dataclasses.replace(served.gemm1, own_route=True)))
+
 
 def int4_entry(layer, tokens: int):
     """This device's int4 file's entry of the layer's shape as int4 runs it (`lender_config`: mma GEMMs

@@ -330,7 +330,7 @@ ab_int4="python3 ab_layer.py --dtype int4 --rounds 7 $(v shipped)"
 add ab-mxfp4-shapes-on-int4 "$ab_int4 --preset qwen3-30b-a3b --m 1 $(v g1=AB_GEMM1=64x2x4,ab_patches:reshaped)$(v g2=AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2-copied=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped,ab_patches:scales_copied)--out $OUT/host/ab-mxfp4-shapes-on-int4-qwen3-30b.json; $ab_int4 --preset qwen3-235b-a22b --m 2 $(v g1=AB_GEMM1=128x8x4,ab_patches:reshaped)$(v g2=AB_GEMM2=128x3x4,ab_patches:reshaped)$(v g1g2=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped)$(v g1g2-copied=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped,ab_patches:scales_copied)--out $OUT/host/ab-mxfp4-shapes-on-int4-qwen3-235b.json"
 # gpt-oss-120b's one-token GEMM1 in one wave: 128 rows in three splits is 540 programs, four per SM at the
 # builds' 99-105 registers (a second wave of 12), five under a cap of 96 (docs/design/triton-gemm-quantized.md).
-r96="AB_GEMM1=128x3x4,AB_GEMM1_REGS=96,ab_patches:reshaped,ab_patches:capped"
+r96="AB_GEMM1=128x3x4x96,ab_patches:reshaped"
 add ab-gpt-oss-gemm1-one-wave "python3 ab_layer.py --preset gpt-oss-120b --dtype int4 mxfp4 --m 1 --rounds 7 $(v shipped)$(v g1-128x3=AB_GEMM1=128x3x4,ab_patches:reshaped)$(v g1-128x3-r96=$r96)$(v g1-128x3-r96-own=$r96,ab_patches:own_routed)--out $OUT/host/ab-gpt-oss-gemm1-one-wave.json"
 # The same launches traced (each program's start, release and end): whether GEMM1's last programs end sooner.
 ow_cells=""

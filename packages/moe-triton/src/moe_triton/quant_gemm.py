@@ -42,7 +42,7 @@ from moe_triton.quant_gemm_details._kernel import (
 from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 
 __all__ = ["BlockReady", "LastArrival", "block_count", "direct_quant_gemm", "grouped_quant_gemm", "mma_takes",
-           "mma_unrolls", "programs_per_block", "quant_gemm_torch", "zeroed_int32"]
+           "mma_tiles_per_split", "programs_per_block", "quant_gemm_torch", "zeroed_int32"]
 
 
 @dataclass(frozen=True)
@@ -372,13 +372,10 @@ def mma_takes(wtype: WType, quads: bool, block_k: int, group: int) -> bool:
         or (wtype is WType.MXFP4 and group == 32))
 
 
-def mma_unrolls(w: WeightOperand, split_k: int) -> tuple[bool, int]:
-    """Whether the mma kernel takes w's K tiles in split_k splits (each program unrolls its split's tiles,
-    at most `_mma.MAX_TILES`), and how many tiles a split holds."""
-    from moe_triton.quant_gemm_details._mma import MAX_TILES
-
-    tiles = cdiv(w.k_tiles, split_k)
-    return tiles <= MAX_TILES.value, tiles
+def mma_tiles_per_split(w: WeightOperand, split_k: int) -> int:
+    """K tiles each program of an mma launch of w in split_k splits unrolls (the kernel takes
+    `_mma.MAX_TILES` at most)."""
+    return cdiv(w.k_tiles, split_k)
 
 
 def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_scale_mode: AScale,
@@ -399,8 +396,8 @@ def _check_mma(a: torch.Tensor, w: WeightOperand, split: int, *, sink: Sink, a_s
         wants.append(f"bf16 or fp16 activations without scales, got {a.dtype} {a_scale_mode.name}")
     if sink is Sink.STORE and gate_up_chunk:
         wants.append("a gated activation finished by last arrival (not a STORE sink)")
-    unrolls, tiles = mma_unrolls(w, split)
-    if not unrolls:
+    tiles = mma_tiles_per_split(w, split)
+    if tiles > MAX_TILES.value:
         wants.append(f"at most {MAX_TILES.value} K tiles per split, got {tiles} ({w.k_tiles} tiles in {split} splits)")
     if a.stride(1) != 1 or (takes_weights and (w.codes.stride(3) != 1 or w.scale.stride(2) != 1 or (
             w.zero is not None and w.zero.stride() != w.scale.stride()))):

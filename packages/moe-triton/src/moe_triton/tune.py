@@ -337,7 +337,7 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     from moe_core.quant import QuantDType
     from moe_triton.fused_decode import MAX_TOKENS as FUSED_MAX_TOKENS
     from moe_triton.fused_decode import unsupported_reason as fused_unsupported
-    from moe_triton.quant_gemm import mma_unrolls
+    from moe_triton.quant_gemm import mma_tiles_per_split
     from moe_triton.quant_gemm_details._mma import MAX_TILES
     from moe_triton.quantized import LAST_ARRIVAL_MAX_TOKENS
 
@@ -346,7 +346,8 @@ def _tune_quant_layer(experts, ms, rep_ms: int, log, timer=_graph_time_us, per_g
     w2 = experts._operand("w2", cfg.hidden_size, cfg.intermediate_size_per_partition)
 
     def mma_takes_splits(cand: QuantKernelConfig) -> bool:
-        return all(not g.mma or mma_unrolls(w, g.split_k)[0] for g, w in ((cand.gemm1, w13), (cand.gemm2, w2)))
+        return all(not g.mma or mma_tiles_per_split(w, g.split_k) <= MAX_TILES.value
+                   for g, w in ((cand.gemm1, w13), (cand.gemm2, w2)))
 
     dev = experts.device.torch_device
     gen = torch.Generator(device=dev).manual_seed(1)
