@@ -21,7 +21,7 @@
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
 #                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
-#                ab-entries-*, ab-entries-replaced, ab-int4-entries-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-gpt-oss-gemm1-one-wave  ab_layer.py:
+#                ab-entries-*, ab-entries-replaced, ab-int4-entries-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-int4-shapes-on-mxfp4, ab-gpt-oss-gemm1-one-wave  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -332,6 +332,10 @@ add ab-mxfp4-shapes-on-int4 "$ab_int4 --preset qwen3-30b-a3b --m 1 $(v g1=AB_GEM
 # rows (the int4 entries load some in the tile): ab-mxfp4-shapes-on-int4 measured the copied pair fastest.
 copied="ab_patches:reshaped,ab_patches:scales_copied"
 add ab-int4-decode-copied "$ab_int4 --preset qwen3-30b-a3b --m 1 2 3 4 $(v copied=ab_patches:scales_copied)$(v g1g2-copied=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,$copied)$(v g2-copied=AB_GEMM2=64x6x4,$copied)--out $OUT/host/ab-int4-decode-copied-qwen3-30b.json; $ab_int4 --preset qwen3-235b-a22b --m 1 2 3 4 $(v copied=ab_patches:scales_copied)$(v g1g2-copied=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,$copied)$(v g1-copied=AB_GEMM1=128x8x4,$copied)--out $OUT/host/ab-int4-decode-copied-qwen3-235b.json"
+# And back: int4's new 2-4-token shapes on MXFP4's entries of the same layers, where MXFP4's search did not reach
+# (qwen3-235b-a22b at 3-4 tokens, qwen3-30b-a3b at 2-4).
+ab_mxfp4="python3 ab_layer.py --dtype mxfp4 --rounds 7 $(v shipped)"
+add ab-int4-shapes-on-mxfp4 "$ab_mxfp4 --preset qwen3-235b-a22b --m 2 3 4 $(v g1g2=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped)--out $OUT/host/ab-int4-shapes-on-mxfp4-qwen3-235b.json; $ab_mxfp4 --preset qwen3-30b-a3b --m 2 3 4 $(v g1g2=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2-64x4-128x8=AB_GEMM1=64x4x4,AB_GEMM2=128x8x4,ab_patches:reshaped)--out $OUT/host/ab-int4-shapes-on-mxfp4-qwen3-30b.json"
 # gpt-oss-120b's one-token GEMM1 in one wave: 128 rows in three splits is 540 programs, four per SM at the
 # builds' 99-105 registers (a second wave of 12), five under a cap of 96 (docs/design/triton-gemm-quantized.md).
 r96="AB_GEMM1=128x3x4x96,ab_patches:reshaped"
