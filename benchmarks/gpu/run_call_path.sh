@@ -21,7 +21,7 @@
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
 #                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
-#                ab-entries-*, ab-entries-replaced, ab-int4-entries-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-int4-shapes-on-mxfp4, ab-gpt-oss-gemm1-one-wave  ab_layer.py:
+#                ab-entries-*, ab-entries-replaced, ab-decode-shapes-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-int4-shapes-on-mxfp4, ab-gpt-oss-gemm1-one-wave  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
@@ -348,7 +348,7 @@ add trace-gpt-oss-gemm1-one-wave "python3 trace_decode.py --out $OUT/host/trace-
 # over the token counts each serves.
 before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
 add ab-entries-replaced "$before --preset gpt-oss-120b --dtype int4 --m 1 2 --out $OUT/host/ab-entries-replaced-gpt-oss-int4.json; $before --preset gpt-oss-120b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-gpt-oss-mxfp4.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-qwen3-235b.json; $before --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --out $OUT/host/ab-entries-replaced-qwen3-30b.json"
-add ab-int4-entries-replaced "$before --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 --m 1 2 3 4 --out $OUT/host/ab-int4-entries-replaced.json"
+add ab-decode-shapes-replaced "$before --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 --m 1 2 3 4 --out $OUT/host/ab-int4-entries-replaced.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 2 3 4 --out $OUT/host/ab-mxfp4-entries-replaced.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
