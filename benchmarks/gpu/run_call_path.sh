@@ -348,6 +348,8 @@ add trace-gpt-oss-gemm1-one-wave "python3 trace_decode.py --out $OUT/host/trace-
 # over the token counts each serves.
 before="AB_TUNED_DIR=\${AB_BEFORE_DIR:-$ROOT/.carry/before-configs} python3 ab_layer.py --rounds 7 --variant before=ab_patches:tuned_entry --variant shipped"
 add ab-entries-replaced "$before --preset gpt-oss-120b --dtype int4 --m 1 2 --out $OUT/host/ab-entries-replaced-gpt-oss-int4.json; $before --preset gpt-oss-120b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-gpt-oss-mxfp4.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 1 2 3 4 --out $OUT/host/ab-entries-replaced-qwen3-235b.json; $before --preset qwen3-30b-a3b --dtype mxfp4 --m 1 --out $OUT/host/ab-entries-replaced-qwen3-30b.json"
+# ab-decode-shapes-replaced: int4's and MXFP4's decode-shape entries (int4_decode_shapes_2026-12-02.md) against
+# AB_BEFORE_DIR=.carry/before-configs-int4, the three files before them.
 add ab-decode-shapes-replaced "$before --preset qwen3-30b-a3b qwen3-235b-a22b --dtype int4 --m 1 2 3 4 --out $OUT/host/ab-int4-entries-replaced.json; $before --preset qwen3-235b-a22b --dtype mxfp4 --m 2 3 4 --out $OUT/host/ab-mxfp4-entries-replaced.json"
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
