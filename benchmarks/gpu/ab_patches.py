@@ -1,6 +1,8 @@
 """Launch-shape patches for `ab_layer.py` variants (`--variant NAME=ab_patches:FUNCTION`, with
 benchmarks/gpu on PYTHONPATH): each forces the quantized layer's launch shapes at the timed token
-count to those it would run, with one field of both GEMMs changed.
+count to those it would run, with one field of both GEMMs changed. A patch that changes fields of the
+launch shapes starts from an earlier patch's where the variant lists one before it
+(`NAME=ab_patches:a,ab_patches:b`).
 
 - `group_m4`, `group_m8`, `group_m16`: M blocks launched in groups of that many (`GemmConfig.group_m`);
   for token counts whose launch puts N tiles first.
@@ -58,8 +60,7 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
 `quant_gemm.L2_PREFETCH_TILES`, shipped 1).
 - `scales_in_tile`, `scales_in_tile_gemm1`, `scales_in_tile_gemm2`: the served shapes with both GEMMs (or one)
   on the mma kernel loading each K tile's scale rows in the tile, the others copying them with the tile's
-  words (`GemmConfig.scales_in_tile`); `scales_copied`: both copying them, whatever the entry says (these
-  and `reshaped` start from an earlier patch's shapes where the variant lists one before them).
+  words (`GemmConfig.scales_in_tile`); `scales_copied`: both copying them, whatever the entry says.
 - `mma_kernel_from_source`: the mma kernel built from the file at $AB_MMA_SOURCE (a changed copy of
   `quant_gemm_details/_mma.py`, e.g. a raw folder's patch applied to the installed one) wherever the
   served shapes launch it; combine it with a launch-shape patch (`NAME=ab_patches:a,ab_patches:b`).
@@ -89,11 +90,15 @@ from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
 
+def _so_far(layer, tokens: int) -> QuantKernelConfig:
+    """The launch shapes a variant has before this patch: an earlier patch's override, else the served ones."""
+    return layer.experts.config_override or layer.experts._find_config(tokens).config
+
+
 def _gemms(gemm1: dict, gemm2: dict):
     def patch(layer, tokens: int):
-        served = layer.experts._find_config(tokens).config
-        changed = QuantKernelConfig(dataclasses.replace(served.gemm1, **gemm1),
-                                    dataclasses.replace(served.gemm2, **gemm2))
+        base = _so_far(layer, tokens)
+        changed = QuantKernelConfig(dataclasses.replace(base.gemm1, **gemm1), dataclasses.replace(base.gemm2, **gemm2))
         return mock.patch.object(layer.experts, "config_override", changed)
     return patch
 
@@ -161,11 +166,6 @@ def _prefetch_tiles(tiles: int):
 
 prefetch_tiles_2 = _prefetch_tiles(2)
 prefetch_tiles_all = _prefetch_tiles(64)  # more than any split's K tiles: the program's whole share
-
-
-def _so_far(layer, tokens: int) -> QuantKernelConfig:
-    """The launch shapes a variant has before this patch: an earlier patch's override, else the served ones."""
-    return layer.experts.config_override or layer.experts._find_config(tokens).config
 
 
 def _scales_in_tile(gemm1: bool, gemm2: bool):
@@ -385,12 +385,8 @@ def reshaped(layer, tokens: int):
     return mock.patch.object(layer.experts, "config_override", dataclasses.replace(served, **changed))
 
 
-def own_routed(layer, tokens: int):
-    """The served launch shapes (or an earlier patch's) with an mma GEMM1 ranking its pairs' experts
-    itself (`GemmConfig.own_route`)."""
-    served = _so_far(layer, tokens)
-    return mock.patch.object(layer.experts, "config_override",
-                             dataclasses.replace(served, gemm1=dataclasses.replace(served.gemm1, own_route=True)))
+# The served launch shapes (or an earlier patch's) with an mma GEMM1 ranking its pairs' experts itself.
+own_routed = _gemm1(own_route=True)
 
 
 def int4_entry(layer, tokens: int):
