@@ -202,7 +202,8 @@ ptrs = {"x_ptr": "*bf16", "ids_ptr": "*i32", "wts_ptr": "*fp32", "logits_ptr": "
         "renormalize_eps": "fp32", "scaling": "fp32", "alpha": "fp32", "limit": "fp32"}
 # qwen3-30b-a3b's shapes: int4 g128 (int16 words) routed by the caller; int8 per channel (int32 words)
 # routed in the kernel as DeepSeek-V3 routes (grouped sigmoid, correction bias, scaling), GEMM1 split
-# over 4 programs; MXFP4 as gpt-oss (SwiGLU, biases) routed in the kernel by softmax, 64 channels a program
+# over 4 programs; MXFP4 as gpt-oss (SwiGLU, biases; w13's exponent words folded, w2's not) routed in the
+# kernel by softmax, 64 channels a program
 cases = ((0, "*i16", 128, 128, 128, 8, False, dict(softmax=True, has_bias=False, groups=1, topk_groups=1,
                                                       renormalize=True, scaling=1.0)),
          (1, "*i32", 2048, 768, 128, 8, True, dict(softmax=False, has_bias=True, groups=8, topk_groups=4,
@@ -213,7 +214,8 @@ for (wtype, words, group1, group2, channels, warps, route, kind), k_split in zip
     scales = {"s13_ptr": "*i32", "s2_ptr": "*i32"} if wtype == 3 else {}  # MXFP4: e8m0 exponent words
     gpt_oss = wtype == 3  # MXFP4 as gpt-oss: its SwiGLU and biases
     built = compile_kernel(_fused_decode_kernel, dict(GROUP1=group1, GROUP2=group2, WTYPE=wtype,
-                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], SWIGLU=gpt_oss,
+                                                      CODE_OFFSET={0: 8, 1: 128, 3: 0}[wtype], FOLDED1=gpt_oss,
+                                                      FOLDED2=False, SWIGLU=gpt_oss,
                                                       EXPERT_BIAS=gpt_oss, CHANNELS=channels, BLOCK_H=128,
                                                       K_SPLIT=k_split, UPCAST=False, PTX=True, ROUTE=route,
                                                       **route_constexprs(128, 8, **kind)),
@@ -221,7 +223,8 @@ for (wtype, words, group1, group2, channels, warps, route, kind), k_split in zip
     print(built.metadata.shared <= 232448)
 # an fp16 layer's int4 (the other weight types' unpacks, bf16-only with PTX, must not be built)
 fp16 = dict(ptrs, x_ptr="*fp16", s13_ptr="*fp16", s2_ptr="*fp16", out_ptr="*fp16", w13_ptr="*i16", w2_ptr="*i16")
-built = compile_kernel(_fused_decode_kernel, dict(GROUP1=128, GROUP2=128, WTYPE=0, CODE_OFFSET=8, SWIGLU=False,
+built = compile_kernel(_fused_decode_kernel, dict(GROUP1=128, GROUP2=128, WTYPE=0, CODE_OFFSET=8, FOLDED1=False,
+                                                  FOLDED2=False, SWIGLU=False,
                                                   EXPERT_BIAS=False, CHANNELS=128, BLOCK_H=128, K_SPLIT=1, UPCAST=False,
                                                   PTX=True, ROUTE=False, **route_constexprs(128, 8, **cases[0][7])),
                        fp16, num_warps=8)

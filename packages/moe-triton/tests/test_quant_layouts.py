@@ -23,11 +23,13 @@ from moe_triton.quant_gemm_details._dequant import (
     dequantize_padded,
     e2m1_quarter_ptx,
     e2m1_weights,
-    e8m0_factors,
+    quarter_e8m0_factors,
     unpack_e2m1_quads,
 )
 from moe_triton.quant_gemm_details._layouts import (
     E2M1_FIELDS,
+    E8M0_FOLDED_BIAS,
+    E8M0_WORD_BYTES,
     INT4_NIBBLES,
     ByteQuadsLayout,
     GateUpInterleave,
@@ -63,7 +65,7 @@ def test_mxfp4_pads_k_to_whole_quads_tiles():
     ExpertWeights.random is at most 2^1, so both GEMMs take the folded scale."""
     w = gemm1_operand(mxfp4_w4a16(), 192, seed=4)
     assert w.quads and w.codes.dtype == torch.int16 and w.k == 192 and w.k_tiles == 2 and w.codes.shape[2] == 2
-    exps = unpack_e8m0_tiles(w.scale)
+    exps = unpack_e8m0_tiles(w.scale, w.folded_scale)
     assert w.scale.dtype == torch.int32 and w.scale.shape[1] == 2
     assert exps.shape[1] == 256 // 32 and bool((exps[:, 6:] == 0).all()) and w.folded_scale
     full = dequantize_padded(w)
@@ -74,23 +76,30 @@ def test_mxfp4_pads_k_to_whole_quads_tiles():
         assert rel_l2(out, ref) < 1e-2
 
 
-def test_e8m0_tile_words_round_trip():
-    """MXFP4 exponents [E, 4T, N] -> int32 words [E, T, N] whose byte j (value bits 8j..8j+7) is
-    group 4t + j's exponent of row n, and back; groups not a multiple of 4 and other dtypes refused."""
+@pytest.mark.parametrize("folded", [False, True])
+def test_e8m0_tile_words_round_trip(folded):
+    """MXFP4 exponents [E, 4T, N] -> int32 words [E, T, N] whose byte E8M0_WORD_BYTES[j] (value bits
+    8b..8b+7) is group 4t + j's exponent of row n (folded: plus E8M0_FOLDED_BIAS), and back; groups not a
+    multiple of 4, other dtypes and, folded, exponents above 128 refused."""
     gen = torch.Generator().manual_seed(11)
-    exps = torch.randint(0, 256, (3, 8, 40), generator=gen, dtype=torch.uint8)
-    words = pack_e8m0_tiles(exps)
+    exps = torch.randint(0, 129 if folded else 256, (3, 8, 40), generator=gen, dtype=torch.uint8)
+    words = pack_e8m0_tiles(exps, folded)
     assert words.dtype == torch.int32 and words.shape == (3, 2, 40)
     as_int = words.long() & 0xFFFFFFFF
+    bias = E8M0_FOLDED_BIAS if folded else 0
     for t in range(2):
         for j in range(4):
-            assert torch.equal((as_int[:, t] >> (8 * j)) & 0xFF, exps[:, 4 * t + j].long())
-    assert torch.equal(unpack_e8m0_tiles(words), exps)
-    assert torch.equal(unpack_e8m0_tiles(words.transpose(1, 2).contiguous().transpose(1, 2)), exps)
+            byte = (as_int[:, t] >> (8 * E8M0_WORD_BYTES[j])) & 0xFF
+            assert torch.equal(byte, exps[:, 4 * t + j].long() + bias)
+    assert torch.equal(unpack_e8m0_tiles(words, folded), exps)
+    assert torch.equal(unpack_e8m0_tiles(words.transpose(1, 2).contiguous().transpose(1, 2), folded), exps)
     with pytest.raises(ValueError, match="multiple of 4 groups"):
-        pack_e8m0_tiles(exps[:, :6])
+        pack_e8m0_tiles(exps[:, :6], folded)
     with pytest.raises(ValueError, match="uint8"):
-        pack_e8m0_tiles(exps.to(torch.int32))
+        pack_e8m0_tiles(exps.to(torch.int32), folded)
+    if folded:
+        with pytest.raises(ValueError, match="at most 128"):
+            pack_e8m0_tiles(torch.full((1, 4, 8), 129, dtype=torch.uint8), folded)
 
 
 def test_processor_interleaves_gated_w13_rows():
@@ -183,16 +192,17 @@ def test_gemm_reads_4bit_codes_in_any_memory_order(quant, K):
 
 
 @triton.jit
-def _e2m1_weights_kernel(words_ptr, exps_ptr, out_ptr, DT: tl.constexpr, PTX: tl.constexpr, FOLDED: tl.constexpr,
-                         R: tl.constexpr, Q: tl.constexpr):
-    """Quads words [R, Q] of one K tile and an e8m0 exponent per row -> fp32 weights [R, 4 quarters, Q],
-    unpacked in DT and scaled by `e8m0_factors`, as the kernels do."""
+def _e2m1_weights_kernel(words_ptr, exp_words_ptr, out_ptr, DT: tl.constexpr, PTX: tl.constexpr,
+                         FOLDED: tl.constexpr, R: tl.constexpr, Q: tl.constexpr):
+    """Quads words [R, Q] of one K tile and its exponent word per row (`pack_e8m0_tiles`) -> fp32
+    weights [R, 4 quarters, Q], unpacked in DT and scaled by `quarter_e8m0_factors`, as the kernels do."""
     rows = tl.arange(0, R)
     cols = tl.arange(0, Q)
     words = tl.load(words_ptr + rows[:, None] * Q + cols[None, :])
-    lo, hi = e8m0_factors(tl.expand_dims(tl.load(exps_ptr + rows), 1), DT, FOLDED)
+    exp_words = tl.load(exp_words_ptr + rows)
     values = unpack_e2m1_quads(words, DT, PTX)
     for j in tl.static_range(4):
+        lo, hi = quarter_e8m0_factors(exp_words, j, DT, FOLDED)
         tl.store(out_ptr + (rows[:, None] * 4 + j) * Q + cols[None, :],
                  e2m1_weights(values[j], lo, hi, FOLDED, tl.float32))
 
@@ -206,25 +216,25 @@ _ANY = [*_FOLDABLE, 129, 130, 191, 252, 253, 254]
 @pytest.mark.parametrize(("dt", "ptx"), [("fp32", False), ("bf16", False), ("bf16", True)])
 @pytest.mark.parametrize(("folded", "exps"), [(True, _FOLDABLE), (False, _ANY)])
 def test_e2m1_unpack_is_exact_for_every_code_and_scale(dt, ptx, folded, exps):
-    """The unpack of MXFP4 quads and the e8m0 factors give every e2m1 code times every e8m0 scale
-    exactly, as the fp32 reference (inf where its weight overflows: 2 * 2^127 and up), in all four
-    quarters: the folded scale up to 2^1, the two-factor one for all. The portable unpack in fp32
-    everywhere; in bf16 (portable, and the PTX on NVIDIA) compiled only: the CPU interpreter flushes
-    bf16 subnormals, which the unpacked codes are."""
+    """The unpack of MXFP4 quads and the factors of their exponent words give every e2m1 code times
+    every e8m0 scale exactly, as the fp32 reference (inf where its weight overflows: 2 * 2^127 and
+    up), in all four quarters, each with its own exponent: the folded words up to 2^1, the two-factor
+    ones for all. The portable unpack in fp32 everywhere; in bf16 (portable, and the PTX on NVIDIA)
+    compiled only: the CPU interpreter flushes bf16 subnormals, which the unpacked codes are."""
     if dt == "bf16" and DEV.type == "cpu":
         pytest.skip("the CPU interpreter flushes bf16 subnormals")
     if ptx and torch.version.hip is not None:
         pytest.skip("PTX: NVIDIA only")
-    R, K = 16, 128  # a row per exponent (tl.arange's power of two: the list repeats)
-    exps = (exps * 2)[:R]
+    R, K = 16, 128  # tl.arange's power of two: the exponents repeat
+    exps_t = torch.tensor([[exps[(r + 5 * j) % len(exps)] for j in range(4)] for r in range(R)], dtype=torch.uint8)
     codes = (torch.arange(R * K) % 16).view(1, R, K).to(torch.uint8)  # each quarter sees every code twice
     words = QuadsLayout(128, E2M1_FIELDS).swizzle(codes[..., 0::2] | (codes[..., 1::2] << 4))[0, :, 0].contiguous()
-    exps_t = torch.tensor(exps, dtype=torch.uint8)
+    exp_words = pack_e8m0_tiles(exps_t.T.unsqueeze(0), folded)[0, 0]
     out = torch.empty(R, 4, 32, dtype=torch.float32, device=DEV)
     dtype = {"fp32": tl.float32, "bf16": tl.bfloat16}[dt]
-    _e2m1_weights_kernel[(1,)](words.to(DEV), exps_t.to(DEV), out, DT=dtype, PTX=ptx, FOLDED=folded, R=R, Q=32)
-    values = E2M1_VALUES.double()[codes[0].long()]
-    want = torch.ldexp(values, exps_t.double().view(R, 1) - 127).float().view(R, 4, 32)
+    _e2m1_weights_kernel[(1,)](words.to(DEV), exp_words.to(DEV), out, DT=dtype, PTX=ptx, FOLDED=folded, R=R, Q=32)
+    values = E2M1_VALUES.double()[codes[0].long()].view(R, 4, 32)
+    want = torch.ldexp(values, exps_t.double().view(R, 4, 1) - 127).float()
     assert bool(torch.isinf(want).any()) != folded  # the largest scales overflow some weights, as in fp32
     assert torch.equal(out.cpu(), want)
 

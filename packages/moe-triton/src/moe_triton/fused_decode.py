@@ -162,6 +162,7 @@ class FusedDecode:
             biases=(packed["w13_bias"], packed["w2_bias"]) if cfg.has_bias else None,
             swiglu=(act.alpha, act.limit) if act.kind is ActivationKind.SWIGLU_OAI else None,
             top_k=cfg.top_k, group1=w13.group, group2=w2.group, wtype=int(w13.wtype), code_offset=w13.code_offset,
+            folded=(w13.folded_scale, w2.folded_scale),
             upcast=interpreting() and hidden_states.dtype == torch.bfloat16,
             ptx=hidden_states.is_cuda and torch.version.hip is None and not interpreting(),
             channels=self.options.channels, block_h=self.options.block_h, k_split=self.options.k_split,

@@ -337,12 +337,13 @@ class _Processor:
                 if wt is WType.MXFP4:
                     # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
                     # reads it without waiting for the GPU.
-                    out[f"{name}_folded_scale"] = torch.tensor(bool(scale.max() <= 128))
+                    folded = bool(scale.max() <= 128)
+                    out[f"{name}_folded_scale"] = torch.tensor(folded)
             elif wt is WType.INT4:
                 out[name] = HalvesLayout(bk).swizzle(codes)
             else:
                 out[name] = codes.contiguous()
-            out[f"{name}_scale"] = (pack_e8m0_tiles(_rows_first(scale, key)) if wt is WType.MXFP4
+            out[f"{name}_scale"] = (pack_e8m0_tiles(_rows_first(scale, key), folded) if wt is WType.MXFP4
                                     else _rows_first(scale, key))
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero, key)
@@ -932,7 +933,7 @@ class TritonFp8Experts(_QuantTritonExperts):
 class TritonMxfp4Experts(_QuantTritonExperts):
     """OCP MXFP4 weights (e2m1 codes, e8m0 scales per 32) with 16-bit activations (gpt-oss)."""
 
-    weight_processor = _Processor(f"triton.mxfp4.quads-e2m1-fields-e8m0-words-k-padded.gate-up-{GATE_UP_CHUNK}",
+    weight_processor = _Processor(f"triton.mxfp4.quads-e2m1-fields-e8m0-factor-words-k-padded.gate-up-{GATE_UP_CHUNK}",
                                   interleave_gate_up=True)
     capability = Capability(
         platforms=_GPUS,

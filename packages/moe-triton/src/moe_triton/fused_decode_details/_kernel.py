@@ -16,7 +16,7 @@ With ROUTE, each program also routes its token from the router logits (`routing_
 
 Weights are quads (`quant_gemm_details._layouts`): int4 in int16 words, int8 in int32 words,
 symmetric, scales [E, K / group, N] with groups of 32, 64, 128 or one per channel; MXFP4 e2m1 codes
-in int16 words, their e8m0 exponents int32 [E, K tiles, N] (byte j: quarter j's). A pair is one
+in int16 words, their e8m0 exponents int32 [E, K tiles, N] (`_layouts.pack_e8m0_tiles`). A pair is one
 token, so both GEMMs are matrix-vector products on the CUDA cores: each thread multiplies its codes
 by the token's values in fp32 and keeps [rows, 32] partial sums, reduced over k once at the end (GEMM1)
 or once per block of output rows (GEMM2). A tensor-core dot would pad the token to 16 columns and,
@@ -30,6 +30,7 @@ import triton.language as tl
 
 from moe_triton.quant_gemm_details._dequant import (
     int4_zero,
+    quarter_e8m0_exponent,
     unpack_byte_quads,
     unpack_e2m1_quads,
     unpack_quads,
@@ -66,19 +67,21 @@ def _quarters(words, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr, CT: tl.cons
 
 
 @triton.jit
-def _e8m0(words, j: tl.constexpr):
-    """2^(s - 127) in fp32 of byte j of e8m0 exponent words, exactly (s = 0: the subnormal 2^-127)."""
-    s = (words >> (8 * j)) & 0xFF
+def _e8m0(words, j: tl.constexpr, FOLDED: tl.constexpr):
+    """2^(s - 127) in fp32 of quarter j's e8m0 exponent s in exponent words, exactly (s = 0: the
+    subnormal 2^-127)."""
+    s = quarter_e8m0_exponent(words, j, FOLDED)
     return tl.where(s > 0, (s << 23).to(tl.float32, bitcast=True), 5.877471754111438e-39)
 
 
 @triton.jit
-def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.constexpr):
+def _tile_scales(s_ptrs, k0, stride_g, mask, GROUP: tl.constexpr, WTYPE: tl.constexpr, FOLDED: tl.constexpr):
     """fp32 scales of the four quarters of the K tile at k0, one per row: int4/int8 rows of
-    [K / GROUP, N] scales; MXFP4 the bytes of one exponent word per row and tile ([K tiles, N])."""
+    [K / GROUP, N] scales; MXFP4 the exponents of one word per row and tile ([K tiles, N]; FOLDED:
+    `WeightOperand.folded_scale`'s words)."""
     if WTYPE == 3:
         words = tl.load(s_ptrs + (k0 // 128) * stride_g, mask=mask, other=0)
-        return _e8m0(words, 0), _e8m0(words, 1), _e8m0(words, 2), _e8m0(words, 3)
+        return _e8m0(words, 0, FOLDED), _e8m0(words, 1, FOLDED), _e8m0(words, 2, FOLDED), _e8m0(words, 3, FOLDED)
     f0 = tl.load(s_ptrs + (k0 // GROUP) * stride_g, mask=mask, other=0.0).to(tl.float32)
     if GROUP % 128 == 0:  # one group (or a whole channel) spans the tile: one load
         return f0, f0, f0, f0
@@ -122,7 +125,8 @@ def _fused_decode_kernel(
     stride_w13e, stride_w13r, stride_w13t, stride_s13e, stride_s13g,
     stride_w2e, stride_w2r, stride_w2t, stride_s2e, stride_s2g, stride_b13e, stride_b2e,
     GROUP1: tl.constexpr, GROUP2: tl.constexpr, WTYPE: tl.constexpr, CODE_OFFSET: tl.constexpr,
-    SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr, CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr,
+    FOLDED1: tl.constexpr, FOLDED2: tl.constexpr, SWIGLU: tl.constexpr, EXPERT_BIAS: tl.constexpr,
+    CHANNELS: tl.constexpr, BLOCK_H: tl.constexpr,
     K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PTX: tl.constexpr, ROUTE: tl.constexpr,
     TOP_K: tl.constexpr, K_P2: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
     GROUPS: tl.constexpr, G_P2: tl.constexpr, PER_GROUP: tl.constexpr, PG_P2: tl.constexpr,
@@ -167,7 +171,7 @@ def _fused_decode_kernel(
         ahead = tl.load(w13 + tl.minimum(t + 1, t_end - 1) * stride_w13t, mask=in_rows[:, None], other=0)
         w0, w1, w2, w3 = _quarters(words, WTYPE, CODE_OFFSET, CT, PTX)
         k0 = t * 128
-        f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, in_rows, GROUP1, WTYPE)
+        f0, f1, f2, f3 = _tile_scales(s13, k0, stride_s13g, in_rows, GROUP1, WTYPE, FOLDED1)
         xs = x_row + k0 + q
         acc1 += _tile_products(w0, w1, w2, w3,
                                tl.load(xs, mask=k0 + q < K, other=0.0).to(tl.float32),
@@ -228,7 +232,8 @@ def _fused_decode_kernel(
             next_rows = out_rows[:, None] + BLOCK_H
             w2_ahead = tl.load(w2_tile + next_rows * stride_w2r, mask=next_rows < K, other=0)
             v0, v1, v2, v3 = _quarters(w2_words, WTYPE, CODE_OFFSET, CT, PTX)
-            g0, g1, g2, g3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE)
+            g0, g1, g2, g3 = _tile_scales(s2_ptr + e * stride_s2e + out_rows, c0, stride_s2g, valid, GROUP2, WTYPE,
+                                          FOLDED2)
             share = tl.sum(_tile_products(v0, v1, v2, v3, a0, a1, a2, a3, g0, g1, g2, g3,
                                           WTYPE != 3 and GROUP2 % 128 == 0), axis=1)
             if EXPERT_BIAS:  # noqa: SIM102 (a compile-time branch around a run-time one)
@@ -254,14 +259,15 @@ def _fused_decode_kernel(
 
 
 def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, group1: int, group2: int, wtype: int,
-                        code_offset: int, upcast: bool, ptx: bool, routed=None, router=None, biases=None,
-                        swiglu: tuple[float, float] | None = None, channels: int = SLICE, block_h: int = 128,
-                        k_split: int = 1, partials=None, num_warps: int = 8) -> None:
+                        code_offset: int, folded: tuple[bool, bool], upcast: bool, ptx: bool, routed=None,
+                        router=None, biases=None, swiglu: tuple[float, float] | None = None, channels: int = SLICE,
+                        block_h: int = 128, k_split: int = 1, partials=None, num_warps: int = 8) -> None:
     """One launch over (pairs, slices, k_split); see the module docstring for the operands. routed: (topk
     weights fp32, topk ids int32), [M, top_k] each; or router: (logits [M, E], fp32 correction bias
     or None, `routing_details._kernel.route_constexprs`, renormalize_eps, scaling), routed in the kernel.
     biases: the experts' fp32 (w13 [E, 2N] in w13's row order, w2 [E, K]) or None; swiglu: gpt-oss's
-    (alpha, limit), else SiLU. partials (k_split > 1): zeroed fp32 [M * top_k * w13 rows] for GEMM1's
+    (alpha, limit), else SiLU. folded: MXFP4's `WeightOperand.folded_scale` of w13 and w2 (else False).
+    partials (k_split > 1): zeroed fp32 [M * top_k * w13 rows] for GEMM1's
     partial sums and int32 [M * top_k * slices] arrival counts, left zeroed."""
     M, K = x.shape
     if router is not None:
@@ -282,7 +288,8 @@ def fused_decode_launch(x, w13, s13, w2, s2, acc, out, count, *, top_k: int, gro
         x.stride(0), out.stride(0), logits.stride(0),
         w13.stride(0), w13.stride(1), w13.stride(2), s13.stride(0), s13.stride(1),
         w2.stride(0), w2.stride(1), w2.stride(2), s2.stride(0), s2.stride(1), b13.stride(0), b2.stride(0),
-        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, SWIGLU=swiglu is not None,
+        GROUP1=group1, GROUP2=group2, WTYPE=wtype, CODE_OFFSET=code_offset, FOLDED1=folded[0], FOLDED2=folded[1],
+        SWIGLU=swiglu is not None,
         EXPERT_BIAS=biases is not None, CHANNELS=channels, BLOCK_H=block_h, K_SPLIT=k_split, UPCAST=upcast,
         PTX=ptx, ROUTE=router is not None, **route_consts, num_warps=num_warps,
     )

@@ -27,8 +27,8 @@ from moe_triton.quant_gemm_details._layouts import (
 )
 
 __all__ = ["biased", "byte_quarter_ptx", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx",
-           "e2m1_weights", "e8m0_factors", "int4_group", "int4_zero", "int8_group", "quarter_e8m0_factors",
-           "unpack_byte_quads", "unpack_e2m1_quads", "unpack_quads"]
+           "e2m1_weights", "e8m0_factors", "int4_group", "int4_zero", "int8_group", "quarter_e8m0_exponent",
+           "quarter_e8m0_factors", "unpack_byte_quads", "unpack_e2m1_quads", "unpack_quads"]
 
 # One 32-bit register = two int16 words of the INT4 layout. Output j: nibble j of each word ORed
 # into the mantissa of the 16-bit float 128 (bf16) or 1024 (fp16), whose ulp is 1: the pair
@@ -189,10 +189,40 @@ def e8m0_factors(exps, FT: tl.constexpr, FOLDED: tl.constexpr):
 
 
 @triton.jit
+def quarter_e8m0_exponent(exp_words, j: tl.constexpr, FOLDED: tl.constexpr):
+    """Quarter j's e8m0 exponents s (int32) from a K tile's exponent words (`_layouts.pack_e8m0_tiles`,
+    folded or not)."""
+    s = (exp_words >> (8 * (2 * (j % 2) + j // 2))) & 0xFF  # byte `_layouts.E8M0_WORD_BYTES[j]`
+    if FOLDED:
+        s -= 126  # `_layouts.E8M0_FOLDED_BIAS`
+    return s
+
+
+@triton.jit
 def quarter_e8m0_factors(exp_words, j: tl.constexpr, FT: tl.constexpr, FOLDED: tl.constexpr):
-    """`e8m0_factors` of quarter j from a K tile's exponent words (`_layouts.pack_e8m0_tiles`: byte j),
-    [ROWS] words -> [ROWS, 1] factors."""
-    return e8m0_factors(tl.expand_dims((exp_words >> (8 * j)) & 0xFF, 1), FT, FOLDED)
+    """`e8m0_factors` of quarter j from a K tile's exponent words (`_layouts.pack_e8m0_tiles`),
+    [ROWS] words -> [ROWS, 1] factors. Folded words hold each factor's biased exponent: in bf16 one
+    shift and one mask give quarters 0 and 1 (or 2 and 3) as a pair, each half read in place by the
+    multiplies; in fp32 each quarter is one shift and one mask."""
+    if FOLDED:
+        if FT == tl.float32:  # noqa: SIM300 (FT is the compile-time dtype, not a literal)
+            byte: tl.constexpr = 2 * (j % 2) + j // 2
+            if byte == 3:
+                bits = (exp_words >> 1) & 0x7F800000
+            else:
+                bits = (exp_words << (23 - 8 * byte)) & 0x7F800000
+            lo = bits.to(tl.float32, bitcast=True)
+        else:
+            if j < 2:
+                pair = (exp_words << 7) & 0x7F807F80  # bytes 0 and 2 into each half's exponent bits
+            else:
+                pair = (exp_words >> 1) & 0x7F807F80  # bytes 1 and 3
+            if j % 2 == 1:
+                pair = pair >> 16
+            lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        lo = tl.expand_dims(lo, 1)
+        return lo, lo
+    return e8m0_factors(tl.expand_dims(quarter_e8m0_exponent(exp_words, j, False), 1), FT, False)
 
 
 @triton.jit
@@ -361,7 +391,8 @@ def dequantize_padded(w: WeightOperand) -> torch.Tensor:
     else:
         codes = w.codes
     if w.wtype is WType.MXFP4:
-        exps = unpack_e8m0_tiles(w.scale).transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
+        exps = unpack_e8m0_tiles(w.scale, w.folded_scale).transpose(1, 2)
+        exps = exps.repeat_interleave(w.group, 2)  # [E, N, padded K]
         return E2M1_VALUES.to(codes.device)[codes.long()] * torch.exp2(exps.float() - 127)
     scale = w.scale.transpose(1, 2).repeat_interleave(w.group, 2)  # [E, N, padded K]
     zero = (w.zero.transpose(1, 2).repeat_interleave(w.group, 2).float() if w.zero is not None

@@ -30,9 +30,9 @@ their memory order is the one the kernels stream fastest (docs/design/triton-gem
   through strides (K contiguous).
 
 Scales and zero points are [E, K/group, N] (N contiguous) for INT4/INT8; MXFP4's e8m0 exponents are
-int32 [E, K tiles, N] (`pack_e8m0_tiles`: byte j holds quarter j's, so one 4-byte load per row and
-tile, which the kernels pipeline like any other operand, brings all four); fp8 keeps its canonical
-scales ([E], [E, N] or [E, N/128, K/128] blocks).
+int32 [E, K tiles, N] (`pack_e8m0_tiles`: one word per row and tile, which the kernels pipeline like
+any other operand, brings all four quarters' exponents; a folded operand's words hold each quarter's
+factor exponent, see there); fp8 keeps its canonical scales ([E], [E, N] or [E, N/128, K/128] blocks).
 
 `GateUpInterleave` orders a gated w13's rows so that each GEMM1 output tile holds matching gate and
 up columns (the activation then runs in GEMM1's epilogue).
@@ -48,8 +48,9 @@ from functools import cached_property
 
 import torch
 
-__all__ = ["E2M1_FIELDS", "INT4_NIBBLES", "ByteQuadsLayout", "GateUpInterleave", "HalvesLayout", "QuadsLayout", "WType",
-           "WeightOperand", "pack_e8m0_tiles", "stored_k_major", "stored_tile_major", "unpack_e8m0_tiles"]
+__all__ = ["E2M1_FIELDS", "E8M0_FOLDED_BIAS", "E8M0_WORD_BYTES", "INT4_NIBBLES", "ByteQuadsLayout", "GateUpInterleave",
+           "HalvesLayout", "QuadsLayout", "WType", "WeightOperand", "pack_e8m0_tiles", "stored_k_major",
+           "stored_tile_major", "unpack_e8m0_tiles"]
 
 
 class WType(enum.IntEnum):
@@ -82,7 +83,7 @@ class WeightOperand:
     block_k: int
     code_offset: int  # implicit zero when `zero` is None (8, 128), 0 otherwise
     # MXFP4: every e8m0 scale is at most 2^1, so one multiply per weight scales an unpacked code
-    # (`_dequant.e8m0_factors`); otherwise two.
+    # (`_dequant.e8m0_factors`) and `scale` holds the factors' exponents (`pack_e8m0_tiles`); otherwise two.
     folded_scale: bool = False
 
     @property
@@ -121,19 +122,37 @@ def stored_k_major(words: torch.Tensor) -> torch.Tensor:
     return words.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
-def pack_e8m0_tiles(exps: torch.Tensor) -> torch.Tensor:
+# The byte (little-endian, as CUDA and x86 read a word) of a K tile's exponent word that holds quarter
+# j's: quarters 0 and 1 in the low bytes of the word's 16-bit halves, 2 and 3 in the high ones, so
+# one shift and one mask give a pair of quarters' factors as a bf16 pair (`_dequant.quarter_e8m0_factors`).
+E8M0_WORD_BYTES = (0, 2, 1, 3)
+# A folded operand's words (`WeightOperand.folded_scale`: every s <= 128) hold s + 126 per quarter,
+# the biased exponent of its factor 2^(s - 1) in bf16 and fp32 (126..254): the factor is the byte
+# shifted into place.
+E8M0_FOLDED_BIAS = 126
+
+
+def pack_e8m0_tiles(exps: torch.Tensor, folded: bool) -> torch.Tensor:
     """uint8 e8m0 exponents [E, 4 * T, N] (groups of 32 k, four per 128-wide K tile) -> int32 [E, T, N]
-    whose byte j (little-endian, as CUDA and x86 read it) is group 4t + j's exponent of row n."""
+    whose byte `E8M0_WORD_BYTES[j]` is group 4t + j's exponent s of row n, or s + `E8M0_FOLDED_BIAS`
+    when folded (every s at most 128)."""
     E, G, N = exps.shape
     if exps.dtype != torch.uint8 or G % 4:
         raise ValueError(f"expected uint8 exponents with a multiple of 4 groups, got {exps.dtype} {list(exps.shape)}")
-    return exps.reshape(E, G // 4, 4, N).transpose(2, 3).contiguous().view(torch.int32).squeeze(3)
+    if folded:
+        if exps.numel() and int(exps.max()) > 128:
+            raise ValueError(f"folded e8m0 exponents are at most 128 (2^1), got {int(exps.max())}")
+        exps = exps + E8M0_FOLDED_BIAS
+    quarters = exps.reshape(E, G // 4, 4, N)[:, :, list(E8M0_WORD_BYTES)]  # the permutation is its own inverse
+    return quarters.transpose(2, 3).contiguous().view(torch.int32).squeeze(3)
 
 
-def unpack_e8m0_tiles(words: torch.Tensor) -> torch.Tensor:
-    """int32 [E, T, N] of `pack_e8m0_tiles` -> its uint8 exponents [E, 4 * T, N]."""
+def unpack_e8m0_tiles(words: torch.Tensor, folded: bool) -> torch.Tensor:
+    """int32 [E, T, N] of `pack_e8m0_tiles` (folded or not) -> its uint8 exponents [E, 4 * T, N]."""
     E, T, N = words.shape
-    return words.contiguous().unsqueeze(3).view(torch.uint8).transpose(2, 3).reshape(E, 4 * T, N)
+    quarters = words.contiguous().unsqueeze(3).view(torch.uint8)[..., list(E8M0_WORD_BYTES)]
+    exps = quarters.transpose(2, 3).reshape(E, 4 * T, N)
+    return exps - E8M0_FOLDED_BIAS if folded else exps
 
 
 @dataclass(frozen=True)
