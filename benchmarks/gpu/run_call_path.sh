@@ -31,6 +31,7 @@
 #                its own experts, the mma kernel's scale rows copied with the tile's words or loaded in it, a patched
 #                mma kernel), per
 #                preset (AB_TOKENS)
+#   ab-builds-*  ab_builds.py: this build against the one in AB_OLD_WHEELS, in alternate processes (a stored layout's change)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
@@ -55,6 +56,16 @@ add() { if [[ $1 =~ ^($FILTER)$ ]]; then printf '%s\t%s\n' "$1" "$2" >> "$jobs";
 e2e() { add "e2e-$1-$2-$3" "python3 bench_e2e.py --model $1 --experts $2 --mode $3 --out $OUT/e2e ${4:-}"; }
 # Most wanted first: a job the deadline stops leaves those before it done.
 add sysinfo "df -h /tmp /dev/shm; free -g; nproc"
+# This build against another (AB_OLD_WHEELS, default .carry/old-wheels) where no patch of one process can
+# make the change (a stored layout and the kernels reading it): ab_builds.py, processes of each in turn.
+ab_builds() {  # ab_builds JOB "ab_builds.py options -- ab_layer.py options"
+  local old_site=$SITE-$1
+  add "$1" "rm -rf $old_site && python3 -m pip install -q --no-deps --no-index --no-compile --target $old_site $ROOT/${AB_OLD_WHEELS:-.carry/old-wheels}/*.whl && python3 ab_builds.py --old-site $old_site --new-site $SITE --out $OUT/host/$1.json $2"
+}
+# ab-builds-mxfp4-*: MXFP4's exponent words holding folded factors (`_layouts.pack_e8m0_tiles`) at decode
+# (the mma and tl.dot kernels) and prefill (wgmma) sizes.
+ab_builds ab-builds-mxfp4-decode "--processes 4 -- --preset gpt-oss-120b qwen3-235b-a22b qwen3-30b-a3b --dtype mxfp4 --m 1 8 --rounds 3"
+ab_builds ab-builds-mxfp4-prefill "--processes 4 -- --preset gpt-oss-120b qwen3-30b-a3b --dtype mxfp4 --m 32 2048 --rounds 2"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
