@@ -66,6 +66,8 @@ ab_builds() {  # ab_builds JOB "ab_builds.py options -- ab_layer.py options"
 # (the mma and tl.dot kernels) and prefill (wgmma) sizes.
 ab_builds ab-builds-mxfp4-decode "--processes 4 -- --preset gpt-oss-120b qwen3-235b-a22b qwen3-30b-a3b --dtype mxfp4 --m 1 8 --rounds 3"
 ab_builds ab-builds-mxfp4-prefill "--processes 4 -- --preset gpt-oss-120b qwen3-30b-a3b --dtype mxfp4 --m 32 2048 --rounds 2"
+ab_builds ab-builds-mxfp4-others "--processes 4 -- --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 8 32 512 --rounds 2"
+ab_builds ab-builds-mxfp4-few "--processes 6 -- --preset qwen3-30b-a3b gpt-oss-120b --dtype mxfp4 --m 2 4 8 16 --rounds 3"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
