@@ -334,17 +334,18 @@ class _Processor:
                     codes, scale, zero = _padded_to_whole_tiles(wt, codes, scale, zero, cols, group)
                 out[name] = (ByteQuadsLayout(bk).swizzle(codes) if wt is WType.INT8 else
                              QuadsLayout(bk, E2M1_FIELDS if wt is WType.MXFP4 else INT4_NIBBLES).swizzle(codes))
-                if wt is WType.MXFP4:
-                    # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
-                    # reads it without waiting for the GPU.
-                    folded = bool(scale.max() <= 128)
-                    out[f"{name}_folded_scale"] = torch.tensor(folded)
             elif wt is WType.INT4:
                 out[name] = HalvesLayout(bk).swizzle(codes)
             else:
                 out[name] = codes.contiguous()
-            out[f"{name}_scale"] = (pack_e8m0_tiles(_rows_first(scale, key), folded) if wt is WType.MXFP4
-                                    else _rows_first(scale, key))
+            if wt is WType.MXFP4:
+                # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
+                # reads it without waiting for the GPU.
+                folded = bool(scale.max() <= 128)
+                out[f"{name}_folded_scale"] = torch.tensor(folded)
+                out[f"{name}_scale"] = pack_e8m0_tiles(_rows_first(scale, key), folded)
+            else:
+                out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:
                 out[f"{name}_zero"] = _rows_first(zero, key)
         if weights.has_bias:

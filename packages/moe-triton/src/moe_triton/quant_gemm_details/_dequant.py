@@ -13,10 +13,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import constexpr_function
 
 from moe_core.weights.packing import E2M1_VALUES
 from moe_triton.quant_gemm_details._layouts import (
     E2M1_FIELDS,
+    E8M0_FOLDED_BIAS,
+    E8M0_WORD_BYTES,
     INT4_NIBBLES,
     ByteQuadsLayout,
     HalvesLayout,
@@ -188,13 +191,22 @@ def e8m0_factors(exps, FT: tl.constexpr, FOLDED: tl.constexpr):
     return lo, hi
 
 
+_FOLDED_BIAS = tl.constexpr(E8M0_FOLDED_BIAS)
+
+
+@constexpr_function
+def _word_byte(j):
+    """The byte of a K tile's exponent word that holds quarter j's (`_layouts.E8M0_WORD_BYTES`)."""
+    return E8M0_WORD_BYTES[j]
+
+
 @triton.jit
 def quarter_e8m0_exponent(exp_words, j: tl.constexpr, FOLDED: tl.constexpr):
     """Quarter j's e8m0 exponents s (int32) from a K tile's exponent words (`_layouts.pack_e8m0_tiles`,
     folded or not)."""
-    s = (exp_words >> (8 * (2 * (j % 2) + j // 2))) & 0xFF  # byte `_layouts.E8M0_WORD_BYTES[j]`
+    s = (exp_words >> (8 * _word_byte(j))) & 0xFF
     if FOLDED:
-        s -= 126  # `_layouts.E8M0_FOLDED_BIAS`
+        s -= _FOLDED_BIAS
     return s
 
 
@@ -206,17 +218,18 @@ def quarter_e8m0_factors(exp_words, j: tl.constexpr, FT: tl.constexpr, FOLDED: t
     multiplies; in fp32 each quarter is one shift and one mask."""
     if FOLDED:
         if FT == tl.float32:  # noqa: SIM300 (FT is the compile-time dtype, not a literal)
-            byte: tl.constexpr = 2 * (j % 2) + j // 2
-            if byte == 3:
+            if _word_byte(j) == 3:
                 bits = (exp_words >> 1) & 0x7F800000
             else:
-                bits = (exp_words << (23 - 8 * byte)) & 0x7F800000
+                bits = (exp_words << (23 - 8 * _word_byte(j))) & 0x7F800000
             lo = bits.to(tl.float32, bitcast=True)
         else:
+            # Quarters 0 and 1 sit in bytes 0 and 2, 2 and 3 in bytes 1 and 3: one shift puts a pair
+            # in both halves' exponent bits.
             if j < 2:
-                pair = (exp_words << 7) & 0x7F807F80  # bytes 0 and 2 into each half's exponent bits
+                pair = (exp_words << 7) & 0x7F807F80
             else:
-                pair = (exp_words >> 1) & 0x7F807F80  # bytes 1 and 3
+                pair = (exp_words >> 1) & 0x7F807F80
             if j % 2 == 1:
                 pair = pair >> 16
             lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
