@@ -121,7 +121,7 @@ def test_processor_interleaves_gated_w13_rows():
         else:
             want_bias = weights.w13_bias.float()
         torch.testing.assert_close(packed, canonical.float(), rtol=1e-3, atol=1e-3)
-        torch.testing.assert_close(bias.cpu(), want_bias, rtol=0, atol=0)
+        torch.testing.assert_close(bias.cpu(), want_bias.cpu(), rtol=0, atol=0)
 
 
 def test_int4_tile_packing_roundtrip():
