@@ -21,7 +21,7 @@
 #                ab-gluon-decode-*, ab-gluon-both-*, ab-mma-int4-*, ab-mma-entries(-21-*), ab-whole-share-*,
 #                ab-mma-int8, ab-mma-mxfp4(-entry2), ab-mma-shapes-*, ab-entries-22-*, ab-int8-2048-*(-wgmma), ab-one-wave-gemm2, ab-own-route-*, ab-eight-token-occupancy-*, ab-gemm2-prefetch-entry, ab-gpt-oss-int4-n128, ab-block-ready-*(-new-*), ab-gpt-oss-mxfp4-8-retune, ab-tuned-entry, ab-folded-regs-*,
 #                ab-mma-own-route-*, ab-staged-scales-*, ab-scale-at-group-start-*, ab-one-token-shapes-*, ab-int4-entry-mxfp4,
-#                ab-entries-*, ab-entries-replaced, ab-decode-shapes-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-int4-shapes-on-mxfp4, ab-gpt-oss-gemm1-one-wave  ab_layer.py:
+#                ab-entries-*, ab-entries-replaced, ab-decode-shapes-replaced, ab-mxfp4-shapes-on-int4, ab-int4-decode-copied, ab-int4-shapes-on-mxfp4, ab-gpt-oss-gemm1-one-wave, ab-q30-mxfp4-8-shapes  ab_layer.py:
 #                decode-size variants (fp8 swapped, act_quant as a dependent launch, direct launches for a few
 #                tokens, block fp8's input quantized by the routing launch, one-token GEMM1's tiles asked for
 #                up front, retuned entries against those they replaced, register caps, GEMM2's L2 prefetch depth, a
