@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import constexpr_function
 
 from moe_core.weights.packing import E2M1_VALUES
 from moe_triton.quant_gemm_details._layouts import (
@@ -194,7 +193,7 @@ def e8m0_factors(exps, FT: tl.constexpr, FOLDED: tl.constexpr):
 _FOLDED_BIAS = tl.constexpr(E8M0_FOLDED_BIAS)
 
 
-@constexpr_function
+@triton.constexpr_function
 def _word_byte(j):
     """The byte of a K tile's exponent word that holds quarter j's (`_layouts.E8M0_WORD_BYTES`)."""
     return E8M0_WORD_BYTES[j]

@@ -553,7 +553,7 @@ def _wgemm_rows(
                 else:
                     scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
                 if WTYPE == 3:
-                    # Quarter j is scale group j (32 k), its e8m0 exponents byte j of the tile's words
+                    # Quarter j is scale group j (32 k), its e8m0 exponents in the tile's words
                     # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
                     # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
                     exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
