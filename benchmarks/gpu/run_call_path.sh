@@ -350,7 +350,8 @@ add ab-int4-decode-copied "$ab_int4 --preset qwen3-30b-a3b --m 1 2 3 4 $(v copie
 ab_mxfp4="python3 ab_layer.py --dtype mxfp4 --rounds 7 $(v shipped)"
 add ab-int4-shapes-on-mxfp4 "$ab_mxfp4 --preset qwen3-235b-a22b --m 2 3 4 $(v g1g2=AB_GEMM1=128x8x4,AB_GEMM2=128x3x4,ab_patches:reshaped)--out $OUT/host/ab-int4-shapes-on-mxfp4-qwen3-235b.json; $ab_mxfp4 --preset qwen3-30b-a3b --m 2 3 4 $(v g1g2=AB_GEMM1=64x2x4,AB_GEMM2=64x6x4,ab_patches:reshaped)$(v g1g2-64x4-128x8=AB_GEMM1=64x4x4,AB_GEMM2=128x8x4,ab_patches:reshaped)--out $OUT/host/ab-int4-shapes-on-mxfp4-qwen3-30b.json"
 # qwen3-30b-a3b MXFP4's 8-token entry (5-16 tokens; 0.98x with the factor words at 8 tokens only, where its
-# GEMM1's 594 programs are a wave of 528 and a few): other tiles, and GEMM1 capped at 96 registers (five per SM: one wave).
+# GEMM1's programs, about 594, would be a wave of 528 and a few at four per SM): other tiles, and GEMM1 capped at
+# 96 registers (five per SM: one wave).
 add ab-q30-mxfp4-8-shapes "$ab_mxfp4 --preset qwen3-30b-a3b --m 5 8 12 $(v g1-64=AB_GEMM1=64x1x4,ab_patches:reshaped)$(v g1-split2=AB_GEMM1=128x2x4,ab_patches:reshaped)$(v g1-cap96=AB_GEMM1=128x1x4x96,ab_patches:reshaped)$(v g2-64=AB_GEMM2=64x1x4,ab_patches:reshaped)--out $OUT/host/ab-q30-mxfp4-8-shapes.json"
 # gpt-oss-120b's one-token GEMM1 in one wave: 128 rows in three splits is 540 programs, four per SM at the
 # builds' 99-105 registers (a second wave of 12), five under a cap of 96 (docs/design/triton-gemm-quantized.md).
