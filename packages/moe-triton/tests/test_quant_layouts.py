@@ -79,11 +79,15 @@ def test_mxfp4_pads_k_to_whole_quads_tiles():
 @pytest.mark.parametrize("folded", [False, True])
 def test_e8m0_tile_words_round_trip(folded):
     """MXFP4 exponents [E, 4T, N] -> int32 words [E, T, N] whose byte E8M0_WORD_BYTES[j] (value bits
-    8b..8b+7) is group 4t + j's exponent of row n (folded: plus E8M0_FOLDED_BIAS), and back; groups not a
-    multiple of 4, other dtypes and, folded, exponents above 128 refused."""
+    8b..8b+7) is group 4t + j's exponent of row n (folded, every exponent at most 128: plus
+    E8M0_FOLDED_BIAS), and back; one exponent above 128 leaves the tensor unfolded; groups not a multiple
+    of 4 and other dtypes refused."""
     gen = torch.Generator().manual_seed(11)
     exps = torch.randint(0, 129 if folded else 256, (3, 8, 40), generator=gen, dtype=torch.uint8)
-    words = pack_e8m0_tiles(exps, folded)
+    if not folded:
+        exps[0, 0, 0] = 129  # the least that does not fold
+    words, packed_folded = pack_e8m0_tiles(exps)
+    assert packed_folded == folded
     assert words.dtype == torch.int32 and words.shape == (3, 2, 40)
     as_int = words.long() & 0xFFFFFFFF
     bias = E8M0_FOLDED_BIAS if folded else 0
@@ -94,12 +98,9 @@ def test_e8m0_tile_words_round_trip(folded):
     assert torch.equal(unpack_e8m0_tiles(words, folded), exps)
     assert torch.equal(unpack_e8m0_tiles(words.transpose(1, 2).contiguous().transpose(1, 2), folded), exps)
     with pytest.raises(ValueError, match="multiple of 4 groups"):
-        pack_e8m0_tiles(exps[:, :6], folded)
+        pack_e8m0_tiles(exps[:, :6])
     with pytest.raises(ValueError, match="uint8"):
-        pack_e8m0_tiles(exps.to(torch.int32), folded)
-    if folded:
-        with pytest.raises(ValueError, match="at most 128"):
-            pack_e8m0_tiles(torch.full((1, 4, 8), 129, dtype=torch.uint8), folded)
+        pack_e8m0_tiles(exps.to(torch.int32))
 
 
 def test_processor_interleaves_gated_w13_rows():
@@ -229,7 +230,9 @@ def test_e2m1_unpack_is_exact_for_every_code_and_scale(dt, ptx, folded, exps):
     exps_t = torch.tensor([[exps[(r + 5 * j) % len(exps)] for j in range(4)] for r in range(R)], dtype=torch.uint8)
     codes = (torch.arange(R * K) % 16).view(1, R, K).to(torch.uint8)  # each quarter sees every code twice
     words = QuadsLayout(128, E2M1_FIELDS).swizzle(codes[..., 0::2] | (codes[..., 1::2] << 4))[0, :, 0].contiguous()
-    exp_words = pack_e8m0_tiles(exps_t.T.unsqueeze(0), folded)[0, 0]
+    exp_words, packed_folded = pack_e8m0_tiles(exps_t.T.unsqueeze(0))
+    assert packed_folded == folded
+    exp_words = exp_words[0, 0]
     out = torch.empty(R, 4, 32, dtype=torch.float32, device=DEV)
     dtype = {"fp32": tl.float32, "bf16": tl.bfloat16}[dt]
     _e2m1_weights_kernel[(1,)](words.to(DEV), exp_words.to(DEV), out, DT=dtype, PTX=ptx, FOLDED=folded, R=R, Q=32)

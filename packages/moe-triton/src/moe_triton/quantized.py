@@ -339,11 +339,10 @@ class _Processor:
             else:
                 out[name] = codes.contiguous()
             if wt is WType.MXFP4:
-                # `WeightOperand.folded_scale`, checked once here and kept on the CPU: each launch
+                # `WeightOperand.folded_scale`, decided once by the packing and kept on the CPU: each launch
                 # reads it without waiting for the GPU.
-                folded = bool(scale.max() <= 128)
+                out[f"{name}_scale"], folded = pack_e8m0_tiles(_rows_first(scale, key))
                 out[f"{name}_folded_scale"] = torch.tensor(folded)
-                out[f"{name}_scale"] = pack_e8m0_tiles(_rows_first(scale, key), folded)
             else:
                 out[f"{name}_scale"] = _rows_first(scale, key)
             if zero is not None:

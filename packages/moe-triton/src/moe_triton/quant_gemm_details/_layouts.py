@@ -132,19 +132,18 @@ E8M0_WORD_BYTES = (0, 2, 1, 3)
 E8M0_FOLDED_BIAS = 126
 
 
-def pack_e8m0_tiles(exps: torch.Tensor, folded: bool) -> torch.Tensor:
-    """uint8 e8m0 exponents [E, 4 * T, N] (groups of 32 k, four per 128-wide K tile) -> int32 [E, T, N]
-    whose byte `E8M0_WORD_BYTES[j]` is group 4t + j's exponent s of row n, or s + `E8M0_FOLDED_BIAS`
-    when folded (every s at most 128)."""
+def pack_e8m0_tiles(exps: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """uint8 e8m0 exponents [E, 4 * T, N] (groups of 32 k, four per 128-wide K tile) -> (int32 [E, T, N],
+    folded): word [e, t, n]'s byte `E8M0_WORD_BYTES[j]` is group 4t + j's exponent s of row n, or
+    s + `E8M0_FOLDED_BIAS` where the tensor folds (every s at most 128: `WeightOperand.folded_scale`)."""
     E, G, N = exps.shape
     if exps.dtype != torch.uint8 or G % 4:
         raise ValueError(f"expected uint8 exponents with a multiple of 4 groups, got {exps.dtype} {list(exps.shape)}")
+    folded = not exps.numel() or int(exps.max()) <= 128
     if folded:
-        if exps.numel() and int(exps.max()) > 128:
-            raise ValueError(f"folded e8m0 exponents are at most 128 (2^1), got {int(exps.max())}")
         exps = exps + E8M0_FOLDED_BIAS
     quarters = exps.reshape(E, G // 4, 4, N)[:, :, list(E8M0_WORD_BYTES)]  # the permutation is its own inverse
-    return quarters.transpose(2, 3).contiguous().view(torch.int32).squeeze(3)
+    return quarters.transpose(2, 3).contiguous().view(torch.int32).squeeze(3), folded
 
 
 def unpack_e8m0_tiles(words: torch.Tensor, folded: bool) -> torch.Tensor:
