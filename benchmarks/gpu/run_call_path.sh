@@ -31,7 +31,7 @@
 #                its own experts, the mma kernel's scale rows copied with the tile's words or loaded in it, a patched
 #                mma kernel), per
 #                preset (AB_TOKENS)
-#   ab-builds-*  ab_builds.py: this build against the one in AB_OLD_WHEELS, in alternate processes (a stored layout's change)
+#   ab-builds-*  ab_builds.py: this build against the one in AB_OLD_WHEELS, in alternate processes (a change no patch makes)
 #   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
@@ -68,6 +68,10 @@ ab_builds ab-builds-mxfp4-decode "--processes 4 -- --preset gpt-oss-120b qwen3-2
 ab_builds ab-builds-mxfp4-prefill "--processes 4 -- --preset gpt-oss-120b qwen3-30b-a3b --dtype mxfp4 --m 32 2048 --rounds 2"
 ab_builds ab-builds-mxfp4-others "--processes 4 -- --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 8 32 512 --rounds 2"
 ab_builds ab-builds-mxfp4-few "--processes 6 -- --preset qwen3-30b-a3b gpt-oss-120b --dtype mxfp4 --m 2 4 8 16 --rounds 3"
+# ab-builds-ktail-*: the tl.dot kernel's whole K tiles without activation masks (the partial last tile
+# apart) and int4's groups of 64 loading one scale row per pair of quarters (gpt-oss-120b, K = 2880).
+ab_builds ab-builds-ktail-decode "--processes 4 -- --preset gpt-oss-120b --dtype int4 mxfp4 int8 --m 3 4 8 16 --rounds 3"
+ab_builds ab-builds-ktail-prefill "--processes 4 -- --preset gpt-oss-120b --dtype int4 mxfp4 int8 --m 32 128 512 --rounds 2"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"

@@ -80,11 +80,16 @@ def gemm1_operand(quant, K: int, seed: int):
     return experts._operand("w13", 256, K)
 
 
-def gemm1_error(w, launch: GemmConfig) -> float:
-    """Relative L2 error of the kernel against its twin for 5 random tokens' top-2 pairs."""
+def gemm1_error(w, launch: GemmConfig, past_k: float | None = None) -> float:
+    """Relative L2 error of the kernel against its twin for 5 random tokens' top-2 pairs; with past_k,
+    the kernel reads the tokens from rows 128 columns longer that hold past_k after K."""
     M, topk = 5, 2
     ids = torch.randint(0, w.num_experts, (M, topk), dtype=torch.int32, device=DEV)
     x = torch.randn(M, w.k, dtype=torch.float16, device=DEV)
+    if past_k is not None:
+        rows = torch.full((M, w.k + 128), past_k, dtype=x.dtype, device=DEV)
+        rows[:, :w.k] = x
+        x = rows[:, :w.k]
     sorted_ids, expert_ids, num_post = align_block_size(ids, launch.block_m, w.num_experts)
     out = torch.zeros(M * topk, w.n, dtype=torch.float32, device=DEV)
     grouped_quant_gemm(x, w, out, sorted_ids, expert_ids, num_post, M * topk, launch, a_rows_div=topk, atomic=True)

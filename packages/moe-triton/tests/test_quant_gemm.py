@@ -238,6 +238,21 @@ def test_one_dot_tiles_match_the_quarters(quant, K, split_k, block_n, tail):
         dataclasses.replace(wgmma_launch(128, 256, 3), one_dot=True)
 
 
+@pytest.mark.parametrize(("quant", "K", "split_k", "one_dot"), [
+    (int4_w4a16(64), 192, 1, False),  # a whole tile, then two quarters below K and two past it
+    (int4_w4a16(64), 192, 2, True),  # the partial tile alone in the second split
+    (mxfp4_w4a16(), 160, 2, False),  # one quarter below K
+    (mxfp4_w4a16(), 96, 1, True),  # K below one tile: no whole tile
+    (int8_w8a16(-1), 160, 1, False),  # per channel: scaled after the dots
+])
+def test_tl_dot_reads_no_activation_column_past_k(quant, K, split_k, one_dot):
+    """With K padded to whole tiles, the last tile's activation columns past K read as zeros: NaN
+    there (the tokens are a view of longer rows) leaves the output as the twin's."""
+    w = gemm1_operand(quant, K, seed=9)
+    assert w.k == K and w.k % w.block_k
+    assert gemm1_error(w, GemmConfig(16, 64, split_k, 4, 2, True, one_dot=one_dot), past_k=float("nan")) < 1e-3
+
+
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [
     (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
     (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles
