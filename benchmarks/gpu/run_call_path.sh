@@ -32,7 +32,7 @@
 #                mma kernel), per
 #                preset (AB_TOKENS)
 #   ab-builds-*  ab_builds.py: this build against the one in AB_OLD_WHEELS, in alternate processes (a change no patch makes)
-#   ncu-decode   ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
+#   ncu-decode, ncu-gpt-oss-8  ncu_cells.sh: Nsight Compute counters and stall reasons of decode-size calls' GEMM launches
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
 #   block-ready-tests  GemmConfig.block_ready's tests on the GPU (GEMM2 waiting per block while GEMM1 runs)
@@ -68,10 +68,8 @@ ab_builds ab-builds-mxfp4-decode "--processes 4 -- --preset gpt-oss-120b qwen3-2
 ab_builds ab-builds-mxfp4-prefill "--processes 4 -- --preset gpt-oss-120b qwen3-30b-a3b --dtype mxfp4 --m 32 2048 --rounds 2"
 ab_builds ab-builds-mxfp4-others "--processes 4 -- --preset mixtral-8x7b deepseek-v3 --dtype mxfp4 --m 1 8 32 512 --rounds 2"
 ab_builds ab-builds-mxfp4-few "--processes 6 -- --preset qwen3-30b-a3b gpt-oss-120b --dtype mxfp4 --m 2 4 8 16 --rounds 3"
-# ab-builds-ktail-*: the tl.dot kernel's whole K tiles without activation masks (the partial last tile
-# apart) and int4's groups of 64 loading one scale row per pair of quarters (gpt-oss-120b, K = 2880).
-ab_builds ab-builds-ktail-decode "--processes 4 -- --preset gpt-oss-120b --dtype int4 mxfp4 int8 --m 3 4 8 16 --rounds 3"
-ab_builds ab-builds-ktail-prefill "--processes 4 -- --preset gpt-oss-120b --dtype int4 mxfp4 int8 --m 32 128 512 --rounds 2"
+# ab-builds-g64: int4's groups of 64 loading one scale row per pair of quarters in the tl.dot kernel (gpt-oss-120b).
+ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m 3 4 8 16 32 128 512 --rounds 3"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
@@ -375,6 +373,9 @@ add ab-decode-shapes-replaced "$before --preset qwen3-30b-a3b qwen3-235b-a22b --
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
+# gpt-oss-120b at 8 tokens: int4's entry, int4 with MXFP4's 128-row GEMM1 (13% slower in the layer), MXFP4's entry.
+n128='{"gemm1":{"block_m":16,"block_n":128,"split_k":1,"num_warps":4,"num_stages":3,"swap_ab":true},"gemm2":{"block_m":16,"block_n":256,"split_k":2,"num_warps":4,"num_stages":3,"swap_ab":true,"block_ready":true}}'
+add ncu-gpt-oss-8 "bash ncu_cells.sh $OUT/host/ncu 'gpt-oss-120b int4 8' 'gpt-oss-120b int4 8 n128 $n128' 'gpt-oss-120b mxfp4 8'"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"
 # The load's host transient (peak - after) does not grow with the layers (the CPU loads: 0.28 GiB at 8
 # and 16): 16 layers measure it on the GPU path in a third of the 48-layer job's time.

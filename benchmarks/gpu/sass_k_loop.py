@@ -91,16 +91,13 @@ def opcodes(code: list[str]) -> collections.Counter:
 
 
 def k_loop(cubin: bytes) -> list[str]:
-    """The instructions of the first innermost loop (backward branch) around an MMA (wgmma: [HQI]GMMA; mma:
-    HMMA) in a cubin's SASS: the K loop (a K tail's own loop, if any, comes after it)."""
+    """The instructions of the innermost loop (backward branch) around an MMA (wgmma: [HQI]GMMA; mma: HMMA) in a
+    cubin's SASS."""
     code = sass(cubin)
     loops = [(int(t.group(1), 16), addr) for addr, text in code
              if (t := re.search(r"BRA\s.*?0x([0-9a-f]+)", text)) and int(t.group(1), 16) < addr]
-    mma = [(start, end) for start, end in loops
-           if any(start <= addr <= end and re.search(r"GMMA|HMMA", text) for addr, text in code)]
-    innermost = [(s, e) for s, e in mma if not any((s, e) != (s2, e2) and s <= s2 and e2 <= e for s2, e2 in mma)]
-    start, end = min(innermost)
-    return [text for addr, text in code if start <= addr <= end]
+    bodies = [[text for addr, text in code if start <= addr <= end] for start, end in loops]
+    return min((body for body in bodies if any(re.search(r"GMMA|HMMA", text) for text in body)), key=len)
 
 
 def main() -> None:

@@ -433,109 +433,6 @@ def _int_group(scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.co
 
 
 @triton.jit
-def _quads_tile(kt, acc_t, tail_acc_t, s_ahead, kt1, a_base, tail_base, row_mask, tail_mask, bt_base, s_base, z_base,
-                n_mask, offs_q, K, stride_ak, stride_bk, stride_bt, stride_sk, GROUP: tl.constexpr,
-                WTYPE: tl.constexpr, HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr, BLOCK_K: tl.constexpr,
-                PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, ONE_DOT: tl.constexpr,
-                TAIL: tl.constexpr, CT: tl.constexpr, FT: tl.constexpr, UNPACK_T: tl.constexpr,
-                K_TAIL: tl.constexpr):
-    """K tile kt of `_wgemm_rows`' quads loop: (acc_t, tail_acc_t, s_ahead) after it. K_TAIL: the tile
-    reaches past K (its activation columns there read as zeros)."""
-    BLOCK_N: tl.constexpr = acc_t.shape[0]
-    ROWS: tl.constexpr = acc_t.shape[1]
-    QK: tl.constexpr = BLOCK_K // 4
-    k0 = kt * BLOCK_K
-    if POST_SCALE == 2:
-        # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
-        # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for
-        # (the last tile asks for its own again: no read past the split).
-        s_tile = s_ahead
-        s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk, mask=n_mask,
-                          other=0.0)
-    words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
-    if WTYPE == 3:
-        tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
-        values = unpack_e2m1_quads(words, UNPACK_T, PTX)
-    elif WTYPE == 1:
-        v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX)
-    else:
-        v0, v1, v2, v3 = unpack_quads(words, CT, PTX)
-    k = k0 + offs_q
-    a_ptrs = a_base + k[None, :] * stride_ak
-    k_tile = k0 + tl.arange(0, BLOCK_K)
-    g = (k0 // GROUP) * stride_sk
-    if POST_SCALE:
-        tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
-        # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
-        # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
-        if WTYPE == 1:
-            _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
-        else:
-            z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-        if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
-            d0, d1, d2, d3 = v0, v1, v2, v3
-        else:
-            d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
-        if ONE_DOT:
-            part = _dot_at(_quarters_as_tile(d0, d1, d2, d3), a_base + k_tile[None, :] * stride_ak, row_mask,
-                           k_tile, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
-        else:
-            part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
-            part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
-            part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
-            part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
-        if POST_SCALE == 1:
-            s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
-        acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
-    else:
-        if WTYPE == 0 or WTYPE == 1:
-            s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-            if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
-                s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
-            elif GROUP == 2 * QK:  # two groups, a pair of quarters each
-                g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                s1, z1, s3, z3 = s0, z0, s2, z2
-            else:
-                g = ((k0 + QK) // GROUP) * stride_sk
-                s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-                g = ((k0 + 3 * QK) // GROUP) * stride_sk
-                s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-            # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
-            # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
-            values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
-        else:
-            scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
-        if WTYPE == 3:
-            # Quarter j is scale group j (32 k), its e8m0 exponents in the tile's words
-            # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
-            # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
-            exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
-        else:
-            exp_words = n_mask  # unused
-        if ONE_DOT:
-            w_tile = _quarters_as_tile(
-                _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
-            acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT, K_TAIL)
-            if TAIL > 0:
-                tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
-                                     tail_acc_t, CT, K_TAIL)
-        else:
-            for j in tl.static_range(4):
-                w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT)
-                acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
-                if TAIL > 0:
-                    tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
-                                         k + j * QK, K, tail_acc_t, CT, K_TAIL)
-    return acc_t, tail_acc_t, s_ahead
-
-
-@triton.jit
 def _wgemm_rows(
     a_ptr, a_scale_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, c_ptr, topk_w_ptr, sorted_ids_ptr, fin_ptr, arrivals_ptr,
     pid_m, pid_n, e, kt0, kt1, N, K, num_valid, expected, alpha, limit,
@@ -592,26 +489,97 @@ def _wgemm_rows(
             tail_a_rows = (tail_ids // A_ROWS_DIV).to(tl.int64)
             tail_base = a_ptr + tail_a_rows[:, None] * stride_am
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
-        else:
-            tail_base, tail_mask, tail_acc_t = a_base, row_mask, 0.0  # unused
         if POST_SCALE == 2:
             s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
-        else:
-            s_ahead = 0.0  # unused
-        tile_args = (kt1, a_base, tail_base, row_mask, tail_mask, bt_base, s_base, z_base, n_mask, offs_q, K,
-                     stride_ak, stride_bk, stride_bt, stride_sk)
-        # A K tail (K padded to whole tiles) is the last tile of the last split alone: the loop over the
-        # whole tiles tests no activation column against K (masks cost about 27 instructions per tile).
-        kt_whole = tl.minimum(kt1, K // BLOCK_K) if K_TAIL else kt1
-        for kt in range(kt0, kt_whole):
-            acc_t, tail_acc_t, s_ahead = _quads_tile(
-                kt, acc_t, tail_acc_t, s_ahead, *tile_args, GROUP, WTYPE, HAS_ZP, CODE_OFFSET, BLOCK_K, PTX,
-                POST_SCALE, FOLDED_SCALE, ONE_DOT, TAIL, CT, FT, UNPACK_T, False)
-        if K_TAIL:
-            for kt in tl.range(kt_whole, kt1, num_stages=1):  # none or one
-                acc_t, tail_acc_t, s_ahead = _quads_tile(
-                    kt, acc_t, tail_acc_t, s_ahead, *tile_args, GROUP, WTYPE, HAS_ZP, CODE_OFFSET, BLOCK_K, PTX,
-                    POST_SCALE, FOLDED_SCALE, ONE_DOT, TAIL, CT, FT, UNPACK_T, True)
+        for kt in range(kt0, kt1):
+            k0 = kt * BLOCK_K
+            if POST_SCALE == 2:
+                # The tile's scales were asked for one tile ahead: the pipeliner stages only what feeds
+                # the dots, so a scale loaded in its own tile is a DRAM round trip the loop waits for
+                # (the last tile asks for its own again: no read past the split).
+                s_tile = s_ahead
+                s_ahead = tl.load(s_base + (tl.minimum(kt + 1, kt1 - 1) * BLOCK_K // GROUP) * stride_sk, mask=n_mask,
+                                  other=0.0)
+            words = tl.load(bt_base + kt * stride_bt + offs_q[None, :] * stride_bk, mask=n_mask[:, None], other=0)
+            if WTYPE == 3:
+                tl.static_assert(GROUP == QK, "MXFP4: one scale group per quarter")
+                values = unpack_e2m1_quads(words, UNPACK_T, PTX)
+            elif WTYPE == 1:
+                v0, v1, v2, v3 = unpack_byte_quads(words, CT, PTX)
+            else:
+                v0, v1, v2, v3 = unpack_quads(words, CT, PTX)
+            k = k0 + offs_q
+            a_ptrs = a_base + k[None, :] * stride_ak
+            k_tile = k0 + tl.arange(0, BLOCK_K)
+            g = (k0 // GROUP) * stride_sk
+            if POST_SCALE:
+                tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
+                # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
+                # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
+                if WTYPE == 1:
+                    _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
+                else:
+                    z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+                    d0, d1, d2, d3 = v0, v1, v2, v3
+                else:
+                    d0, d1, d2, d3 = v0 - z, v1 - z, v2 - z, v3 - z
+                if ONE_DOT:
+                    part = _dot_at(_quarters_as_tile(d0, d1, d2, d3), a_base + k_tile[None, :] * stride_ak, row_mask,
+                                   k_tile, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                else:
+                    part = _dot_at(d0, a_ptrs, row_mask, k, K, tl.zeros((BLOCK_N, ROWS), dtype=tl.float32), CT, K_TAIL)
+                    part = _dot_at(d1, a_ptrs + QK * stride_ak, row_mask, k + QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d2, a_ptrs + 2 * QK * stride_ak, row_mask, k + 2 * QK, K, part, CT, K_TAIL)
+                    part = _dot_at(d3, a_ptrs + 3 * QK * stride_ak, row_mask, k + 3 * QK, K, part, CT, K_TAIL)
+                if POST_SCALE == 1:
+                    s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
+                acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
+            else:
+                if WTYPE == 0 or WTYPE == 1:
+                    s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
+                        s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
+                    elif GROUP == 2 * QK:  # two groups, a pair of quarters each
+                        g = ((k0 + 2 * QK) // GROUP) * stride_sk
+                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s1, z1, s3, z3 = s0, z0, s2, z2
+                    else:
+                        g = ((k0 + QK) // GROUP) * stride_sk
+                        s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 2 * QK) // GROUP) * stride_sk
+                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        g = ((k0 + 3 * QK) // GROUP) * stride_sk
+                        s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
+                    # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
+                    values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)
+                else:
+                    scales, zeros = values, values  # unused (MXFP4 scales by its exponent words)
+                if WTYPE == 3:
+                    # Quarter j is scale group j (32 k), its e8m0 exponents in the tile's words
+                    # (`_layouts.pack_e8m0_tiles`): one 4-byte load per row, which the pipeline prefetches
+                    # with the codes (single bytes it cannot: they were loaded, and waited for, per quarter).
+                    exp_words = tl.load(s_base + kt * stride_sk, mask=n_mask, other=0)
+                else:
+                    exp_words = n_mask  # unused
+                if ONE_DOT:
+                    w_tile = _quarters_as_tile(
+                        _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
+                        _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
+                    acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT, K_TAIL)
+                    if TAIL > 0:
+                        tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
+                                             tail_acc_t, CT, K_TAIL)
+                else:
+                    for j in tl.static_range(4):
+                        w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT)
+                        acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
+                        if TAIL > 0:
+                            tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
+                                                 k + j * QK, K, tail_acc_t, CT, K_TAIL)
         acc = tl.trans(acc_t)
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),
