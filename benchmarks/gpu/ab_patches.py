@@ -504,3 +504,9 @@ def _folded_regs(regs: int):
 # int8's 17; at 248 int4 and MXFP4 spill nothing and int8 reloads 12-14; every build's wgmma asynchronous.
 folded_regs_240 = _folded_regs(240)
 folded_regs_248 = _folded_regs(248)
+
+
+def scale_rows_one_by_one(layer, tokens: int):
+    """The tl.dot kernel's int4 and int8 scale rows loaded one 16-bit scale per thread in each K tile,
+    as before `quant_gemm._scale_pairs` (SCALE_PAIRS: int32 words of two, staged by cp.async)."""
+    return mock.patch.object(quant_gemm, "_scale_pairs", lambda w, cfg: False)

@@ -70,6 +70,11 @@ ab_builds ab-builds-mxfp4-others "--processes 4 -- --preset mixtral-8x7b deepsee
 ab_builds ab-builds-mxfp4-few "--processes 6 -- --preset qwen3-30b-a3b gpt-oss-120b --dtype mxfp4 --m 2 4 8 16 --rounds 3"
 # ab-builds-g64: int4's groups of 64 loading one scale row per pair of quarters in the tl.dot kernel (gpt-oss-120b).
 ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m 3 4 8 16 32 128 512 --rounds 3"
+# ab-scale-pairs-*: the tl.dot kernel's int4/int8 scale rows as int32 words of two (SCALE_PAIRS, shipped) against
+# one 16-bit scale per thread loaded in its K tile; gpt-oss-120b int4 also on 128-row tiles, which pairs serve.
+pairs_ab="python3 ab_layer.py --rounds 3 --variant pairs --variant one-by-one=ab_patches:scale_rows_one_by_one"
+add ab-scale-pairs-int8 "$pairs_ab --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 32 128 512 2048 --out $OUT/host/ab-scale-pairs-int8.json"
+add ab-scale-pairs-gpt-oss-int4 "python3 ab_layer.py --rounds 3 --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --variant shipped --variant g1-128=AB_GEMM1=128x1x4,ab_patches:reshaped --variant both-128=AB_GEMM1=128x1x4,AB_GEMM2=128x2x4,ab_patches:reshaped --variant g1-128-one-by-one=AB_GEMM1=128x1x4,ab_patches:reshaped,ab_patches:scale_rows_one_by_one --out $OUT/host/ab-scale-pairs-gpt-oss-int4.json"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"

@@ -253,6 +253,37 @@ def test_tl_dot_reads_no_activation_column_past_k(quant, K, split_k, one_dot):
     assert gemm1_error(w, GemmConfig(16, 64, split_k, 4, 2, True, one_dot=one_dot), past_k=float("nan")) < 1e-3
 
 
+@pytest.mark.parametrize(("quant", "K", "block_m", "block_n"), [
+    (int4_w4a16(64, zero_point=True), 192, 16, 128),  # two scale groups per K tile, K padded
+    (int4_w4a16(32, scale_dtype="fp16"), 256, 16, 64),  # a group per quarter, fp16 scales
+    (int8_w8a16(-1), 256, 32, 128),  # per channel, scaled per weight (a tile above 16 x 128 outputs)
+])
+def test_scale_rows_read_in_pairs_or_one_by_one(quant, K, block_m, block_n):
+    """int4 and int8 quads tiles narrower than two 16-bit scales per thread read their scale rows as
+    int32 words of two (`SCALE_PAIRS`, where `WeightOperand.scale_rows_in_pairs`), or one by one from
+    rows that do not allow it (here starting 2 bytes past a 4-byte boundary): the same outputs, as
+    the twin's."""
+    from moe_triton.quant_gemm import _scale_pairs
+
+    w = gemm1_operand(quant, K, seed=11)
+    shifted = torch.empty(w.scale.numel() + 1, dtype=w.scale.dtype, device=DEV)[1:].view(w.scale.shape)
+    shifted.copy_(w.scale)
+    apart = dataclasses.replace(w, scale=shifted)
+    launch = GemmConfig(block_m, block_n, 1, 4, 2, True)
+    assert _scale_pairs(w, launch) and not _scale_pairs(apart, launch)
+    gen = torch.Generator().manual_seed(12)
+    M, topk = 5, 2
+    ids = torch.randint(0, w.num_experts, (M, topk), generator=gen, dtype=torch.int32).to(DEV)
+    x = torch.randn(M, w.k, generator=gen).to(torch.float16).to(DEV)
+    sorted_ids, expert_ids, num_post = align_block_size(ids, block_m, w.num_experts)
+    paired, one_by_one = (torch.zeros(M * topk, w.n, dtype=torch.float32, device=DEV) for _ in range(2))
+    for operand, out in ((w, paired), (apart, one_by_one)):
+        grouped_quant_gemm(x, operand, out, sorted_ids, expert_ids, num_post, M * topk, launch, a_rows_div=topk,
+                           atomic=True)
+    assert torch.equal(paired, one_by_one)
+    assert rel_l2(paired, quant_gemm_torch(x, w, ids.flatten(), a_rows_div=topk)) < 1e-3
+
+
 @pytest.mark.parametrize(("quant", "K", "block_m", "tail", "narrow"), [
     (int4_w4a16(128, zero_point=True), 256, 32, 16, False),
     (int4_w4a16(64), 192, 64, 32, False),  # quarters of different scale groups, K padded to whole tiles

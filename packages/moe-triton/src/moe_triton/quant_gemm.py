@@ -331,12 +331,20 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=(L2_PREFETCH_TILES if direct else cfg.prefetch_tiles)
         if prefetch_l2 and (direct or cfg.prefetch_tiles) and _prefetchable(w) else 0, TAIL=tail,
-        ONE_DOT=cfg.one_dot and w.quads,
+        ONE_DOT=cfg.one_dot and w.quads, SCALE_PAIRS=_scale_pairs(w, cfg),
         READY=int(Ready.ALL if ready is None else (Ready.WAIT if ready.wait else Ready.COUNT)),
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),
         **({"maxnreg": cfg.max_registers} if cfg.max_registers and nvidia else {}),
     )
+
+
+def _scale_pairs(w: WeightOperand, cfg: GemmConfig) -> bool:
+    """The tl.dot kernel's SCALE_PAIRS: int4 and int8 quads tiles whose scale row gives each thread
+    less than 4 bytes (block_n below 64 per warp: one 16-bit scale, which cp.async cannot copy) read
+    it as int32 words of two scales (`WeightOperand.scale_rows_in_pairs`)."""
+    return (w.quads and w.wtype in (WType.INT4, WType.INT8) and cfg.block_n < 64 * cfg.num_warps
+            and w.scale_rows_in_pairs)
 
 
 def _swapped(w: WeightOperand) -> bool:

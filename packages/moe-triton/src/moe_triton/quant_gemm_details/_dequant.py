@@ -29,8 +29,8 @@ from moe_triton.quant_gemm_details._layouts import (
 )
 
 __all__ = ["biased", "byte_quarter_ptx", "dequantize", "dequantize_operand", "dequantize_padded", "e2m1_quarter_ptx",
-           "e2m1_weights", "e8m0_factors", "int4_group", "int4_zero", "int8_group", "quarter_e8m0_exponent",
-           "quarter_e8m0_factors", "unpack_byte_quads", "unpack_e2m1_quads", "unpack_quads"]
+           "e2m1_weights", "e8m0_factors", "int4_group", "int4_zero", "int8_zero", "paired_scales",
+           "quarter_e8m0_exponent", "quarter_e8m0_factors", "unpack_byte_quads", "unpack_e2m1_quads", "unpack_quads"]
 
 # One 32-bit register = two int16 words of the INT4 layout. Output j: nibble j of each word ORed
 # into the mantissa of the 16-bit float 128 (bf16) or 1024 (fp16), whose ulp is 1: the pair
@@ -285,16 +285,19 @@ def unpack_byte_quads(words, CT: tl.constexpr, PTX: tl.constexpr):
 
 
 @triton.jit
-def int8_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CT: tl.constexpr):
-    """(scale, zero point - 128) of one scale row of int8 quads, [BN, 1] in CT: a weight is
-    (`unpack_byte_quads` value - that zero) * scale, the subtraction exact (both within +-255)."""
-    # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
-    s = tl.expand_dims(tl.load(scale_ptrs, mask=n_mask, other=0.0).to(tl.float32).to(CT), 1)
+def int8_zero(zero_ptrs, n_mask, HAS_ZP: tl.constexpr, CT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One scale group's zero point - 128 in CT (0 without zero points), [BN, 1]."""
     if HAS_ZP:
-        z = tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=128).to(CT) - 128, 1)
-    else:
-        z = tl.zeros_like(s)
-    return s, z
+        return tl.expand_dims(tl.load(zero_ptrs, mask=n_mask, other=128).to(CT) - 128, 1)
+    return tl.zeros((BLOCK_N, 1), CT)
+
+
+@triton.jit
+def paired_scales(words, ST: tl.constexpr):
+    """int32 words [BN/2], each two neighbouring 16-bit scales (the even row's in the low half) -> the
+    [BN] scales in ST."""
+    pairs = tl.join((words & 0xFFFF).to(tl.int16), (words >> 16).to(tl.int16))
+    return tl.reshape(pairs, (2 * words.shape[0],)).to(ST, bitcast=True)
 
 
 @triton.jit

@@ -47,9 +47,9 @@ from moe_triton._common.pdl import release_dependents, wait_then_release
 from moe_triton.quant_gemm_details._dequant import (
     dequantize,
     e2m1_weights,
-    int4_group,
     int4_zero,
-    int8_group,
+    int8_zero,
+    paired_scales,
     quarter_e8m0_factors,
     unpack_byte_quads,
     unpack_e2m1_quads,
@@ -230,7 +230,7 @@ def _moe_wgemm_kernel(
     QUADS: tl.constexpr, PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
     NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr,
-    READY: tl.constexpr = 0, trace_ptr=None, TRACE: tl.constexpr = False,
+    READY: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
 ):
     t_start = trace.now(TRACE)
     if N_FIRST:
@@ -349,15 +349,18 @@ def _moe_wgemm_kernel(
     if absorbs:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, SCALE_PAIRS,
+                    trace_ptr, TRACE)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, SCALE_PAIRS,
+                    trace_ptr, TRACE)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
-                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, trace_ptr, TRACE)
+                    DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, SCALE_PAIRS,
+                    trace_ptr, TRACE)
     if READY == 1:
         _count(ready_ptr + pid_m, 1)
         if absorbs:
@@ -421,14 +424,23 @@ def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
-def _int_group(scale_ptrs, zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr,
-               CT: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(scale, zero) of one scale row of int4 quads (`int4_group`: the zero biased like the codes)
-    or int8 quads (`int8_group`: the zero centered like the codes), [BN, 1] in CT."""
-    if WTYPE == 1:
-        s, z = int8_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CT)
+def _int_group(s_base, s_pairs, z_base, row, n_mask, pair_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
+               CODE_OFFSET: tl.constexpr, CT: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_PAIRS: tl.constexpr):
+    """(scale, zero) of the scale row at element offset `row`, [BN, 1] in CT: int4 quads' zero biased
+    like the codes (`int4_zero`), int8 quads' centered like them (`int8_zero`). SCALE_PAIRS: the scales
+    read from s_pairs as int32 words of two rows' scales (`paired_scales`), a load the pipeline
+    stages with cp.async (4 bytes or more), where a thread's share of a plain row is one 2-byte scale,
+    loaded and waited for in its K tile."""
+    if SCALE_PAIRS:
+        s = paired_scales(tl.load(s_pairs + row // 2, mask=pair_mask, other=0), s_base.dtype.element_ty)
     else:
-        s, z = int4_group(scale_ptrs, zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+        s = tl.load(s_base + row, mask=n_mask, other=0.0)
+    # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
+    s = tl.expand_dims(s.to(tl.float32).to(CT), 1)
+    if WTYPE == 1:
+        z = int8_zero(z_base + row, n_mask, HAS_ZP, CT, BLOCK_N)
+    else:
+        z = int4_zero(z_base + row, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
     return s, z
 
 
@@ -444,7 +456,8 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, trace_ptr,
+    TRACE: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
@@ -472,6 +485,12 @@ def _wgemm_rows(
     bt_base = b_ptr + e * stride_be + offs_n[:, None] * stride_bn
     s_base = s_ptr + e * stride_se + offs_n * stride_sn
     z_base = z_ptr + e * stride_se + offs_n * stride_sn
+    if SCALE_PAIRS:  # the launch checked: 16-bit scales, unit N stride, rows and N even, 4-byte aligned
+        offs_pair = tl.arange(0, BLOCK_N // 2)
+        s_pairs = (s_ptr + e * stride_se + pid_n * BLOCK_N).to(tl.pointer_type(tl.int32), bitcast=True) + offs_pair
+        pair_mask = pid_n * BLOCK_N + 2 * offs_pair < N
+    else:
+        s_pairs, pair_mask = s_base, n_mask  # unused
     if SWAP_AB:
         acc_t = tl.zeros((BLOCK_N, ROWS), dtype=tl.float32)
     else:
@@ -517,7 +536,7 @@ def _wgemm_rows(
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
                 if WTYPE == 1:
-                    _, z = int8_group(s_base + g, z_base + g, n_mask, HAS_ZP, CT)
+                    z = int8_zero(z_base + g, n_mask, HAS_ZP, CT, BLOCK_N)
                 else:
                     z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
@@ -537,20 +556,25 @@ def _wgemm_rows(
                 acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
             else:
                 if WTYPE == 0 or WTYPE == 1:
-                    s0, z0 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                    s0, z0 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
+                                        BLOCK_N, SCALE_PAIRS)
                     if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
                         s1, z1, s2, z2, s3, z3 = s0, z0, s0, z0, s0, z0
                     elif GROUP == 2 * QK:  # two groups, a pair of quarters each
                         g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s2, z2 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
+                                            BLOCK_N, SCALE_PAIRS)
                         s1, z1, s3, z3 = s0, z0, s2, z2
                     else:
                         g = ((k0 + QK) // GROUP) * stride_sk
-                        s1, z1 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s1, z1 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
+                                            BLOCK_N, SCALE_PAIRS)
                         g = ((k0 + 2 * QK) // GROUP) * stride_sk
-                        s2, z2 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s2, z2 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
+                                            BLOCK_N, SCALE_PAIRS)
                         g = ((k0 + 3 * QK) // GROUP) * stride_sk
-                        s3, z3 = _int_group(s_base + g, z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                        s3, z3 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
+                                            BLOCK_N, SCALE_PAIRS)
                     # Codes and zeros are small integers (int4 below 16, int8 centered within +-255): the
                     # subtraction is exact in CT, so the only rounding is the scale's multiply, as in the reference.
                     values, scales, zeros = (v0, v1, v2, v3), (s0, s1, s2, s3), (z0, z1, z2, z3)

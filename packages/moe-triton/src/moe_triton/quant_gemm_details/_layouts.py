@@ -111,6 +111,15 @@ class WeightOperand:
         return self.group >= self.k_tiles * self.block_k or (
             self.n % 16 == 0 and self.scale.stride(0) % 16 == 0 and self.scale.stride(1) % 16 == 0)
 
+    @cached_property
+    def scale_rows_in_pairs(self) -> bool:
+        """Whether the 16-bit scale rows [E, K/group, N] read as int32 words of two neighbouring rows' scales
+        (unit N stride, N and the strides between rows even, 4-byte aligned), as the tl.dot kernel's
+        SCALE_PAIRS does. Fixed per operand: computed once."""
+        s = self.scale
+        return (s.dim() == 3 and s.element_size() == 2 and s.stride(2) == 1 and s.data_ptr() % 4 == 0
+                and self.n % 2 == 0 and all(s.shape[d] == 1 or s.stride(d) % 2 == 0 for d in (0, 1)))
+
 
 def stored_tile_major(words: torch.Tensor) -> torch.Tensor:
     """[E, N, K tile, word] values stored as [E, K tile, N, word] (the quads' order)."""
