@@ -255,14 +255,13 @@ def test_tl_dot_reads_no_activation_column_past_k(quant, K, split_k, one_dot):
 
 @pytest.mark.parametrize(("quant", "K", "block_m", "block_n"), [
     (int4_w4a16(64, zero_point=True), 192, 16, 128),  # two scale groups per K tile, K padded
-    (int4_w4a16(32, scale_dtype="fp16"), 256, 16, 64),  # a group per quarter, fp16 scales
-    (int8_w8a16(-1), 256, 32, 128),  # per channel, scaled per weight (a tile above 16 x 128 outputs)
+    (int4_w4a16(32, scale_dtype="fp16"), 256, 32, 64),  # a group per quarter, fp16 scales
 ])
 def test_scale_rows_read_in_pairs_or_one_by_one(quant, K, block_m, block_n):
-    """int4 and int8 quads tiles narrower than two 16-bit scales per thread read their scale rows as
-    int32 words of two (`SCALE_PAIRS`, where `WeightOperand.scale_rows_in_pairs`), or one by one from
-    rows that do not allow it (here starting 2 bytes past a 4-byte boundary): the same outputs, as
-    the twin's."""
+    """int4 quads tiles with groups below the K tile, narrower than two 16-bit scales per thread, read
+    their scale rows as int32 words of two (`SCALE_PAIRS`, where `WeightOperand.scale_rows_in_pairs`),
+    or one by one from rows that do not allow it (here starting 2 bytes past a 4-byte boundary): the
+    same outputs, as the twin's. int8 and int4 groups of 128 or more keep one by one."""
     from moe_triton.quant_gemm import _scale_pairs
 
     w = gemm1_operand(quant, K, seed=11)
@@ -271,6 +270,8 @@ def test_scale_rows_read_in_pairs_or_one_by_one(quant, K, block_m, block_n):
     apart = dataclasses.replace(w, scale=shifted)
     launch = GemmConfig(block_m, block_n, 1, 4, 2, True)
     assert _scale_pairs(w, launch) and not _scale_pairs(apart, launch)
+    for other in (int8_w8a16(32), int4_w4a16(128)):
+        assert not _scale_pairs(gemm1_operand(other, 256, seed=11), launch)
     gen = torch.Generator().manual_seed(12)
     M, topk = 5, 2
     ids = torch.randint(0, w.num_experts, (M, topk), generator=gen, dtype=torch.int32).to(DEV)
