@@ -75,6 +75,8 @@ ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m
 pairs_ab="python3 ab_layer.py --rounds 3 --variant pairs --variant one-by-one=ab_patches:scale_rows_one_by_one"
 add ab-scale-pairs-int8 "$pairs_ab --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 32 128 512 2048 --out $OUT/host/ab-scale-pairs-int8.json"
 add ab-scale-pairs-gpt-oss-int4 "python3 ab_layer.py --rounds 3 --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --variant shipped --variant g1-128=AB_GEMM1=128x1x4,ab_patches:reshaped --variant both-128=AB_GEMM1=128x1x4,AB_GEMM2=128x2x4,ab_patches:reshaped --variant g1-128-one-by-one=AB_GEMM1=128x1x4,ab_patches:reshaped,ab_patches:scale_rows_one_by_one --out $OUT/host/ab-scale-pairs-gpt-oss-int4.json"
+# gpt-oss-120b int4's 32-token entry (256-row tiles, both GEMMs split 2) against 128-row tiles over the tokens it serves.
+add ab-gpt-oss-int4-32-n128 "python3 ab_layer.py --rounds 3 --preset gpt-oss-120b --dtype int4 --m 16 32 64 --variant shipped --variant both-128=AB_GEMM1=128x2x4,AB_GEMM2=128x2x4,ab_patches:reshaped --variant both-128-g1-unsplit=AB_GEMM1=128x1x4,AB_GEMM2=128x2x4,ab_patches:reshaped --out $OUT/host/ab-gpt-oss-int4-32-n128.json"
 # The one-launch decode path (moe_triton.fused_decode): its device tests, then against the layer and
 # the measured limit.
 add fused-decode-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -m device packages/moe-triton/tests/test_fused_decode.py"
