@@ -507,6 +507,6 @@ folded_regs_248 = _folded_regs(248)
 
 
 def scale_rows_one_by_one(layer, tokens: int):
-    """The tl.dot kernel's int4 and int8 scale rows loaded one 16-bit scale per thread in each K tile,
-    as before `quant_gemm._scale_pairs` (SCALE_PAIRS: int32 words of two, staged by cp.async)."""
+    """The tl.dot kernel's scale rows loaded one 16-bit scale per thread in each K tile: no launch takes
+    `quant_gemm._scale_pairs` (SCALE_PAIRS: int32 words of two, staged by cp.async)."""
     return mock.patch.object(quant_gemm, "_scale_pairs", lambda w, cfg: False)

@@ -70,8 +70,9 @@ ab_builds ab-builds-mxfp4-others "--processes 4 -- --preset mixtral-8x7b deepsee
 ab_builds ab-builds-mxfp4-few "--processes 6 -- --preset qwen3-30b-a3b gpt-oss-120b --dtype mxfp4 --m 2 4 8 16 --rounds 3"
 # ab-builds-g64: int4's groups of 64 loading one scale row per pair of quarters in the tl.dot kernel (gpt-oss-120b).
 ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m 3 4 8 16 32 128 512 --rounds 3"
-# ab-scale-pairs-*: the tl.dot kernel's int4/int8 scale rows as int32 words of two (SCALE_PAIRS, shipped) against
-# one 16-bit scale per thread loaded in its K tile; gpt-oss-120b int4 also on 128-row tiles, which pairs serve.
+# ab-scale-pairs-*: the tl.dot kernel's scale rows as int32 words of two (SCALE_PAIRS) against one 16-bit scale per
+# thread loaded in its K tile; gpt-oss-120b int4 also on 128-row tiles, which pairs serve. (int8 takes pairs no more:
+# its job measured 35835aa, which paired its rows too; on later builds both variants run the same int8 code.)
 pairs_ab="python3 ab_layer.py --rounds 3 --variant pairs --variant one-by-one=ab_patches:scale_rows_one_by_one"
 add ab-scale-pairs-int8 "$pairs_ab --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 32 128 512 2048 --out $OUT/host/ab-scale-pairs-int8.json"
 add ab-scale-pairs-gpt-oss-int4 "python3 ab_layer.py --rounds 3 --preset gpt-oss-120b --dtype int4 --m 3 5 8 12 --variant shipped --variant g1-128=AB_GEMM1=128x1x4,ab_patches:reshaped --variant both-128=AB_GEMM1=128x1x4,AB_GEMM2=128x2x4,ab_patches:reshaped --variant g1-128-one-by-one=AB_GEMM1=128x1x4,ab_patches:reshaped,ab_patches:scale_rows_one_by_one --out $OUT/host/ab-scale-pairs-gpt-oss-int4.json"
@@ -380,7 +381,7 @@ add ab-decode-shapes-replaced "$before --preset qwen3-30b-a3b qwen3-235b-a22b --
 # NCU_CELLS: "PRESET DTYPE M" cells separated by commas.
 ncu_cells=${NCU_CELLS:-qwen3-30b-a3b int4 1,gpt-oss-120b int4 1,mixtral-8x7b int4 1,qwen3-30b-a3b int8 1}
 add ncu-decode "IFS=, read -ra cells <<< '$ncu_cells'; bash ncu_cells.sh $OUT/host/ncu \"\${cells[@]}\""
-# gpt-oss-120b at 8 tokens: int4's entry, int4 with MXFP4's 128-row GEMM1 (13% slower in the layer), MXFP4's entry.
+# gpt-oss-120b at 8 tokens: int4's 256-row entry (5d28011's), int4 with a 128-row GEMM1, MXFP4's entry.
 n128='{"gemm1":{"block_m":16,"block_n":128,"split_k":1,"num_warps":4,"num_stages":3,"swap_ab":true},"gemm2":{"block_m":16,"block_n":256,"split_k":2,"num_warps":4,"num_stages":3,"swap_ab":true,"block_ready":true}}'
 add ncu-gpt-oss-8 "bash ncu_cells.sh $OUT/host/ncu 'gpt-oss-120b int4 8' 'gpt-oss-120b int4 8 n128 $n128' 'gpt-oss-120b mxfp4 8'"
 add load-checkpoint "python3 bench_load_checkpoint.py --dir /dev/shm/qwen3-30b-a3b-gptq --layers 48 --profile $OUT/e2e/load_checkpoint_profile.txt --out $OUT/e2e"

@@ -343,10 +343,10 @@ def _scale_pairs(w: WeightOperand, cfg: GemmConfig) -> bool:
     """The tl.dot kernel's SCALE_PAIRS: int4 quads with scale groups below the K tile (two or four rows
     per tile) on tiles whose scale row gives each thread less than 4 bytes (block_n below 64 per warp:
     one 16-bit scale, which cp.async cannot copy) read each row as int32 words of two scales
-    (`WeightOperand.scale_rows_in_pairs`). On the H200 gpt-oss-120b's int4 layer on 128-row tiles took
-    1.20-1.30x less time so; int8's one row per tile stays a plain load (0.95-1.03x, some tiles' registers
+    (`WeightOperand.scale_rows_in_pairs`). On the H200 gpt-oss-120b's int4 layer on 128-row tiles ran
+    1.20-1.30x faster so; int8's one row per tile stays a plain load (0.95-1.03x, some tiles' registers
     up by 19)."""
-    return (w.quads and w.wtype is WType.INT4 and w.group < w.block_k and cfg.block_n < 64 * cfg.num_warps
+    return (cfg.block_n < 64 * cfg.num_warps and w.wtype is WType.INT4 and w.group < w.block_k and w.quads
             and w.scale_rows_in_pairs)
 
 

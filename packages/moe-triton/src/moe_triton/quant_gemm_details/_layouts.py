@@ -90,10 +90,11 @@ class WeightOperand:
     def num_experts(self) -> int:
         return self.codes.shape[0]
 
-    @property
+    @cached_property
     def quads(self) -> bool:
         """Codes four per word over a K tile's quarters: 4-bit ones in int16 words (the halves layout
-        is uint8), int8 ones in int32 words (`ByteQuadsLayout`; canonical int8 is uint8)."""
+        is uint8), int8 ones in int32 words (`ByteQuadsLayout`; canonical int8 is uint8). Read several
+        times per launch: computed once."""
         return ((self.wtype in (WType.INT4, WType.MXFP4) and self.codes.dtype == torch.int16)
                 or (self.wtype is WType.INT8 and self.codes.dtype == torch.int32))
 
