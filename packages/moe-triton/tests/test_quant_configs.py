@@ -234,7 +234,8 @@ MXFP4_TUNED = {"NVIDIA_H100_80GB_HBM3": {"deepseek-v3": {512}, "gpt-oss-120b": {
                "NVIDIA_H200": {"qwen3-235b-a22b": {1}, "qwen3-30b-a3b": {1, 8}, "deepseek-v3": {1},
                                # (their 8-token entries, tuned apart, are now the int4 ones: int4's retune found
                                # mixtral-8x7b's too, and gpt-oss-120b's 128-row tiles once int4 read its scales in pairs)
-                               "gpt-oss-120b": {1}, "mixtral-8x7b": set()}}
+                               # (gpt-oss-120b's 32: int4's 128-row entry, not timed for MXFP4)
+                               "gpt-oss-120b": {1, 32}, "mixtral-8x7b": set()}}
 
 
 @pytest.mark.parametrize(("gpu", "tag"), [("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
@@ -265,7 +266,7 @@ def test_mxfp4_borrows_the_int4_configs_of_its_shape(preset, gpu, tag):
 
 # The token counts where a shipped H200 int8 file differs from the int4 shapes it otherwise serves.
 INT8_TUNED_ON_H200 = {"deepseek-v3": {1, 2048}, "mixtral-8x7b": {1, 8}, "qwen3-30b-a3b": {1, 8}, "qwen3-235b-a22b": {1},
-                      "gpt-oss-120b": {1, 8, 2048}}
+                      "gpt-oss-120b": {1, 8, 32, 2048}}
 
 
 # gpt-oss-120b's K = N = 2880 is no multiple of 128: its int8 codes take byte quads with K padded to
