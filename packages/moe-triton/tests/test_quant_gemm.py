@@ -73,8 +73,10 @@ def test_gemm1_with_the_activation_matches_twin():
     (int4_w4a16(128), 256, 1, True, 64, 4, 16), (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 32),
     (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
     (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
-    # splits of 3 and 2 K tiles scaled after their dots, each tile's scales loaded one tile ahead
+    # splits of 3 and 2 K tiles scaled after their dots, each tile's scales loaded one tile ahead; per
+    # channel, each split's sums scaled after its K loop (ROW_SCALE)
     (int4_w4a16(128), 640, 2, True, 64, 4, 16), (int8_w8a16(-1), 640, 2, True, 128, 4, 16),
+    (int4_w4a16(-1), 256, 2, True, 64, 4, 32), (int4_w4a16(-1, zero_point=True), 256, 1, True, 128, 4, 16),
     (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
     # K = 192: grouped int4 pads it to two 128-wide quads tiles (as gpt-oss's 2880), per-channel int4
     # takes the halves layout's 64-wide tiles
@@ -84,14 +86,15 @@ def test_gemm1_with_the_activation_matches_twin():
     # MXFP4 always takes the quads (K = 192 padded as int4's), quarter j in scale group j
     (mxfp4_w4a16(), 256, 1, True, 64, 4, 16), (mxfp4_w4a16(), 384, 4, True, 128, 4, 32),
     (mxfp4_w4a16(), 192, 2, True, 64, 8, 64),
-    # int8 byte quads with K = 192 padded to two tiles: per channel (one scale row over the padded K;
-    # scaled after the dots, or per weight in wider tiles), with zero points, and groups of 64
+    # int8 byte quads with K = 192 padded to two tiles: per channel (one scale row over the padded K,
+    # scaled after the K loop), with zero points, and groups of 64
     (int8_w8a16(-1), 192, 1, True, 64, 4, 16), (int8_w8a16(-1), 192, 2, True, 128, 4, 64),
     (int8_w8a16(-1, zero_point=True), 192, 1, True, 64, 4, 32), (int8_w8a16(64, zero_point=True), 192, 2, True, 64, 4, 16),
 ])
 def test_gemm_matches_twin(quant, K, split_k, swap_ab, block_n, warps, block_m):
     """GEMM1 kernel vs its twin on a layout-converted 4-bit or int8 operand: split-K (an empty split
-    too), swapped operands, and scaled per weight or after the dots (`_heuristics.POST_SCALE_MAX_TILE`)."""
+    too), swapped operands, and scaled per weight, after the dots (`_heuristics.POST_SCALE_MAX_TILE`)
+    or, per channel, after the K loop."""
     w = gemm1_operand(quant, K, seed=3)
     mxfp4, int8 = quant.weight.dtype.value == "fp4e2m1", quant.weight.dtype.value == "int8"
     assert w.quads == (mxfp4 or int8 or K % 128 == 0 or w.group < K)  # quads (padded), else int4 halves
@@ -292,6 +295,8 @@ def test_scale_rows_read_in_pairs_or_one_by_one(quant, K, block_m, block_n):
     (mxfp4_w4a16(), 192, 32, 16, True),
     (int8_w8a16(32), 256, 32, 16, True),  # byte quads; groups below the tile: scaled per weight with or without tails
     (int8_w8a16(64, zero_point=True), 256, 64, 32, False),
+    # per channel: the block's and its tail's sums scaled after the K loop
+    (int8_w8a16(-1, zero_point=True), 192, 32, 16, True), (int4_w4a16(-1), 256, 32, 16, False),
 ])
 def test_tl_dot_tail_blocks_match_reference(quant, K, block_m, tail, narrow):
     """tl.dot kernel: a full block takes in its expert's last block when that holds at most `tail`

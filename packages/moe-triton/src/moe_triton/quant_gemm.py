@@ -286,7 +286,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
             PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
-            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.group >= w.k,
+            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.one_scale_row,
             num_warps=4, maxnreg=regs.maxnreg)
         return
     trace_buf = trace.buffer("gemm", programs, a.device)
@@ -305,6 +305,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     nvidia = codes.is_cuda and torch.version.hip is None and not interpreting()  # PTX and ptxas's options
+    row_scale = w.quads and w.one_scale_row
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
@@ -326,12 +327,13 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX=nvidia,
         POST_SCALE=(1 if direct else 2) if (
-            w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE) else 0,
+            w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE
+            and not row_scale) else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=(L2_PREFETCH_TILES if direct else cfg.prefetch_tiles)
         if prefetch_l2 and (direct or cfg.prefetch_tiles) and _prefetchable(w) else 0, TAIL=tail,
-        ONE_DOT=cfg.one_dot and w.quads, SCALE_PAIRS=_scale_pairs(w, cfg),
+        ONE_DOT=cfg.one_dot and w.quads, SCALE_PAIRS=_scale_pairs(w, cfg), ROW_SCALE=row_scale,
         READY=int(Ready.ALL if ready is None else (Ready.WAIT if ready.wait else Ready.COUNT)),
         trace_ptr=trace_buf, TRACE=trace_buf is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dependent_options(w.codes.device),

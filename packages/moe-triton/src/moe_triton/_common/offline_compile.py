@@ -39,7 +39,7 @@ DEFAULT_CONSTEXPRS = dict(
     MUL_ROUTED=False, REDUCE_TOPK=1, SINK=0, ACT=0, GATE_UP_CHUNK=0, ZERO_SIDE=False, SPLIT_K=1, BLOCK_M=16,
     BLOCK_N=128, BLOCK_K=64, SWAP_AB=True, UPCAST=False, DIRECT=False, HAS_MAP=False, QUADS=False, PTX=True,
     POST_SCALE=0, FOLDED_SCALE=False, PDL=False, K_TAIL=False, N_FIRST=False, GROUP_M=1, NARROW=False, PREFETCH_TILES=0,
-    TAIL=0, ONE_DOT=False, READY=0, SCALE_PAIRS=False, TRACE=False)
+    TAIL=0, ONE_DOT=False, READY=0, SCALE_PAIRS=False, ROW_SCALE=False, TRACE=False)
 
 # Pointer arguments' element types for a bf16 layer; the others default to i32 scalars.
 _POINTERS = {"a_ptr": "*bf16", "a_scale_ptr": "*fp32", "s_ptr": "*bf16", "z_ptr": "*u8", "bias_ptr": "*fp32",

@@ -128,16 +128,20 @@ def _prefetch_weights_l2(b_ptr, s_ptr, z_ptr, e, n0, N, kt0, kt1, stride_be, str
 
 @triton.jit
 def _quarter_weights(j: tl.constexpr, values, scales, zeros, exp_words, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
-                     FOLDED_SCALE: tl.constexpr, FT: tl.constexpr, CT: tl.constexpr):
+                     FOLDED_SCALE: tl.constexpr, FT: tl.constexpr, CT: tl.constexpr, ROW_SCALE: tl.constexpr):
     """Quarter j's weights in CT, [BLOCK_N, 32]: MXFP4's e2m1 values times their e8m0 factors, int8's
-    centered codes times their scales, or codes less their zero points times their scales."""
+    centered codes times their scales, or codes less their zero points times their scales; with
+    ROW_SCALE the integer weights unscaled (scaled after the K loop)."""
     if WTYPE == 3:
         lo, hi = quarter_e8m0_factors(exp_words, j, FT, FOLDED_SCALE)
         w = e2m1_weights(values[j], lo, hi, FOLDED_SCALE, CT)
-    elif WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
-        w = values[j] * scales[j]
     else:
-        w = (values[j] - zeros[j]) * scales[j]
+        if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
+            w = values[j]
+        else:
+            w = values[j] - zeros[j]
+        if not ROW_SCALE:
+            w = w * scales[j]
     return w
 
 
@@ -230,7 +234,8 @@ def _moe_wgemm_kernel(
     QUADS: tl.constexpr, PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr,
     PDL: tl.constexpr, K_TAIL: tl.constexpr, N_FIRST: tl.constexpr, GROUP_M: tl.constexpr,
     NARROW: tl.constexpr, PREFETCH_TILES: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr,
-    READY: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False, trace_ptr=None, TRACE: tl.constexpr = False,
+    READY: tl.constexpr = 0, SCALE_PAIRS: tl.constexpr = False, ROW_SCALE: tl.constexpr = False, trace_ptr=None,
+    TRACE: tl.constexpr = False,
 ):
     t_start = trace.now(TRACE)
     if N_FIRST:
@@ -324,7 +329,7 @@ def _moe_wgemm_kernel(
     absorbs = False
     if TAIL > 0:
         tl.static_assert(QUADS and SWAP_AB and not POST_SCALE and TAIL < BLOCK_M,
-                         "taken-in tails: quads, swapped, scaled per weight, TAIL below BLOCK_M")
+                         "taken-in tails: quads, swapped, not scaled per tile, TAIL below BLOCK_M")
         # A block with at most TAIL valid pairs after one of the same expert's (an expert's last
         # after a full one) is taken in by that block: the same test on both sides.
         has_prev = pid_m > 0
@@ -350,17 +355,17 @@ def _moe_wgemm_kernel(
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
                     DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, TAIL, ONE_DOT, SCALE_PAIRS,
-                    trace_ptr, TRACE)
+                    ROW_SCALE, trace_ptr, TRACE)
     elif narrow:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
                     DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M // 2, 0, ONE_DOT, SCALE_PAIRS,
-                    trace_ptr, TRACE)
+                    ROW_SCALE, trace_ptr, TRACE)
     else:
         _wgemm_rows(*tile, GROUP, WTYPE, A_SCALE, W_SCALE_PER_N, HAS_ZP, CODE_OFFSET, HAS_BIAS, A_ROWS_DIV,
                     MUL_ROUTED, REDUCE_TOPK, SINK, ACT, GATE_UP_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, UPCAST,
                     DIRECT, QUADS, PTX, POST_SCALE, FOLDED_SCALE, K_TAIL, BLOCK_M, 0, ONE_DOT, SCALE_PAIRS,
-                    trace_ptr, TRACE)
+                    ROW_SCALE, trace_ptr, TRACE)
     if READY == 1:
         _count(ready_ptr + pid_m, 1)
         if absorbs:
@@ -456,12 +461,15 @@ def _wgemm_rows(
     GATE_UP_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SWAP_AB: tl.constexpr, UPCAST: tl.constexpr, DIRECT: tl.constexpr, QUADS: tl.constexpr,
     PTX: tl.constexpr, POST_SCALE: tl.constexpr, FOLDED_SCALE: tl.constexpr, K_TAIL: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, trace_ptr,
-    TRACE: tl.constexpr,
+    ROWS: tl.constexpr, TAIL: tl.constexpr, ONE_DOT: tl.constexpr, SCALE_PAIRS: tl.constexpr, ROW_SCALE: tl.constexpr,
+    trace_ptr, TRACE: tl.constexpr,
 ):
     """`_moe_wgemm_kernel`'s product and sink over the first ROWS pairs of block pid_m (expert e,
     N tile pid_n, K tiles [kt0, kt1)), and with TAIL over the next block's first TAIL pairs too
-    (quads: a second accumulator fed by the same dequantized weights)."""
+    (quads: a second accumulator fed by the same dequantized weights). ROW_SCALE (integer quads with
+    one scale row for all of K, per channel): the codes less their zero points, exact in CT, go
+    unscaled into the dots, and the sums take the scale once after the K loop, where scaling per
+    weight costs a multiply per weight pair and a scale load per K tile."""
     ids = _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT, BLOCK_M, ROWS)
     row_mask = ids < num_valid
     out_rows = (ids // REDUCE_TOPK).to(tl.int64)
@@ -508,6 +516,12 @@ def _wgemm_rows(
             tail_a_rows = (tail_ids // A_ROWS_DIV).to(tl.int64)
             tail_base = a_ptr + tail_a_rows[:, None] * stride_am
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
+        if ROW_SCALE:
+            tl.static_assert((WTYPE == 0 or WTYPE == 1) and not POST_SCALE, "one scale row: integer quads")
+            if WTYPE == 1:
+                row_zero = int8_zero(z_base, n_mask, HAS_ZP, CT, BLOCK_N)
+            else:
+                row_zero = int4_zero(z_base, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
         if POST_SCALE == 2:
             s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
         for kt in range(kt0, kt1):
@@ -555,7 +569,10 @@ def _wgemm_rows(
                     s_tile = tl.load(s_base + g, mask=n_mask, other=0.0)
                 acc_t += part * tl.expand_dims(s_tile.to(tl.float32), 1)
             else:
-                if WTYPE == 0 or WTYPE == 1:
+                if ROW_SCALE:
+                    values, zeros = (v0, v1, v2, v3), (row_zero, row_zero, row_zero, row_zero)
+                    scales = zeros  # unused
+                elif WTYPE == 0 or WTYPE == 1:
                     s0, z0 = _int_group(s_base, s_pairs, z_base, g, n_mask, pair_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT,
                                         BLOCK_N, SCALE_PAIRS)
                     if GROUP >= BLOCK_K:  # the tile lies in one scale group: one load serves its quarters
@@ -589,21 +606,31 @@ def _wgemm_rows(
                     exp_words = n_mask  # unused
                 if ONE_DOT:
                     w_tile = _quarters_as_tile(
-                        _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                        _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                        _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT),
-                        _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT))
+                        _quarter_weights(0, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT,
+                                         ROW_SCALE),
+                        _quarter_weights(1, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT,
+                                         ROW_SCALE),
+                        _quarter_weights(2, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT,
+                                         ROW_SCALE),
+                        _quarter_weights(3, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT,
+                                         ROW_SCALE))
                     acc_t = _dot_at(w_tile, a_base + k_tile[None, :] * stride_ak, row_mask, k_tile, K, acc_t, CT, K_TAIL)
                     if TAIL > 0:
                         tail_acc_t = _dot_at(w_tile, tail_base + k_tile[None, :] * stride_ak, tail_mask, k_tile, K,
                                              tail_acc_t, CT, K_TAIL)
                 else:
                     for j in tl.static_range(4):
-                        w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT)
+                        w = _quarter_weights(j, values, scales, zeros, exp_words, WTYPE, HAS_ZP, FOLDED_SCALE, FT, CT,
+                                             ROW_SCALE)
                         acc_t = _dot_at(w, a_ptrs + j * QK * stride_ak, row_mask, k + j * QK, K, acc_t, CT, K_TAIL)
                         if TAIL > 0:
                             tail_acc_t = _dot_at(w, tail_base + (k + j * QK)[None, :] * stride_ak, tail_mask,
                                                  k + j * QK, K, tail_acc_t, CT, K_TAIL)
+        if ROW_SCALE:
+            row_scale = tl.expand_dims(tl.load(s_base, mask=n_mask, other=0.0).to(tl.float32), 1)
+            acc_t *= row_scale
+            if TAIL > 0:
+                tail_acc_t *= row_scale
         acc = tl.trans(acc_t)
         if TAIL > 0:
             _finish_rows(tl.trans(tail_acc_t), tail_ids, tail_mask, (tail_ids // REDUCE_TOPK).to(tl.int64),

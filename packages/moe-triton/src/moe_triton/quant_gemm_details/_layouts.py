@@ -98,6 +98,12 @@ class WeightOperand:
         return ((self.wtype in (WType.INT4, WType.MXFP4) and self.codes.dtype == torch.int16)
                 or (self.wtype is WType.INT8 and self.codes.dtype == torch.int32))
 
+    @cached_property
+    def one_scale_row(self) -> bool:
+        """Integer weights with one scale row for all of K (per channel), which the kernels may apply to
+        the sums instead of the weights. Fixed per operand: computed once."""
+        return self.wtype in (WType.INT4, WType.INT8) and self.group >= self.k
+
     @property
     def k_tiles(self) -> int:
         """K tiles the kernel loops over (the last one padded past k for quads, see the invariants)."""
