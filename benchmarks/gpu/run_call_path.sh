@@ -74,6 +74,8 @@ ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m
 # per weight (per tile on 16 x 128 tiles); cells on the mma and wgmma kernels run the same code in both builds.
 ab_builds ab-builds-row-scale-few "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 8 32 128 --rounds 3"
 ab_builds ab-builds-row-scale-many "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 512 2048 --rounds 3"
+# (mixtral-8x7b's int8 cells at 128 and 2048 tokens run the wgmma kernel: the same code in both builds, a control.)
+ab_builds ab-builds-row-scale-control "--processes 6 -- --preset mixtral-8x7b --dtype int8 --m 128 2048 --rounds 3"
 # ab-scale-pairs-*: the tl.dot kernel's scale rows as int32 words of two (SCALE_PAIRS) against one 16-bit scale per
 # thread loaded in its K tile; gpt-oss-120b int4 also on 128-row tiles, which pairs serve. (int8 takes pairs no more:
 # its job measured 35835aa, which paired its rows too; on later builds both variants run the same int8 code.)
