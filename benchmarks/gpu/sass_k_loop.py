@@ -63,8 +63,11 @@ CASES = {
     "tl.dot BM16 x BN128, fp8 per channel x per token, swapped": _fp8(a_scale=1, block_m=16, swap=True),
     "tl.dot BM64 x BN128, int8 byte quads g128": (
         "dot", dict(QUADS, GROUP=128, WTYPE=1, CODE_OFFSET=128, BLOCK_M=64), {"b_ptr": "*i32"}, 128),
-    "tl.dot BM16 x BN128, int8 byte quads per channel (POST_SCALE)": (
-        "dot", dict(QUADS, GROUP=2048, WTYPE=1, CODE_OFFSET=128, POST_SCALE=True), {"b_ptr": "*i32"}, 128),
+    "tl.dot BM16 x BN128, int8 byte quads per channel (ROW_SCALE)": (
+        "dot", dict(QUADS, GROUP=2048, WTYPE=1, CODE_OFFSET=128, ROW_SCALE=True), {"b_ptr": "*i32"}, 128),
+    "tl.dot BM64 x BN128, tail 16, int8 byte quads per channel (ROW_SCALE)": (
+        "dot", dict(QUADS, GROUP=2048, WTYPE=1, CODE_OFFSET=128, ROW_SCALE=True, BLOCK_M=64, TAIL=16),
+        {"b_ptr": "*i32"}, 128),
     "wgmma BM128 x BN256 per consumer, int4 g128": ("wgmma", {}, {}, 128),
     "wgmma BM128 x BN256 per consumer, int8 byte quads per channel (3 stages, ROW_SCALE)": (
         "wgmma", dict(WTYPE=1, CODE_OFFSET=128, GROUP=2048, STAGES=3, ROW_SCALE=True), {"b_ptr": "*i32"}, 128),

@@ -70,7 +70,8 @@ def effective_split(split_k: int, w: WeightOperand) -> int:
     return -(-k_tiles // -(-k_tiles // split_k))
 
 
-# Quads tiles that lie in one scale group take their scale after the tile's dots (POST_SCALE) when
+# Quads tiles that lie in one scale group of several (per-channel rows scale the sums once, after the
+# K loop: the kernel's ROW_SCALE) take their scale after the tile's dots (POST_SCALE) when
 # the output tile has at most this many elements: one fp32 multiply per output instead of one per
 # weight pair, for a second accumulator that larger tiles cannot afford. A launch that takes in
 # tails (GemmConfig.tail) scales per weight. The kernel loads such a tile's scales one tile ahead
