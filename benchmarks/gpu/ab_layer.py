@@ -43,7 +43,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from layer_timing import DTYPES, build_layer, input_sets, mhz, random_weights, time_layer
+from layer_timing import AB_DTYPES, build_layer, input_sets, mhz, random_weights, time_layer
 
 from moe_core.presets import PRESETS, get_preset
 
@@ -134,7 +134,7 @@ def run_cell(layers: dict[str, object], variants: list[Variant], preset, tokens:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", nargs="+", required=True, choices=list(PRESETS))
-    p.add_argument("--dtype", nargs="+", default=["bf16"], choices=DTYPES)
+    p.add_argument("--dtype", nargs="+", default=["bf16"], choices=AB_DTYPES)
     p.add_argument("--m", nargs="+", type=int, required=True, help="token counts")
     p.add_argument("--variant", action="append", required=True, metavar="NAME[=CHANGE,...]",
                    help="repeatable; the first one is the baseline")

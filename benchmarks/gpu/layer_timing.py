@@ -33,23 +33,28 @@ from moe_triton.tune import CORRECTION_BIAS
 PRESETS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "qwen3-235b-a22b", "deepseek-v3")
 TOKEN_COUNTS = (1, 8, 32, 128, 512, 2048, 8192)
 DTYPES = ("bf16", "int4", "int8", "mxfp4", "fp8-block", "fp8-channel")
+# ab_layer.py's: the matrix's and per-channel int4, which no preset's checkpoint uses (its kernels' A/Bs).
+AB_DTYPES = (*DTYPES, "int4-channel")
 
 Layer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def layer_quant(preset: Preset, dtype: str) -> MoEQuantConfig:
-    """The quantization a benchmark dtype names: bf16, int4 (the preset's int4 group size), int8, mxfp4 or fp8."""
+    """The quantization a benchmark dtype names: bf16, int4 (the preset's int4 group size; int4-channel: one
+    scale row for all of K), int8, mxfp4 or fp8."""
     if dtype == "bf16":
         return unquantized()
     if dtype == "int4":
         return int4_w4a16(preset.int4_group_size)
+    if dtype == "int4-channel":
+        return int4_w4a16(-1)
     if dtype == "int8":
         return int8_w8a16()
     if dtype == "mxfp4":
         return mxfp4_w4a16()
     if dtype.startswith("fp8-"):
         return fp8_w8a8(dtype.removeprefix("fp8-"))
-    raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(AB_DTYPES)}")
 
 
 def random_weights(preset: Preset, dtype: str, device: torch.device) -> ExpertWeights:

@@ -74,6 +74,10 @@ ab_builds ab-builds-g64 "--processes 4 -- --preset gpt-oss-120b --dtype int4 --m
 # per weight (per tile on 16 x 128 tiles); cells on the mma and wgmma kernels run the same code in both builds.
 ab_builds ab-builds-row-scale-few "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 8 32 128 --rounds 3"
 ab_builds ab-builds-row-scale-many "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b deepseek-v3 gpt-oss-120b --dtype int8 --m 512 2048 --rounds 3"
+# ab-builds-row-scale-int4-*: per-channel int4 (no preset's checkpoint) scaled once per output in both kernels (the
+# tl.dot kernel's K loop, the wgmma kernel's epilogue) against per weight.
+ab_builds ab-builds-row-scale-int4 "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b --dtype int4-channel --m 32 512 2048 8192 --rounds 3"
+ab_builds ab-builds-row-scale-int4-deepseek "--processes 4 -- --preset deepseek-v3 --dtype int4-channel --m 512 2048 --rounds 3"
 # (mixtral-8x7b's int8 cells at 128 and 2048 tokens run the wgmma kernel: the same code in both builds, a control.)
 ab_builds ab-builds-row-scale-control "--processes 6 -- --preset mixtral-8x7b --dtype int8 --m 128 2048 --rounds 3"
 # ab-scale-pairs-*: the tl.dot kernel's scale rows as int32 words of two (SCALE_PAIRS) against one 16-bit scale per

@@ -204,6 +204,11 @@ _WGMMA_SPECIALIZATIONS = {
                                                HAS_BIAS=True, K_TAIL=True, STAGES=3), {"b_ptr": "*i32"}),
     "int8-g32-zp-fp16-tail16": (dict(WTYPE=1, CODE_OFFSET=0, HAS_ZP=True, GROUP=32, TAIL=16, STAGES=3, BLOCK_N=128),
                                 {"b_ptr": "*i32", "a_ptr": "*fp16", "s_ptr": "*fp16", "c_ptr": "*fp16"}),
+    # int4 per channel, scaled in the epilogue as int8's: a GEMM1 with a tail, a GEMM2 with zero points and a producer
+    "int4-channel-tail16-gemm1": (dict(GROUP=2048, ROW_SCALE=True, TAIL=16), {}),
+    "int4-channel-zp-gemm2-producer": (dict(GROUP=2048, HAS_ZP=True, ROW_SCALE=True, ATOMIC=True, ACT=0,
+                                            GATE_UP_CHUNK=0, MUL_ROUTED=True, REDUCE_TOPK=8, A_ROWS_DIV=1,
+                                            ZERO_SIDE=False, BLOCK_M=64), {"c_ptr": "*fp32"}),
 }
 
 

@@ -286,7 +286,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
             GATE_UP_CHUNK=gate_up_chunk, ZERO_SIDE=zero_side is not None, SPLIT_K=split, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, K_TAIL=w.k % w.block_k != 0,
             PRODUCER_WARPS=regs.producer_warps, CONSUMER_REGS=regs.consumer_regs,
-            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.wtype is WType.INT8 and w.one_scale_row,
+            PRODUCER_REGS=regs.producer_regs, TAIL=cfg.tail, ROW_SCALE=w.one_scale_row,
             num_warps=4, maxnreg=regs.maxnreg)
         return
     trace_buf = trace.buffer("gemm", programs, a.device)

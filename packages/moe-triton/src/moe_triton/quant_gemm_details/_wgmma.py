@@ -373,7 +373,7 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                     stride_se, ROW_SCALE: gl.constexpr):
     """The consumer's K loop over the block's first MMA_N rows (its MMA's N) and, with TAIL_N, the
     TAIL_N rows after the block (a second accumulator on the same dequantized weights), then its
-    epilogue for each. ROW_SCALE (int8 with one scale per row): the weights go unscaled into the
+    epilogue for each. ROW_SCALE (integer weights with one scale per row): the weights go unscaled into the
     MMAs, and the epilogue scales each output row once (`_store_tile`)."""
     CT: gl.constexpr = x_rings[0].dtype
     FT: gl.constexpr = gl.bfloat16 if CT == gl.bfloat16 else gl.float32  # noqa: SIM300 (MXFP4: `e8m0_factors`)
@@ -426,7 +426,9 @@ def _mma_then_store(WG: gl.constexpr, x_rings, x_tails, w_ring, s_ring, z_ring, 
                 else:
                     w = _scaled_byte_quarter(words, s, j, CT)
             else:
-                w = (_nibble(words, j, CT) - z) * s
+                w = _nibble(words, j, CT) - z
+                if not ROW_SCALE:
+                    w = w * s
             acc = warpgroup_mma(w, x_rings[j].index(stage).slice(0, MMA_N).permute((1, 0)), acc, is_async=True)
             if TAIL_N > 0:
                 acc_t = warpgroup_mma(w, x_tails[j].index(stage).permute((1, 0)), acc_t, is_async=True)
@@ -560,7 +562,7 @@ def moe_w4a16_wgmma_kernel(
     STAGES: gl.constexpr, K_TAIL: gl.constexpr, PRODUCER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr,
     TAIL: gl.constexpr,  # 0, or 8 / 16 with FOLDED: a full block takes in its expert's last <= TAIL pairs
-    ROW_SCALE: gl.constexpr,  # int8 with one scale per row (per channel): scaled once per output, in the epilogue
+    ROW_SCALE: gl.constexpr,  # int4 or int8 with one scale per row (per channel): scaled once per output, in the epilogue
 ):
     NW: gl.constexpr = gl.num_warps()
     CT: gl.constexpr = a_ptr.dtype.element_ty
