@@ -69,6 +69,9 @@ asking L2 for its first two K tiles of weights, or all of them, before its wait 
   GEMM runs on the mma or wgmma kernel.
 - `folded_regs_240`, `folded_regs_248`: the wgmma kernel's 128-pair blocks (copies folded into the
   consumers) at that many registers per thread instead of `_heuristics.FOLDED_REGS`' plan.
+- `scale_rows_one_by_one`: no launch reads the tl.dot kernel's scale rows in pairs (`SCALE_PAIRS`);
+  `int4_rows_scaled_per_weight`: per-channel int4 scaled as grouped int4 (per weight pair, or after each
+  16 x 128 tile's dots), not once per output (`WeightOperand.one_scale_row`, the kernels' ROW_SCALE).
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ from moe_triton._common.intmath import cdiv
 from moe_triton.configs import GemmConfig, QuantKernelConfig
 from moe_triton.quant_gemm_details import _heuristics
 from moe_triton.quant_gemm_details import _mma as mma_kernel_module
+from moe_triton.quant_gemm_details._layouts import WeightOperand, WType
 from moe_triton.quant_gemm_details._mma import MAX_TILES, TILE_K
 from moe_triton.tune import as_mma
 
@@ -504,6 +508,13 @@ def _folded_regs(regs: int):
 # int8's 17; at 248 int4 and MXFP4 spill nothing and int8 reloads 12-14; every build's wgmma asynchronous.
 folded_regs_240 = _folded_regs(240)
 folded_regs_248 = _folded_regs(248)
+
+
+def int4_rows_scaled_per_weight(layer, tokens: int):
+    """Per-channel int4 scaled per weight pair (the tl.dot kernel's 16 x 128 tiles: after each tile's dots,
+    POST_SCALE) as grouped int4, not once per output (ROW_SCALE); int8 unchanged."""
+    return mock.patch.object(WeightOperand, "one_scale_row",
+                             property(lambda w: w.wtype is WType.INT8 and w.group >= w.k))
 
 
 def scale_rows_one_by_one(layer, tokens: int):

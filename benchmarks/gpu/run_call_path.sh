@@ -36,7 +36,7 @@
 #   fused-decode(-tests)  moe_triton.fused_decode's device tests; bench_fused_decode.py against the layer
 #   triton-tests  moe-triton's device suite and act-order tests (as run_moe_cuda.sh's)
 #   block-ready-tests  GemmConfig.block_ready's tests on the GPU (GEMM2 waiting per block while GEMM1 runs)
-#   mma-tests, wgmma-tests, decode-mma  the mma.sync (wgmma) GEMM's tests on the GPU; decode_mma.py: each one-token GEMM alone against tl.dot's
+#   quant-gemm-tests, mma-tests, wgmma-tests, decode-mma  test_quant_gemm.py's device tests; the mma.sync (wgmma) GEMM's tests on the GPU; decode_mma.py: each one-token GEMM alone against tl.dot's
 #   act-quant-sweep  act_quant_sweep.py: moe-triton's activation quantization per shape and warp count
 #
 #   here:       uv build --all-packages --wheel -o .carry/wheels
@@ -77,6 +77,7 @@ ab_builds ab-builds-row-scale-many "--processes 4 -- --preset qwen3-30b-a3b qwen
 # ab-builds-row-scale-int4-*: per-channel int4 (no preset's checkpoint) scaled once per output in both kernels (the
 # tl.dot kernel's K loop, the wgmma kernel's epilogue) against per weight.
 ab_builds ab-builds-row-scale-int4 "--processes 4 -- --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b --dtype int4-channel --m 32 512 2048 8192 --rounds 3"
+add ab-row-scale-int4-few "python3 ab_layer.py --rounds 5 --preset qwen3-30b-a3b qwen3-235b-a22b mixtral-8x7b --dtype int4-channel --m 8 32 128 --variant row-scale --variant per-weight=ab_patches:int4_rows_scaled_per_weight --out $OUT/host/ab-row-scale-int4-few.json"
 ab_builds ab-builds-row-scale-int4-deepseek "--processes 4 -- --preset deepseek-v3 --dtype int4-channel --m 512 2048 --rounds 3"
 # (mixtral-8x7b's int8 cells at 128 and 2048 tokens run the wgmma kernel: the same code in both builds, a control.)
 ab_builds ab-builds-row-scale-control "--processes 6 -- --preset mixtral-8x7b --dtype int8 --m 128 2048 --rounds 3"
@@ -97,6 +98,7 @@ add fused-decode "python3 bench_fused_decode.py --out $OUT/host/fused-decode"
 # moe-triton's whole device suite (as run_moe_cuda.sh's triton-tests), for a call that also times.
 add triton-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 -m device packages/moe-triton/tests; rc=\$?; python3 -m pytest -q -p no:cacheprovider -n 8 packages/moe-triton/tests/test_act_order.py && exit \$rc"
 add mma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py packages/moe-triton/tests/test_quant_configs.py -k \"mma and not wgmma\""
+add quant-gemm-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider -n 8 -m device packages/moe-triton/tests/test_quant_gemm.py"
 add wgmma-tests "cd $ROOT && MOE_TEST_REQUIRE_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider packages/moe-triton/tests/test_quant_gemm.py -k wgmma"
 add decode-mma "python3 decode_mma.py check-and-time --out $OUT/host/decode-mma.json"
 # Variants of one model in one process, timed in interleaved rounds (the host's drift reaches all alike):

@@ -402,7 +402,7 @@ def test_wgmma_gemm_is_refused_off_hopper():
                  QuantKernelConfig(wgmma_launch(16, 128, 3), wgmma_launch(16, 256, 3)), id="channel-zp-relu2"),
     pytest.param(int4_w4a16(-1), torch.bfloat16, 2048, 768, Activation.silu(), False, 600,
                  QuantKernelConfig(dataclasses.replace(wgmma_launch(128, 256, 4), tail=16),
-                                   wgmma_launch(64, 256, 4, split=2)), id="channel-tail-split"),
+                                   wgmma_launch(128, 128, 4, split=2)), id="channel-tail-split"),
     pytest.param(int4_w4a16(128), torch.bfloat16, 2048, 768, Activation.silu(), False, 400,
                  QuantKernelConfig(wgmma_launch(64, 128, 4), GemmConfig(64, 256, 1, 4, 3, True)), id="gemm1-only"),
     # the epilogue's three sigmoid activations: SiLU above, SwiGLU (gpt-oss) below, GELU-tanh here
