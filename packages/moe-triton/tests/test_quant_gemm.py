@@ -74,7 +74,7 @@ def test_gemm1_with_the_activation_matches_twin():
     (int4_w4a16(128, zero_point=True), 256, 1, True, 64, 4, 64),
     (int4_w4a16(128), 384, 4, True, 64, 4, 16),  # 3 K tiles in 4 splits: the last split is empty
     # splits of 3 and 2 K tiles scaled after their dots, each tile's scales loaded one tile ahead; per
-    # channel, each split's sums scaled after its K loop (ROW_SCALE)
+    # channel, each split's sums scaled after its K loop (ROW_SCALE; int4's 16 x 128 tiles after their dots)
     (int4_w4a16(128), 640, 2, True, 64, 4, 16), (int8_w8a16(-1), 640, 2, True, 128, 4, 16),
     (int4_w4a16(-1), 256, 2, True, 64, 4, 32), (int4_w4a16(-1, zero_point=True), 256, 1, True, 128, 4, 16),
     (int4_w4a16(64), 256, 2, True, 512, 8, 16),  # wider than N: masked columns, as gpt-oss N=2880 has in 256 tiles
@@ -239,6 +239,30 @@ def test_one_dot_tiles_match_the_quarters(quant, K, split_k, block_n, tail):
     torch.testing.assert_close(out_joined, out, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match=r"one_dot is an option of the tl\.dot kernel"):
         dataclasses.replace(wgmma_launch(128, 256, 3), one_dot=True)
+
+
+@pytest.mark.parametrize(("quant", "block_m", "row_scale", "post_scale"), [
+    (int8_w8a16(-1), 16, True, 0), (int8_w8a16(-1), 32, True, 0),  # int8 per channel: after the K loop
+    (int4_w4a16(-1), 16, False, 2),  # per-channel int4's 16 x 128 tiles: after each tile's dots
+    (int4_w4a16(-1), 32, True, 0),
+    (int4_w4a16(128), 16, False, 2), (int4_w4a16(128), 32, False, 0),  # groups: per tile, or per weight
+])
+def test_where_the_tl_dot_kernel_scales(monkeypatch, quant, block_m, row_scale, post_scale):
+    """Which scaling a tl.dot launch takes: per-channel rows once after the K loop (ROW_SCALE), except
+    per-channel int4's 16 x 128 tiles, which keep grouped int4's POST_SCALE."""
+    from moe_triton import quant_gemm
+
+    launched = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.update(kwargs)
+
+    monkeypatch.setattr(quant_gemm, "_moe_wgemm_kernel", Recorder())
+    w = gemm1_operand(quant, 256, seed=13)
+    assert w.quads
+    gemm1_error(w, GemmConfig(block_m, 128, 1, 4, 2, True))
+    assert (launched["ROW_SCALE"], launched["POST_SCALE"]) == (row_scale, post_scale)
 
 
 @pytest.mark.parametrize(("quant", "K", "split_k", "one_dot"), [

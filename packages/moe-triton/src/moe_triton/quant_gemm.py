@@ -305,7 +305,11 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     a_scale_t = a_scale if a_scale is not None else a
     ast = (a_scale_t.stride(0), a_scale_t.stride(1) if a_scale_t.dim() == 2 else 0)
     nvidia = codes.is_cuda and torch.version.hip is None and not interpreting()  # PTX and ptxas's options
-    row_scale = w.quads and w.one_scale_row
+    post_scale = w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE
+    # Per-channel int4 keeps POST_SCALE where it applies: on tiles of at most 16 x 128 outputs, which the
+    # borrowed g128 entries sized, ROW_SCALE's chained accumulator takes 127 registers against 95 (0.90x
+    # where that costs a wave; `int8_row_scale_2026-12-02.md`).
+    row_scale = w.quads and w.one_scale_row and not (post_scale and w.wtype is WType.INT4)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
         topk_weights if topk_weights is not None else s, rows, experts, num_post, fin, arrivals,
@@ -326,9 +330,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
         SWAP_AB=_swapped(w) or (cfg.swap_ab and w.wtype is WType.FP8),
         UPCAST=interpreting() and a.dtype == torch.bfloat16, DIRECT=direct, HAS_MAP=has_map,
         QUADS=w.quads, PTX=nvidia,
-        POST_SCALE=(1 if direct else 2) if (
-            w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE
-            and not row_scale) else 0,
+        POST_SCALE=(1 if direct else 2) if post_scale and not row_scale else 0,
         FOLDED_SCALE=w.folded_scale,
         K_TAIL=w.k % w.block_k != 0, N_FIRST=n_first, GROUP_M=cfg.group_m if n_first else 1, NARROW=cfg.narrow and not direct,
         PREFETCH_TILES=(L2_PREFETCH_TILES if direct else cfg.prefetch_tiles)

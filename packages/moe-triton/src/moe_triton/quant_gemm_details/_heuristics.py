@@ -70,14 +70,14 @@ def effective_split(split_k: int, w: WeightOperand) -> int:
     return -(-k_tiles // -(-k_tiles // split_k))
 
 
-# Quads tiles that lie in one scale group of several (per-channel rows scale the sums once, after the
-# K loop: the kernel's ROW_SCALE) take their scale after the tile's dots (POST_SCALE) when
+# Quads tiles that lie in one scale group take their scale after the tile's dots (POST_SCALE) when
 # the output tile has at most this many elements: one fp32 multiply per output instead of one per
 # weight pair, for a second accumulator that larger tiles cannot afford. A launch that takes in
 # tails (GemmConfig.tail) scales per weight. The kernel loads such a tile's scales one tile ahead
 # (POST_SCALE 2: the pipeliner stages only what feeds the dots), except in direct launches (1: in
 # the tile), where the registers the early load holds cost one-token GEMMs programs per SM
-# (docs/design/triton-gemm-quantized.md).
+# (docs/design/triton-gemm-quantized.md). Per-channel int8 scales its sums once, after the K loop,
+# instead (the kernel's ROW_SCALE; per-channel int4 does so on larger tiles).
 POST_SCALE_MAX_TILE = 16 * 128
 
 # K tiles per program a one-token GEMM2 asks L2 for while GEMM1 runs (`quant_direct_gemm`'s
