@@ -148,6 +148,8 @@ add host-layer-qwen3 "python3 bench_host_path.py --out $OUT/host --presets qwen3
 # beside paths it does not (bf16, 8 tokens) in the same run.
 add host-mma-qwen3 "python3 bench_host_path.py --out $OUT/host/mma --presets qwen3-30b-a3b --schemes bf16 int4 int8 mxfp4 --tokens 1 2 3 8"
 # The same where the one- and two-token entries of the larger presets put one or both GEMMs on the mma kernel.
+# Host time per eager call where int8 per channel runs the tl.dot kernel with ROW_SCALE (8-2048 tokens)
+add host-row-scale "python3 bench_host_path.py --out $OUT/host/row-scale --presets qwen3-30b-a3b deepseek-v3 gpt-oss-120b --schemes int8 --tokens 8 64 512 2048"
 add host-mma-22 "python3 bench_host_path.py --out $OUT/host/mma-22 --presets qwen3-235b-a22b gpt-oss-120b deepseek-v3 --schemes int4 mxfp4 --tokens 1 2 8"
 # The same cells on one pinned core: whether the cells that take ~20 us more follow the scheduler.
 add host-layer-qwen3-pinned "taskset -c 2 python3 bench_host_path.py --out $OUT/host/pinned --presets qwen3-30b-a3b"
