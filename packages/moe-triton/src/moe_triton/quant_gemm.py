@@ -308,7 +308,7 @@ def _launch(a: torch.Tensor, w: WeightOperand, out: torch.Tensor, cfg: GemmConfi
     post_scale = w.quads and w.group % w.block_k == 0 and not tail and cfg.block_m * cfg.block_n <= POST_SCALE_MAX_TILE
     # Per-channel int4 keeps POST_SCALE where it applies: on tiles of at most 16 x 128 outputs, which the
     # borrowed g128 entries sized, ROW_SCALE's chained accumulator takes 127 registers against 95 (0.90x
-    # where that costs a wave; `int8_row_scale_2026-12-02.md`).
+    # where that costs a wave; docs/design/triton-gemm-quantized.md).
     row_scale = w.quads and w.one_scale_row and not (post_scale and w.wtype is WType.INT4)
     _moe_wgemm_kernel[grid](
         a, a_scale_t, codes, s, w.zero if w.zero is not None else s, bias if bias is not None else s, out,
