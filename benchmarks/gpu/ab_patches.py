@@ -513,8 +513,8 @@ folded_regs_248 = _folded_regs(248)
 def int4_rows_scaled_per_weight(layer, tokens: int):
     """Per-channel int4 scaled per weight pair (the tl.dot kernel's 16 x 128 tiles: after each tile's dots,
     POST_SCALE) as grouped int4, not once per output (ROW_SCALE); int8 unchanged."""
-    return mock.patch.object(WeightOperand, "one_scale_row",
-                             property(lambda w: w.wtype is WType.INT8 and w.group >= w.k))
+    shipped = WeightOperand.one_scale_row.func
+    return mock.patch.object(WeightOperand, "one_scale_row", property(lambda w: w.wtype is WType.INT8 and shipped(w)))
 
 
 def scale_rows_one_by_one(layer, tokens: int):

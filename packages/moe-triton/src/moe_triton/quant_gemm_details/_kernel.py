@@ -429,24 +429,31 @@ def _block_ids(sorted_ids_ptr, pid_m, num_valid, DIRECT: tl.constexpr, BLOCK_M: 
 
 
 @triton.jit
+def _int_zero(zero_ptrs, n_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr, CODE_OFFSET: tl.constexpr,
+              CT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One scale row's zero of integer quads, [BN, 1] in CT: int4's biased like the codes (`int4_zero`),
+    int8's centered like them (`int8_zero`)."""
+    if WTYPE == 1:
+        z = int8_zero(zero_ptrs, n_mask, HAS_ZP, CT, BLOCK_N)
+    else:
+        z = int4_zero(zero_ptrs, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+    return z
+
+
+@triton.jit
 def _int_group(s_base, s_pairs, z_base, row, n_mask, pair_mask, WTYPE: tl.constexpr, HAS_ZP: tl.constexpr,
                CODE_OFFSET: tl.constexpr, CT: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_PAIRS: tl.constexpr):
-    """(scale, zero) of the scale row at element offset `row`, [BN, 1] in CT: int4 quads' zero biased
-    like the codes (`int4_zero`), int8 quads' centered like them (`int8_zero`). SCALE_PAIRS: the scales
-    read from s_pairs as int32 words of two rows' scales (`paired_scales`), a load the pipeline
-    stages with cp.async (4 bytes or more), where a thread's share of a plain row is one 2-byte scale,
-    loaded and waited for in its K tile."""
+    """(scale, zero) of the scale row at element offset `row`, [BN, 1] in CT (the zero: `_int_zero`).
+    SCALE_PAIRS: the scales read from s_pairs as int32 words of two rows' scales (`paired_scales`), a
+    load the pipeline stages with cp.async (4 bytes or more), where a thread's share of a plain row is
+    one 2-byte scale, loaded and waited for in its K tile."""
     if SCALE_PAIRS:
         s = paired_scales(tl.load(s_pairs + row // 2, mask=pair_mask, other=0), s_base.dtype.element_ty)
     else:
         s = tl.load(s_base + row, mask=n_mask, other=0.0)
     # Through fp32: the interpreter mishandles a direct bf16 -> fp16 cast.
     s = tl.expand_dims(s.to(tl.float32).to(CT), 1)
-    if WTYPE == 1:
-        z = int8_zero(z_base + row, n_mask, HAS_ZP, CT, BLOCK_N)
-    else:
-        z = int4_zero(z_base + row, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
-    return s, z
+    return s, _int_zero(z_base + row, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
 
 
 @triton.jit
@@ -518,10 +525,7 @@ def _wgemm_rows(
             tail_acc_t = tl.zeros((BLOCK_N, TAIL), dtype=tl.float32)
         if ROW_SCALE:
             tl.static_assert((WTYPE == 0 or WTYPE == 1) and not POST_SCALE, "one scale row: integer quads")
-            if WTYPE == 1:
-                row_zero = int8_zero(z_base, n_mask, HAS_ZP, CT, BLOCK_N)
-            else:
-                row_zero = int4_zero(z_base, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+            row_zero = _int_zero(z_base, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
         if POST_SCALE == 2:
             s_ahead = tl.load(s_base + (kt0 * BLOCK_K // GROUP) * stride_sk, mask=n_mask, other=0.0)
         for kt in range(kt0, kt1):
@@ -549,10 +553,7 @@ def _wgemm_rows(
                 tl.static_assert(WTYPE == 0 or WTYPE == 1, "scaled after the dots: integer tiles inside one scale group")
                 # The tile lies in one scale group: the zero point is subtracted in CT (exact), and the
                 # scale multiplies the tile's fp32 partial product, once per output instead of per weight.
-                if WTYPE == 1:
-                    z = int8_zero(z_base + g, n_mask, HAS_ZP, CT, BLOCK_N)
-                else:
-                    z = int4_zero(z_base + g, n_mask, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
+                z = _int_zero(z_base + g, n_mask, WTYPE, HAS_ZP, CODE_OFFSET, CT, BLOCK_N)
                 if WTYPE == 1 and not HAS_ZP:  # centered codes: nothing to subtract
                     d0, d1, d2, d3 = v0, v1, v2, v3
                 else:
